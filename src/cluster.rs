@@ -1,0 +1,10 @@
+//! Cluster layouts: how many devices, how much memory and compute each has, and the links
+//! between them. Every figure carries a `source` note so a reader can tell a datasheet value
+//! from a measurement or an estimate.
+
+mod layout;
+
+pub use layout::{
+    read_layout, validate_layout, DeviceKind, DeviceSpec, Figure, Layout, LinkKind, LinkSpec,
+    Rates, LAYOUT_FORMAT_VERSION,
+};

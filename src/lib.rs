@@ -1,0 +1,10 @@
+//! osdp-tui: plan and run Optimal Sharded Data Parallel training from a terminal dashboard.
+//!
+//! Data flows one way: model description ([`model`]) and cluster layout ([`cluster`]) → prices →
+//! plan → screen or training run. `model` and `cluster` never touch a GPU or the terminal.
+
+pub mod cli;
+pub mod cluster;
+pub mod input;
+pub mod model;
+pub mod units;

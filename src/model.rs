@@ -1,0 +1,304 @@
+//! The model description: an operator graph with parameter shapes, FLOPs and activation sizes
+//! (`model.json`, format version 1), how it is read and checked, how it is built from a
+//! Hugging Face `config.json`, and the summary `inspect` prints.
+//!
+//! Every per-op figure is **per sample** (one sequence of `config.seq_len` tokens): the planner
+//! multiplies by the micro-batch size.
+
+mod builder;
+pub mod hf;
+mod load;
+mod summary;
+
+pub use crate::input::{InputError, Problem};
+pub use builder::GraphBuilder;
+pub use load::{from_json_str, read_model, validate, write_model};
+pub use summary::{KindSummary, ModelSummary};
+
+use serde::{Deserialize, Serialize};
+
+/// The `version` this build reads and writes.
+pub const MODEL_FORMAT_VERSION: u32 = 1;
+
+/// A whole model description, as stored in `model.json`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelSpec {
+    pub version: u32,
+    pub name: String,
+    pub family: Family,
+    /// Where the description came from (e.g. the Hugging Face config it was imported from).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<String>,
+    pub config: ModelConfig,
+    pub ops: Vec<OpSpec>,
+}
+
+/// Architecture family: decides how the trainer wires the blocks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Family {
+    Gpt2,
+    Opt,
+    Llama,
+    Bert,
+}
+
+impl Family {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Family::Gpt2 => "gpt2",
+            Family::Opt => "opt",
+            Family::Llama => "llama",
+            Family::Bert => "bert",
+        }
+    }
+}
+
+/// The hyperparameters the trainer needs to build and run the model.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelConfig {
+    pub vocab_size: u64,
+    /// Tokens per sample the description is priced at.
+    pub seq_len: u64,
+    /// Longest sequence the positional scheme supports.
+    pub max_positions: u64,
+    /// Width of the residual stream.
+    pub hidden: u64,
+    /// Width of the token embedding (differs from `hidden` for some OPT models, which project in/out).
+    pub embed_dim: u64,
+    pub layers: u64,
+    pub heads: u64,
+    /// Key/value heads (grouped-query attention when fewer than `heads`).
+    pub kv_heads: u64,
+    pub head_dim: u64,
+    /// Inner width of the MLP.
+    pub ffn_hidden: u64,
+    pub norm: NormKind,
+    pub norm_eps: f64,
+    pub norm_position: NormPosition,
+    /// Whether a norm follows the last block.
+    pub final_norm: bool,
+    pub activation: Activation,
+    /// SwiGLU-style MLP (`act(gate(x)) * up(x)`).
+    pub gated_mlp: bool,
+    /// The output head shares the token-embedding weight.
+    pub tied_embeddings: bool,
+    pub bias: Biases,
+    pub positional: Positional,
+    /// Learned positional tables of OPT start at this row.
+    pub position_offset: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rope_theta: Option<f64>,
+    /// Rows of the segment (token-type) embedding; 0 when the model has none.
+    pub type_vocab_size: u64,
+    /// Causal (decoder) attention, or bidirectional (encoder).
+    pub causal: bool,
+    /// Dropout probability on embeddings and residual branches.
+    pub dropout: f64,
+    pub attention_dropout: f64,
+    /// How attention is computed: decides what the attention core saves for backward.
+    pub attention: AttentionImpl,
+    /// Compute and activation dtype the per-op byte figures are given in.
+    pub dtype: DType,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Biases {
+    pub qkv: bool,
+    pub attn_out: bool,
+    pub mlp: bool,
+    pub norm: bool,
+    pub lm_head: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum NormKind {
+    LayerNorm,
+    RmsNorm,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum NormPosition {
+    /// Norm before each sub-layer (GPT-2, LLaMA, most OPT).
+    Pre,
+    /// Norm after each residual add (BERT, OPT-350m).
+    Post,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Activation {
+    /// Exact (erf) GELU.
+    Gelu,
+    /// GELU, tanh approximation (GPT-2's `gelu_new`).
+    GeluTanh,
+    Relu,
+    Silu,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Positional {
+    /// A learned table of position embeddings.
+    Learned,
+    /// Rotary embeddings applied to queries and keys (no parameters).
+    Rotary,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AttentionImpl {
+    /// Materialised softmax: saves the `heads × seq²` probabilities (and dropout mask).
+    Eager,
+    /// Fused (flash / SDPA): saves only the output and a log-sum-exp per row.
+    Flash,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DType {
+    F32,
+    Bf16,
+    F16,
+}
+
+impl DType {
+    pub fn bytes(self) -> u64 {
+        match self {
+            DType::F32 => 4,
+            DType::Bf16 | DType::F16 => 2,
+        }
+    }
+}
+
+/// One operator of the graph.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OpSpec {
+    /// Unique, stable identifier (what `--pin` and plan files name).
+    pub id: String,
+    /// Module path in the source framework (e.g. `transformer.h.0.attn.c_attn`).
+    pub name: String,
+    pub kind: OpKind,
+    /// Index of the repeated block the op belongs to; `null` for ops outside the blocks.
+    #[serde(default)]
+    pub block: Option<u32>,
+    /// Ids of the ops whose outputs this op reads, in argument order.
+    pub inputs: Vec<String>,
+    pub params: Vec<ParamSpec>,
+    /// Shape of the output for one sample (e.g. `[seq, hidden]`).
+    pub output_shape: Vec<i64>,
+    /// Forward FLOPs for one sample.
+    pub fwd_flops_per_sample: u64,
+    /// Bytes this op keeps alive from forward to backward, for one sample. A tensor saved by
+    /// several ops is counted once, at the first of them.
+    pub saved_bytes_per_sample: u64,
+    /// Bytes of the op's output, for one sample.
+    pub output_bytes_per_sample: u64,
+}
+
+/// Operator kinds the planner prices and the trainer executes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OpKind {
+    /// Token (or segment) embedding lookup: weight `[rows, dim]`.
+    Embedding,
+    /// Learned position table: weight `[positions, dim]`.
+    PositionalEmbedding,
+    LayerNorm,
+    RmsNorm,
+    /// `y = x Wᵀ + b`, weight `[out, in]`.
+    Linear,
+    /// Attention core (scores, softmax, weighted sum; rotary when the model uses it): inputs are
+    /// a fused `qkv` or separate `q`, `k`, `v`.
+    Attention,
+    /// Element-wise activation; with two inputs, gated (`act(gate) * up`).
+    Activation,
+    /// Element-wise sum of its inputs (residual connections), with the branch dropout if any.
+    Add,
+    /// Softmax cross-entropy over the vocabulary: the loss head.
+    CrossEntropy,
+}
+
+impl OpKind {
+    pub const ALL: [OpKind; 9] = [
+        OpKind::Embedding,
+        OpKind::PositionalEmbedding,
+        OpKind::LayerNorm,
+        OpKind::RmsNorm,
+        OpKind::Linear,
+        OpKind::Attention,
+        OpKind::Activation,
+        OpKind::Add,
+        OpKind::CrossEntropy,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OpKind::Embedding => "embedding",
+            OpKind::PositionalEmbedding => "positional_embedding",
+            OpKind::LayerNorm => "layer_norm",
+            OpKind::RmsNorm => "rms_norm",
+            OpKind::Linear => "linear",
+            OpKind::Attention => "attention",
+            OpKind::Activation => "activation",
+            OpKind::Add => "add",
+            OpKind::CrossEntropy => "cross_entropy",
+        }
+    }
+}
+
+/// One parameter tensor of an op.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ParamSpec {
+    pub name: String,
+    /// Dimensions; signed so that a negative value is reported as such, not as a type error.
+    pub shape: Vec<i64>,
+    pub dtype: DType,
+    /// `OP_ID.PARAM` of the parameter this one shares storage with (tied embeddings): counted
+    /// once, at its owner.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tied_to: Option<String>,
+}
+
+impl ParamSpec {
+    /// Element count; only meaningful on a validated model (dimensions positive, no overflow).
+    pub fn numel(&self) -> u64 {
+        self.shape.iter().map(|&d| d as u64).product()
+    }
+}
+
+impl ModelSpec {
+    /// Parameters owned by this model, tied ones counted once (Hugging Face's `num_parameters()`).
+    pub fn param_count(&self) -> u64 {
+        self.ops
+            .iter()
+            .flat_map(|op| &op.params)
+            .filter(|p| p.tied_to.is_none())
+            .map(ParamSpec::numel)
+            .sum()
+    }
+
+    /// Parameters owned by one op (tied ones excluded).
+    pub fn op_param_count(op: &OpSpec) -> u64 {
+        op.params
+            .iter()
+            .filter(|p| p.tied_to.is_none())
+            .map(ParamSpec::numel)
+            .sum()
+    }
+
+    /// Number of distinct blocks.
+    pub fn block_count(&self) -> usize {
+        let mut blocks: Vec<u32> = self.ops.iter().filter_map(|o| o.block).collect();
+        blocks.sort_unstable();
+        blocks.dedup();
+        blocks.len()
+    }
+}

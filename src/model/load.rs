@@ -1,0 +1,594 @@
+//! Reading, checking and writing `model.json`.
+//!
+//! Reading is two passes: serde (strict: unknown, missing and mistyped fields are errors with
+//! file, line:column and field path), then [`validate`] for what JSON cannot express (a graph
+//! that references missing ops, has a cycle, has shapes that do not connect, or sizes that
+//! overflow), naming the op at fault.
+
+use std::collections::{HashMap, HashSet};
+use std::path::Path;
+
+use super::{ModelSpec, OpKind, OpSpec, MODEL_FORMAT_VERSION};
+use crate::input::{self, InputError, Problem};
+
+/// Bytes of training state per parameter (bf16 params + grads, fp32 master + Adam m, v): every
+/// size derived from a parameter count must still fit in `u64` after this factor.
+const STATE_BYTES_PER_PARAM: u64 = 16;
+
+/// Read and check a model description.
+pub fn read_model(path: &Path) -> Result<ModelSpec, InputError> {
+    let spec: ModelSpec = input::read_strict(path, MODEL_FORMAT_VERSION)?;
+    checked(path, spec)
+}
+
+/// Parse and check a description held in memory; `path` is only used in messages.
+pub fn from_json_str(path: &Path, text: &str) -> Result<ModelSpec, InputError> {
+    let spec: ModelSpec = input::parse_strict(path, text, MODEL_FORMAT_VERSION)?;
+    checked(path, spec)
+}
+
+fn checked(path: &Path, spec: ModelSpec) -> Result<ModelSpec, InputError> {
+    validate(&spec).map_err(|problem| InputError::Invalid {
+        path: path.to_path_buf(),
+        problem,
+    })?;
+    Ok(spec)
+}
+
+/// Write a description atomically.
+pub fn write_model(path: &Path, spec: &ModelSpec) -> std::io::Result<()> {
+    input::write_json_atomically(path, spec)
+}
+
+/// Check everything serde cannot: the graph, the shapes, the sizes.
+pub fn validate(m: &ModelSpec) -> Result<(), Problem> {
+    if m.version != MODEL_FORMAT_VERSION {
+        return Err(Problem::field(
+            "version",
+            format!(
+                "format version {} is not supported (this build reads version {MODEL_FORMAT_VERSION})",
+                m.version
+            ),
+        ));
+    }
+    if m.name.trim().is_empty() {
+        return Err(Problem::field("name", "must not be empty"));
+    }
+    check_config(m)?;
+    if m.ops.is_empty() {
+        return Err(Problem::field(
+            "ops",
+            "the graph is empty: a model needs at least one operator",
+        ));
+    }
+    let index = index_ops(m)?;
+    for (i, op) in m.ops.iter().enumerate() {
+        check_op_local(m, i, op, &index)?;
+    }
+    check_acyclic(m, &index)?;
+    for (i, op) in m.ops.iter().enumerate() {
+        check_shapes(m, i, op, &index)?;
+    }
+    check_totals(m)?;
+    let losses = m
+        .ops
+        .iter()
+        .filter(|o| o.kind == OpKind::CrossEntropy)
+        .count();
+    if losses != 1 {
+        return Err(Problem::field(
+            "ops",
+            format!(
+                "a training graph needs exactly one cross_entropy op (the loss); found {losses}"
+            ),
+        ));
+    }
+    Ok(())
+}
+
+fn check_config(m: &ModelSpec) -> Result<(), Problem> {
+    let c = &m.config;
+    let positive = [
+        ("vocab_size", c.vocab_size),
+        ("seq_len", c.seq_len),
+        ("max_positions", c.max_positions),
+        ("hidden", c.hidden),
+        ("embed_dim", c.embed_dim),
+        ("layers", c.layers),
+        ("heads", c.heads),
+        ("kv_heads", c.kv_heads),
+        ("head_dim", c.head_dim),
+        ("ffn_hidden", c.ffn_hidden),
+    ];
+    for (name, v) in positive {
+        if v == 0 {
+            return Err(Problem::field(
+                &format!("config.{name}"),
+                "must be at least 1",
+            ));
+        }
+        // Dimensions are multiplied together freely downstream; keep them in a sane range.
+        if v > (1 << 31) {
+            return Err(Problem::field(
+                &format!("config.{name}"),
+                format!("{v} is too large (at most 2^31)"),
+            ));
+        }
+    }
+    if c.heads % c.kv_heads != 0 {
+        return Err(Problem::field(
+            "config.kv_heads",
+            format!(
+                "{} query heads cannot be grouped over {} key/value heads",
+                c.heads, c.kv_heads
+            ),
+        ));
+    }
+    if c.seq_len > c.max_positions {
+        return Err(Problem::field(
+            "config.seq_len",
+            format!(
+                "{} is longer than max_positions {}",
+                c.seq_len, c.max_positions
+            ),
+        ));
+    }
+    if !(c.norm_eps.is_finite() && c.norm_eps > 0.0) {
+        return Err(Problem::field(
+            "config.norm_eps",
+            format!("must be a positive number, got {}", c.norm_eps),
+        ));
+    }
+    for (name, p) in [
+        ("dropout", c.dropout),
+        ("attention_dropout", c.attention_dropout),
+    ] {
+        if !(p.is_finite() && (0.0..1.0).contains(&p)) {
+            return Err(Problem::field(
+                &format!("config.{name}"),
+                format!("must be a probability in [0, 1), got {p}"),
+            ));
+        }
+    }
+    match (c.positional, c.rope_theta) {
+        (super::Positional::Rotary, None) => {
+            return Err(Problem::field(
+                "config.rope_theta",
+                "rotary positions need rope_theta",
+            ))
+        }
+        (_, Some(t)) if !(t.is_finite() && t > 0.0) => {
+            return Err(Problem::field(
+                "config.rope_theta",
+                format!("must be a positive number, got {t}"),
+            ))
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
+/// Map op id → index, refusing empty and duplicate ids.
+fn index_ops(m: &ModelSpec) -> Result<HashMap<&str, usize>, Problem> {
+    let mut index = HashMap::with_capacity(m.ops.len());
+    for (i, op) in m.ops.iter().enumerate() {
+        if op.id.trim().is_empty() {
+            return Err(Problem::field(&format!("ops[{i}].id"), "must not be empty"));
+        }
+        if let Some(first) = index.insert(op.id.as_str(), i) {
+            return Err(Problem::op(
+                i,
+                &op.id,
+                format!("duplicate id: ops[{first}] has the same id"),
+            ));
+        }
+    }
+    Ok(index)
+}
+
+/// Product of dimensions, refusing zero, negative and overflowing shapes.
+fn checked_numel(shape: &[i64], what: &str) -> Result<u64, String> {
+    if shape.is_empty() {
+        return Err(format!("{what} has an empty shape"));
+    }
+    let mut n: u64 = 1;
+    for (d, &dim) in shape.iter().enumerate() {
+        if dim <= 0 {
+            let sign = if dim < 0 { "negative" } else { "zero" };
+            return Err(format!(
+                "{what} has a {sign} dimension: shape {shape:?}, dimension {d} is {dim}"
+            ));
+        }
+        n = n.checked_mul(dim as u64).ok_or_else(|| {
+            format!("{what} shape {shape:?} overflows: its size does not fit in 64 bits")
+        })?;
+    }
+    Ok(n)
+}
+
+fn check_op_local(
+    m: &ModelSpec,
+    i: usize,
+    op: &OpSpec,
+    index: &HashMap<&str, usize>,
+) -> Result<(), Problem> {
+    let err = |msg: String| Problem::op(i, &op.id, msg);
+    if let Some(b) = op.block {
+        if u64::from(b) >= m.config.layers {
+            return Err(err(format!(
+                "block {b} is out of range: the model has {} layers (blocks 0..{})",
+                m.config.layers,
+                m.config.layers - 1
+            )));
+        }
+    }
+    for input in &op.inputs {
+        if input == &op.id {
+            return Err(err("reads its own output (a cycle of one op)".into()));
+        }
+        if !index.contains_key(input.as_str()) {
+            return Err(err(format!("input {input:?} does not exist")));
+        }
+    }
+    let mut names = HashSet::new();
+    for p in &op.params {
+        if !names.insert(p.name.as_str()) {
+            return Err(err(format!("parameter {:?} appears twice", p.name)));
+        }
+        let what = format!("parameter {:?}", p.name);
+        let n = checked_numel(&p.shape, &what).map_err(&err)?;
+        if n.checked_mul(STATE_BYTES_PER_PARAM).is_none() {
+            return Err(err(format!(
+                "{what} shape {:?} overflows: its training state does not fit in 64 bits",
+                p.shape
+            )));
+        }
+        if let Some(target) = &p.tied_to {
+            let owner = resolve_tie(m, index, target).map_err(|e| err(format!("{what}: {e}")))?;
+            if owner.shape != p.shape {
+                return Err(err(format!(
+                    "{what} is tied to {target:?} of shape {:?} but has shape {:?}",
+                    owner.shape, p.shape
+                )));
+            }
+        }
+    }
+    let out = checked_numel(&op.output_shape, "output").map_err(&err)?;
+    if out.checked_mul(8).is_none() {
+        return Err(err(format!(
+            "output shape {:?} overflows: its size in bytes does not fit in 64 bits",
+            op.output_shape
+        )));
+    }
+    Ok(())
+}
+
+fn resolve_tie<'m>(
+    m: &'m ModelSpec,
+    index: &HashMap<&str, usize>,
+    target: &str,
+) -> Result<&'m super::ParamSpec, String> {
+    let (op_id, param) = target
+        .rsplit_once('.')
+        .ok_or_else(|| format!("tied_to {target:?} must be OP_ID.PARAM"))?;
+    let owner_op = index
+        .get(op_id)
+        .map(|&j| &m.ops[j])
+        .ok_or_else(|| format!("tied_to {target:?} names op {op_id:?}, which does not exist"))?;
+    let owner = owner_op
+        .params
+        .iter()
+        .find(|p| p.name == param)
+        .ok_or_else(|| format!("tied_to {target:?}: op {op_id:?} has no parameter {param:?}"))?;
+    if owner.tied_to.is_some() {
+        return Err(format!(
+            "tied_to {target:?} is itself tied; tie to the parameter that owns the storage"
+        ));
+    }
+    Ok(owner)
+}
+
+/// Refuse cycles, naming the ops on one of them.
+fn check_acyclic(m: &ModelSpec, index: &HashMap<&str, usize>) -> Result<(), Problem> {
+    let n = m.ops.len();
+    let mut indegree = vec![0usize; n];
+    let mut consumers: Vec<Vec<usize>> = vec![Vec::new(); n];
+    for (i, op) in m.ops.iter().enumerate() {
+        for input in &op.inputs {
+            let j = index[input.as_str()];
+            indegree[i] += 1;
+            consumers[j].push(i);
+        }
+    }
+    let mut ready: Vec<usize> = (0..n).filter(|&i| indegree[i] == 0).collect();
+    let mut done = 0;
+    while let Some(j) = ready.pop() {
+        done += 1;
+        for &i in &consumers[j] {
+            indegree[i] -= 1;
+            if indegree[i] == 0 {
+                ready.push(i);
+            }
+        }
+    }
+    if done == n {
+        return Ok(());
+    }
+    // Every op left has an unfinished input; walking inputs from one of them must loop.
+    let start = (0..n).find(|&i| indegree[i] > 0).unwrap_or(0);
+    let mut seen = HashMap::new();
+    let mut path = Vec::new();
+    let mut at = start;
+    while !seen.contains_key(&at) {
+        seen.insert(at, path.len());
+        path.push(at);
+        at = m.ops[at]
+            .inputs
+            .iter()
+            .map(|inp| index[inp.as_str()])
+            .find(|&j| indegree[j] > 0)
+            .unwrap_or(at);
+    }
+    // `path` follows inputs (consumer to producer); print it in data-flow order.
+    let cycle: Vec<&str> = std::iter::once(m.ops[at].id.as_str())
+        .chain(
+            path[seen[&at]..]
+                .iter()
+                .rev()
+                .map(|&i| m.ops[i].id.as_str()),
+        )
+        .collect();
+    Err(Problem::op(
+        at,
+        &m.ops[at].id,
+        format!("is on a cycle: {}", cycle.join(" -> ")),
+    ))
+}
+
+fn dims(shape: &[i64]) -> String {
+    format!("{shape:?}")
+}
+
+fn check_shapes(
+    m: &ModelSpec,
+    i: usize,
+    op: &OpSpec,
+    index: &HashMap<&str, usize>,
+) -> Result<(), Problem> {
+    let c = &m.config;
+    let err = |msg: String| Problem::op(i, &op.id, msg);
+    let inputs: Vec<&OpSpec> = op
+        .inputs
+        .iter()
+        .map(|s| &m.ops[index[s.as_str()]])
+        .collect();
+    let arity = |allowed: &[usize]| -> Result<(), Problem> {
+        if allowed.contains(&inputs.len()) {
+            Ok(())
+        } else {
+            let want: Vec<String> = allowed.iter().map(|n| n.to_string()).collect();
+            Err(err(format!(
+                "a {} op takes {} input(s), this one has {}",
+                op.kind.as_str(),
+                want.join(" or "),
+                inputs.len()
+            )))
+        }
+    };
+    let param = |name: &str| op.params.iter().find(|p| p.name == name);
+    let only_params = |allowed: &[&str]| -> Result<(), Problem> {
+        match op
+            .params
+            .iter()
+            .find(|p| !allowed.contains(&p.name.as_str()))
+        {
+            None => Ok(()),
+            Some(p) => Err(err(format!(
+                "a {} op has no parameter {:?} (allowed: {})",
+                op.kind.as_str(),
+                p.name,
+                if allowed.is_empty() {
+                    "none".to_string()
+                } else {
+                    allowed.join(", ")
+                }
+            ))),
+        }
+    };
+    let expect_out = |want: &[i64]| -> Result<(), Problem> {
+        if op.output_shape == want {
+            Ok(())
+        } else {
+            Err(err(format!(
+                "output_shape is {} but its inputs give {}",
+                dims(&op.output_shape),
+                dims(want)
+            )))
+        }
+    };
+    let seq = c.seq_len as i64;
+    match op.kind {
+        OpKind::Embedding | OpKind::PositionalEmbedding => {
+            arity(&[0])?;
+            only_params(&["weight"])?;
+            let w = param("weight").ok_or_else(|| err("needs a \"weight\" parameter".into()))?;
+            if w.shape.len() != 2 {
+                return Err(err(format!(
+                    "weight must be [rows, dim], got {}",
+                    dims(&w.shape)
+                )));
+            }
+            if op.kind == OpKind::PositionalEmbedding {
+                let needed = c.seq_len + c.position_offset;
+                if (w.shape[0] as u64) < needed {
+                    return Err(err(format!(
+                        "position table has {} rows but seq_len {} (+ offset {}) needs {needed}",
+                        w.shape[0], c.seq_len, c.position_offset
+                    )));
+                }
+            }
+            expect_out(&[seq, w.shape[1]])
+        }
+        OpKind::LayerNorm | OpKind::RmsNorm => {
+            arity(&[1])?;
+            let x = &inputs[0].output_shape;
+            let width = *x.last().unwrap_or(&0);
+            let allowed: &[&str] = if op.kind == OpKind::LayerNorm {
+                &["weight", "bias"]
+            } else {
+                &["weight"]
+            };
+            only_params(allowed)?;
+            for p in &op.params {
+                if p.shape != [width] {
+                    return Err(err(format!(
+                        "parameter {:?} has shape {} but normalises input {:?} of width {width}",
+                        p.name,
+                        dims(&p.shape),
+                        inputs[0].id
+                    )));
+                }
+            }
+            expect_out(x)
+        }
+        OpKind::Linear => {
+            arity(&[1])?;
+            only_params(&["weight", "bias"])?;
+            let w = param("weight").ok_or_else(|| err("needs a \"weight\" parameter".into()))?;
+            if w.shape.len() != 2 {
+                return Err(err(format!(
+                    "weight must be [out, in], got {}",
+                    dims(&w.shape)
+                )));
+            }
+            let (out_f, in_f) = (w.shape[0], w.shape[1]);
+            let x = &inputs[0].output_shape;
+            let width = *x.last().unwrap_or(&0);
+            if width != in_f {
+                return Err(err(format!(
+                    "shapes do not connect: weight {} expects {in_f} input features but input {:?} has width {width} (shape {})",
+                    dims(&w.shape),
+                    inputs[0].id,
+                    dims(x)
+                )));
+            }
+            if let Some(b) = param("bias") {
+                if b.shape != [out_f] {
+                    return Err(err(format!(
+                        "bias must be [{out_f}], got {}",
+                        dims(&b.shape)
+                    )));
+                }
+            }
+            let mut want = x.clone();
+            *want.last_mut().expect("input shape checked non-empty") = out_f;
+            expect_out(&want)
+        }
+        OpKind::Attention => {
+            arity(&[1, 3])?;
+            only_params(&[])?;
+            let (q, kv) = (
+                (c.heads * c.head_dim) as i64,
+                (c.kv_heads * c.head_dim) as i64,
+            );
+            let widths: Vec<i64> = inputs
+                .iter()
+                .map(|o| *o.output_shape.last().unwrap_or(&0))
+                .collect();
+            let want: Vec<i64> = if inputs.len() == 1 {
+                vec![q + 2 * kv]
+            } else {
+                vec![q, kv, kv]
+            };
+            if widths != want {
+                return Err(err(format!(
+                    "shapes do not connect: with {} heads, {} key/value heads of {} dims the input widths must be {want:?}, got {widths:?}",
+                    c.heads, c.kv_heads, c.head_dim
+                )));
+            }
+            let lead = &inputs[0].output_shape[..inputs[0].output_shape.len() - 1];
+            for o in &inputs[1..] {
+                if &o.output_shape[..o.output_shape.len() - 1] != lead {
+                    return Err(err(format!(
+                        "shapes do not connect: inputs {:?} {} and {:?} {} differ in leading dimensions",
+                        inputs[0].id,
+                        dims(&inputs[0].output_shape),
+                        o.id,
+                        dims(&o.output_shape)
+                    )));
+                }
+            }
+            let mut out = lead.to_vec();
+            out.push(q);
+            expect_out(&out)
+        }
+        OpKind::Activation | OpKind::Add => {
+            if op.kind == OpKind::Activation {
+                arity(&[1, 2])?;
+            } else if inputs.len() < 2 {
+                return Err(err(format!(
+                    "an add op sums 2 or more inputs, this one has {}",
+                    inputs.len()
+                )));
+            }
+            only_params(&[])?;
+            let x = &inputs[0].output_shape;
+            for o in &inputs[1..] {
+                if &o.output_shape != x {
+                    return Err(err(format!(
+                        "shapes do not connect: input {:?} is {} but input {:?} is {}",
+                        inputs[0].id,
+                        dims(x),
+                        o.id,
+                        dims(&o.output_shape)
+                    )));
+                }
+            }
+            expect_out(x)
+        }
+        OpKind::CrossEntropy => {
+            arity(&[1])?;
+            only_params(&[])?;
+            let x = &inputs[0].output_shape;
+            if *x.last().unwrap_or(&0) as u64 != c.vocab_size {
+                return Err(err(format!(
+                    "shapes do not connect: logits {:?} {} must end in vocab_size {}",
+                    inputs[0].id,
+                    dims(x),
+                    c.vocab_size
+                )));
+            }
+            expect_out(&[1])
+        }
+    }
+}
+
+/// Whole-model sums must fit too: they feed the planner's arithmetic.
+fn check_totals(m: &ModelSpec) -> Result<(), Problem> {
+    let mut params: u64 = 0;
+    let mut flops: u64 = 0;
+    let mut saved: u64 = 0;
+    for (i, op) in m.ops.iter().enumerate() {
+        let overflow = |what: &str| {
+            Problem::op(
+                i,
+                &op.id,
+                format!("{what} overflows when added to the model's total"),
+            )
+        };
+        params = params
+            .checked_add(ModelSpec::op_param_count(op))
+            .filter(|p| p.checked_mul(STATE_BYTES_PER_PARAM).is_some())
+            .ok_or_else(|| overflow("parameter count"))?;
+        flops = flops
+            .checked_add(op.fwd_flops_per_sample)
+            .and_then(|f| f.checked_mul(4))
+            .map(|f| f / 4)
+            .ok_or_else(|| overflow("fwd_flops_per_sample"))?;
+        saved = saved
+            .checked_add(op.saved_bytes_per_sample)
+            .and_then(|s| s.checked_add(op.output_bytes_per_sample))
+            .ok_or_else(|| overflow("activation bytes"))?;
+    }
+    Ok(())
+}
