@@ -954,3 +954,104 @@ fn bert(cfg: &Cfg, opts: &ImportOptions) -> Result<GraphBuilder, ImportError> {
     g.cross_entropy("loss", "loss", &logits);
     Ok(g)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GPT2_SMALL: &str = r#"{"architectures": ["GPT2LMHeadModel"], "n_embd": 768, "n_layer": 2,
+        "n_head": 12, "n_positions": 1024, "vocab_size": 50257, "resid_pdrop": 0.1,
+        "attn_pdrop": 0.1, "embd_pdrop": 0.1}"#;
+
+    fn import(text: &str, attention: AttentionImpl) -> ModelSpec {
+        let opts = ImportOptions {
+            attention: Some(attention),
+            ..Default::default()
+        };
+        import_str(Path::new("config.json"), text, &opts).expect("imports")
+    }
+
+    fn block_saved(m: &ModelSpec, block: u32) -> u64 {
+        m.ops
+            .iter()
+            .filter(|o| o.block == Some(block))
+            .map(|o| o.saved_bytes_per_sample)
+            .sum()
+    }
+
+    #[test]
+    fn eager_gpt_block_keeps_korthikanti_activation_bytes() {
+        // Korthikanti et al. 2022, eq. (1): a GPT block with 16-bit activations and dropout keeps
+        // s·b·h·(34 + 5·a·s/h) bytes; here b = 1 sample.
+        let m = import(GPT2_SMALL, AttentionImpl::Eager);
+        let (s, h, a) = (1024u64, 768u64, 12u64);
+        assert_eq!(block_saved(&m, 0), 34 * s * h + 5 * a * s * s);
+        assert_eq!(block_saved(&m, 1), block_saved(&m, 0));
+    }
+
+    #[test]
+    fn flash_attention_drops_the_quadratic_term() {
+        let m = import(GPT2_SMALL, AttentionImpl::Flash);
+        let (s, h, a) = (1024u64, 768u64, 12u64);
+        // No s² probabilities or dropout mask; the kernel keeps a fp32 log-sum-exp per row.
+        assert_eq!(block_saved(&m, 0), 34 * s * h + 4 * a * s);
+    }
+
+    #[test]
+    fn grouped_query_llama_block_counts_shared_inputs_once() {
+        let text = r#"{"architectures": ["LlamaForCausalLM"], "hidden_size": 256,
+            "intermediate_size": 688, "num_hidden_layers": 1, "num_attention_heads": 8,
+            "num_key_value_heads": 2, "vocab_size": 1000, "max_position_embeddings": 64}"#;
+        let m = import(text, AttentionImpl::Flash);
+        let (s, h, f, heads, kv) = (64u64, 256u64, 688u64, 8u64, 64u64);
+        // norm in, q/k/v in (once), q, k, v, output + lse, post-norm in, gate/up in (once),
+        // gate and up outputs, down in; all bf16.
+        let want = 2 * s * h
+            + 2 * s * h
+            + 2 * s * (h + 2 * kv)
+            + 2 * s * h
+            + heads * s * 4
+            + 2 * s * h
+            + 2 * s * h
+            + 2 * 2 * s * f
+            + 2 * s * f;
+        assert_eq!(block_saved(&m, 0), want);
+        let k = m
+            .ops
+            .iter()
+            .find(|o| o.id == "layers0.self_attn.k_proj")
+            .unwrap();
+        assert_eq!(k.params[0].shape, vec![kv as i64, h as i64]);
+    }
+
+    #[test]
+    fn linear_flops_are_two_per_multiply_add() {
+        let m = import(GPT2_SMALL, AttentionImpl::Flash);
+        let fc = m.ops.iter().find(|o| o.id == "h0.mlp.c_fc").unwrap();
+        assert_eq!(fc.fwd_flops_per_sample, 2 * 1024 * 768 * 3072);
+        let att = m.ops.iter().find(|o| o.id == "h0.attn.core").unwrap();
+        assert_eq!(att.fwd_flops_per_sample, 4 * 1024 * 1024 * 768);
+    }
+
+    #[test]
+    fn unknown_activation_names_the_field() {
+        let text = r#"{"architectures": ["GPT2LMHeadModel"], "activation_function": "mish"}"#;
+        let err = import_str(Path::new("c.json"), text, &ImportOptions::default()).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("field `activation_function`: activation \"mish\""),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn model_type_stands_in_for_architectures() {
+        let text = r#"{"model_type": "opt", "hidden_size": 64, "num_hidden_layers": 1,
+            "num_attention_heads": 4, "ffn_dim": 256, "vocab_size": 100, "max_position_embeddings": 32}"#;
+        let m = import_str(Path::new("c.json"), text, &ImportOptions::default()).unwrap();
+        assert_eq!(m.family, Family::Opt);
+        // OPT's position table is offset by 2 rows.
+        let pos = m.ops.iter().find(|o| o.id == "embed_positions").unwrap();
+        assert_eq!(pos.params[0].shape, vec![34, 64]);
+    }
+}

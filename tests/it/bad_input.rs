@@ -1,0 +1,219 @@
+//! Every kind of bad input exits 2 with one message that names the file and the place, and
+//! never panics.
+
+use crate::osdp;
+
+/// (fixture under tests/data/bad, what the message must contain)
+const CASES: &[(&str, &[&str])] = &[
+    (
+        "truncated.json",
+        &["truncated.json:223:30", "ops[7].name", "EOF while parsing"],
+    ),
+    (
+        "wrong-type.json",
+        &[
+            "wrong-type.json:9:17",
+            "config.hidden",
+            "invalid type: string \"8\"",
+        ],
+    ),
+    (
+        "unknown-field.json",
+        &[
+            "unknown-field.json:170:13",
+            "ops[4].flops",
+            "unknown field `flops`",
+        ],
+    ),
+    (
+        "missing-field.json",
+        &[
+            "missing-field.json:299:5",
+            "ops[9]",
+            "missing field `output_shape`",
+        ],
+    ),
+    (
+        "cycle.json",
+        &[
+            "op \"h0.ln_1\"",
+            "cycle: h0.ln_1 -> h0.attn.c_attn",
+            "-> h0.add_2 -> h0.ln_1",
+        ],
+    ),
+    (
+        "dangling-input.json",
+        &[
+            "op \"h0.mlp.act\" (ops[10])",
+            "input \"h0.mlp.fc\" does not exist",
+        ],
+    ),
+    (
+        "duplicate-id.json",
+        &["op \"h0.ln_1\" (ops[8])", "duplicate id: ops[3]"],
+    ),
+    (
+        "negative-dimension.json",
+        &["op \"h0.mlp.c_proj\"", "negative dimension", "[8, -32]"],
+    ),
+    ("overflow.json", &["op \"wte\"", "overflows"]),
+    (
+        "shape-mismatch.json",
+        &[
+            "op \"h0.mlp.c_proj\"",
+            "shapes do not connect",
+            "expects 24 input features",
+            "width 32",
+        ],
+    ),
+    (
+        "empty-graph.json",
+        &["empty-graph.json: ops:", "graph is empty"],
+    ),
+    (
+        "future-version.json",
+        &["format version 2 is not supported"],
+    ),
+    ("zero-heads.json", &["config.heads", "at least 1"]),
+    (
+        "bad-tie.json",
+        &[
+            "op \"lm_head\"",
+            "tied_to \"wte.bias\"",
+            "no parameter \"bias\"",
+        ],
+    ),
+    ("deep-nesting.json", &["deep-nesting.json:1:", "name"]),
+    ("binary.json", &["binary.json", "valid UTF-8"]),
+    (
+        "unsupported-architecture.hf.json",
+        &[
+            "\"T5ForConditionalGeneration\" is not supported",
+            "GPT2LMHeadModel",
+            "BertForMaskedLM",
+        ],
+    ),
+    (
+        "bad-field.hf.json",
+        &["field `hidden_size`", "positive integer", "-4096"],
+    ),
+    (
+        "bad-figure.layout.json",
+        &["device.memory_gib", "positive number", "-80"],
+    ),
+    (
+        "missing-source.layout.json",
+        &["intra_node.latency_us.source", "source note"],
+    ),
+    ("no-inter-node.layout.json", &["inter_node", "2 nodes"]),
+];
+
+#[test]
+fn each_bad_input_exits_2_naming_the_place() {
+    let out_dir = tempfile::tempdir().unwrap();
+    for (file, needles) in CASES {
+        let path = format!("tests/data/bad/{file}");
+        let mut cmd = osdp();
+        if file.ends_with(".hf.json") {
+            cmd.args(["import-hf", &path, "-o"])
+                .arg(out_dir.path().join("out.json"));
+        } else if file.ends_with(".layout.json") {
+            cmd.args(["layout", &path]);
+        } else {
+            cmd.args(["inspect", &path]);
+        }
+        let out = cmd.output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(
+            out.status.code(),
+            Some(2),
+            "{file}: exit code; stderr: {stderr}"
+        );
+        assert!(!stderr.contains("panicked"), "{file} panicked: {stderr}");
+        assert!(stderr.starts_with("error: "), "{file}: {stderr}");
+        assert_eq!(
+            stderr.trim_end().lines().count(),
+            1,
+            "{file}: one line: {stderr}"
+        );
+        assert!(
+            stderr.contains(file),
+            "{file}: message names the file: {stderr}"
+        );
+        for needle in *needles {
+            assert!(
+                stderr.contains(needle),
+                "{file}: expected {needle:?} in: {stderr}"
+            );
+        }
+        assert!(out.stdout.is_empty(), "{file}: nothing on stdout");
+    }
+    assert!(
+        !out_dir.path().join("out.json").exists(),
+        "failed imports write nothing"
+    );
+}
+
+#[test]
+fn every_fixture_is_exercised() {
+    let dir = crate::root().join("tests/data/bad");
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let name = entry.unwrap().file_name().to_string_lossy().into_owned();
+        assert!(
+            CASES.iter().any(|(f, _)| *f == name),
+            "fixture {name} has no case"
+        );
+    }
+}
+
+#[test]
+fn missing_files_and_arguments_are_clear() {
+    let out = osdp()
+        .args(["inspect", "no/such/model.json"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("no/such/model.json: cannot read"), "{err}");
+
+    let out = osdp().output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no model given"));
+}
+
+#[test]
+fn import_refuses_a_sequence_longer_than_the_model() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = osdp()
+        .args([
+            "import-hf",
+            "sample-models/hf/gpt2.json",
+            "--seq-len",
+            "4096",
+            "-o",
+        ])
+        .arg(dir.path().join("m.json"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--seq-len") && err.contains("1024 positions"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_failed_write_keeps_the_previous_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let target = dir.path().join("m.json");
+    std::fs::write(&target, "previous").unwrap();
+    // A bad config must not touch the existing output.
+    let out = osdp()
+        .args(["import-hf", "tests/data/bad/bad-field.hf.json", "-o"])
+        .arg(&target)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(std::fs::read_to_string(&target).unwrap(), "previous");
+}

@@ -1,0 +1,35 @@
+//! Integration tests: the CLI as a user runs it, and properties of the model format.
+
+mod bad_input;
+mod import;
+mod roundtrip;
+
+use std::path::{Path, PathBuf};
+
+use assert_cmd::Command;
+
+pub fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+pub fn osdp() -> Command {
+    let mut cmd = Command::cargo_bin("osdp-tui").expect("binary builds");
+    cmd.current_dir(root());
+    cmd
+}
+
+/// Run `osdp-tui inspect PATH --json` and return the parsed summary.
+pub fn inspect_json(path: &Path) -> serde_json::Value {
+    let out = osdp()
+        .args(["inspect", "--json"])
+        .arg(path)
+        .output()
+        .expect("runs");
+    assert!(
+        out.status.success(),
+        "inspect {} failed: {}",
+        path.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("inspect --json prints JSON")
+}
