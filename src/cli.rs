@@ -205,9 +205,9 @@ fn inspect(path: &Path, json: bool) -> Result<(), Failure> {
         units::flops(s.fwd_flops_per_sample as f64)
     );
     println!(
-        "  activations {} kept for backward per sample ({:?} attention)",
+        "  activations {} kept for backward per sample ({} attention)",
         units::bytes(s.saved_activation_bytes_per_sample),
-        c.attention
+        format!("{:?}", c.attention).to_lowercase()
     );
     println!();
     println!("  {:<22}{:>6}{:>18}", "kind", "ops", "parameters");
