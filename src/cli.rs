@@ -68,6 +68,32 @@ enum Command {
         #[arg(long, value_enum, default_value_t = AttentionArg::Flash)]
         attention: AttentionArg,
     },
+    /// Find the plan of highest throughput under a per-GPU memory budget.
+    ///
+    /// Per operator: replicate (dp) or shard (zero1/zero2/zero3), how finely to split a linear
+    /// (zero3/K:M = K slices, the first M sharded), whether each block recomputes its
+    /// activations; plus the micro-batch size. Exact over the cost model. Compared with DDP,
+    /// ZeRO-2 and ZeRO-3 (FSDP) everywhere, each at its own best micro-batch.
+    /// Exit codes: 0 planned, 2 bad input, 3 nothing fits (the message names the smallest
+    /// budget that would).
+    Plan(PlanArgs),
+    /// Price a plan file (from `plan -o`, possibly hand-edited) on a layout.
+    Evaluate {
+        /// Model description the plan was made for.
+        model: PathBuf,
+        /// Cluster layout (layouts/*.json).
+        #[arg(long)]
+        layout: PathBuf,
+        /// Plan file written by `plan -o`.
+        #[arg(long)]
+        plan: PathBuf,
+        /// Print JSON (batch_size, step_time_s, throughput_samples_per_s, peak_memory_bytes, fits, ...).
+        #[arg(long)]
+        json: bool,
+        /// Budget to check the plan against [default: the device's memory].
+        #[arg(long, value_parser = parse_size)]
+        budget: Option<u64>,
+    },
     /// Show a cluster layout: devices, memory, rates, links, with the source of each figure.
     Layout {
         /// Layout file (layouts/*.json).
@@ -76,6 +102,78 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+}
+
+#[derive(Debug, clap::Args)]
+struct PlanArgs {
+    /// Model description (model.json).
+    model: PathBuf,
+    /// Cluster layout (layouts/*.json).
+    #[arg(long)]
+    layout: PathBuf,
+    /// Memory budget per GPU: 24GiB, 8000MiB, 80GB [default: the device's memory].
+    #[arg(long, value_parser = parse_size)]
+    budget: Option<u64>,
+    /// One budget per GPU, comma-separated; the plan must fit the tightest.
+    #[arg(long, value_delimiter = ',', value_parser = parse_size, conflicts_with = "budget")]
+    budget_per_gpu: Vec<u64>,
+    /// Micro-batch size per GPU, or `auto` to search it.
+    #[arg(long, default_value = "auto", value_parser = parse_batch)]
+    batch: BatchArg,
+    /// Largest operator split (1, 2, 4, 8, ...; 1 disables splitting).
+    #[arg(long, default_value_t = 8, value_parser = parse_split)]
+    max_split: u32,
+    /// Never recompute activations.
+    #[arg(long)]
+    no_recompute: bool,
+    /// Fix an op's strategy: OP=dp|zero1|zero2|zero3|zero3/K:M (repeatable).
+    #[arg(long, value_name = "OP=STRATEGY")]
+    pin: Vec<String>,
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
+    /// Write the plan file that `evaluate` and the trainer read.
+    #[arg(short, long, value_name = "PLAN.json")]
+    output: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum BatchArg {
+    Auto,
+    Fixed(u64),
+}
+
+fn parse_batch(s: &str) -> Result<BatchArg, String> {
+    if s == "auto" {
+        return Ok(BatchArg::Auto);
+    }
+    match s.parse::<u64>() {
+        Ok(n) if n > 0 => Ok(BatchArg::Fixed(n)),
+        _ => Err(format!("expected a positive integer or `auto`, got {s:?}")),
+    }
+}
+
+fn parse_split(s: &str) -> Result<u32, String> {
+    match s.parse::<u32>() {
+        Ok(k) if k.is_power_of_two() && k <= 64 => Ok(k),
+        _ => Err(format!("expected a power of two from 1 to 64, got {s:?}")),
+    }
+}
+
+/// `24GiB`, `8000MiB`, `80GB`, `1.5 TiB`; a plain number is bytes.
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    if t.starts_with('-') {
+        return Err(format!("a memory size cannot be negative, got {s:?}"));
+    }
+    if !t.starts_with(|c: char| c.is_ascii_digit() || c == '.') {
+        return Err(format!(
+            "expected a size such as 24GiB, 8000MiB or 80GB, got {s:?}"
+        ));
+    }
+    t.parse::<bytesize::ByteSize>()
+        .map(|b| b.as_u64())
+        .map_err(|_| format!("expected a size such as 24GiB, 8000MiB or 80GB, got {s:?}"))
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -87,20 +185,20 @@ enum AttentionArg {
 }
 
 /// A failure with the exit code it maps to.
-struct Failure {
-    code: u8,
-    message: String,
+pub struct Failure {
+    pub code: u8,
+    pub message: String,
 }
 
 impl Failure {
-    fn input(e: impl std::fmt::Display) -> Self {
+    pub fn input(e: impl std::fmt::Display) -> Self {
         Failure {
             code: 2,
             message: e.to_string(),
         }
     }
 
-    fn output(path: &Path, e: std::io::Error) -> Self {
+    pub fn output(path: &Path, e: std::io::Error) -> Self {
         Failure {
             code: 1,
             message: format!("{}: cannot write: {e}", path.display()),
@@ -154,6 +252,17 @@ fn run(cli: Cli) -> Result<(), Failure> {
             Ok(())
         }
         (Some(Command::Layout { layout, json }), _) => show_layout(&layout, json),
+        (Some(Command::Plan(args)), _) => crate::report::plan(args.into_request()?),
+        (
+            Some(Command::Evaluate {
+                model,
+                layout,
+                plan,
+                json,
+                budget,
+            }),
+            _,
+        ) => crate::report::evaluate(&model, &layout, &plan, budget, json),
         (None, Some(model)) => {
             inspect(&model, false)?;
             println!(
@@ -291,4 +400,24 @@ fn show_layout(path: &Path, json: bool) -> Result<(), Failure> {
         }
     }
     Ok(())
+}
+
+impl PlanArgs {
+    fn into_request(self) -> Result<crate::report::PlanRequest, Failure> {
+        Ok(crate::report::PlanRequest {
+            model: self.model,
+            layout: self.layout,
+            budget: self.budget,
+            budget_per_gpu: self.budget_per_gpu,
+            batch: match self.batch {
+                BatchArg::Auto => None,
+                BatchArg::Fixed(b) => Some(b),
+            },
+            max_split: self.max_split,
+            recompute: !self.no_recompute,
+            pins: self.pin,
+            json: self.json,
+            output: self.output,
+        })
+    }
 }

@@ -5,6 +5,9 @@
 
 pub mod cli;
 pub mod cluster;
+pub mod cost;
 pub mod input;
 pub mod model;
+pub mod plan;
+pub mod report;
 pub mod units;

@@ -1,0 +1,454 @@
+//! The cost model: memory and time of one operator under one sharding strategy, at micro-batch
+//! `b` on a layout of `N` ranks. Pure arithmetic: no GPU, no I/O.
+//!
+//! Accounting (DESIGN §4, mixed precision): bf16 parameters and gradients (2 + 2 bytes), fp32
+//! master weights and Adam moments (12 bytes) — the ZeRO paper's 16 bytes per parameter.
+//! Collectives follow the ring α–β model; communication overlaps the op's own compute on a
+//! separate stream and only the excess is exposed.
+
+use serde::{Deserialize, Serialize};
+
+use crate::cluster::{DeviceKind, Layout};
+use crate::model::{ModelSpec, OpKind, OpSpec};
+
+/// bf16 parameters + bf16 gradients + fp32 master, Adam m and v.
+pub const STATE_BYTES_PER_PARAM: u64 = 16;
+/// bf16 compute copy of a parameter, and its gradient.
+pub const PARAM_BYTES: u64 = 2;
+pub const GRAD_BYTES: u64 = 2;
+/// AdamW step traffic per updated parameter: read master, m, v (fp32) and the bf16 grad; write
+/// master, m, v and the bf16 copy.
+pub const OPTIMIZER_BYTES_PER_PARAM: u64 = 28;
+
+/// Fraction of the dense peak a large matmul reaches.
+pub const MATMUL_EFFICIENCY: f64 = 0.7;
+/// Fraction of memory bandwidth element-wise kernels reach.
+pub const MEMORY_EFFICIENCY: f64 = 0.8;
+/// Backward of a matmul is two matmuls (input and weight gradients).
+pub const LINEAR_BWD_FACTOR: f64 = 2.0;
+/// Fused attention backward recomputes the scores: about 2.5× its forward.
+pub const ATTENTION_BWD_FACTOR: f64 = 2.5;
+/// Element-wise backward reads and writes about twice the forward's bytes.
+pub const ELEMENTWISE_BWD_FACTOR: f64 = 2.0;
+
+/// How one operator's parameters are held across the data-parallel ranks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Strategy {
+    /// The op owns no parameters: nothing to shard.
+    None,
+    /// Replicated (DDP): gradients all-reduced.
+    Dp,
+    /// Optimizer states sharded.
+    Zero1,
+    /// Optimizer states and gradients sharded.
+    Zero2,
+    /// Everything sharded (FSDP FULL_SHARD); parameters gathered for use.
+    Zero3,
+}
+
+impl Strategy {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Strategy::None => "none",
+            Strategy::Dp => "dp",
+            Strategy::Zero1 => "zero1",
+            Strategy::Zero2 => "zero2",
+            Strategy::Zero3 => "zero3",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Strategy> {
+        Some(match s {
+            "none" => Strategy::None,
+            "dp" | "ddp" => Strategy::Dp,
+            "zero1" => Strategy::Zero1,
+            "zero2" => Strategy::Zero2,
+            "zero3" | "fsdp" => Strategy::Zero3,
+            _ => return None,
+        })
+    }
+}
+
+/// A strategy with OSDP's operator splitting: the op is cut into `split` slices along its input
+/// features, of which the first `sharded` are ZeRO-3 sharded and the rest replicated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct Choice {
+    pub strategy: Strategy,
+    pub split: u32,
+    pub sharded: u32,
+}
+
+impl Choice {
+    pub const NONE: Choice = Choice::plain(Strategy::None);
+    pub const DP: Choice = Choice::plain(Strategy::Dp);
+
+    pub const fn plain(strategy: Strategy) -> Choice {
+        let sharded = matches!(strategy, Strategy::Zero3) as u32;
+        Choice {
+            strategy,
+            split: 1,
+            sharded,
+        }
+    }
+
+    pub const fn zero3(split: u32, sharded: u32) -> Choice {
+        Choice {
+            strategy: Strategy::Zero3,
+            split,
+            sharded,
+        }
+    }
+
+    /// `zero3/4:3` for split ops, the strategy name otherwise.
+    pub fn label(&self) -> String {
+        if self.strategy == Strategy::Zero3 && self.split > 1 {
+            format!("zero3/{}:{}", self.split, self.sharded)
+        } else {
+            self.strategy.as_str().to_string()
+        }
+    }
+}
+
+/// Rates of the layout the cost model needs, resolved once.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Machine {
+    pub ranks: u32,
+    /// Dense FLOP/s for the model's compute dtype.
+    pub flops_per_s: f64,
+    pub memory_bytes_per_s: f64,
+    /// Bus bandwidth of the slowest link a ring crosses, bytes/s.
+    pub link_bytes_per_s: f64,
+    /// Per-step latency of a ring collective, seconds.
+    pub link_latency_s: f64,
+    /// Fixed cost of launching one kernel, seconds.
+    pub launch_s: f64,
+    pub overhead_bytes: u64,
+    /// Which dtype the compute rate is for (for messages).
+    pub compute_dtype: &'static str,
+}
+
+impl Machine {
+    /// Resolve a layout's figures for a model computing in `model.config.dtype`.
+    pub fn new(layout: &Layout, model: &ModelSpec) -> Machine {
+        let r = &layout.device.dense_tflops;
+        let wanted = match model.config.dtype {
+            crate::model::DType::Bf16 => [("bf16", &r.bf16), ("fp16", &r.fp16), ("fp32", &r.fp32)],
+            crate::model::DType::F16 => [("fp16", &r.fp16), ("bf16", &r.bf16), ("fp32", &r.fp32)],
+            crate::model::DType::F32 => [("fp32", &r.fp32), ("tf32", &r.tf32), ("bf16", &r.bf16)],
+        };
+        // A validated layout has at least one rate; fall back through the others.
+        let (compute_dtype, tflops) = wanted
+            .iter()
+            .find_map(|(n, f)| f.as_ref().map(|f| (*n, f.value)))
+            .or_else(|| {
+                [
+                    ("tf32", &r.tf32),
+                    ("fp32", &r.fp32),
+                    ("fp16", &r.fp16),
+                    ("bf16", &r.bf16),
+                ]
+                .iter()
+                .find_map(|(n, f)| f.as_ref().map(|f| (*n, f.value)))
+            })
+            .unwrap_or(("fp32", 1.0));
+        let (bw, lat) = match &layout.inter_node {
+            Some(inter) if layout.nodes > 1 => (
+                inter
+                    .bus_bandwidth_gb_per_s
+                    .value
+                    .min(layout.intra_node.bus_bandwidth_gb_per_s.value),
+                inter
+                    .latency_us
+                    .value
+                    .max(layout.intra_node.latency_us.value),
+            ),
+            _ => (
+                layout.intra_node.bus_bandwidth_gb_per_s.value,
+                layout.intra_node.latency_us.value,
+            ),
+        };
+        Machine {
+            ranks: layout.world_size(),
+            flops_per_s: tflops * 1e12,
+            memory_bytes_per_s: layout.device.memory_bandwidth_gb_per_s.value * 1e9,
+            link_bytes_per_s: bw * 1e9,
+            link_latency_s: lat * 1e-6,
+            launch_s: match layout.device.kind {
+                DeviceKind::Gpu => 5e-6,
+                DeviceKind::Cpu => 10e-6,
+            },
+            overhead_bytes: layout.runtime_overhead_bytes(),
+            compute_dtype,
+        }
+    }
+
+    /// Ring all-gather (or reduce-scatter) of a tensor of `bytes` in total.
+    pub fn all_gather_s(&self, bytes: f64) -> f64 {
+        let n = f64::from(self.ranks);
+        if self.ranks <= 1 {
+            return 0.0;
+        }
+        (n - 1.0) * self.link_latency_s + (n - 1.0) / n * bytes / self.link_bytes_per_s
+    }
+
+    pub fn reduce_scatter_s(&self, bytes: f64) -> f64 {
+        self.all_gather_s(bytes)
+    }
+
+    /// Ring all-reduce = reduce-scatter + all-gather.
+    pub fn all_reduce_s(&self, bytes: f64) -> f64 {
+        2.0 * self.all_gather_s(bytes)
+    }
+
+    fn matmul_s(&self, flops: f64, calls: u32) -> f64 {
+        flops / (self.flops_per_s * MATMUL_EFFICIENCY) + f64::from(calls) * self.launch_s
+    }
+
+    fn memory_s(&self, bytes: f64) -> f64 {
+        bytes / (self.memory_bytes_per_s * MEMORY_EFFICIENCY) + self.launch_s
+    }
+}
+
+/// Strategy-independent facts of one op at one micro-batch size.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OpBase {
+    /// Parameters the op owns (tied ones belong to their owner).
+    pub params: u64,
+    /// How many ops use these parameters (1 + tied users): each use gathers them under ZeRO-3.
+    pub uses: u32,
+    /// Whether OSDP's operator splitting applies (linears).
+    pub splittable: bool,
+    pub fwd_s: f64,
+    pub bwd_s: f64,
+    /// Activations kept for backward at this micro-batch.
+    pub saved_bytes: u64,
+    /// Gradient buffers while the op runs backward: its output's and its inputs' gradients.
+    pub working_bytes: u64,
+    /// Output at this micro-batch (what a recomputed block keeps of its input).
+    pub output_bytes: u64,
+}
+
+impl OpBase {
+    /// `input_bytes_per_sample`: the summed outputs of the op's inputs.
+    pub fn new(
+        op: &OpSpec,
+        input_bytes_per_sample: u64,
+        m: &Machine,
+        batch: u64,
+        uses: u32,
+    ) -> OpBase {
+        let b = batch as f64;
+        let flops = op.fwd_flops_per_sample as f64 * b;
+        let moved = (input_bytes_per_sample + op.output_bytes_per_sample) as f64 * b;
+        let (fwd_s, bwd_s) = match op.kind {
+            OpKind::Linear => (
+                m.matmul_s(flops, 1),
+                LINEAR_BWD_FACTOR * m.matmul_s(flops, 1),
+            ),
+            OpKind::Attention => (
+                m.matmul_s(flops, 1),
+                ATTENTION_BWD_FACTOR * m.matmul_s(flops, 1),
+            ),
+            _ => (
+                m.memory_s(moved),
+                ELEMENTWISE_BWD_FACTOR * m.memory_s(moved),
+            ),
+        };
+        OpBase {
+            params: ModelSpec::op_param_count(op),
+            uses,
+            splittable: op.kind == OpKind::Linear,
+            fwd_s,
+            bwd_s,
+            saved_bytes: op.saved_bytes_per_sample * batch,
+            working_bytes: (input_bytes_per_sample + op.output_bytes_per_sample) * batch,
+            output_bytes: op.output_bytes_per_sample * batch,
+        }
+    }
+}
+
+/// What one op costs under one choice.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct OpCost {
+    /// Parameters, gradients and optimizer states held on each rank all step long.
+    pub persistent_bytes: u64,
+    /// Held only while the op runs: gathered weights, unsharded gradients, gradient buffers.
+    pub transient_bytes: u64,
+    /// Forward + backward compute.
+    pub compute_s: f64,
+    /// Total communication time (before overlap).
+    pub comm_s: f64,
+    /// Communication left after overlapping with the op's compute.
+    pub exposed_comm_s: f64,
+    pub optimizer_s: f64,
+}
+
+impl OpCost {
+    /// Time the op adds to a step (recomputation is accounted per block).
+    pub fn time_s(&self) -> f64 {
+        self.compute_s + self.exposed_comm_s + self.optimizer_s
+    }
+}
+
+fn ceil_div(a: u64, b: u64) -> u64 {
+    a.div_ceil(b)
+}
+
+/// Price `choice` for an op described by `base` on machine `m`.
+pub fn price(base: &OpBase, choice: Choice, m: &Machine) -> OpCost {
+    let p = base.params;
+    let n = u64::from(m.ranks.max(1));
+    let extra_gathers = f64::from(base.uses.max(1));
+    let split_launches = f64::from(choice.split.saturating_sub(1)) * m.launch_s;
+    let (persistent, param_transient, fwd_comm, bwd_comm, updated) = match choice.strategy {
+        Strategy::None => (0, 0, 0.0, 0.0, 0),
+        Strategy::Dp => (
+            STATE_BYTES_PER_PARAM * p,
+            0,
+            0.0,
+            m.all_reduce_s((GRAD_BYTES * p) as f64),
+            p,
+        ),
+        Strategy::Zero1 => (
+            (PARAM_BYTES + GRAD_BYTES) * p + ceil_div(12 * p, n),
+            0,
+            m.all_gather_s((PARAM_BYTES * p) as f64),
+            m.reduce_scatter_s((GRAD_BYTES * p) as f64),
+            ceil_div(p, n),
+        ),
+        Strategy::Zero2 => (
+            PARAM_BYTES * p + ceil_div(14 * p, n),
+            GRAD_BYTES * p,
+            m.all_gather_s((PARAM_BYTES * p) as f64),
+            m.reduce_scatter_s((GRAD_BYTES * p) as f64),
+            ceil_div(p, n),
+        ),
+        Strategy::Zero3 => {
+            let (k, s) = (u64::from(choice.split.max(1)), u64::from(choice.sharded));
+            let sharded_p = p * s / k;
+            let replicated_p = p - sharded_p;
+            let slice = (PARAM_BYTES * p) as f64 / k as f64;
+            let slices = s as f64;
+            let fwd = extra_gathers * slices * m.all_gather_s(slice);
+            let mut bwd =
+                slices * (extra_gathers * m.all_gather_s(slice) + m.reduce_scatter_s(slice));
+            if replicated_p > 0 {
+                bwd += m.all_reduce_s((GRAD_BYTES * replicated_p) as f64);
+            }
+            (
+                STATE_BYTES_PER_PARAM * replicated_p
+                    + ceil_div(STATE_BYTES_PER_PARAM * sharded_p, n),
+                // One slice's gathered parameters and its full gradient.
+                ceil_div((PARAM_BYTES + GRAD_BYTES) * p, k),
+                fwd,
+                bwd,
+                replicated_p + ceil_div(sharded_p, n),
+            )
+        }
+    };
+    // A split op runs its matmuls slice by slice: k launches instead of one, forward and backward.
+    let compute = base.fwd_s + base.bwd_s + (1.0 + LINEAR_BWD_FACTOR) * split_launches;
+    let exposed = (fwd_comm - base.fwd_s).max(0.0) + (bwd_comm - base.bwd_s).max(0.0);
+    OpCost {
+        persistent_bytes: persistent,
+        transient_bytes: param_transient + base.working_bytes,
+        compute_s: compute,
+        comm_s: fwd_comm + bwd_comm,
+        exposed_comm_s: exposed,
+        optimizer_s: if updated == 0 {
+            0.0
+        } else {
+            (OPTIMIZER_BYTES_PER_PARAM * updated) as f64
+                / (m.memory_bytes_per_s * MEMORY_EFFICIENCY)
+        },
+    }
+}
+
+/// Every choice the planner may make for an op: `None` for parameter-free ops; DP, ZeRO-1/2/3
+/// otherwise; and for splittable ops ZeRO-3 split into `k` = 2, 4, … ≤ `max_split` slices with
+/// 1..=k of them sharded.
+pub fn choices(base: &OpBase, max_split: u32) -> Vec<Choice> {
+    if base.params == 0 {
+        return vec![Choice::NONE];
+    }
+    let mut out = vec![
+        Choice::DP,
+        Choice::plain(Strategy::Zero1),
+        Choice::plain(Strategy::Zero2),
+        Choice::zero3(1, 1),
+    ];
+    if base.splittable {
+        let mut k = 2;
+        while k <= max_split {
+            out.extend((1..=k).map(|s| Choice::zero3(k, s)));
+            k *= 2;
+        }
+    }
+    out
+}
+
+/// Whether `choice` is allowed for an op (used to check pins and plan files).
+pub fn allowed(base: &OpBase, choice: Choice, max_split: u32) -> bool {
+    choices(base, max_split.max(choice.split)).contains(&choice)
+        && (choice.split == 1 || base.splittable)
+}
+
+/// How many ops use each op's parameters: 1 for the owner plus its tied users.
+pub fn parameter_uses(model: &ModelSpec) -> Vec<u32> {
+    let mut uses: Vec<u32> = model
+        .ops
+        .iter()
+        .map(|o| u32::from(ModelSpec::op_param_count(o) > 0))
+        .collect();
+    for op in &model.ops {
+        for p in &op.params {
+            if let Some(target) = &p.tied_to {
+                if let Some((owner, _)) = target.rsplit_once('.') {
+                    if let Some(j) = model.ops.iter().position(|o| o.id == owner) {
+                        uses[j] += 1;
+                    }
+                }
+            }
+        }
+    }
+    uses
+}
+
+/// Per-sample bytes each op reads: the summed outputs of its inputs.
+pub fn input_bytes_per_sample(model: &ModelSpec) -> Vec<u64> {
+    let index: std::collections::HashMap<&str, usize> = model
+        .ops
+        .iter()
+        .enumerate()
+        .map(|(i, o)| (o.id.as_str(), i))
+        .collect();
+    model
+        .ops
+        .iter()
+        .map(|op| {
+            op.inputs
+                .iter()
+                .filter_map(|id| index.get(id.as_str()))
+                .map(|&j| model.ops[j].output_bytes_per_sample)
+                .sum()
+        })
+        .collect()
+}
+
+/// The base facts of every op at micro-batch `batch`.
+pub fn op_bases(model: &ModelSpec, m: &Machine, batch: u64) -> Vec<OpBase> {
+    let uses = parameter_uses(model);
+    let inputs = input_bytes_per_sample(model);
+    model
+        .ops
+        .iter()
+        .enumerate()
+        .map(|(i, op)| OpBase::new(op, inputs[i], m, batch, uses[i]))
+        .collect()
+}
+
+/// Whether the op owns parameters (and so has a sharding choice).
+pub fn owns_params(op: &OpSpec) -> bool {
+    ModelSpec::op_param_count(op) > 0
+}

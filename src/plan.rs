@@ -1,0 +1,200 @@
+//! Plans: per operator a sharding choice, per block whether to recompute activations, and the
+//! micro-batch size. [`evaluate`] prices any plan with the cost model; the [`Planner`] finds the
+//! plan of highest throughput under a memory budget, exactly.
+
+mod file;
+mod frontier;
+mod search;
+
+pub use file::{check_choice, fingerprint, read_plan, PlanFile, PlanFileOp, PLAN_FORMAT_VERSION};
+pub use search::{NoFit, PlanOptions, Planned, Planner};
+
+use serde::Serialize;
+
+use crate::cost::{self, Choice, Machine, OpBase, OpCost, Strategy};
+use crate::model::ModelSpec;
+
+/// A complete plan for one model.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Plan {
+    pub batch: u64,
+    /// One choice per op, in the model's op order.
+    pub choices: Vec<Choice>,
+    /// Recompute flag per block index (`config.layers` entries).
+    pub recompute: Vec<bool>,
+}
+
+/// The cost model's figures for a plan.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Prediction {
+    pub batch_size: u64,
+    pub step_time_s: f64,
+    pub throughput_samples_per_s: f64,
+    pub tokens_per_s: f64,
+    pub peak_memory_bytes: u64,
+    pub persistent_bytes: u64,
+    pub activation_bytes: u64,
+    pub max_transient_bytes: u64,
+    pub overhead_bytes: u64,
+    pub compute_s: f64,
+    pub exposed_comm_s: f64,
+    pub optimizer_s: f64,
+    pub recompute_s: f64,
+    /// Per op: memory it holds (persistent + kept activations) and time it adds.
+    pub ops: Vec<OpFigures>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct OpFigures {
+    pub memory_bytes: u64,
+    pub time_s: f64,
+}
+
+/// Facts about the blocks the planner and `evaluate` share.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Blocks {
+    /// Block index of each op, if any.
+    pub of_op: Vec<Option<usize>>,
+    /// Ops of each block.
+    pub ops: Vec<Vec<usize>>,
+    /// Per-sample bytes a recomputed block keeps: the outputs it reads from outside itself.
+    pub input_bytes_per_sample: Vec<u64>,
+}
+
+impl Blocks {
+    pub fn of(model: &ModelSpec) -> Blocks {
+        let n = model.config.layers as usize;
+        let index: std::collections::HashMap<&str, usize> = model
+            .ops
+            .iter()
+            .enumerate()
+            .map(|(i, o)| (o.id.as_str(), i))
+            .collect();
+        let of_op: Vec<Option<usize>> = model
+            .ops
+            .iter()
+            .map(|o| o.block.map(|b| b as usize))
+            .collect();
+        let mut ops = vec![Vec::new(); n];
+        for (i, b) in of_op.iter().enumerate() {
+            if let Some(b) = b {
+                ops[*b].push(i);
+            }
+        }
+        let input_bytes_per_sample = ops
+            .iter()
+            .enumerate()
+            .map(|(b, members)| {
+                let mut outside: Vec<usize> = members
+                    .iter()
+                    .flat_map(|&i| model.ops[i].inputs.iter().map(|id| index[id.as_str()]))
+                    .filter(|&j| of_op[j] != Some(b))
+                    .collect();
+                outside.sort_unstable();
+                outside.dedup();
+                outside
+                    .iter()
+                    .map(|&j| model.ops[j].output_bytes_per_sample)
+                    .sum()
+            })
+            .collect();
+        Blocks {
+            of_op,
+            ops,
+            input_bytes_per_sample,
+        }
+    }
+
+    /// Activations a block keeps for backward at micro-batch `batch` without recomputation.
+    pub fn saved_bytes(&self, block: usize, bases: &[OpBase]) -> u64 {
+        self.ops[block].iter().map(|&i| bases[i].saved_bytes).sum()
+    }
+}
+
+/// Price a plan. The planner's figures are these, by construction.
+pub fn evaluate(model: &ModelSpec, m: &Machine, plan: &Plan) -> Prediction {
+    let bases = cost::op_bases(model, m, plan.batch);
+    let blocks = Blocks::of(model);
+    evaluate_with(model, m, plan, &bases, &blocks)
+}
+
+pub(crate) fn evaluate_with(
+    model: &ModelSpec,
+    m: &Machine,
+    plan: &Plan,
+    bases: &[OpBase],
+    blocks: &Blocks,
+) -> Prediction {
+    let remat: Vec<u64> = (0..blocks.ops.len())
+        .map(|b| {
+            if plan.recompute.get(b).copied().unwrap_or(false) {
+                blocks.saved_bytes(b, bases)
+            } else {
+                0
+            }
+        })
+        .collect();
+    let (mut persistent, mut activations, mut max_transient) = (0u64, 0u64, 0u64);
+    let (mut compute, mut exposed, mut optimizer, mut recompute) = (0.0, 0.0, 0.0, 0.0);
+    let mut ops = Vec::with_capacity(model.ops.len());
+    for (i, base) in bases.iter().enumerate() {
+        let c: OpCost = cost::price(base, plan.choices[i], m);
+        let block = blocks.of_op[i];
+        let recomputed = block.is_some_and(|b| plan.recompute.get(b).copied().unwrap_or(false));
+        let kept = if recomputed { 0 } else { base.saved_bytes };
+        let extra_s = if recomputed { base.fwd_s } else { 0.0 };
+        persistent += c.persistent_bytes;
+        activations += kept;
+        max_transient = max_transient.max(c.transient_bytes + block.map_or(0, |b| remat[b]));
+        compute += c.compute_s;
+        exposed += c.exposed_comm_s;
+        optimizer += c.optimizer_s;
+        recompute += extra_s;
+        ops.push(OpFigures {
+            memory_bytes: c.persistent_bytes + kept,
+            time_s: c.time_s() + extra_s,
+        });
+    }
+    for (b, &on) in plan.recompute.iter().enumerate() {
+        if on && b < blocks.input_bytes_per_sample.len() {
+            activations += blocks.input_bytes_per_sample[b] * plan.batch;
+        }
+    }
+    let step = ops.iter().map(|o| o.time_s).sum::<f64>();
+    let samples = plan.batch as f64 * f64::from(m.ranks);
+    Prediction {
+        batch_size: plan.batch,
+        step_time_s: step,
+        throughput_samples_per_s: samples / step,
+        tokens_per_s: samples * model.config.seq_len as f64 / step,
+        peak_memory_bytes: m.overhead_bytes + persistent + activations + max_transient,
+        persistent_bytes: persistent,
+        activation_bytes: activations,
+        max_transient_bytes: max_transient,
+        overhead_bytes: m.overhead_bytes,
+        compute_s: compute,
+        exposed_comm_s: exposed,
+        optimizer_s: optimizer,
+        recompute_s: recompute,
+        ops,
+    }
+}
+
+/// The same strategy on every op that owns parameters, no recomputation.
+pub fn uniform_plan(model: &ModelSpec, strategy: Strategy, batch: u64) -> Plan {
+    Plan {
+        batch,
+        choices: model
+            .ops
+            .iter()
+            .map(|op| {
+                if cost::owns_params(op) {
+                    Choice::plain(strategy)
+                } else {
+                    Choice::NONE
+                }
+            })
+            .collect(),
+        recompute: vec![false; model.config.layers as usize],
+    }
+}

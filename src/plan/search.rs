@@ -1,0 +1,496 @@
+//! The exact planner.
+//!
+//! Peak memory is `overhead + Σ held + max transient`; the max makes it no plain knapsack. For
+//! each cap `T` on the transient term (every distinct value a choice can produce), restricting
+//! every op to choices whose transient fits under `T` turns it into a multiple-choice knapsack:
+//! minimise Σ time subject to Σ held ≤ budget − overhead − T. The optimum under the true peak is
+//! the best over caps. Each knapsack is solved as a Pareto frontier of (memory → best time),
+//! built once per (micro-batch, cap); identical transformer blocks are merged by doubling. A
+//! budget change is then a binary search per frontier, not a new search.
+
+use std::collections::HashMap;
+
+use super::frontier::{self, Arena, Frontier, Node, Point};
+use super::{evaluate_with, Blocks, Plan, Prediction};
+use crate::cost::{self, Choice, Machine, OpBase};
+use crate::model::ModelSpec;
+
+/// What the search may choose.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PlanOptions {
+    /// Fixed micro-batch size, or `None` to search it.
+    pub batch: Option<u64>,
+    /// Largest operator split (a power of two; 1 disables splitting).
+    pub max_split: u32,
+    /// Whether blocks may recompute their activations.
+    pub recompute: bool,
+    /// Ops whose choice is fixed: (op index, choice).
+    pub pins: Vec<(usize, Choice)>,
+}
+
+impl Default for PlanOptions {
+    fn default() -> Self {
+        PlanOptions {
+            batch: None,
+            max_split: 8,
+            recompute: true,
+            pins: Vec::new(),
+        }
+    }
+}
+
+/// A plan with its prediction.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Planned {
+    pub plan: Plan,
+    pub prediction: Prediction,
+}
+
+/// Nothing fits the budget; the smallest budget that would.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NoFit {
+    pub min_budget_bytes: u64,
+}
+
+/// A group of identical instances: blocks with the same structure, or one op outside the blocks.
+#[derive(Debug, Clone)]
+struct Class {
+    /// Op indices of each instance, by slot.
+    instances: Vec<Vec<usize>>,
+    /// Block index of each instance, when the class is made of blocks.
+    blocks: Option<Vec<usize>>,
+}
+
+/// One option of one slot of a class.
+#[derive(Debug, Clone, Copy)]
+struct Opt {
+    choice: Choice,
+    held: u64,
+    time: f64,
+    transient: u64,
+    /// With recomputation: nothing kept, forward run again.
+    held_r: u64,
+    time_r: f64,
+}
+
+struct BatchTable {
+    batch: u64,
+    arena: Arena,
+    /// (transient cap, frontier of the whole model under it).
+    caps: Vec<(u64, Frontier)>,
+}
+
+pub struct Planner<'m> {
+    model: &'m ModelSpec,
+    machine: Machine,
+    blocks: Blocks,
+    options: PlanOptions,
+    classes: Vec<Class>,
+    tables: Vec<BatchTable>,
+}
+
+/// Micro-batch sizes tried by the automatic search: roughly 1.25–1.5× apart.
+fn batch_ladder() -> impl Iterator<Item = u64> {
+    let head = [1u64, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32, 40, 48, 64];
+    head.into_iter().chain((0..).flat_map(|i| {
+        let base = 64u64 << i;
+        [
+            base + base / 4,
+            base + base / 2,
+            base + 3 * base / 4,
+            2 * base,
+        ]
+    }))
+}
+
+impl<'m> Planner<'m> {
+    /// Build every frontier needed to answer any budget up to `max_budget_bytes`.
+    pub fn new(
+        model: &'m ModelSpec,
+        machine: Machine,
+        options: PlanOptions,
+        max_budget_bytes: u64,
+    ) -> Planner<'m> {
+        let blocks = Blocks::of(model);
+        let pins: HashMap<usize, Choice> = options.pins.iter().copied().collect();
+        let classes = classify(model, &machine, &blocks, &pins);
+        let mut planner = Planner {
+            model,
+            machine,
+            blocks,
+            options,
+            classes,
+            tables: Vec::new(),
+        };
+        let batches: Box<dyn Iterator<Item = u64>> = match planner.options.batch {
+            Some(b) => Box::new(std::iter::once(b)),
+            None => Box::new(batch_ladder()),
+        };
+        for batch in batches {
+            let table = planner.build_table(batch, &pins);
+            let cheapest = table.cheapest(planner.machine.overhead_bytes);
+            let fits = cheapest.is_some_and(|c| c <= max_budget_bytes);
+            let fixed = planner.options.batch.is_some();
+            if fits || fixed || planner.tables.is_empty() {
+                planner.tables.push(table);
+            }
+            if !fits && !fixed {
+                break;
+            }
+        }
+        planner
+    }
+
+    pub fn machine(&self) -> &Machine {
+        &self.machine
+    }
+
+    /// Micro-batch sizes with a frontier.
+    pub fn batches(&self) -> Vec<u64> {
+        self.tables.iter().map(|t| t.batch).collect()
+    }
+
+    /// Largest throughput within `budget_bytes`.
+    pub fn best(&self, budget_bytes: u64) -> Result<Planned, NoFit> {
+        let mut best: Option<(f64, u64, usize, Point)> = None;
+        for (ti, table) in self.tables.iter().enumerate() {
+            for (cap, f) in &table.caps {
+                let Some(usable) = budget_bytes
+                    .checked_sub(self.machine.overhead_bytes)
+                    .and_then(|u| u.checked_sub(*cap))
+                else {
+                    continue;
+                };
+                if let Some(p) = frontier::best_within(f, usable) {
+                    let tput = table.batch as f64 / p.time;
+                    let peak = p.mem + cap;
+                    let better = match &best {
+                        None => true,
+                        Some((bt, bpeak, _, _)) => tput > *bt || (tput == *bt && peak < *bpeak),
+                    };
+                    if better {
+                        best = Some((tput, peak, ti, *p));
+                    }
+                }
+            }
+        }
+        let Some((_, _, ti, point)) = best else {
+            return Err(NoFit {
+                min_budget_bytes: self
+                    .tables
+                    .iter()
+                    .filter_map(|t| t.cheapest(self.machine.overhead_bytes))
+                    .min()
+                    .unwrap_or(u64::MAX),
+            });
+        };
+        let table = &self.tables[ti];
+        let plan = self.reconstruct(table, point.node);
+        let bases = cost::op_bases(self.model, &self.machine, plan.batch);
+        let prediction = evaluate_with(self.model, &self.machine, &plan, &bases, &self.blocks);
+        Ok(Planned { plan, prediction })
+    }
+
+    /// Points of the memory → throughput frontier over all micro-batch sizes, for charts:
+    /// (peak bytes, samples/s).
+    pub fn curve(&self) -> Vec<(u64, f64)> {
+        let mut pts: Vec<(u64, f64)> = Vec::new();
+        for table in &self.tables {
+            for (cap, f) in &table.caps {
+                for p in f {
+                    let peak = self.machine.overhead_bytes + p.mem + cap;
+                    pts.push((
+                        peak,
+                        table.batch as f64 * f64::from(self.machine.ranks) / p.time,
+                    ));
+                }
+            }
+        }
+        pts.sort_by(|a, b| a.0.cmp(&b.0).then(b.1.total_cmp(&a.1)));
+        let mut out: Vec<(u64, f64)> = Vec::new();
+        for p in pts {
+            if out.last().is_none_or(|l| p.1 > l.1) {
+                out.push(p);
+            }
+        }
+        out
+    }
+
+    fn build_table(&self, batch: u64, pins: &HashMap<usize, Choice>) -> BatchTable {
+        let m = &self.machine;
+        let bases = cost::op_bases(self.model, m, batch);
+        let opts: Vec<Vec<Opt>> = bases
+            .iter()
+            .enumerate()
+            .map(|(i, base)| {
+                let choices = match pins.get(&i) {
+                    Some(c) => vec![*c],
+                    None => cost::choices(base, self.options.max_split),
+                };
+                let mut v: Vec<Opt> = choices
+                    .into_iter()
+                    .map(|choice| option(base, choice, m))
+                    .collect();
+                v.sort_by_key(|o| o.transient);
+                v
+            })
+            .collect();
+        // Transient the plan cannot avoid: every op's cheapest choice.
+        let floor = opts
+            .iter()
+            .map(|o| o.first().map_or(0, |x| x.transient))
+            .max()
+            .unwrap_or(0);
+        let remat: Vec<u64> = (0..self.blocks.ops.len())
+            .map(|b| self.blocks.saved_bytes(b, &bases))
+            .collect();
+        let mut caps: Vec<u64> = opts.iter().flatten().map(|o| o.transient).collect();
+        if self.options.recompute {
+            for (b, members) in self.blocks.ops.iter().enumerate() {
+                for &i in members {
+                    caps.extend(opts[i].iter().map(|o| o.transient + remat[b]));
+                }
+            }
+        }
+        caps.retain(|&c| c >= floor);
+        caps.sort_unstable();
+        caps.dedup();
+
+        let mut arena = Arena::default();
+        let mut cache: HashMap<(usize, Vec<usize>), Frontier> = HashMap::new();
+        let mut table_caps = Vec::with_capacity(caps.len());
+        for cap in caps {
+            let empty = arena.push(Node::Empty);
+            let mut total: Frontier = vec![Point {
+                mem: 0,
+                time: 0.0,
+                node: empty,
+            }];
+            for (ci, class) in self.classes.iter().enumerate() {
+                let rep = &class.instances[0];
+                let block = class.blocks.as_ref().map(|b| b[0]);
+                // Feasible options are a prefix of each slot's list (sorted by transient).
+                let mut key: Vec<usize> = rep
+                    .iter()
+                    .map(|&i| opts[i].partition_point(|o| o.transient <= cap))
+                    .collect();
+                if let (Some(b), true) = (block, self.options.recompute) {
+                    key.extend(
+                        rep.iter()
+                            .map(|&i| opts[i].partition_point(|o| o.transient + remat[b] <= cap)),
+                    );
+                }
+                let f = cache.entry((ci, key)).or_insert_with(|| {
+                    let one = class_frontier(
+                        ci as u32,
+                        rep,
+                        &opts,
+                        cap,
+                        block.map(|b| (remat[b], self.blocks.input_bytes_per_sample[b] * batch)),
+                        self.options.recompute,
+                        &mut arena,
+                    );
+                    frontier::repeat(&one, class.instances.len() as u64, &mut arena)
+                });
+                total = frontier::sum(&total, f, &mut arena);
+                if total.is_empty() {
+                    break;
+                }
+            }
+            if !total.is_empty() {
+                table_caps.push((cap, total));
+            }
+        }
+        BatchTable {
+            batch,
+            arena,
+            caps: table_caps,
+        }
+    }
+
+    fn reconstruct(&self, table: &BatchTable, root: u32) -> Plan {
+        let mut choices: Vec<Choice> = vec![Choice::NONE; self.model.ops.len()];
+        let mut recompute = vec![false; self.blocks.ops.len()];
+        let mut next_instance = vec![0usize; self.classes.len()];
+        let mut stack = vec![root];
+        while let Some(n) = stack.pop() {
+            match table.arena.nodes[n as usize] {
+                Node::Empty | Node::Op { .. } => {}
+                Node::Pair(a, b) => {
+                    stack.push(a);
+                    stack.push(b);
+                }
+                Node::Instance {
+                    class,
+                    recompute: r,
+                    inner,
+                } => {
+                    let ci = class as usize;
+                    let class = &self.classes[ci];
+                    let idx = next_instance[ci];
+                    next_instance[ci] += 1;
+                    let ops = &class.instances[idx];
+                    if let Some(blocks) = &class.blocks {
+                        recompute[blocks[idx]] = r;
+                    }
+                    let mut inner_stack = vec![inner];
+                    while let Some(x) = inner_stack.pop() {
+                        match table.arena.nodes[x as usize] {
+                            Node::Op { slot, choice } => choices[ops[slot as usize]] = choice,
+                            Node::Pair(a, b) => {
+                                inner_stack.push(a);
+                                inner_stack.push(b);
+                            }
+                            _ => {}
+                        }
+                    }
+                }
+            }
+        }
+        Plan {
+            batch: table.batch,
+            choices,
+            recompute,
+        }
+    }
+}
+
+impl BatchTable {
+    /// Smallest peak any plan at this batch reaches.
+    fn cheapest(&self, overhead: u64) -> Option<u64> {
+        self.caps
+            .iter()
+            .filter_map(|(cap, f)| f.first().map(|p| overhead + p.mem + cap))
+            .min()
+    }
+}
+
+fn option(base: &OpBase, choice: Choice, m: &Machine) -> Opt {
+    let c = cost::price(base, choice, m);
+    Opt {
+        choice,
+        held: c.persistent_bytes + base.saved_bytes,
+        time: c.time_s(),
+        transient: c.transient_bytes,
+        held_r: c.persistent_bytes,
+        time_r: c.time_s() + base.fwd_s,
+    }
+}
+
+/// Frontier of one instance of a class under transient cap `cap`, with and (for blocks, when
+/// allowed) without recomputation. `block`: (rematerialised bytes, kept input bytes).
+fn class_frontier(
+    class: u32,
+    slots: &[usize],
+    opts: &[Vec<Opt>],
+    cap: u64,
+    block: Option<(u64, u64)>,
+    allow_recompute: bool,
+    arena: &mut Arena,
+) -> Frontier {
+    let mut variants: Vec<(bool, u64, u64)> = vec![(false, 0, 0)];
+    if let (Some((remat, kept)), true) = (block, allow_recompute) {
+        variants.push((true, remat, kept));
+    }
+    let mut all = Vec::new();
+    for (recompute, extra_transient, kept) in variants {
+        let empty = arena.push(Node::Empty);
+        let mut f: Frontier = vec![Point {
+            mem: kept,
+            time: 0.0,
+            node: empty,
+        }];
+        for (slot, &i) in slots.iter().enumerate() {
+            let pts: Vec<Point> = opts[i]
+                .iter()
+                .filter(|o| o.transient + extra_transient <= cap)
+                .map(|o| {
+                    let (mem, time) = if recompute {
+                        (o.held_r, o.time_r)
+                    } else {
+                        (o.held, o.time)
+                    };
+                    let node = arena.push(Node::Op {
+                        slot: slot as u32,
+                        choice: o.choice,
+                    });
+                    Point { mem, time, node }
+                })
+                .collect();
+            f = frontier::sum(&f, &frontier::prune(pts), arena);
+            if f.is_empty() {
+                break;
+            }
+        }
+        for p in f {
+            let node = arena.push(Node::Instance {
+                class,
+                recompute,
+                inner: p.node,
+            });
+            all.push(Point { node, ..p });
+        }
+    }
+    frontier::prune(all)
+}
+
+/// Group ops into classes of identical instances.
+fn classify(
+    model: &ModelSpec,
+    m: &Machine,
+    blocks: &Blocks,
+    pins: &HashMap<usize, Choice>,
+) -> Vec<Class> {
+    // Signatures use batch-1 facts: identical at batch 1 means identical at any batch.
+    let bases = cost::op_bases(model, m, 1);
+    let sig = |i: usize| -> Vec<u64> {
+        let b = &bases[i];
+        let pin = pins.get(&i).map_or(u64::MAX, |c| {
+            (c.strategy as u64) << 40 | u64::from(c.split) << 20 | u64::from(c.sharded)
+        });
+        vec![
+            b.params,
+            u64::from(b.uses),
+            u64::from(b.splittable),
+            b.fwd_s.to_bits(),
+            b.bwd_s.to_bits(),
+            b.saved_bytes,
+            b.working_bytes,
+            b.output_bytes,
+            pin,
+        ]
+    };
+    let mut classes: Vec<Class> = Vec::new();
+    let mut by_sig: HashMap<Vec<u64>, usize> = HashMap::new();
+    for (b, members) in blocks.ops.iter().enumerate() {
+        if members.is_empty() {
+            continue;
+        }
+        let mut key: Vec<u64> = members.iter().flat_map(|&i| sig(i)).collect();
+        key.push(blocks.input_bytes_per_sample[b]);
+        match by_sig.get(&key) {
+            Some(&c) => {
+                classes[c].instances.push(members.clone());
+                if let Some(bs) = classes[c].blocks.as_mut() {
+                    bs.push(b);
+                }
+            }
+            None => {
+                by_sig.insert(key, classes.len());
+                classes.push(Class {
+                    instances: vec![members.clone()],
+                    blocks: Some(vec![b]),
+                });
+            }
+        }
+    }
+    for (i, block) in blocks.of_op.iter().enumerate() {
+        if block.is_none() {
+            classes.push(Class {
+                instances: vec![vec![i]],
+                blocks: None,
+            });
+        }
+    }
+    classes
+}

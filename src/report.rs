@@ -1,0 +1,399 @@
+//! The headless `plan` and `evaluate` commands: run the planner, print a table or JSON, write
+//! plan files.
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use serde::Serialize;
+
+use crate::cli::Failure;
+use crate::cluster::{read_layout, Layout};
+use crate::cost::{Choice, Machine, Strategy};
+use crate::model::{self, ModelSpec};
+use crate::plan::{self, Blocks, PlanFile, PlanOptions, Planned, Planner, Prediction};
+use crate::units;
+
+/// A checked `plan` command line.
+#[derive(Debug, Clone)]
+pub struct PlanRequest {
+    pub model: PathBuf,
+    pub layout: PathBuf,
+    pub budget: Option<u64>,
+    pub budget_per_gpu: Vec<u64>,
+    pub batch: Option<u64>,
+    pub max_split: u32,
+    pub recompute: bool,
+    pub pins: Vec<String>,
+    pub json: bool,
+    pub output: Option<PathBuf>,
+}
+
+/// Exit code when no plan fits the budget.
+pub const EXIT_NO_FIT: u8 = 3;
+
+/// Parse `OP=STRATEGY` into (op index, choice), checking that the op can take it.
+pub fn parse_pin(model: &ModelSpec, pin: &str) -> Result<(usize, Choice), String> {
+    let (op, strategy) = pin.split_once('=').ok_or_else(|| {
+        format!("--pin {pin:?}: expected OP=STRATEGY, e.g. h0.mlp.c_fc=zero3/4:2")
+    })?;
+    let i = model
+        .ops
+        .iter()
+        .position(|o| o.id == op)
+        .ok_or_else(|| format!("--pin {pin:?}: model {:?} has no op {op:?}", model.name))?;
+    let choice = match strategy.split_once('/') {
+        None => Strategy::parse(strategy).map(Choice::plain),
+        Some(("zero3", rest)) => rest.split_once(':').and_then(|(k, m)| {
+            Some(Choice::zero3(k.parse().ok()?, m.parse().ok()?))
+        }),
+        Some(_) => None,
+    }
+    .ok_or_else(|| {
+        format!("--pin {pin:?}: unknown strategy {strategy:?} (none, dp, zero1, zero2, zero3, zero3/K:M)")
+    })?;
+    plan::check_choice(model, i, choice).map_err(|e| format!("--pin {pin:?}: {e}"))?;
+    Ok((i, choice))
+}
+
+#[derive(Serialize)]
+struct Baseline {
+    batch_size: u64,
+    throughput_samples_per_s: f64,
+    peak_memory_bytes: u64,
+    step_time_s: f64,
+}
+
+#[derive(Serialize)]
+struct Baselines {
+    ddp: Option<Baseline>,
+    zero2: Option<Baseline>,
+    zero3: Option<Baseline>,
+}
+
+#[derive(Serialize)]
+struct OpOut<'a> {
+    id: &'a str,
+    strategy: &'static str,
+    split: u32,
+    sharded_slices: u32,
+    recompute: bool,
+    memory_bytes: u64,
+    time_s: f64,
+}
+
+#[derive(Serialize)]
+struct PlanOut<'a> {
+    model: &'a str,
+    layout: &'a str,
+    ranks: u32,
+    batch_size: u64,
+    step_time_s: f64,
+    throughput_samples_per_s: f64,
+    tokens_per_s: f64,
+    peak_memory_bytes: u64,
+    budget_bytes: u64,
+    binding_gpu: Option<usize>,
+    search_time_ms: f64,
+    prediction: &'a Prediction,
+    ops: Vec<OpOut<'a>>,
+    baselines: Baselines,
+}
+
+fn load(model: &Path, layout: &Path) -> Result<(ModelSpec, Layout), Failure> {
+    let spec = model::read_model(model).map_err(Failure::input)?;
+    let layout = read_layout(layout).map_err(Failure::input)?;
+    Ok((spec, layout))
+}
+
+/// Best uniform-strategy plan (a baseline) at its own best micro-batch.
+fn baseline(
+    model: &ModelSpec,
+    machine: &Machine,
+    strategy: Strategy,
+    budget: u64,
+    batch: Option<u64>,
+) -> Option<Baseline> {
+    let pins = model
+        .ops
+        .iter()
+        .enumerate()
+        .filter(|(_, o)| crate::cost::owns_params(o))
+        .map(|(i, _)| (i, Choice::plain(strategy)))
+        .collect();
+    let options = PlanOptions {
+        batch,
+        max_split: 1,
+        recompute: false,
+        pins,
+    };
+    let planner = Planner::new(model, machine.clone(), options, budget);
+    planner.best(budget).ok().map(|p| Baseline {
+        batch_size: p.prediction.batch_size,
+        throughput_samples_per_s: p.prediction.throughput_samples_per_s,
+        peak_memory_bytes: p.prediction.peak_memory_bytes,
+        step_time_s: p.prediction.step_time_s,
+    })
+}
+
+pub fn plan(req: PlanRequest) -> Result<(), Failure> {
+    let (spec, layout) = load(&req.model, &req.layout)?;
+    let machine = Machine::new(&layout, &spec);
+    let ranks = layout.world_size() as usize;
+    let (budget, binding_gpu) = if req.budget_per_gpu.is_empty() {
+        (req.budget.unwrap_or_else(|| layout.memory_bytes()), None)
+    } else {
+        if req.budget_per_gpu.len() != ranks {
+            return Err(Failure::input(format!(
+                "--budget-per-gpu lists {} budgets but layout {:?} has {ranks} GPUs",
+                req.budget_per_gpu.len(),
+                layout.name
+            )));
+        }
+        let (gpu, &b) = req
+            .budget_per_gpu
+            .iter()
+            .enumerate()
+            .min_by_key(|(_, b)| **b)
+            .expect("non-empty");
+        (b, Some(gpu))
+    };
+    let pins = req
+        .pins
+        .iter()
+        .map(|p| parse_pin(&spec, p))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(Failure::input)?;
+    let options = PlanOptions {
+        batch: req.batch,
+        max_split: req.max_split,
+        recompute: req.recompute,
+        pins,
+    };
+    let started = Instant::now();
+    let planner = Planner::new(&spec, machine.clone(), options, budget);
+    let result = planner.best(budget);
+    let search_ms = started.elapsed().as_secs_f64() * 1e3;
+    let Planned { plan, prediction } = result.map_err(|nf| Failure {
+        code: EXIT_NO_FIT,
+        message: format!(
+            "no plan of {} fits {} per GPU on {}; the smallest budget that fits is {} ({} bytes)",
+            spec.name,
+            units::bytes(budget),
+            layout.name,
+            units::bytes(nf.min_budget_bytes),
+            nf.min_budget_bytes
+        ),
+    })?;
+    let baselines = Baselines {
+        ddp: baseline(&spec, &machine, Strategy::Dp, budget, req.batch),
+        zero2: baseline(&spec, &machine, Strategy::Zero2, budget, req.batch),
+        zero3: baseline(&spec, &machine, Strategy::Zero3, budget, req.batch),
+    };
+    if let Some(path) = &req.output {
+        let file = PlanFile::new(&spec, &layout.name, &plan, Some(&prediction));
+        crate::input::write_json_atomically(path, &file).map_err(|e| Failure::output(path, e))?;
+    }
+    let blocks = Blocks::of(&spec);
+    if req.json {
+        let out = PlanOut {
+            model: &spec.name,
+            layout: &layout.name,
+            ranks: layout.world_size(),
+            batch_size: prediction.batch_size,
+            step_time_s: prediction.step_time_s,
+            throughput_samples_per_s: prediction.throughput_samples_per_s,
+            tokens_per_s: prediction.tokens_per_s,
+            peak_memory_bytes: prediction.peak_memory_bytes,
+            budget_bytes: budget,
+            binding_gpu,
+            search_time_ms: search_ms,
+            prediction: &prediction,
+            ops: spec
+                .ops
+                .iter()
+                .enumerate()
+                .map(|(i, op)| OpOut {
+                    id: &op.id,
+                    strategy: plan.choices[i].strategy.as_str(),
+                    split: plan.choices[i].split,
+                    sharded_slices: plan.choices[i].sharded,
+                    recompute: blocks.of_op[i].is_some_and(|b| plan.recompute[b]),
+                    memory_bytes: prediction.ops[i].memory_bytes,
+                    time_s: prediction.ops[i].time_s,
+                })
+                .collect(),
+            baselines,
+        };
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&out).expect("plan serialises")
+        );
+        return Ok(());
+    }
+    println!(
+        "{} on {} ({} ranks), budget {} per GPU{}",
+        spec.name,
+        layout.name,
+        layout.world_size(),
+        units::bytes(budget),
+        binding_gpu
+            .map(|g| format!(" (GPU {g} binds)"))
+            .unwrap_or_default()
+    );
+    print_prediction("plan", &prediction);
+    println!(
+        "  searched in {search_ms:.2} ms over micro-batches {:?}",
+        planner.batches()
+    );
+    println!();
+    print_plan_by_block(&spec, &plan, &blocks);
+    println!();
+    println!(
+        "  {:<10}{:>8}{:>14}{:>12}{:>10}",
+        "baseline", "batch", "samples/s", "peak", "plan is"
+    );
+    for (name, b) in [
+        ("ddp", &baselines.ddp),
+        ("zero2", &baselines.zero2),
+        ("zero3", &baselines.zero3),
+    ] {
+        match b {
+            Some(b) => println!(
+                "  {name:<10}{:>8}{:>14.2}{:>12}{:>9.2}×",
+                b.batch_size,
+                b.throughput_samples_per_s,
+                units::bytes(b.peak_memory_bytes),
+                prediction.throughput_samples_per_s / b.throughput_samples_per_s
+            ),
+            None => println!("  {name:<10}{:>8}", "does not fit"),
+        }
+    }
+    if let Some(path) = &req.output {
+        println!("\nwrote {}", path.display());
+    }
+    Ok(())
+}
+
+fn print_prediction(what: &str, p: &Prediction) {
+    println!(
+        "  {what}: micro-batch {}, {:.2} samples/s ({:.0} tokens/s), step {:.1} ms, peak {}",
+        p.batch_size,
+        p.throughput_samples_per_s,
+        p.tokens_per_s,
+        p.step_time_s * 1e3,
+        units::bytes(p.peak_memory_bytes)
+    );
+    println!(
+        "  memory: {} states + {} activations + {} transient + {} runtime",
+        units::bytes(p.persistent_bytes),
+        units::bytes(p.activation_bytes),
+        units::bytes(p.max_transient_bytes),
+        units::bytes(p.overhead_bytes)
+    );
+    println!(
+        "  time: {:.1} ms compute + {:.1} ms recompute + {:.1} ms exposed comm + {:.1} ms optimizer",
+        p.compute_s * 1e3,
+        p.recompute_s * 1e3,
+        p.exposed_comm_s * 1e3,
+        p.optimizer_s * 1e3
+    );
+}
+
+/// One line per run of blocks with the same choices, then the ops outside blocks.
+fn print_plan_by_block(spec: &ModelSpec, plan: &plan::Plan, blocks: &Blocks) {
+    let describe = |b: usize| -> String {
+        let mut parts: Vec<String> = blocks.ops[b]
+            .iter()
+            .filter(|&&i| plan.choices[i].strategy != Strategy::None)
+            .map(|&i| {
+                let id = &spec.ops[i].id;
+                let short = id.split_once('.').map_or(id.as_str(), |(_, rest)| rest);
+                format!("{short}={}", plan.choices[i].label())
+            })
+            .collect();
+        if plan.recompute[b] {
+            parts.push("recompute".into());
+        }
+        parts.join(" ")
+    };
+    let mut b = 0;
+    while b < blocks.ops.len() {
+        let d = describe(b);
+        let mut e = b;
+        while e + 1 < blocks.ops.len() && describe(e + 1) == d {
+            e += 1;
+        }
+        let range = if e == b {
+            format!("block {b}")
+        } else {
+            format!("blocks {b}-{e}")
+        };
+        println!("  {range:<14}{d}");
+        b = e + 1;
+    }
+    let outside: Vec<String> = spec
+        .ops
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| blocks.of_op[*i].is_none() && plan.choices[*i].strategy != Strategy::None)
+        .map(|(i, o)| format!("{}={}", o.id, plan.choices[i].label()))
+        .collect();
+    println!("  {:<14}{}", "other", outside.join(" "));
+}
+
+#[derive(Serialize)]
+struct EvaluateOut<'a> {
+    batch_size: u64,
+    step_time_s: f64,
+    throughput_samples_per_s: f64,
+    tokens_per_s: f64,
+    peak_memory_bytes: u64,
+    budget_bytes: u64,
+    fits: bool,
+    prediction: &'a Prediction,
+}
+
+pub fn evaluate(
+    model: &Path,
+    layout: &Path,
+    plan_path: &Path,
+    budget: Option<u64>,
+    json: bool,
+) -> Result<(), Failure> {
+    let (spec, layout) = load(model, layout)?;
+    let plan = plan::read_plan(plan_path, &spec).map_err(Failure::input)?;
+    let machine = Machine::new(&layout, &spec);
+    let p = plan::evaluate(&spec, &machine, &plan);
+    let budget = budget.unwrap_or_else(|| layout.memory_bytes());
+    let fits = p.peak_memory_bytes <= budget;
+    if json {
+        let out = EvaluateOut {
+            batch_size: p.batch_size,
+            step_time_s: p.step_time_s,
+            throughput_samples_per_s: p.throughput_samples_per_s,
+            tokens_per_s: p.tokens_per_s,
+            peak_memory_bytes: p.peak_memory_bytes,
+            budget_bytes: budget,
+            fits,
+            prediction: &p,
+        };
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&out).expect("serialises")
+        );
+        return Ok(());
+    }
+    println!(
+        "{} on {} ({} ranks)",
+        spec.name,
+        layout.name,
+        layout.world_size()
+    );
+    print_prediction("plan", &p);
+    println!(
+        "  {} the budget of {}",
+        if fits { "fits" } else { "does NOT fit" },
+        units::bytes(budget)
+    );
+    Ok(())
+}
