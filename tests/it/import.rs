@@ -3,7 +3,6 @@
 
 use crate::{inspect_json, osdp, root};
 
-
 /// Figures from the issue (transformers' `num_parameters()`, tied weights counted once).
 const SAMPLE_PARAMS: &[(&str, u64)] = &[
     ("gpt2", 124_439_808),

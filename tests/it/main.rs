@@ -2,6 +2,7 @@
 
 mod bad_input;
 mod import;
+mod planner;
 mod roundtrip;
 
 use std::path::{Path, PathBuf};

@@ -1,0 +1,246 @@
+//! Planner properties on random small graphs: optimal against exhaustive enumeration priced by
+//! `evaluate`, every plan fits, more budget never lowers throughput.
+
+use std::path::Path;
+
+use osdp_tui::cluster::read_layout;
+use osdp_tui::cost::{self, Choice, Machine};
+use osdp_tui::model::{
+    Activation, AttentionImpl, Biases, DType, Family, GraphBuilder, ModelConfig, ModelSpec,
+    NormKind, NormPosition, Positional,
+};
+use osdp_tui::plan::{evaluate, Plan, PlanOptions, Planner};
+use proptest::prelude::*;
+
+fn small_model(hidden: u64, seq: u64, vocab: u64, blocks: u64, tied: bool) -> ModelSpec {
+    let cfg = ModelConfig {
+        vocab_size: vocab,
+        seq_len: seq,
+        max_positions: seq,
+        hidden,
+        embed_dim: hidden,
+        layers: blocks,
+        heads: 1,
+        kv_heads: 1,
+        head_dim: hidden,
+        ffn_hidden: 2 * hidden,
+        norm: NormKind::LayerNorm,
+        norm_eps: 1e-5,
+        norm_position: NormPosition::Pre,
+        final_norm: false,
+        activation: Activation::Relu,
+        gated_mlp: false,
+        tied_embeddings: tied,
+        bias: Biases {
+            qkv: false,
+            attn_out: false,
+            mlp: true,
+            norm: false,
+            lm_head: false,
+        },
+        positional: Positional::Learned,
+        position_offset: 0,
+        rope_theta: None,
+        type_vocab_size: 0,
+        causal: true,
+        dropout: 0.0,
+        attention_dropout: 0.0,
+        attention: AttentionImpl::Flash,
+        dtype: DType::Bf16,
+    };
+    let mut g = GraphBuilder::new(cfg);
+    let mut x = g.embedding("emb", "emb", vocab, hidden);
+    for b in 0..blocks {
+        g.set_block(Some(b as u32));
+        let n = g.norm(&format!("b{b}.norm"), "norm", &x, true, false);
+        let up = g.linear(&format!("b{b}.up"), "up", &n, 2 * hidden, true, None);
+        let act = g.activation(&format!("b{b}.act"), "act", &[&up]);
+        let down = g.linear(&format!("b{b}.down"), "down", &act, hidden, true, None);
+        x = g.add(&format!("b{b}.add"), "add", &[&x, &down], false);
+    }
+    g.set_block(None);
+    let logits = g.linear(
+        "head",
+        "head",
+        &x,
+        vocab,
+        false,
+        tied.then_some("emb.weight"),
+    );
+    g.cross_entropy("loss", "loss", &logits);
+    g.finish("small", Family::Gpt2, None)
+}
+
+fn machine(layout: &str, model: &ModelSpec) -> Machine {
+    let l = read_layout(&crate::root().join(format!("layouts/{layout}.json"))).unwrap();
+    Machine::new(&l, model)
+}
+
+/// Every plan over `batches`: all choices per op, all recompute flags; best throughput that fits.
+fn exhaustive(
+    model: &ModelSpec,
+    m: &Machine,
+    batches: &[u64],
+    max_split: u32,
+    budget: u64,
+) -> Option<f64> {
+    let bases = cost::op_bases(model, m, 1);
+    let options: Vec<Vec<Choice>> = bases.iter().map(|b| cost::choices(b, max_split)).collect();
+    let layers = model.config.layers as usize;
+    let mut best: Option<f64> = None;
+    for &batch in batches {
+        let mut idx = vec![0usize; options.len()];
+        loop {
+            for flags in 0..(1u32 << layers) {
+                let plan = Plan {
+                    batch,
+                    choices: idx.iter().zip(&options).map(|(&i, o)| o[i]).collect(),
+                    recompute: (0..layers).map(|l| flags >> l & 1 == 1).collect(),
+                };
+                let p = evaluate(model, m, &plan);
+                if p.peak_memory_bytes <= budget {
+                    let t = p.throughput_samples_per_s;
+                    best = Some(best.map_or(t, |b: f64| b.max(t)));
+                }
+            }
+            // Next combination (odometer).
+            let mut k = 0;
+            while k < idx.len() {
+                idx[k] += 1;
+                if idx[k] < options[k].len() {
+                    break;
+                }
+                idx[k] = 0;
+                k += 1;
+            }
+            if k == idx.len() {
+                break;
+            }
+        }
+    }
+    best
+}
+
+fn close(a: f64, b: f64) -> bool {
+    (a - b).abs() <= 1e-9 * a.abs().max(b.abs())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(16))]
+
+    #[test]
+    fn planner_matches_exhaustive_search(
+        hidden in prop::sample::select(vec![64u64, 256, 1024]),
+        seq in prop::sample::select(vec![16u64, 128, 512]),
+        vocab in prop::sample::select(vec![64u64, 1000]),
+        // Exhaustive search grows as options^ops: two blocks only without splitting.
+        (blocks, max_split, tied) in prop::sample::select(vec![(1u64, 1u32, false), (1, 2, false), (1, 2, true), (2, 1, true)]),
+        layout in prop::sample::select(vec!["a100-80gb-8x-nvlink", "osdp-paper-8x-titan-rtx-pcie3", "cpu"]),
+        batch in 1u64..=3,
+        budget_frac in 0.0f64..1.0,
+    ) {
+        let model = small_model(hidden, seq, vocab, blocks, tied);
+        let m = machine(layout, &model);
+        // Budgets between the smallest and the largest peak of any plan at this batch.
+        let lo = Planner::new(&model, m.clone(), PlanOptions { batch: Some(batch), max_split, ..Default::default() }, u64::MAX)
+            .best(u64::MAX).unwrap();
+        let hi = lo.prediction.peak_memory_bytes;
+        let min_fit = match Planner::new(&model, m.clone(), PlanOptions { batch: Some(batch), max_split, ..Default::default() }, 0).best(0) {
+            Err(nf) => nf.min_budget_bytes,
+            Ok(_) => 0,
+        };
+        let budget = min_fit + ((hi.saturating_sub(min_fit)) as f64 * budget_frac) as u64;
+        let options = PlanOptions { batch: Some(batch), max_split, ..Default::default() };
+        let planner = Planner::new(&model, m.clone(), options, budget);
+        let got = planner.best(budget).expect("fits: budget is at least the minimum");
+        prop_assert!(got.prediction.peak_memory_bytes <= budget);
+        let want = exhaustive(&model, &m, &[batch], max_split, budget).expect("some plan fits");
+        prop_assert!(close(got.prediction.throughput_samples_per_s, want),
+            "planner {} vs exhaustive {}", got.prediction.throughput_samples_per_s, want);
+        // The planner's figures are evaluate's.
+        prop_assert_eq!(evaluate(&model, &m, &got.plan), got.prediction.clone());
+        // One byte less than the minimum fits nothing, and says so.
+        if min_fit > 0 {
+            let nf = planner.best(min_fit - 1).unwrap_err();
+            prop_assert_eq!(nf.min_budget_bytes, min_fit);
+        }
+    }
+
+    #[test]
+    fn more_budget_never_lowers_throughput(
+        hidden in prop::sample::select(vec![256u64, 1024]),
+        blocks in 1u64..=3,
+        steps in prop::collection::vec(0.0f64..1.0, 2..8),
+    ) {
+        let model = small_model(hidden, 256, 1000, blocks, true);
+        let m = machine("a100-80gb-8x-nvlink", &model);
+        let planner = Planner::new(&model, m.clone(), PlanOptions::default(), 80 << 30);
+        let mut budgets: Vec<u64> = steps.iter().map(|f| (f * (8u64 << 30) as f64) as u64).collect();
+        budgets.sort_unstable();
+        let mut last = 0.0f64;
+        for b in budgets {
+            if let Ok(p) = planner.best(b) {
+                prop_assert!(p.prediction.peak_memory_bytes <= b);
+                prop_assert!(p.prediction.throughput_samples_per_s >= last);
+                last = p.prediction.throughput_samples_per_s;
+            } else {
+                prop_assert_eq!(last, 0.0, "a smaller budget fitted but a larger one did not");
+            }
+        }
+    }
+}
+
+#[test]
+fn auto_batch_search_matches_exhaustive_over_the_ladder() {
+    let model = small_model(256, 128, 1000, 1, true);
+    let m = machine("a100-80gb-8x-nvlink", &model);
+    let budget = 2u64 << 30;
+    let planner = Planner::new(
+        &model,
+        m.clone(),
+        PlanOptions {
+            max_split: 2,
+            ..Default::default()
+        },
+        budget,
+    );
+    let got = planner.best(budget).unwrap();
+    let batches = planner.batches();
+    // The ladder went past the last batch that fits.
+    let last = *batches.last().unwrap();
+    let beyond = Planner::new(
+        &model,
+        m.clone(),
+        PlanOptions {
+            batch: Some(last * 2),
+            max_split: 2,
+            ..Default::default()
+        },
+        budget,
+    );
+    assert!(beyond.best(budget).is_err() || batches.len() > 8);
+    let want = exhaustive(&model, &m, &batches, 2, budget).unwrap();
+    assert!(close(got.prediction.throughput_samples_per_s, want));
+    assert!(
+        got.prediction.batch_size > 1,
+        "a 2 GiB budget fits more than one sample of this model"
+    );
+}
+
+#[test]
+fn pins_are_honoured() {
+    let model = small_model(256, 128, 1000, 2, false);
+    let m = machine("a100-80gb-8x-nvlink", &model);
+    let up = model.ops.iter().position(|o| o.id == "b1.up").unwrap();
+    let pin = Choice::zero3(2, 1);
+    let options = PlanOptions {
+        pins: vec![(up, pin)],
+        max_split: 2,
+        ..Default::default()
+    };
+    let p = Planner::new(&model, m, options, 80 << 30)
+        .best(80 << 30)
+        .unwrap();
+    assert_eq!(p.plan.choices[up], pin);
+    let _ = Path::new("");
+}
