@@ -129,6 +129,10 @@ struct PlanArgs {
     /// Fix an op's strategy: OP=dp|zero1|zero2|zero3|zero3/K:M (repeatable).
     #[arg(long, value_name = "OP=STRATEGY")]
     pin: Vec<String>,
+    /// Memory resolution of the search: plans within this much of the budget may be missed
+    /// (per merged group); 0 is exact but slow on large models.
+    #[arg(long, default_value = "1MiB", value_parser = parse_size)]
+    resolution: u64,
     /// Print JSON.
     #[arg(long)]
     json: bool,
@@ -416,6 +420,7 @@ impl PlanArgs {
             max_split: self.max_split,
             recompute: !self.no_recompute,
             pins: self.pin,
+            resolution_bytes: self.resolution,
             json: self.json,
             output: self.output,
         })

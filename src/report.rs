@@ -24,6 +24,7 @@ pub struct PlanRequest {
     pub max_split: u32,
     pub recompute: bool,
     pub pins: Vec<String>,
+    pub resolution_bytes: u64,
     pub json: bool,
     pub output: Option<PathBuf>,
 }
@@ -106,13 +107,13 @@ fn load(model: &Path, layout: &Path) -> Result<(ModelSpec, Layout), Failure> {
 }
 
 /// Best uniform-strategy plan (a baseline) at its own best micro-batch.
-fn baseline(
+pub fn baseline_plan(
     model: &ModelSpec,
     machine: &Machine,
     strategy: Strategy,
     budget: u64,
     batch: Option<u64>,
-) -> Option<Baseline> {
+) -> Option<Planned> {
     let pins = model
         .ops
         .iter()
@@ -125,14 +126,42 @@ fn baseline(
         max_split: 1,
         recompute: false,
         pins,
+        resolution_bytes: 0,
     };
-    let planner = Planner::new(model, machine.clone(), options, budget);
-    planner.best(budget).ok().map(|p| Baseline {
+    Planner::new(model, machine.clone(), options, budget)
+        .best(budget)
+        .ok()
+}
+
+fn summary(p: &Option<Planned>) -> Option<Baseline> {
+    p.as_ref().map(|p| Baseline {
         batch_size: p.prediction.batch_size,
         throughput_samples_per_s: p.prediction.throughput_samples_per_s,
         peak_memory_bytes: p.prediction.peak_memory_bytes,
         step_time_s: p.prediction.step_time_s,
     })
+}
+
+/// Plan with the search, then take the best of it and the uniform baselines: with a memory
+/// resolution the search may miss a plan within a few MiB of the budget, and a baseline is
+/// never allowed to beat the plan. Returns (plan, [ddp, zero2, zero3]).
+pub fn plan_with_baselines(
+    model: &ModelSpec,
+    machine: &Machine,
+    options: PlanOptions,
+    budget: u64,
+) -> Result<(Planned, [Option<Planned>; 3]), plan::NoFit> {
+    let batch = options.batch;
+    let searched = Planner::new(model, machine.clone(), options, budget).best(budget);
+    let baselines = [Strategy::Dp, Strategy::Zero2, Strategy::Zero3]
+        .map(|s| baseline_plan(model, machine, s, budget, batch));
+    let mut best = searched?;
+    for b in baselines.iter().flatten() {
+        if b.prediction.throughput_samples_per_s > best.prediction.throughput_samples_per_s {
+            best = b.clone();
+        }
+    }
+    Ok((best, baselines))
 }
 
 pub fn plan(req: PlanRequest) -> Result<(), Failure> {
@@ -168,12 +197,12 @@ pub fn plan(req: PlanRequest) -> Result<(), Failure> {
         max_split: req.max_split,
         recompute: req.recompute,
         pins,
+        resolution_bytes: req.resolution_bytes,
     };
     let started = Instant::now();
-    let planner = Planner::new(&spec, machine.clone(), options, budget);
-    let result = planner.best(budget);
+    let result = plan_with_baselines(&spec, &machine, options, budget);
     let search_ms = started.elapsed().as_secs_f64() * 1e3;
-    let Planned { plan, prediction } = result.map_err(|nf| Failure {
+    let (Planned { plan, prediction }, [ddp, zero2, zero3]) = result.map_err(|nf| Failure {
         code: EXIT_NO_FIT,
         message: format!(
             "no plan of {} fits {} per GPU on {}; the smallest budget that fits is {} ({} bytes)",
@@ -185,9 +214,9 @@ pub fn plan(req: PlanRequest) -> Result<(), Failure> {
         ),
     })?;
     let baselines = Baselines {
-        ddp: baseline(&spec, &machine, Strategy::Dp, budget, req.batch),
-        zero2: baseline(&spec, &machine, Strategy::Zero2, budget, req.batch),
-        zero3: baseline(&spec, &machine, Strategy::Zero3, budget, req.batch),
+        ddp: summary(&ddp),
+        zero2: summary(&zero2),
+        zero3: summary(&zero3),
     };
     if let Some(path) = &req.output {
         let file = PlanFile::new(&spec, &layout.name, &plan, Some(&prediction));
@@ -241,10 +270,7 @@ pub fn plan(req: PlanRequest) -> Result<(), Failure> {
             .unwrap_or_default()
     );
     print_prediction("plan", &prediction);
-    println!(
-        "  searched in {search_ms:.2} ms over micro-batches {:?}",
-        planner.batches()
-    );
+    println!("  searched in {search_ms:.2} ms (baselines included)");
     println!();
     print_plan_by_block(&spec, &plan, &blocks);
     println!();

@@ -2,6 +2,9 @@
 //! can be recovered. The planner sums frontiers (Minkowski sum, then prune dominated points);
 //! identical groups are summed by doubling.
 
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+
 use crate::cost::Choice;
 
 /// One non-dominated way to run a group: its memory, its time, and how to recover it.
@@ -57,44 +60,78 @@ pub fn prune(mut pts: Vec<Point>) -> Frontier {
 }
 
 /// Minkowski sum of two frontiers, pruned. Only surviving points get arena nodes.
-pub fn sum(a: &[Point], b: &[Point], arena: &mut Arena) -> Frontier {
+///
+/// `resolution` > 0 keeps at most one point per `resolution` bytes of memory (the fastest): the
+/// frontier stays small on large models, and a budget query loses at most `resolution` bytes of
+/// budget per sum. 0 keeps the exact frontier.
+///
+/// Each point of the smaller frontier shifts the larger one, which stays sorted by memory, so
+/// the sum is a k-way merge of sorted runs: no sort, `O(n·k·log k)`.
+pub fn sum(a: &[Point], b: &[Point], resolution: u64, arena: &mut Arena) -> Frontier {
     if a.is_empty() || b.is_empty() {
         return Vec::new();
     }
-    let mut cand: Vec<(u64, f64, u32, u32)> = Vec::with_capacity(a.len() * b.len());
-    for (i, p) in a.iter().enumerate() {
-        for (j, q) in b.iter().enumerate() {
-            cand.push((p.mem + q.mem, p.time + q.time, i as u32, j as u32));
-        }
-    }
-    cand.sort_by(|x, y| x.0.cmp(&y.0).then(x.1.total_cmp(&y.1)));
-    let mut out: Frontier = Vec::new();
-    for (mem, time, i, j) in cand {
+    let (big, small) = if a.len() >= b.len() { (a, b) } else { (b, a) };
+    let mut next = vec![0usize; small.len()];
+    // Times are non-negative, so their bit patterns order like the numbers.
+    let mut heap: BinaryHeap<Reverse<(u64, u64, usize)>> = small
+        .iter()
+        .enumerate()
+        .map(|(j, q)| Reverse((big[0].mem + q.mem, (big[0].time + q.time).to_bits(), j)))
+        .collect();
+    let mut out: Frontier = Vec::with_capacity(big.len() + small.len());
+    // Memory of the first point of the current resolution bucket.
+    let mut anchor = 0u64;
+    while let Some(Reverse((mem, time_bits, j))) = heap.pop() {
+        let time = f64::from_bits(time_bits);
+        let i = next[j];
         if out.last().is_none_or(|last| time < last.time) {
-            let node = arena.push(Node::Pair(a[i as usize].node, b[j as usize].node));
-            out.push(Point { mem, time, node });
+            let node = arena.push(Node::Pair(big[i].node, small[j].node));
+            let point = Point { mem, time, node };
+            match out.last_mut() {
+                // A faster point less than `resolution` above the bucket's first replaces it.
+                Some(last) if resolution > 0 && mem < anchor.saturating_add(resolution) => {
+                    *last = point
+                }
+                _ => {
+                    anchor = mem;
+                    out.push(point);
+                }
+            }
+        }
+        next[j] += 1;
+        if let Some(p) = big.get(i + 1) {
+            let q = &small[j];
+            heap.push(Reverse((p.mem + q.mem, (p.time + q.time).to_bits(), j)));
         }
     }
     out
 }
 
 /// The frontier of `count` independent copies of `f` (each copy may pick a different point).
-pub fn repeat(f: &[Point], count: u64, arena: &mut Arena) -> Frontier {
+/// Small frontiers are added one copy at a time (cheap merges); large ones by doubling.
+pub fn repeat(f: &[Point], count: u64, resolution: u64, arena: &mut Arena) -> Frontier {
     let empty = arena.push(Node::Empty);
     let mut acc: Frontier = vec![Point {
         mem: 0,
         time: 0.0,
         node: empty,
     }];
+    if f.len() <= 64 {
+        for _ in 0..count {
+            acc = sum(&acc, f, resolution, arena);
+        }
+        return acc;
+    }
     let mut power: Frontier = f.to_vec();
     let mut n = count;
     while n > 0 {
         if n & 1 == 1 {
-            acc = sum(&acc, &power, arena);
+            acc = sum(&acc, &power, resolution, arena);
         }
         n >>= 1;
         if n > 0 {
-            power = sum(&power, &power, arena);
+            power = sum(&power, &power, resolution, arena);
         }
     }
     acc
@@ -135,7 +172,7 @@ mod tests {
     fn repeat_equals_brute_force_sums() {
         let mut a = Arena::default();
         let f = pts(&mut a, &[(1, 10.0), (4, 6.0), (9, 1.0)]);
-        let got = repeat(&f, 3, &mut a);
+        let got = repeat(&f, 3, 0, &mut a);
         // Brute force over all 27 triples.
         let mut all = Vec::new();
         for x in &f {
@@ -153,7 +190,7 @@ mod tests {
         let got: Vec<(u64, f64)> = got.iter().map(|p| (p.mem, p.time)).collect();
         assert_eq!(got, want);
         assert_eq!(
-            best_within(&repeat(&f, 3, &mut a), 11).map(|p| p.time),
+            best_within(&repeat(&f, 3, 0, &mut a), 11).map(|p| p.time),
             Some(22.0)
         );
         assert!(best_within(&f, 0).is_none());

@@ -26,6 +26,8 @@ pub struct PlanOptions {
     pub recompute: bool,
     /// Ops whose choice is fixed: (op index, choice).
     pub pins: Vec<(usize, Choice)>,
+    /// Memory resolution of the frontiers in bytes; 0 = exact. See [`frontier::sum`].
+    pub resolution_bytes: u64,
 }
 
 impl Default for PlanOptions {
@@ -35,6 +37,7 @@ impl Default for PlanOptions {
             max_split: 8,
             recompute: true,
             pins: Vec::new(),
+            resolution_bytes: 0,
         }
     }
 }
@@ -255,6 +258,23 @@ impl<'m> Planner<'m> {
         caps.retain(|&c| c >= floor);
         caps.sort_unstable();
         caps.dedup();
+        let res = self.options.resolution_bytes;
+        if res > 0 {
+            // Caps less than `res` apart admit nearly the same plans: keep the largest of each
+            // run (it admits the most), at a cost of under `res` bytes of budget.
+            let mut merged: Vec<u64> = Vec::with_capacity(caps.len());
+            let mut start = 0u64;
+            for c in caps {
+                match merged.last_mut() {
+                    Some(last) if c < start.saturating_add(res) => *last = c,
+                    _ => {
+                        start = c;
+                        merged.push(c);
+                    }
+                }
+            }
+            caps = merged;
+        }
 
         let mut arena = Arena::default();
         let mut cache: HashMap<(usize, Vec<usize>), Frontier> = HashMap::new();
@@ -288,11 +308,12 @@ impl<'m> Planner<'m> {
                         cap,
                         block.map(|b| (remat[b], self.blocks.input_bytes_per_sample[b] * batch)),
                         self.options.recompute,
+                        res,
                         &mut arena,
                     );
-                    frontier::repeat(&one, class.instances.len() as u64, &mut arena)
+                    frontier::repeat(&one, class.instances.len() as u64, res, &mut arena)
                 });
-                total = frontier::sum(&total, f, &mut arena);
+                total = frontier::sum(&total, f, res, &mut arena);
                 if total.is_empty() {
                     break;
                 }
@@ -386,6 +407,7 @@ fn class_frontier(
     cap: u64,
     block: Option<(u64, u64)>,
     allow_recompute: bool,
+    resolution: u64,
     arena: &mut Arena,
 ) -> Frontier {
     let mut variants: Vec<(bool, u64, u64)> = vec![(false, 0, 0)];
@@ -417,7 +439,7 @@ fn class_frontier(
                     Point { mem, time, node }
                 })
                 .collect();
-            f = frontier::sum(&f, &frontier::prune(pts), arena);
+            f = frontier::sum(&f, &frontier::prune(pts), resolution, arena);
             if f.is_empty() {
                 break;
             }
