@@ -388,12 +388,6 @@ pub fn choices(base: &OpBase, max_split: u32) -> Vec<Choice> {
     out
 }
 
-/// Whether `choice` is allowed for an op (used to check pins and plan files).
-pub fn allowed(base: &OpBase, choice: Choice, max_split: u32) -> bool {
-    choices(base, max_split.max(choice.split)).contains(&choice)
-        && (choice.split == 1 || base.splittable)
-}
-
 /// How many ops use each op's parameters: 1 for the owner plus its tied users.
 pub fn parameter_uses(model: &ModelSpec) -> Vec<u32> {
     let mut uses: Vec<u32> = model
@@ -451,4 +445,170 @@ pub fn op_bases(model: &ModelSpec, m: &Machine, batch: u64) -> Vec<OpBase> {
 /// Whether the op owns parameters (and so has a sharding choice).
 pub fn owns_params(op: &OpSpec) -> bool {
     ModelSpec::op_param_count(op) > 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A machine with round numbers: 8 ranks, 100 TFLOP/s, 1 TB/s memory, 100 GB/s links,
+    /// 10 µs latency, 5 µs launches.
+    fn machine(ranks: u32) -> Machine {
+        Machine {
+            ranks,
+            flops_per_s: 100e12,
+            memory_bytes_per_s: 1e12,
+            link_bytes_per_s: 100e9,
+            link_latency_s: 10e-6,
+            launch_s: 5e-6,
+            overhead_bytes: 0,
+            compute_dtype: "bf16",
+        }
+    }
+
+    fn linear_base(params: u64) -> OpBase {
+        OpBase {
+            params,
+            uses: 1,
+            splittable: true,
+            fwd_s: 1e-3,
+            bwd_s: 2e-3,
+            saved_bytes: 0,
+            working_bytes: 0,
+            output_bytes: 0,
+        }
+    }
+
+    #[test]
+    fn memory_matches_the_zero_paper_table() {
+        // ZeRO (Rajbhandari et al. 2020), Figure 1: Ψ parameters, N_d = 64 ranks, K = 12.
+        let (psi, n) = (7_500_000_000u64, 64u32);
+        let m = machine(n);
+        let b = linear_base(psi);
+        let held = |c| price(&b, c, &m).persistent_bytes;
+        assert_eq!(held(Choice::DP), 16 * psi); // 120 GB
+        assert_eq!(
+            held(Choice::plain(Strategy::Zero1)),
+            4 * psi + 12 * psi / 64
+        ); // 31.4 GB
+        assert_eq!(
+            held(Choice::plain(Strategy::Zero2)),
+            2 * psi + 14 * psi / 64
+        ); // 16.6 GB
+        assert_eq!(held(Choice::zero3(1, 1)), 16 * psi / 64); // 1.9 GB
+        assert_eq!(16 * psi / 64, 1_875_000_000);
+    }
+
+    #[test]
+    fn partial_sharding_interpolates_between_dp_and_zero3() {
+        let m = machine(8);
+        let b = linear_base(8_000);
+        // 4 slices, 3 sharded: 2,000 params replicated (16 B each), 6,000 sharded over 8 ranks.
+        let c = price(&b, Choice::zero3(4, 3), &m);
+        assert_eq!(c.persistent_bytes, 16 * 2_000 + 16 * 6_000 / 8);
+        // One slice of bf16 params and its bf16 gradient is gathered at a time.
+        assert_eq!(c.transient_bytes, 4 * 8_000 / 4);
+        assert_eq!(
+            price(&b, Choice::zero3(1, 1), &m).transient_bytes,
+            4 * 8_000
+        );
+        assert_eq!(
+            price(&b, Choice::plain(Strategy::Zero2), &m).transient_bytes,
+            2 * 8_000
+        );
+        assert_eq!(price(&b, Choice::DP, &m).transient_bytes, 0);
+    }
+
+    #[test]
+    fn ring_collectives_follow_alpha_beta() {
+        let m = machine(8);
+        // 1 GB all-gather over 8 ranks: 7·10 µs + 7/8 · 1e9 / 100e9 s = 70 µs + 8.75 ms.
+        assert!((m.all_gather_s(1e9) - (70e-6 + 8.75e-3)).abs() < 1e-12);
+        assert!((m.all_reduce_s(1e9) - 2.0 * (70e-6 + 8.75e-3)).abs() < 1e-12);
+        assert_eq!(machine(1).all_reduce_s(1e9), 0.0);
+    }
+
+    #[test]
+    fn zero3_moves_one_and_a_half_times_the_bytes_of_dp() {
+        // Bandwidth term only: make latency vanish.
+        let mut m = machine(8);
+        m.link_latency_s = 0.0;
+        let b = linear_base(1_000_000_000);
+        let dp = price(&b, Choice::DP, &m).comm_s;
+        let z1 = price(&b, Choice::plain(Strategy::Zero1), &m).comm_s;
+        let z3 = price(&b, Choice::zero3(1, 1), &m).comm_s;
+        // DP all-reduces 2 GB of grads: 2 · 7/8 · 2e9 / 100e9 = 35 ms.
+        assert!((dp - 0.035).abs() < 1e-12, "{dp}");
+        assert!((z1 - dp).abs() < 1e-12);
+        assert!((z3 - 1.5 * dp).abs() < 1e-12, "{z3}");
+        // Splitting keeps the volume; each slice pays the latency again.
+        let mut m2 = machine(8);
+        m2.link_bytes_per_s = f64::INFINITY;
+        let one = price(&b, Choice::zero3(1, 1), &m2).comm_s;
+        let four = price(&b, Choice::zero3(4, 4), &m2).comm_s;
+        assert!((one - 3.0 * 70e-6).abs() < 1e-12);
+        assert!((four - 4.0 * one).abs() < 1e-12);
+    }
+
+    #[test]
+    fn communication_hides_behind_the_ops_compute() {
+        let mut m = machine(8);
+        m.link_latency_s = 0.0;
+        // 10M params: DP all-reduce of 20 MB = 2·7/8·20e6/100e9 = 350 µs < 2 ms backward.
+        let small = linear_base(10_000_000);
+        let c = price(&small, Choice::DP, &m);
+        assert_eq!(c.exposed_comm_s, 0.0);
+        // 1B params: 35 ms of all-reduce against 2 ms backward leaves 33 ms exposed.
+        let big = linear_base(1_000_000_000);
+        let c = price(&big, Choice::DP, &m);
+        assert!(
+            (c.exposed_comm_s - 0.033).abs() < 1e-12,
+            "{}",
+            c.exposed_comm_s
+        );
+    }
+
+    #[test]
+    fn optimizer_step_is_bandwidth_bound_over_the_local_shard() {
+        let m = machine(8);
+        let b = linear_base(8_000_000);
+        // DP updates all 8M params: 28 B each at 0.8 TB/s = 280 µs.
+        let dp = price(&b, Choice::DP, &m).optimizer_s;
+        assert!((dp - 8e6 * 28.0 / 0.8e12).abs() < 1e-15);
+        let z3 = price(&b, Choice::zero3(1, 1), &m).optimizer_s;
+        assert!((z3 - dp / 8.0).abs() < 1e-15);
+    }
+
+    #[test]
+    fn compute_time_uses_efficiency_and_launches() {
+        let m = machine(8);
+        // 1 TFLOP at 70 % of 100 TFLOP/s = 1/70 s, plus one 5 µs launch.
+        assert!((m.matmul_s(1e12, 1) - (1.0 / 70.0 + 5e-6)).abs() < 1e-12);
+        // 1 GB through memory at 80 % of 1 TB/s = 1.25 ms, plus a launch.
+        assert!((m.memory_s(1e9) - (1.25e-3 + 5e-6)).abs() < 1e-12);
+        // Splitting into 4 slices adds 3 launches to forward and 6 to backward.
+        let b = linear_base(1000);
+        let one = price(&b, Choice::zero3(1, 1), &m).compute_s;
+        let four = price(&b, Choice::zero3(4, 4), &m).compute_s;
+        assert!((four - one - 9.0 * 5e-6).abs() < 1e-12);
+    }
+
+    #[test]
+    fn choices_cover_the_osdp_space() {
+        let b = linear_base(1000);
+        let c = choices(&b, 4);
+        // dp, zero1, zero2, zero3; then k = 2 with 1..=2 sharded, k = 4 with 1..=4.
+        assert_eq!(c.len(), 4 + 2 + 4);
+        assert!(c.contains(&Choice::zero3(4, 3)));
+        let norm = OpBase {
+            splittable: false,
+            ..linear_base(1000)
+        };
+        assert_eq!(choices(&norm, 8).len(), 4);
+        let free = OpBase {
+            params: 0,
+            ..linear_base(0)
+        };
+        assert_eq!(choices(&free, 8), vec![Choice::NONE]);
+    }
 }

@@ -2,6 +2,7 @@
 
 mod bad_input;
 mod import;
+mod plan_cli;
 mod planner;
 mod roundtrip;
 

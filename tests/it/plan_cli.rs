@@ -1,0 +1,304 @@
+//! `plan` and `evaluate` as a user runs them, and the acceptance sweep over every sample.
+
+use osdp_tui::cluster::read_layout;
+use osdp_tui::cost::Machine;
+use osdp_tui::model::read_model;
+use osdp_tui::plan::{evaluate, PlanFile, PlanOptions};
+use osdp_tui::report::plan_with_baselines;
+
+use crate::{osdp, root};
+
+fn run_json(args: &[&str]) -> serde_json::Value {
+    let out = osdp().args(args).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+#[test]
+fn plan_json_and_evaluate_agree() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("plan.json");
+    let file_s = file.to_str().unwrap();
+    let p = run_json(&[
+        "plan",
+        "sample-models/gpt2-medium.json",
+        "--layout",
+        "layouts/a100-80gb-8x-nvlink.json",
+        "--budget",
+        "8GiB",
+        "--json",
+        "-o",
+        file_s,
+    ]);
+    for key in [
+        "batch_size",
+        "step_time_s",
+        "throughput_samples_per_s",
+        "peak_memory_bytes",
+        "budget_bytes",
+        "search_time_ms",
+        "ops",
+        "baselines",
+    ] {
+        assert!(!p[key].is_null(), "missing {key}");
+    }
+    assert_eq!(p["budget_bytes"].as_u64(), Some(8 << 30));
+    assert!(p["peak_memory_bytes"].as_u64().unwrap() <= 8 << 30);
+    let op = &p["ops"][5];
+    for key in [
+        "id",
+        "strategy",
+        "split",
+        "sharded_slices",
+        "recompute",
+        "memory_bytes",
+        "time_s",
+    ] {
+        assert!(!op[key].is_null(), "op missing {key}");
+    }
+    let tput = p["throughput_samples_per_s"].as_f64().unwrap();
+    for b in ["ddp", "zero2", "zero3"] {
+        if let Some(t) = p["baselines"][b]["throughput_samples_per_s"].as_f64() {
+            assert!(tput >= t, "plan {tput} below {b} {t}");
+        }
+    }
+    let e = run_json(&[
+        "evaluate",
+        "sample-models/gpt2-medium.json",
+        "--layout",
+        "layouts/a100-80gb-8x-nvlink.json",
+        "--plan",
+        file_s,
+        "--budget",
+        "8GiB",
+        "--json",
+    ]);
+    assert_eq!(e["fits"].as_bool(), Some(true));
+    assert_eq!(e["batch_size"], p["batch_size"]);
+    assert_eq!(e["peak_memory_bytes"], p["peak_memory_bytes"]);
+    let (a, b) = (
+        e["step_time_s"].as_f64().unwrap(),
+        p["step_time_s"].as_f64().unwrap(),
+    );
+    assert!((a - b).abs() <= 1e-9 * b, "{a} vs {b}");
+    // Priced on a smaller budget, the same plan no longer fits.
+    let e = run_json(&[
+        "evaluate",
+        "sample-models/gpt2-medium.json",
+        "--layout",
+        "layouts/a100-80gb-8x-nvlink.json",
+        "--plan",
+        file_s,
+        "--budget",
+        "2GiB",
+        "--json",
+    ]);
+    assert_eq!(e["fits"].as_bool(), Some(false));
+}
+
+#[test]
+fn bad_plan_inputs_exit_2_with_the_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("plan.json");
+    let file_s = file.to_str().unwrap();
+    let gpt2 = [
+        "plan",
+        "sample-models/gpt2.json",
+        "--layout",
+        "layouts/a100-80gb-8x-nvlink.json",
+    ];
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        (vec!["--budget", "abc"], "expected a size such as 24GiB"),
+        (vec!["--budget=-8GiB"], "cannot be negative"),
+        (
+            vec!["--budget", "8GiB", "--pin", "h99.mlp=dp"],
+            "has no op \"h99.mlp\"",
+        ),
+        (
+            vec!["--budget", "8GiB", "--pin", "h0.mlp.c_fc=zero5"],
+            "unknown strategy \"zero5\"",
+        ),
+        (
+            vec!["--budget", "8GiB", "--pin", "h0.ln_1=zero3/2:1"],
+            "only linear ops can be split",
+        ),
+        (
+            vec!["--budget-per-gpu", "8GiB,8GiB"],
+            "lists 2 budgets but layout",
+        ),
+        (vec!["--max-split", "3"], "power of two"),
+    ];
+    for (extra, needle) in cases {
+        let out = osdp().args(gpt2).args(&extra).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{extra:?}: {err}");
+        assert!(
+            err.contains(needle),
+            "{extra:?}: expected {needle:?} in {err}"
+        );
+    }
+    let out = osdp()
+        .args([
+            "plan",
+            "sample-models/gpt2.json",
+            "--layout",
+            "layouts/no-such.json",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("layouts/no-such.json: cannot read"));
+
+    // A plan for one model is refused for another.
+    osdp()
+        .args(gpt2)
+        .args(["--budget", "8GiB", "-o", file_s])
+        .assert()
+        .success();
+    let out = osdp()
+        .args([
+            "evaluate",
+            "sample-models/gpt2-medium.json",
+            "--layout",
+            "layouts/a100-80gb-8x-nvlink.json",
+            "--plan",
+            file_s,
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("made for model \"gpt2\""));
+
+    // Hand edits the cost model cannot price are named.
+    let text = std::fs::read_to_string(&file).unwrap();
+    let mut plan: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let i = plan["ops"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .position(|o| o["id"] == "h0.mlp.c_fc")
+        .unwrap();
+    plan["ops"][i]["strategy"] = "zero3".into();
+    plan["ops"][i]["split"] = 3.into();
+    plan["ops"][i]["sharded_slices"] = 1.into();
+    std::fs::write(&file, plan.to_string()).unwrap();
+    let out = osdp()
+        .args([
+            "evaluate",
+            "sample-models/gpt2.json",
+            "--layout",
+            "layouts/a100-80gb-8x-nvlink.json",
+            "--plan",
+            file_s,
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("\"h0.mlp.c_fc\"") && err.contains("power of two"),
+        "{err}"
+    );
+}
+
+#[test]
+fn an_impossible_budget_names_the_smallest_that_fits() {
+    let out = osdp()
+        .args([
+            "plan",
+            "sample-models/gpt2.json",
+            "--layout",
+            "layouts/a100-80gb-8x-nvlink.json",
+            "--budget",
+            "1GiB",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(3));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("no plan of gpt2 fits 1.0 GiB"), "{err}");
+    let bytes: u64 = err
+        .split("GiB (")
+        .nth(1)
+        .unwrap()
+        .split(' ')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    // That budget does fit.
+    osdp()
+        .args([
+            "plan",
+            "sample-models/gpt2.json",
+            "--layout",
+            "layouts/a100-80gb-8x-nvlink.json",
+            "--budget",
+            &bytes.to_string(),
+        ])
+        .assert()
+        .success();
+}
+
+#[test]
+fn per_gpu_budgets_bind_on_the_tightest_gpu() {
+    let p = run_json(&[
+        "plan",
+        "sample-models/gpt2.json",
+        "--layout",
+        "layouts/rtx4090-4x-pcie.json",
+        "--budget-per-gpu",
+        "20GiB,6GiB,20GiB,20GiB",
+        "--json",
+    ]);
+    assert_eq!(p["binding_gpu"].as_u64(), Some(1));
+    assert_eq!(p["budget_bytes"].as_u64(), Some(6 << 30));
+    assert!(p["peak_memory_bytes"].as_u64().unwrap() <= 6 << 30);
+}
+
+/// Acceptance: every sample on 8×A100 and 8×H100, budgets from "just fits" to "everything fits":
+/// the plan beats every baseline that fits, fits its budget, and its plan file evaluates to the
+/// same figures.
+#[test]
+fn every_sample_plans_at_least_as_well_as_the_baselines() {
+    let mut checked = 0;
+    for entry in std::fs::read_dir(root().join("sample-models")).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_none_or(|e| e != "json") {
+            continue;
+        }
+        let model = read_model(&path).unwrap();
+        for layout in ["a100-80gb-8x-nvlink", "h100-sxm-8x-nvlink"] {
+            let layout = read_layout(&root().join(format!("layouts/{layout}.json"))).unwrap();
+            let m = Machine::new(&layout, &model);
+            let options = PlanOptions {
+                resolution_bytes: 16 << 20,
+                ..Default::default()
+            };
+            let min = match plan_with_baselines(&model, &m, options.clone(), 0) {
+                Err(nf) => nf.min_budget_bytes,
+                Ok(_) => panic!("nothing fits in 0 bytes"),
+            };
+            let device = layout.memory_bytes();
+            let budgets = [min, min + (device.saturating_sub(min)) / 8, device];
+            for budget in budgets.into_iter().filter(|&b| b <= device) {
+                let (planned, baselines) = plan_with_baselines(&model, &m, options.clone(), budget)
+                    .unwrap_or_else(|_| panic!("{}: {budget} fits", model.name));
+                let p = &planned.prediction;
+                assert!(p.peak_memory_bytes <= budget, "{} at {budget}", model.name);
+                for b in baselines.iter().flatten() {
+                    assert!(p.throughput_samples_per_s >= b.prediction.throughput_samples_per_s);
+                }
+                let file = PlanFile::new(&model, &layout.name, &planned.plan, Some(p));
+                let back = file.to_plan(&model).unwrap();
+                assert_eq!(&evaluate(&model, &m, &back), p, "{}", model.name);
+                checked += 1;
+            }
+        }
+    }
+    assert!(checked >= 16 * 2 * 2, "{checked}");
+}
