@@ -307,8 +307,7 @@ impl<'m> Planner<'m> {
                         &opts,
                         cap,
                         block.map(|b| (remat[b], self.blocks.input_bytes_per_sample[b] * batch)),
-                        self.options.recompute,
-                        res,
+                        &self.options,
                         &mut arena,
                     );
                     frontier::repeat(&one, class.instances.len() as u64, res, &mut arena)
@@ -406,10 +405,10 @@ fn class_frontier(
     opts: &[Vec<Opt>],
     cap: u64,
     block: Option<(u64, u64)>,
-    allow_recompute: bool,
-    resolution: u64,
+    options: &PlanOptions,
     arena: &mut Arena,
 ) -> Frontier {
+    let (allow_recompute, resolution) = (options.recompute, options.resolution_bytes);
     let mut variants: Vec<(bool, u64, u64)> = vec![(false, 0, 0)];
     if let (Some((remat, kept)), true) = (block, allow_recompute) {
         variants.push((true, remat, kept));
