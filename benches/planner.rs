@@ -1,0 +1,86 @@
+//! Planner latency: a full re-plan (every micro-batch size, every transient cap, plus the three
+//! baselines) and a budget-only change (a lookup in the frontiers already built).
+//!
+//! Run: `cargo bench --bench planner`.
+
+use std::hint::black_box;
+use std::path::{Path, PathBuf};
+
+use criterion::{criterion_group, criterion_main, Criterion};
+use osdp_tui::cluster::read_layout;
+use osdp_tui::cost::Machine;
+use osdp_tui::model::{hf, read_model, ModelSpec};
+use osdp_tui::plan::{PlanOptions, Planner};
+use osdp_tui::report::plan_with_baselines;
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn machine(layout: &str, model: &ModelSpec) -> (Machine, u64) {
+    let l = read_layout(&root().join(format!("layouts/{layout}.json"))).expect("layout");
+    (Machine::new(&l, model), l.memory_bytes())
+}
+
+/// A 200-block GPT-2 (2,006 ops) for scale.
+fn synthetic() -> ModelSpec {
+    let config = r#"{"architectures": ["GPT2LMHeadModel"], "n_embd": 1024, "n_layer": 200,
+        "n_head": 16, "n_positions": 1024, "vocab_size": 50257}"#;
+    hf::import_str(
+        Path::new("synthetic.json"),
+        config,
+        &hf::ImportOptions::default(),
+    )
+    .expect("imports")
+}
+
+fn bench(c: &mut Criterion) {
+    let cases: Vec<(&str, ModelSpec, &str, u64)> = vec![
+        (
+            "gpt2-xl on 8xA100 at 16 GiB",
+            read_model(&root().join("sample-models/gpt2-xl.json")).unwrap(),
+            "a100-80gb-8x-nvlink",
+            16 << 30,
+        ),
+        (
+            "llama-2-13b on 2x8 H100 at 40 GiB",
+            read_model(&root().join("sample-models/llama-2-13b.json")).unwrap(),
+            "h100-sxm-2x8-ib-ndr",
+            40 << 30,
+        ),
+        (
+            "synthetic 2006 ops on 8xH100 at 40 GiB",
+            synthetic(),
+            "h100-sxm-8x-nvlink",
+            40 << 30,
+        ),
+    ];
+    let options = PlanOptions {
+        resolution_bytes: 1 << 20,
+        ..Default::default()
+    };
+    let mut group = c.benchmark_group("planner");
+    group.sample_size(10);
+    for (name, model, layout, budget) in &cases {
+        let (m, device) = machine(layout, model);
+        group.bench_function(format!("full re-plan: {name}"), |b| {
+            b.iter(|| {
+                plan_with_baselines(black_box(model), &m, options.clone(), *budget).expect("fits")
+            })
+        });
+        let planner = Planner::new(model, m.clone(), options.clone(), device);
+        let mut step = 0u64;
+        group.bench_function(format!("budget change: {name}"), |b| {
+            b.iter(|| {
+                step = (step + 1) % 16;
+                planner
+                    .best(black_box(*budget - step * (256 << 20)))
+                    .expect("fits")
+            })
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);
