@@ -29,8 +29,24 @@ use crate::units;
 pub struct Cli {
     #[command(subcommand)]
     command: Option<Command>,
-    /// Model description to open (model.json).
+    /// Model description to open in the dashboard (model.json).
     model: Option<PathBuf>,
+    /// Cluster layout to plan for [default: the local GPUs' if NVML finds any, else
+    /// h100-sxm-8x-nvlink].
+    #[arg(long)]
+    layout: Option<PathBuf>,
+    /// Memory budget per GPU [default: the layout's memory].
+    #[arg(long, value_parser = parse_size)]
+    budget: Option<u64>,
+    /// One budget per GPU, comma-separated.
+    #[arg(long, value_delimiter = ',', value_parser = parse_size, conflicts_with = "budget")]
+    budget_per_gpu: Vec<u64>,
+    /// Largest operator split to start with.
+    #[arg(long, default_value_t = 8, value_parser = parse_split)]
+    max_split: u32,
+    /// Print one text rendering of the dashboard and exit (also when stdout is not a terminal).
+    #[arg(long)]
+    once: bool,
 }
 
 #[derive(Debug, Subcommand)]
@@ -222,7 +238,7 @@ pub fn main() -> ExitCode {
 }
 
 fn run(cli: Cli) -> Result<(), Failure> {
-    match (cli.command, cli.model) {
+    match (cli.command, cli.model.clone()) {
         (Some(Command::Inspect { model, json }), _) => inspect(&model, json),
         (
             Some(Command::ImportHf {
@@ -267,14 +283,14 @@ fn run(cli: Cli) -> Result<(), Failure> {
             }),
             _,
         ) => crate::report::evaluate(&model, &layout, &plan, budget, json),
-        (None, Some(model)) => {
-            inspect(&model, false)?;
-            println!(
-                "\nThe interactive dashboard is not built yet; the headless commands above are \
-                 (see `osdp-tui --help`)."
-            );
-            Ok(())
-        }
+        (None, Some(model)) => dashboard(DashboardArgs {
+            model,
+            layout: cli.layout,
+            budget: cli.budget,
+            budget_per_gpu: cli.budget_per_gpu,
+            max_split: cli.max_split,
+            once: cli.once,
+        }),
         (None, None) => Err(Failure {
             code: 2,
             message: "no model given; try `osdp-tui sample-models/gpt2.json` or `osdp-tui --help`"
@@ -425,4 +441,84 @@ impl PlanArgs {
             output: self.output,
         })
     }
+}
+
+struct DashboardArgs {
+    model: PathBuf,
+    layout: Option<PathBuf>,
+    budget: Option<u64>,
+    budget_per_gpu: Vec<u64>,
+    max_split: u32,
+    once: bool,
+}
+
+/// The layout planned for when none is given.
+const DEFAULT_LAYOUT: &str = include_str!("../layouts/h100-sxm-8x-nvlink.json");
+
+fn dashboard(args: DashboardArgs) -> Result<(), Failure> {
+    use crate::monitor::{spawn_poller, GpuEvent, GpuSource, NvmlSource};
+    use crate::tui::{self, app::App};
+
+    let spec = model::read_model(&args.model).map_err(Failure::input)?;
+    let nvml = NvmlSource::open();
+    let (layout, notice) = match &args.layout {
+        Some(p) => (read_layout(p).map_err(Failure::input)?, None),
+        None => {
+            let l: Layout =
+                serde_json::from_str(DEFAULT_LAYOUT).expect("the built-in layout parses");
+            let why = match &nvml {
+                Err(e) => e.clone(),
+                Ok(_) => "layouts from the local GPUs are not built yet".to_string(),
+            };
+            let notice = format!(
+                "{why}; planning for layout {} (choose one with --layout)",
+                l.name
+            );
+            (l, Some(notice))
+        }
+    };
+    let ranks = layout.world_size() as usize;
+    let budgets = if args.budget_per_gpu.is_empty() {
+        vec![args.budget.unwrap_or_else(|| layout.memory_bytes()); ranks]
+    } else if args.budget_per_gpu.len() == ranks {
+        args.budget_per_gpu
+    } else {
+        return Err(Failure::input(format!(
+            "--budget-per-gpu lists {} budgets but layout {:?} has {ranks} GPUs",
+            args.budget_per_gpu.len(),
+            layout.name
+        )));
+    };
+    let mut app = App::new(spec, layout, budgets, args.max_split);
+    app.notice = notice;
+    if !tui::interactive(args.once) {
+        // One synchronous plan, one frame as text.
+        let mut app = app;
+        app.replan();
+        app.apply_gpu(match nvml {
+            Ok(mut n) => match n.sample() {
+                Ok(s) => GpuEvent::Samples(s),
+                Err(e) => GpuEvent::Unavailable(e),
+            },
+            Err(e) => GpuEvent::Unavailable(e),
+        });
+        let (w, h) = ratatui::crossterm::terminal::size().unwrap_or((120, 40));
+        print!("{}", tui::render_text(&app, w.max(120), h.max(40)));
+        return Ok(());
+    }
+    let app = match nvml {
+        Ok(n) => app.with_gpu_events(spawn_poller(
+            Box::new(n),
+            std::time::Duration::from_millis(500),
+        )),
+        Err(e) => {
+            let mut app = app;
+            app.apply_gpu(GpuEvent::Unavailable(e));
+            app
+        }
+    };
+    tui::run(app.with_worker()).map_err(|e| Failure {
+        code: 1,
+        message: format!("terminal: {e}"),
+    })
 }

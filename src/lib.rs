@@ -8,6 +8,8 @@ pub mod cluster;
 pub mod cost;
 pub mod input;
 pub mod model;
+pub mod monitor;
 pub mod plan;
 pub mod report;
+pub mod tui;
 pub mod units;

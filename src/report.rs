@@ -142,25 +142,34 @@ fn summary(p: &Option<Planned>) -> Option<Baseline> {
     })
 }
 
-/// Plan with the search, then take the best of it and the uniform baselines: with a memory
-/// resolution the search may miss a plan within a few MiB of the budget, and a baseline is
-/// never allowed to beat the plan. Returns (plan, [ddp, zero2, zero3]).
+/// Take a uniform baseline instead of the searched plan when it is faster: with a memory
+/// resolution the search may miss a plan within a few MiB of the budget, and a baseline must
+/// never beat the plan. Not when ops are pinned: a baseline ignores the pins.
+pub fn adopt_baselines(searched: &mut Planned, baselines: &[Option<Planned>; 3], pinned: bool) {
+    if pinned {
+        return;
+    }
+    for b in baselines.iter().flatten() {
+        if b.prediction.throughput_samples_per_s > searched.prediction.throughput_samples_per_s {
+            *searched = b.clone();
+        }
+    }
+}
+
+/// Plan with the search and price the baselines (DDP, ZeRO-2, ZeRO-3 everywhere) at the same
+/// budget. Returns (plan, [ddp, zero2, zero3]).
 pub fn plan_with_baselines(
     model: &ModelSpec,
     machine: &Machine,
     options: PlanOptions,
     budget: u64,
 ) -> Result<(Planned, [Option<Planned>; 3]), plan::NoFit> {
-    let batch = options.batch;
+    let (batch, pinned) = (options.batch, !options.pins.is_empty());
     let searched = Planner::new(model, machine.clone(), options, budget).best(budget);
     let baselines = [Strategy::Dp, Strategy::Zero2, Strategy::Zero3]
         .map(|s| baseline_plan(model, machine, s, budget, batch));
     let mut best = searched?;
-    for b in baselines.iter().flatten() {
-        if b.prediction.throughput_samples_per_s > best.prediction.throughput_samples_per_s {
-            best = b.clone();
-        }
-    }
+    adopt_baselines(&mut best, &baselines, pinned);
     Ok((best, baselines))
 }
 

@@ -1,6 +1,7 @@
 //! Integration tests: the CLI as a user runs it, and properties of the model format.
 
 mod bad_input;
+mod dashboard;
 mod import;
 mod plan_cli;
 mod planner;

@@ -1,0 +1,86 @@
+//! The interactive dashboard: app state and actions ([`app`]), the planner worker ([`worker`]),
+//! drawing ([`view`]) and the event loop below.
+
+pub mod app;
+pub mod view;
+pub mod worker;
+
+use std::io::IsTerminal;
+use std::time::Duration;
+
+use ratatui::backend::TestBackend;
+use ratatui::crossterm::event::{self, Event, KeyCode, KeyEventKind, KeyModifiers};
+use ratatui::Terminal;
+
+use app::{Action, App};
+
+/// Map a key to an action.
+pub fn action_for(code: KeyCode, modifiers: KeyModifiers) -> Option<Action> {
+    Some(match code {
+        KeyCode::Char('q') | KeyCode::Esc => Action::Quit,
+        KeyCode::Char('c') if modifiers.contains(KeyModifiers::CONTROL) => Action::Quit,
+        KeyCode::Char('+') | KeyCode::Char('=') => Action::RaiseBudget,
+        KeyCode::Char('-') | KeyCode::Char('_') => Action::LowerBudget,
+        KeyCode::Char(']') => Action::SplitUp,
+        KeyCode::Char('[') => Action::SplitDown,
+        KeyCode::Char('b') => Action::CycleBatch,
+        KeyCode::Char('p') => Action::CyclePin,
+        KeyCode::Char('?') => Action::ToggleHelp,
+        KeyCode::Tab => Action::FocusNext,
+        KeyCode::Up | KeyCode::Char('k') => Action::Up,
+        KeyCode::Down | KeyCode::Char('j') => Action::Down,
+        KeyCode::PageUp => Action::PageUp,
+        KeyCode::PageDown => Action::PageDown,
+        KeyCode::Enter | KeyCode::Char(' ') => Action::Toggle,
+        _ => return None,
+    })
+}
+
+/// Render one frame of the app as text (for `--once` and when stdout is not a terminal).
+pub fn render_text(app: &App, width: u16, height: u16) -> String {
+    let mut terminal = Terminal::new(TestBackend::new(width, height)).expect("test backend");
+    terminal
+        .draw(|f| view::draw(app, f))
+        .expect("drawing into memory");
+    let buf = terminal.backend().buffer();
+    let mut out = String::new();
+    for y in 0..buf.area.height {
+        let mut line = String::new();
+        for x in 0..buf.area.width {
+            line.push_str(buf[(x, y)].symbol());
+        }
+        out.push_str(line.trim_end());
+        out.push('\n');
+    }
+    out
+}
+
+/// Whether to draw interactively.
+pub fn interactive(once: bool) -> bool {
+    !once && std::io::stdout().is_terminal()
+}
+
+/// Run the dashboard until the user quits.
+pub fn run(mut app: App) -> std::io::Result<()> {
+    let mut terminal = ratatui::init();
+    let result = (|| -> std::io::Result<()> {
+        while !app.quit {
+            app.poll_background();
+            terminal.draw(|f| view::draw(&app, f))?;
+            if event::poll(Duration::from_millis(50))? {
+                match event::read()? {
+                    Event::Key(k) if k.kind == KeyEventKind::Press => {
+                        if let Some(a) = action_for(k.code, k.modifiers) {
+                            app.update(a);
+                        }
+                    }
+                    Event::Resize(_, _) => {}
+                    _ => {}
+                }
+            }
+        }
+        Ok(())
+    })();
+    ratatui::restore();
+    result
+}

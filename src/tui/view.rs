@@ -1,0 +1,478 @@
+//! Drawing: reads the [`App`], never changes it.
+
+use ratatui::layout::{Constraint, Layout, Rect};
+use ratatui::style::{Color, Modifier, Style, Stylize};
+use ratatui::symbols::Marker;
+use ratatui::text::{Line, Span};
+use ratatui::widgets::{
+    Axis, Block, Cell, Chart, Clear, Dataset, GraphType, Paragraph, Row as TableRow, Table,
+    TableState, Wrap,
+};
+use ratatui::Frame;
+
+use super::app::{App, Focus, GpuView, Row};
+use crate::cost::{Choice, Strategy};
+use crate::model::ModelSpec;
+use crate::units;
+
+pub const MIN_WIDTH: u16 = 80;
+pub const MIN_HEIGHT: u16 = 24;
+
+/// Colour of a strategy badge.
+pub fn color(c: Choice) -> Color {
+    match c.strategy {
+        Strategy::None => Color::DarkGray,
+        Strategy::Dp => Color::Blue,
+        Strategy::Zero1 => Color::Cyan,
+        Strategy::Zero2 => Color::Green,
+        Strategy::Zero3 if c.split > 1 => Color::Magenta,
+        Strategy::Zero3 => Color::Yellow,
+    }
+}
+
+pub fn draw(app: &App, f: &mut Frame) {
+    let area = f.area();
+    if area.width < MIN_WIDTH || area.height < MIN_HEIGHT {
+        let msg = format!(
+            "terminal too small: osdp-tui needs at least {MIN_WIDTH}×{MIN_HEIGHT}, this one is {}×{}",
+            area.width, area.height
+        );
+        f.render_widget(Paragraph::new(msg).wrap(Wrap { trim: true }), area);
+        return;
+    }
+    let [header, strip, main, footer] = Layout::vertical([
+        Constraint::Length(4),
+        Constraint::Length(1),
+        Constraint::Min(10),
+        Constraint::Length(1),
+    ])
+    .areas(area);
+    draw_header(app, f, header);
+    draw_strip(app, f, strip);
+    let [ops, right] =
+        Layout::horizontal([Constraint::Percentage(58), Constraint::Percentage(42)]).areas(main);
+    draw_ops(app, f, ops);
+    let [gpus, chart] =
+        Layout::vertical([Constraint::Percentage(45), Constraint::Percentage(55)]).areas(right);
+    draw_gpus(app, f, gpus);
+    draw_frontier(app, f, chart);
+    f.render_widget(
+        Paragraph::new(
+            " +/- budget  ]/[ split  b batch  p pin  Enter expand  Tab focus  ? help  q quit",
+        )
+        .style(Style::new().fg(Color::DarkGray)),
+        footer,
+    );
+    if app.show_help {
+        draw_help(f, area);
+    }
+}
+
+fn draw_header(app: &App, f: &mut Frame, area: Rect) {
+    let m: &ModelSpec = &app.model;
+    let mut lines = vec![Line::from(vec![
+        Span::styled("osdp-tui ", Style::new().bold()),
+        Span::raw(format!(
+            "{} ({} params, {} ops) on {} ({} × {})",
+            m.name,
+            units::count(m.param_count()),
+            m.ops.len(),
+            app.layout.name,
+            app.layout.world_size(),
+            app.layout.device.model
+        )),
+    ])];
+    let budget = app.budget();
+    let batch_mode = if app.batch.is_some() { "fixed" } else { "auto" };
+    match &app.plan {
+        None => lines.push(Line::from("planning…")),
+        Some(ready) => match &ready.result {
+            Ok(p) => {
+                let pr = &p.prediction;
+                let ratio = |k: usize| {
+                    ready.baselines[k]
+                        .as_ref()
+                        .map(|b| {
+                            format!(
+                                "{:.2}×",
+                                pr.throughput_samples_per_s / b.prediction.throughput_samples_per_s
+                            )
+                        })
+                        .unwrap_or_else(|| "—".into())
+                };
+                let over = pr.peak_memory_bytes > budget;
+                lines.push(Line::from(vec![
+                    Span::raw(format!("micro-batch {} ({batch_mode}) · ", pr.batch_size)),
+                    Span::styled(
+                        format!("{:.1} samples/s", pr.throughput_samples_per_s),
+                        Style::new().bold().fg(Color::Green),
+                    ),
+                    Span::raw(format!(
+                        " · {}/s tokens · peak ",
+                        units::count(pr.tokens_per_s as u64)
+                    )),
+                    Span::styled(
+                        format!(
+                            "{} / {}",
+                            units::bytes(pr.peak_memory_bytes),
+                            units::bytes(budget)
+                        ),
+                        Style::new().fg(if over { Color::Red } else { Color::Reset }),
+                    ),
+                    Span::raw(format!(" · vs DDP {} · vs FSDP {}", ratio(0), ratio(2))),
+                ]));
+            }
+            Err(nf) => lines.push(Line::from(Span::styled(
+                format!(
+                    "nothing fits {} per GPU; the smallest budget that fits is {}",
+                    units::bytes(budget),
+                    units::bytes(nf.min_budget_bytes)
+                ),
+                Style::new().fg(Color::Red).bold(),
+            ))),
+        },
+    }
+    let replan = app
+        .plan
+        .as_ref()
+        .map(|r| {
+            format!(
+                "re-plan {:.1} ms{}",
+                r.elapsed_ms,
+                if r.reused { " (budget lookup)" } else { "" }
+            )
+        })
+        .unwrap_or_default();
+    lines.push(Line::from(format!(
+        "budget {} per GPU · max split {} · {} pinned · {}{}",
+        units::bytes(budget),
+        app.max_split,
+        app.pins.len(),
+        replan,
+        if app.pending { " · planning…" } else { "" }
+    )));
+    if let Some(n) = &app.notice {
+        lines.push(Line::from(Span::styled(
+            n.clone(),
+            Style::new().fg(Color::Yellow),
+        )));
+    }
+    f.render_widget(Paragraph::new(lines), area);
+}
+
+/// The whole model in one line, coloured by strategy (ops with parameters only).
+fn draw_strip(app: &App, f: &mut Frame, area: Rect) {
+    let Some(Ok(p)) = app.plan.as_ref().map(|r| &r.result) else {
+        return;
+    };
+    let owners: Vec<usize> = (0..app.model.ops.len())
+        .filter(|&i| p.plan.choices[i].strategy != Strategy::None)
+        .collect();
+    if owners.is_empty() {
+        return;
+    }
+    let width = area.width as usize;
+    let spans: Vec<Span> = (0..width)
+        .map(|x| {
+            let i = owners[x * owners.len() / width];
+            Span::styled("▆", Style::new().fg(color(p.plan.choices[i])))
+        })
+        .collect();
+    f.render_widget(Paragraph::new(Line::from(spans)), area);
+}
+
+fn draw_ops(app: &App, f: &mut Frame, area: Rect) {
+    let plan = app.plan.as_ref().and_then(|r| r.result.as_ref().ok());
+    let total_time = plan.map_or(1.0, |p| p.prediction.step_time_s);
+    let rows = app.rows();
+    let table_rows: Vec<TableRow> = rows
+        .iter()
+        .map(|row| match *row {
+            Row::Block(b) => {
+                let ops = &app.blocks.ops[b];
+                let (mem, time) = plan.map_or((0, 0.0), |p| {
+                    (
+                        ops.iter()
+                            .map(|&i| p.prediction.ops[i].memory_bytes)
+                            .sum::<u64>(),
+                        ops.iter().map(|&i| p.prediction.ops[i].time_s).sum::<f64>(),
+                    )
+                });
+                let params: u64 = ops
+                    .iter()
+                    .map(|&i| ModelSpec::op_param_count(&app.model.ops[i]))
+                    .sum();
+                let recompute = plan.is_some_and(|p| p.plan.recompute[b]);
+                let marker = if app.expanded.contains(&b) {
+                    "▾"
+                } else {
+                    "▸"
+                };
+                TableRow::new(vec![
+                    Cell::from(format!("{marker} block {b}")).bold(),
+                    Cell::from(format!("{} ops", ops.len())),
+                    Cell::from(units::count(params)),
+                    Cell::from(if recompute { "recompute" } else { "" }).fg(Color::Magenta),
+                    Cell::from(units::bytes(mem)),
+                    Cell::from(format!("{:.1}%", 100.0 * time / total_time)),
+                ])
+            }
+            Row::Op(i) => {
+                let op = &app.model.ops[i];
+                let choice = plan.map_or(Choice::NONE, |p| p.plan.choices[i]);
+                let pinned = app.pin_of(i).is_some();
+                let (mem, time) = plan.map_or((0, 0.0), |p| {
+                    (p.prediction.ops[i].memory_bytes, p.prediction.ops[i].time_s)
+                });
+                let indent = if op.block.is_some() { "   " } else { "" };
+                TableRow::new(vec![
+                    Cell::from(format!("{indent}{}", op.id)),
+                    Cell::from(op.kind.as_str()),
+                    Cell::from(units::count(ModelSpec::op_param_count(op))),
+                    Cell::from(format!(
+                        "{}{}",
+                        choice.label(),
+                        if pinned { " 📌" } else { "" }
+                    ))
+                    .style(Style::new().fg(color(choice)).add_modifier(Modifier::BOLD)),
+                    Cell::from(units::bytes(mem)),
+                    Cell::from(format!("{:.1}%", 100.0 * time / total_time)),
+                ])
+            }
+        })
+        .collect();
+    let border = if app.focus == Focus::Ops {
+        Color::White
+    } else {
+        Color::DarkGray
+    };
+    let table = Table::new(
+        table_rows,
+        [
+            Constraint::Min(18),
+            Constraint::Length(12),
+            Constraint::Length(9),
+            Constraint::Length(13),
+            Constraint::Length(11),
+            Constraint::Length(6),
+        ],
+    )
+    .header(
+        TableRow::new(["operator", "kind", "params", "strategy", "memory", "time"])
+            .style(Style::new().bold().underlined()),
+    )
+    .block(
+        Block::bordered()
+            .title(" operators ")
+            .border_style(Style::new().fg(border)),
+    )
+    .row_highlight_style(Style::new().bg(Color::DarkGray));
+    let mut state = TableState::default()
+        .with_selected(Some(app.selected_row.min(rows.len().saturating_sub(1))));
+    f.render_stateful_widget(table, area, &mut state);
+}
+
+/// `█████░░░│░░` with `│` at the budget.
+fn bar(used: u64, total: u64, budget: u64, width: usize) -> String {
+    if total == 0 || width == 0 {
+        return String::new();
+    }
+    let cells = |b: u64| ((b.min(total) as f64 / total as f64) * width as f64).round() as usize;
+    let (u, mark) = (cells(used), cells(budget).min(width.saturating_sub(1)));
+    (0..width)
+        .map(|x| {
+            if x == mark {
+                '│'
+            } else if x < u {
+                '█'
+            } else {
+                '░'
+            }
+        })
+        .collect()
+}
+
+fn draw_gpus(app: &App, f: &mut Frame, area: Rect) {
+    let border = if app.focus == Focus::Gpus {
+        Color::White
+    } else {
+        Color::DarkGray
+    };
+    let block = Block::bordered()
+        .title(" GPUs ")
+        .border_style(Style::new().fg(border));
+    let inner_width = area.width.saturating_sub(2) as usize;
+    let bar_width = inner_width.saturating_sub(36).clamp(8, 40);
+    let predicted = app
+        .plan
+        .as_ref()
+        .and_then(|r| r.result.as_ref().ok())
+        .map(|p| p.prediction.peak_memory_bytes);
+    let mut lines: Vec<Line> = Vec::new();
+    match &app.gpus {
+        GpuView::Live(samples) => {
+            for g in samples {
+                let budget = app.budgets.get(g.index).copied().unwrap_or(app.budget());
+                let total = g.total_bytes.unwrap_or(0);
+                let used = g.used_bytes.unwrap_or(0);
+                let util = g
+                    .utilization_pct
+                    .map_or("n/a".into(), |u| format!("{u:>3}%"));
+                let sel = app.focus == Focus::Gpus && app.selected_gpu == g.index;
+                let style = if sel {
+                    Style::new().reversed()
+                } else {
+                    Style::new()
+                };
+                let procs: u64 = g.processes.iter().filter_map(|p| p.1).sum();
+                lines.push(Line::styled(
+                    format!(
+                        "{} {} · util {util} · {} procs ({})",
+                        g.index,
+                        g.name,
+                        g.processes.len(),
+                        units::bytes(procs)
+                    ),
+                    style,
+                ));
+                lines.push(Line::from(format!(
+                    "  {} {}/{} · budget {}",
+                    bar(used, total, budget, bar_width),
+                    units::bytes(used),
+                    units::bytes(total),
+                    units::bytes(budget)
+                )));
+            }
+        }
+        GpuView::Unavailable(why) => {
+            lines.push(Line::styled(
+                "live memory not available:",
+                Style::new().fg(Color::Yellow),
+            ));
+            lines.push(Line::styled(
+                format!("  {why}"),
+                Style::new().fg(Color::Yellow),
+            ));
+            let total = app.layout.memory_bytes();
+            for (i, &budget) in app.budgets.iter().enumerate() {
+                let sel = app.focus == Focus::Gpus && app.selected_gpu == i;
+                let style = if sel {
+                    Style::new().reversed()
+                } else {
+                    Style::new()
+                };
+                lines.push(Line::styled(
+                    format!(
+                        "{i} budget {:>9} {} predicted {}",
+                        units::bytes(budget),
+                        bar(predicted.unwrap_or(0), total, budget, bar_width),
+                        predicted.map(units::bytes).unwrap_or_default()
+                    ),
+                    style,
+                ));
+            }
+        }
+    }
+    f.render_widget(Paragraph::new(lines).block(block), area);
+}
+
+fn draw_frontier(app: &App, f: &mut Frame, area: Rect) {
+    let block = Block::bordered().title(" samples/s vs budget (GiB) ");
+    let Some(ready) = &app.plan else {
+        f.render_widget(Paragraph::new("planning…").block(block), area);
+        return;
+    };
+    let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+    let pts: Vec<(f64, f64)> = ready.curve.iter().map(|&(m, t)| (gib(m), t)).collect();
+    if pts.is_empty() {
+        f.render_widget(Paragraph::new("no plan fits any budget").block(block), area);
+        return;
+    }
+    let x_max = gib(app.layout.memory_bytes()).max(gib(app.budget()));
+    let pts: Vec<(f64, f64)> = pts.into_iter().filter(|p| p.0 <= x_max).collect();
+    if pts.is_empty() {
+        f.render_widget(
+            Paragraph::new("no plan fits the device's memory").block(block),
+            area,
+        );
+        return;
+    }
+    let y_max = pts.iter().map(|p| p.1).fold(0.0f64, f64::max) * 1.1;
+    // The curve as a staircase: the best throughput at every budget.
+    let mut stairs: Vec<(f64, f64)> = Vec::new();
+    for w in pts.windows(2) {
+        stairs.push(w[0]);
+        stairs.push((w[1].0, w[0].1));
+    }
+    stairs.push(*pts.last().expect("non-empty"));
+    stairs.push((x_max, pts.last().expect("non-empty").1));
+    let budget = [(gib(app.budget()), 0.0), (gib(app.budget()), y_max)];
+    let datasets = vec![
+        Dataset::default()
+            .marker(Marker::Braille)
+            .graph_type(GraphType::Line)
+            .style(Style::new().fg(Color::Green))
+            .data(&stairs),
+        Dataset::default()
+            .marker(Marker::Braille)
+            .graph_type(GraphType::Line)
+            .style(Style::new().fg(Color::Red))
+            .data(&budget),
+    ];
+    let chart = Chart::new(datasets)
+        .block(block)
+        .x_axis(Axis::default().bounds([0.0, x_max]).labels(vec![
+            Span::raw("0"),
+            Span::raw(format!("{:.0}", x_max / 2.0)),
+            Span::raw(format!("{x_max:.0}")),
+        ]))
+        .y_axis(
+            Axis::default()
+                .bounds([0.0, y_max])
+                .labels(vec![Span::raw("0"), Span::raw(format!("{:.0}", y_max))]),
+        );
+    f.render_widget(chart, area);
+}
+
+fn draw_help(f: &mut Frame, area: Rect) {
+    let w = 62.min(area.width);
+    let h = 18.min(area.height);
+    let r = Rect::new(
+        area.x + (area.width - w) / 2,
+        area.y + (area.height - h) / 2,
+        w,
+        h,
+    );
+    let text = vec![
+        Line::from("+ / -      raise / lower the budget by 1 GiB"),
+        Line::from("           (the selected GPU's when the GPU panel has focus)"),
+        Line::from("] / [      raise / lower the operator split limit"),
+        Line::from("b          micro-batch: auto, then 1, 2, 4, … fixed"),
+        Line::from("p          pin the selected op: dp, zero1, zero2, zero3, none"),
+        Line::from("Tab        move focus between operators and GPUs"),
+        Line::from("↑ ↓ PgUp PgDn  move          Enter  expand / collapse a block"),
+        Line::from("?          this help         q      quit"),
+        Line::from(""),
+        Line::from(vec![
+            Span::styled("dp ", Style::new().fg(color(Choice::DP))),
+            Span::styled(
+                "zero1 ",
+                Style::new().fg(color(Choice::plain(Strategy::Zero1))),
+            ),
+            Span::styled(
+                "zero2 ",
+                Style::new().fg(color(Choice::plain(Strategy::Zero2))),
+            ),
+            Span::styled("zero3 ", Style::new().fg(color(Choice::zero3(1, 1)))),
+            Span::styled(
+                "zero3/K:M (split K, M sharded)",
+                Style::new().fg(color(Choice::zero3(2, 1))),
+            ),
+        ]),
+    ];
+    f.render_widget(Clear, r);
+    f.render_widget(
+        Paragraph::new(text).block(Block::bordered().title(" help ")),
+        r,
+    );
+}

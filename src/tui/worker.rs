@@ -1,0 +1,143 @@
+//! The planner off the UI thread: a single-job runner where a newer request replaces a pending
+//! one. A request that changes only the budget reuses the frontiers already built.
+
+use std::sync::mpsc::{self, Receiver, Sender, TryRecvError};
+use std::sync::Arc;
+use std::thread;
+use std::time::Instant;
+
+use crate::cost::{Choice, Machine, Strategy};
+use crate::model::ModelSpec;
+use crate::plan::{NoFit, PlanOptions, Planned, Planner};
+use crate::report::{adopt_baselines, baseline_plan};
+
+/// What to plan.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PlanRequest {
+    pub id: u64,
+    pub budget_bytes: u64,
+    pub max_split: u32,
+    pub batch: Option<u64>,
+    pub pins: Vec<(usize, Choice)>,
+}
+
+/// A finished plan.
+#[derive(Debug, Clone)]
+pub struct PlanReady {
+    pub id: u64,
+    pub result: Result<Planned, NoFit>,
+    /// DDP, ZeRO-2, ZeRO-3 everywhere.
+    pub baselines: [Option<Planned>; 3],
+    /// (peak bytes, samples/s) of the best plans over budgets.
+    pub curve: Vec<(u64, f64)>,
+    pub elapsed_ms: f64,
+    /// Whether the frontiers were reused (a budget-only change).
+    pub reused: bool,
+}
+
+pub struct Worker {
+    tx: Sender<PlanRequest>,
+    pub rx: Receiver<PlanReady>,
+}
+
+impl Worker {
+    pub fn spawn(model: Arc<ModelSpec>, machine: Machine, max_budget: u64) -> Worker {
+        let (tx, jobs) = mpsc::channel::<PlanRequest>();
+        let (done, rx) = mpsc::channel::<PlanReady>();
+        thread::spawn(move || serve(&model, machine, max_budget, jobs, done));
+        Worker { tx, rx }
+    }
+
+    pub fn request(&self, r: PlanRequest) {
+        let _ = self.tx.send(r);
+    }
+}
+
+/// Plan one request synchronously (for `--once`).
+pub fn plan_now(
+    model: &ModelSpec,
+    machine: &Machine,
+    max_budget: u64,
+    r: &PlanRequest,
+) -> PlanReady {
+    let started = Instant::now();
+    let planner = Planner::new(
+        model,
+        machine.clone(),
+        options(r),
+        max_budget.max(r.budget_bytes),
+    );
+    finish(model, machine, &planner, r, started, false)
+}
+
+fn options(r: &PlanRequest) -> PlanOptions {
+    PlanOptions {
+        batch: r.batch,
+        max_split: r.max_split,
+        recompute: true,
+        pins: r.pins.clone(),
+        resolution_bytes: 1 << 20,
+    }
+}
+
+fn finish(
+    model: &ModelSpec,
+    machine: &Machine,
+    planner: &Planner,
+    r: &PlanRequest,
+    started: Instant,
+    reused: bool,
+) -> PlanReady {
+    let baselines = [Strategy::Dp, Strategy::Zero2, Strategy::Zero3]
+        .map(|s| baseline_plan(model, machine, s, r.budget_bytes, r.batch));
+    let mut result = planner.best(r.budget_bytes);
+    if let Ok(best) = &mut result {
+        adopt_baselines(best, &baselines, !r.pins.is_empty());
+    }
+    PlanReady {
+        id: r.id,
+        result,
+        baselines,
+        curve: planner.curve(),
+        elapsed_ms: started.elapsed().as_secs_f64() * 1e3,
+        reused,
+    }
+}
+
+fn serve(
+    model: &ModelSpec,
+    machine: Machine,
+    max_budget: u64,
+    jobs: Receiver<PlanRequest>,
+    done: Sender<PlanReady>,
+) {
+    // Frontiers built for (options, largest budget they cover).
+    let mut cached: Option<(PlanOptions, u64, Planner)> = None;
+    while let Ok(mut r) = jobs.recv() {
+        // Latest request wins: skip everything already superseded.
+        loop {
+            match jobs.try_recv() {
+                Ok(newer) => r = newer,
+                Err(TryRecvError::Empty) => break,
+                Err(TryRecvError::Disconnected) => return,
+            }
+        }
+        let started = Instant::now();
+        let opts = options(&r);
+        let reused = cached
+            .as_ref()
+            .is_some_and(|(o, cover, _)| *o == opts && r.budget_bytes <= *cover);
+        if !reused {
+            let cover = max_budget.max(r.budget_bytes);
+            let planner = Planner::new(model, machine.clone(), opts.clone(), cover);
+            cached = Some((opts, cover, planner));
+        }
+        let (_, _, planner) = cached.as_ref().expect("just built");
+        if done
+            .send(finish(model, &machine, planner, &r, started, reused))
+            .is_err()
+        {
+            return;
+        }
+    }
+}
