@@ -373,7 +373,12 @@ fn draw_gpus(app: &App, f: &mut Frame, area: Rect) {
             }
         }
     }
-    f.render_widget(Paragraph::new(lines).block(block), area);
+    f.render_widget(
+        Paragraph::new(lines)
+            .block(block)
+            .wrap(Wrap { trim: false }),
+        area,
+    );
 }
 
 fn draw_frontier(app: &App, f: &mut Frame, area: Rect) {
@@ -435,7 +440,7 @@ fn draw_frontier(app: &App, f: &mut Frame, area: Rect) {
 }
 
 fn draw_help(f: &mut Frame, area: Rect) {
-    let w = 62.min(area.width);
+    let w = 68.min(area.width);
     let h = 18.min(area.height);
     let r = Rect::new(
         area.x + (area.width - w) / 2,
