@@ -26,6 +26,7 @@ pub fn action_for(code: KeyCode, modifiers: KeyModifiers) -> Option<Action> {
         KeyCode::Char('b') => Action::CycleBatch,
         KeyCode::Char('p') => Action::CyclePin,
         KeyCode::Char('?') => Action::ToggleHelp,
+        KeyCode::Char('g') => Action::ToggleGraph,
         KeyCode::Tab => Action::FocusNext,
         KeyCode::Up | KeyCode::Char('k') => Action::Up,
         KeyCode::Down | KeyCode::Char('j') => Action::Down,

@@ -38,6 +38,7 @@ pub enum Action {
     PageDown,
     Toggle,
     ToggleHelp,
+    ToggleGraph,
     Quit,
 }
 
@@ -75,6 +76,8 @@ pub struct App {
     pub gpus: GpuView,
     pub history: Vec<VecDeque<u64>>,
     pub show_help: bool,
+    /// Show the selected block's graph instead of the frontier chart (short screens).
+    pub show_graph: bool,
     pub quit: bool,
     /// A line about where the layout came from (e.g. "no NVIDIA driver found; planning for …").
     pub notice: Option<String>,
@@ -106,6 +109,7 @@ impl App {
             gpus: GpuView::Unavailable("not polled yet".into()),
             history: Vec::new(),
             show_help: false,
+            show_graph: false,
             quit: false,
             notice: None,
             next_request: 0,
@@ -229,6 +233,7 @@ impl App {
         match action {
             Action::Quit => self.quit = true,
             Action::ToggleHelp => self.show_help = !self.show_help,
+            Action::ToggleGraph => self.show_graph = !self.show_graph,
             Action::RaiseBudget | Action::LowerBudget => {
                 let up = matches!(action, Action::RaiseBudget);
                 let step = |b: u64| {

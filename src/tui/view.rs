@@ -52,13 +52,30 @@ pub fn draw(app: &App, f: &mut Frame) {
     let [ops, right] =
         Layout::horizontal([Constraint::Percentage(58), Constraint::Percentage(42)]).areas(main);
     draw_ops(app, f, ops);
-    let [gpus, chart] =
-        Layout::vertical([Constraint::Percentage(45), Constraint::Percentage(55)]).areas(right);
-    draw_gpus(app, f, gpus);
-    draw_frontier(app, f, chart);
+    if right.height >= 40 {
+        // Tall screens show everything: GPUs, the selected block's graph, the frontier.
+        let [gpus, graph, chart] = Layout::vertical([
+            Constraint::Percentage(30),
+            Constraint::Percentage(40),
+            Constraint::Percentage(30),
+        ])
+        .areas(right);
+        draw_gpus(app, f, gpus);
+        draw_graph(app, f, graph);
+        draw_frontier(app, f, chart);
+    } else {
+        let [gpus, lower] =
+            Layout::vertical([Constraint::Percentage(45), Constraint::Percentage(55)]).areas(right);
+        draw_gpus(app, f, gpus);
+        if app.show_graph {
+            draw_graph(app, f, lower);
+        } else {
+            draw_frontier(app, f, lower);
+        }
+    }
     f.render_widget(
         Paragraph::new(
-            " +/- budget  ]/[ split  b batch  p pin  Enter expand  Tab focus  ? help  q quit",
+            " +/- budget  ]/[ split  b batch  p pin  g graph/chart  Enter expand  Tab focus  ? help  q quit",
         )
         .style(Style::new().fg(Color::DarkGray)),
         footer,
@@ -302,7 +319,7 @@ fn draw_gpus(app: &App, f: &mut Frame, area: Rect) {
         .title(" GPUs ")
         .border_style(Style::new().fg(border));
     let inner_width = area.width.saturating_sub(2) as usize;
-    let bar_width = inner_width.saturating_sub(36).clamp(8, 40);
+    let bar_width = inner_width.saturating_sub(26).clamp(8, 40);
     let predicted = app
         .plan
         .as_ref()
@@ -363,10 +380,10 @@ fn draw_gpus(app: &App, f: &mut Frame, area: Rect) {
                 };
                 lines.push(Line::styled(
                     format!(
-                        "{i} budget {:>9} {} predicted {}",
-                        units::bytes(budget),
+                        "{i} {} {} of {}",
                         bar(predicted.unwrap_or(0), total, budget, bar_width),
-                        predicted.map(units::bytes).unwrap_or_default()
+                        predicted.map(units::bytes).unwrap_or_default(),
+                        units::bytes(budget),
                     ),
                     style,
                 ));
@@ -454,6 +471,7 @@ fn draw_help(f: &mut Frame, area: Rect) {
         Line::from("] / [      raise / lower the operator split limit"),
         Line::from("b          micro-batch: auto, then 1, 2, 4, … fixed"),
         Line::from("p          pin the selected op: dp, zero1, zero2, zero3, none"),
+        Line::from("g          show the selected block's graph / the frontier chart"),
         Line::from("Tab        move focus between operators and GPUs"),
         Line::from("↑ ↓ PgUp PgDn  move          Enter  expand / collapse a block"),
         Line::from("?          this help         q      quit"),
@@ -479,5 +497,128 @@ fn draw_help(f: &mut Frame, area: Rect) {
     f.render_widget(
         Paragraph::new(text).block(Block::bordered().title(" help ")),
         r,
+    );
+}
+
+/// The block an operator row belongs to (for the graph view).
+pub fn selected_block(app: &App) -> Option<usize> {
+    match app.selected()? {
+        Row::Block(b) => Some(b),
+        Row::Op(i) => app.blocks.of_op[i],
+    }
+}
+
+/// Lines of the selected block's DAG: one node per op in order, with the edges that skip ops
+/// (residual branches) drawn as lanes on the left. Row 0 is the block's input.
+pub fn graph_lines(app: &App, block: usize) -> Vec<Line<'static>> {
+    let ops = &app.blocks.ops[block];
+    let row_of = |id: &str| -> Option<usize> {
+        ops.iter()
+            .position(|&i| app.model.ops[i].id == id)
+            .map(|p| p + 1)
+    };
+    // Edges (from row, to row) that skip at least one op.
+    let mut edges: Vec<(usize, usize)> = Vec::new();
+    for (p, &i) in ops.iter().enumerate() {
+        let dst = p + 1;
+        for input in &app.model.ops[i].inputs {
+            let src = row_of(input).unwrap_or(0);
+            if src + 1 < dst {
+                edges.push((src, dst));
+            }
+        }
+    }
+    edges.sort_unstable();
+    edges.dedup();
+    let mut lane_end: Vec<usize> = Vec::new();
+    let mut lanes: Vec<usize> = Vec::new();
+    for &(src, dst) in &edges {
+        let lane = match lane_end.iter().position(|&end| end < src) {
+            Some(l) => l,
+            None => {
+                lane_end.push(0);
+                lane_end.len() - 1
+            }
+        };
+        lane_end[lane] = dst;
+        lanes.push(lane);
+    }
+    let width = lane_end.len() * 2;
+    let rows = ops.len() + 1;
+    let mut grid = vec![vec![' '; width]; rows];
+    for (&(src, dst), &lane) in edges.iter().zip(&lanes) {
+        let x = width - 2 - 2 * lane;
+        grid[src][x] = '┌';
+        grid[dst][x] = '└';
+        for row in grid.iter_mut().take(dst).skip(src + 1) {
+            row[x] = '│';
+        }
+        for r in [src, dst] {
+            for c in grid[r].iter_mut().skip(x + 1) {
+                *c = match *c {
+                    ' ' | '─' => '─',
+                    '│' => '┼',
+                    other => other,
+                };
+            }
+        }
+    }
+    let plan = app.plan.as_ref().and_then(|r| r.result.as_ref().ok());
+    let mut out = Vec::with_capacity(rows);
+    for (r, gutter) in grid.into_iter().enumerate() {
+        let gutter: String = gutter.into_iter().collect();
+        if r == 0 {
+            out.push(Line::from(format!("{gutter}○ block {block} input")));
+            continue;
+        }
+        let i = ops[r - 1];
+        let op = &app.model.ops[i];
+        let choice = plan.map_or(Choice::NONE, |p| p.plan.choices[i]);
+        let short = op
+            .id
+            .split_once('.')
+            .map_or(op.id.as_str(), |(_, rest)| rest)
+            .to_string();
+        let mut spans = vec![
+            Span::raw(gutter),
+            Span::styled("● ", Style::new().fg(color(choice))),
+            Span::raw(format!("{short} ")),
+            Span::styled(
+                op.kind.as_str().to_string(),
+                Style::new().fg(Color::DarkGray),
+            ),
+        ];
+        if choice.strategy != Strategy::None {
+            spans.push(Span::styled(
+                format!(" {}", choice.label()),
+                Style::new().fg(color(choice)).bold(),
+            ));
+        }
+        out.push(Line::from(spans));
+    }
+    out
+}
+
+fn draw_graph(app: &App, f: &mut Frame, area: Rect) {
+    let Some(b) = selected_block(app) else {
+        let block = Block::bordered().title(" graph ");
+        f.render_widget(
+            Paragraph::new("select a block or one of its ops to see its graph").block(block),
+            area,
+        );
+        return;
+    };
+    let recompute = app
+        .plan
+        .as_ref()
+        .and_then(|r| r.result.as_ref().ok())
+        .is_some_and(|p| p.plan.recompute[b]);
+    let title = format!(
+        " block {b} graph{} ",
+        if recompute { " · recomputed" } else { "" }
+    );
+    f.render_widget(
+        Paragraph::new(graph_lines(app, b)).block(Block::bordered().title(title)),
+        area,
     );
 }
