@@ -202,6 +202,14 @@ fn draw_ops(app: &App, f: &mut Frame, area: Rect) {
     let plan = app.plan.as_ref().and_then(|r| r.result.as_ref().ok());
     let total_time = plan.map_or(1.0, |p| p.prediction.step_time_s);
     let rows = app.rows();
+    // Narrow screens drop the kind and parameter columns.
+    let narrow = area.width < 90;
+    let mk = |mut cells: Vec<Cell<'static>>| -> TableRow<'static> {
+        if narrow {
+            cells.drain(1..3);
+        }
+        TableRow::new(cells)
+    };
     let table_rows: Vec<TableRow> = rows
         .iter()
         .map(|row| match *row {
@@ -225,7 +233,7 @@ fn draw_ops(app: &App, f: &mut Frame, area: Rect) {
                 } else {
                     "▸"
                 };
-                TableRow::new(vec![
+                mk(vec![
                     Cell::from(format!("{marker} block {b}")).bold(),
                     Cell::from(format!("{} ops", ops.len())),
                     Cell::from(units::count(params)),
@@ -242,7 +250,7 @@ fn draw_ops(app: &App, f: &mut Frame, area: Rect) {
                     (p.prediction.ops[i].memory_bytes, p.prediction.ops[i].time_s)
                 });
                 let indent = if op.block.is_some() { "   " } else { "" };
-                TableRow::new(vec![
+                mk(vec![
                     Cell::from(format!("{indent}{}", op.id)),
                     Cell::from(op.kind.as_str()),
                     Cell::from(units::count(ModelSpec::op_param_count(op))),
@@ -263,27 +271,27 @@ fn draw_ops(app: &App, f: &mut Frame, area: Rect) {
     } else {
         Color::DarkGray
     };
-    let table = Table::new(
-        table_rows,
-        [
-            Constraint::Min(18),
-            Constraint::Length(12),
-            Constraint::Length(9),
-            Constraint::Length(13),
-            Constraint::Length(11),
-            Constraint::Length(6),
-        ],
-    )
-    .header(
-        TableRow::new(["operator", "kind", "params", "strategy", "memory", "time"])
-            .style(Style::new().bold().underlined()),
-    )
-    .block(
-        Block::bordered()
-            .title(" operators ")
-            .border_style(Style::new().fg(border)),
-    )
-    .row_highlight_style(Style::new().bg(Color::DarkGray));
+    let mut widths = vec![
+        Constraint::Min(18),
+        Constraint::Length(12),
+        Constraint::Length(9),
+        Constraint::Length(13),
+        Constraint::Length(11),
+        Constraint::Length(6),
+    ];
+    let mut titles = vec!["operator", "kind", "params", "strategy", "memory", "time"];
+    if narrow {
+        widths.drain(1..3);
+        titles.drain(1..3);
+    }
+    let table = Table::new(table_rows, widths)
+        .header(TableRow::new(titles).style(Style::new().bold().underlined()))
+        .block(
+            Block::bordered()
+                .title(" operators ")
+                .border_style(Style::new().fg(border)),
+        )
+        .row_highlight_style(Style::new().bg(Color::DarkGray));
     let mut state = TableState::default()
         .with_selected(Some(app.selected_row.min(rows.len().saturating_sub(1))));
     f.render_stateful_widget(table, area, &mut state);

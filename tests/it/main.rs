@@ -6,6 +6,7 @@ mod import;
 mod plan_cli;
 mod planner;
 mod roundtrip;
+mod snapshots;
 
 use std::path::{Path, PathBuf};
 

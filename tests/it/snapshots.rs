@@ -1,0 +1,114 @@
+//! Whole-screen snapshots through ratatui's `TestBackend` at the sizes people use, with a fake
+//! GPU source; and the key-driven changes a user would see.
+
+use osdp_tui::cluster::read_layout;
+use osdp_tui::model::read_model;
+use osdp_tui::monitor::{GpuEvent, GpuSample};
+use osdp_tui::tui::app::{Action, App};
+use osdp_tui::tui::render_text;
+
+use crate::root;
+
+const GIB: u64 = 1 << 30;
+
+/// gpt2-medium on 8×A100 at 8 GiB with two fake GPUs reporting, timings zeroed so the screen is
+/// the same on every run.
+fn app() -> App {
+    let m = read_model(&root().join("sample-models/gpt2-medium.json")).unwrap();
+    let l = read_layout(&root().join("layouts/a100-80gb-8x-nvlink.json")).unwrap();
+    let mut a = App::new(m, l, vec![8 * GIB; 8], 8);
+    a.replan();
+    a.apply_gpu(GpuEvent::Samples(
+        (0..8)
+            .map(|i| GpuSample {
+                index: i,
+                name: "NVIDIA A100-SXM4-80GB".into(),
+                used_bytes: Some((5 + i as u64) * GIB),
+                total_bytes: Some(80 * GIB),
+                utilization_pct: Some(90 + i as u32),
+                processes: vec![(1000 + i as u32, Some((4 + i as u64) * GIB))],
+            })
+            .collect(),
+    ));
+    freeze(&mut a);
+    a
+}
+
+fn freeze(a: &mut App) {
+    if let Some(p) = a.plan.as_mut() {
+        p.elapsed_ms = 0.0;
+    }
+}
+
+#[test]
+fn screen_80x24() {
+    insta::assert_snapshot!(render_text(&app(), 80, 24));
+}
+
+#[test]
+fn screen_120x40() {
+    insta::assert_snapshot!(render_text(&app(), 120, 40));
+}
+
+#[test]
+fn screen_200x60() {
+    insta::assert_snapshot!(render_text(&app(), 200, 60));
+}
+
+#[test]
+fn screen_too_small() {
+    insta::assert_snapshot!(render_text(&app(), 70, 20));
+}
+
+#[test]
+fn screen_with_help() {
+    let mut a = app();
+    a.update(Action::ToggleHelp);
+    insta::assert_snapshot!(render_text(&a, 120, 40));
+}
+
+fn throughput(a: &App) -> f64 {
+    a.plan
+        .as_ref()
+        .unwrap()
+        .result
+        .as_ref()
+        .unwrap()
+        .prediction
+        .throughput_samples_per_s
+}
+
+fn strip(a: &App) -> Vec<String> {
+    let p = &a.plan.as_ref().unwrap().result.as_ref().unwrap().plan;
+    p.choices.iter().map(|c| c.label()).collect()
+}
+
+#[test]
+fn lowering_the_budget_until_the_plan_changes() {
+    let mut a = app();
+    let (t0, s0) = (throughput(&a), strip(&a));
+    let mut steps = 0;
+    while strip(&a) == s0 && steps < 6 {
+        a.update(Action::LowerBudget);
+        steps += 1;
+    }
+    assert_ne!(strip(&a), s0, "six GiB less must change some op's strategy");
+    assert!(throughput(&a) < t0, "less memory, fewer samples/s");
+    freeze(&mut a);
+    insta::assert_snapshot!(render_text(&a, 120, 40));
+}
+
+#[test]
+fn below_the_minimum_the_screen_says_what_would_fit() {
+    let mut a = app();
+    for _ in 0..7 {
+        a.update(Action::LowerBudget);
+    }
+    freeze(&mut a);
+    let screen = render_text(&a, 120, 40);
+    assert!(
+        screen.contains("nothing fits 1.0 GiB per GPU; the smallest budget that fits is"),
+        "{screen}"
+    );
+    insta::assert_snapshot!(screen);
+}
