@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Real screenshots of the dashboard: run it in tmux, capture the pane with its colours (ANSI),
+# turn that into HTML (aha) and photograph the page with headless Chromium. Writes PNGs and the
+# plain-text captures to screenshots/.
+#
+# Needs Debian's tmux, aha, chromium and fonts-dejavu-core:
+#   apt-get install -y tmux aha chromium fonts-dejavu-core
+set -euo pipefail
+cd "$(dirname "$0")/.."
+for tool in tmux aha chromium; do
+  command -v "$tool" >/dev/null || { echo "screenshots.sh needs $tool (apt-get install -y tmux aha chromium fonts-dejavu-core)" >&2; exit 2; }
+done
+cargo build --release --quiet --bin osdp-tui
+bin=$PWD/target/release/osdp-tui
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"; tmux kill-session -t osdp-shot 2>/dev/null || true' EXIT
+
+# name, columns, rows, keys to send after start (space-separated tmux key names), command args
+shoot() {
+  local name=$1 cols=$2 rows=$3 keys=$4; shift 4
+  tmux kill-session -t osdp-shot 2>/dev/null || true
+  tmux new-session -d -s osdp-shot -x "$cols" -y "$rows" "$bin $*"
+  sleep 3
+  for k in $keys; do tmux send-keys -t osdp-shot -- "$k"; sleep 0.3; done
+  sleep 1
+  tmux capture-pane -p -t osdp-shot > "screenshots/$name.txt"
+  tmux capture-pane -e -p -t osdp-shot > "$tmp/$name.ansi"
+  tmux send-keys -t osdp-shot q
+  {
+    echo '<html><head><meta charset="utf-8"><style>'
+    echo 'body{margin:0;background:#1e1e1e;color:#ddd}'
+    echo 'pre{margin:8px;font-family:"DejaVu Sans Mono",monospace;font-size:14px;line-height:1.15}'
+    echo '</style></head><body>'
+    echo '<pre>'
+    aha --no-header --black < "$tmp/$name.ansi"
+    echo '</pre></body></html>'
+  } > "$tmp/$name.html"
+  local width=$(( cols * 85 / 10 + 16 )) height=$(( rows * 161 / 10 + 16 ))
+  chromium --headless --no-sandbox --disable-gpu --disable-quic --no-first-run \
+    --disable-background-networking --disable-component-update --disable-sync \
+    --user-data-dir="$tmp/profile" --hide-scrollbars \
+    --window-size="$width,$height" --screenshot="$PWD/screenshots/$name.png" \
+    "file://$tmp/$name.html" >/dev/null 2>&1
+  echo "screenshots/$name.png"
+}
+
+shoot gpt2-xl-a100-16GiB 160 48 "Down Down Down Down" \
+  sample-models/gpt2-xl.json --layout layouts/a100-80gb-8x-nvlink.json --budget 16GiB
+shoot gpt2-xl-a100-after-ten-minus 160 48 "- - - - - - - - - -" \
+  sample-models/gpt2-xl.json --layout layouts/a100-80gb-8x-nvlink.json --budget 16GiB
+shoot llama-2-13b-2x8-h100 160 48 "Down Down Down" \
+  sample-models/llama-2-13b.json --layout layouts/h100-sxm-2x8-ib-ndr.json --budget 40GiB
+shoot llama-2-13b-help-120x40 120 40 "?" \
+  sample-models/llama-2-13b.json --layout layouts/h100-sxm-2x8-ib-ndr.json --budget 40GiB
