@@ -10,7 +10,9 @@ use criterion::{criterion_group, criterion_main, Criterion};
 use osdp_tui::cluster::read_layout;
 use osdp_tui::model::read_model;
 use osdp_tui::tui::app::{Action, App};
-use osdp_tui::tui::render_text;
+use osdp_tui::tui::{render_text, view};
+use ratatui::backend::TestBackend;
+use ratatui::Terminal;
 
 fn app() -> App {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
