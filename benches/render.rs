@@ -26,8 +26,15 @@ fn app() -> App {
 
 fn bench(c: &mut Criterion) {
     let a = app();
+    // One frame as the dashboard draws it: a terminal that lives across frames.
+    let mut terminal = Terminal::new(TestBackend::new(200, 60)).expect("test backend");
     c.bench_function("frame 200x60 llama-2-13b", |b| {
-        b.iter(|| render_text(black_box(&a), 200, 60))
+        b.iter(|| {
+            terminal
+                .draw(|f| view::draw(black_box(&a), f))
+                .expect("draws")
+                .area
+        })
     });
     // With a background worker, a budget key re-uses the frontiers: time from the key to the
     // plan being ready and drawn.
