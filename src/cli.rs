@@ -460,15 +460,35 @@ fn dashboard(args: DashboardArgs) -> Result<(), Failure> {
     use crate::tui::{self, app::App};
 
     let spec = model::read_model(&args.model).map_err(Failure::input)?;
-    let nvml = NvmlSource::open();
-    let (layout, notice) = match &args.layout {
-        Some(p) => (read_layout(p).map_err(Failure::input)?, None),
-        None => {
+    let mut nvml = NvmlSource::open();
+    // One reading up front: it can supply the layout and the default budgets.
+    let first: Result<Vec<crate::monitor::GpuSample>, String> = match &mut nvml {
+        Ok(n) => n.sample(),
+        Err(e) => Err(e.clone()),
+    };
+    let local = first.as_ref().ok().filter(|s| !s.is_empty());
+    let (layout, notice) = match (&args.layout, local) {
+        (Some(p), _) => (read_layout(p).map_err(Failure::input)?, None),
+        (None, Some(gpus)) => {
+            let g = &gpus[0];
+            let l = crate::cluster::known::local_layout(
+                &g.name,
+                gpus.len() as u32,
+                g.total_bytes.unwrap_or(0),
+            );
+            let notice = format!(
+                "planning for the {} local {} found through NVML (datasheet rates; --layout to choose)",
+                gpus.len(),
+                g.name
+            );
+            (l, Some(notice))
+        }
+        (None, None) => {
             let l: Layout =
                 serde_json::from_str(DEFAULT_LAYOUT).expect("the built-in layout parses");
-            let why = match &nvml {
+            let why = match &first {
                 Err(e) => e.clone(),
-                Ok(_) => "layouts from the local GPUs are not built yet".to_string(),
+                Ok(_) => "NVML found no GPU".to_string(),
             };
             let notice = format!(
                 "{why}; planning for layout {} (choose one with --layout)",
@@ -478,16 +498,31 @@ fn dashboard(args: DashboardArgs) -> Result<(), Failure> {
         }
     };
     let ranks = layout.world_size() as usize;
-    let budgets = if args.budget_per_gpu.is_empty() {
-        vec![args.budget.unwrap_or_else(|| layout.memory_bytes()); ranks]
-    } else if args.budget_per_gpu.len() == ranks {
+    // Default budget: each local GPU's free memory when planning for the local GPUs.
+    let free: Option<Vec<u64>> = local.filter(|_| args.layout.is_none()).map(|gpus| {
+        gpus.iter()
+            .map(|g| {
+                g.total_bytes
+                    .unwrap_or(0)
+                    .saturating_sub(g.used_bytes.unwrap_or(0))
+            })
+            .collect()
+    });
+    let budgets = if !args.budget_per_gpu.is_empty() {
+        if args.budget_per_gpu.len() != ranks {
+            return Err(Failure::input(format!(
+                "--budget-per-gpu lists {} budgets but layout {:?} has {ranks} GPUs",
+                args.budget_per_gpu.len(),
+                layout.name
+            )));
+        }
         args.budget_per_gpu
+    } else if let Some(b) = args.budget {
+        vec![b; ranks]
+    } else if let Some(free) = free {
+        free
     } else {
-        return Err(Failure::input(format!(
-            "--budget-per-gpu lists {} budgets but layout {:?} has {ranks} GPUs",
-            args.budget_per_gpu.len(),
-            layout.name
-        )));
+        vec![layout.memory_bytes(); ranks]
     };
     let mut app = App::new(spec, layout, budgets, args.max_split);
     app.notice = notice;
@@ -495,11 +530,8 @@ fn dashboard(args: DashboardArgs) -> Result<(), Failure> {
         // One synchronous plan, one frame as text.
         let mut app = app;
         app.replan();
-        app.apply_gpu(match nvml {
-            Ok(mut n) => match n.sample() {
-                Ok(s) => GpuEvent::Samples(s),
-                Err(e) => GpuEvent::Unavailable(e),
-            },
+        app.apply_gpu(match first {
+            Ok(s) => GpuEvent::Samples(s),
             Err(e) => GpuEvent::Unavailable(e),
         });
         let (w, h) = ratatui::crossterm::terminal::size().unwrap_or((120, 40));

@@ -2,6 +2,7 @@
 //! between them. Every figure carries a `source` note so a reader can tell a datasheet value
 //! from a measurement or an estimate.
 
+pub mod known;
 mod layout;
 
 pub use layout::{

@@ -9,7 +9,11 @@ use std::io::IsTerminal;
 use std::time::Duration;
 
 use ratatui::backend::TestBackend;
-use ratatui::crossterm::event::{self, Event, KeyCode, KeyEventKind, KeyModifiers};
+use ratatui::crossterm::event::{
+    self, DisableMouseCapture, EnableMouseCapture, Event, KeyCode, KeyEventKind, KeyModifiers,
+    MouseEventKind,
+};
+use ratatui::crossterm::execute;
 use ratatui::Terminal;
 
 use app::{Action, App};
@@ -64,6 +68,8 @@ pub fn interactive(once: bool) -> bool {
 /// Run the dashboard until the user quits.
 pub fn run(mut app: App) -> std::io::Result<()> {
     let mut terminal = ratatui::init();
+    // The wheel scrolls the focused panel; a terminal that refuses mouse capture still works.
+    let _ = execute!(std::io::stdout(), EnableMouseCapture);
     let result = (|| -> std::io::Result<()> {
         while !app.quit {
             app.poll_background();
@@ -75,13 +81,18 @@ pub fn run(mut app: App) -> std::io::Result<()> {
                             app.update(a);
                         }
                     }
-                    Event::Resize(_, _) => {}
+                    Event::Mouse(m) => match m.kind {
+                        MouseEventKind::ScrollUp => app.update(Action::Up),
+                        MouseEventKind::ScrollDown => app.update(Action::Down),
+                        _ => {}
+                    },
                     _ => {}
                 }
             }
         }
         Ok(())
     })();
+    let _ = execute!(std::io::stdout(), DisableMouseCapture);
     ratatui::restore();
     result
 }

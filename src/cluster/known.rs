@@ -1,0 +1,230 @@
+//! Datasheet figures of common GPUs, and a layout for the GPUs NVML finds on this machine.
+
+use super::{
+    DeviceKind, DeviceSpec, Figure, Layout, LinkKind, LinkSpec, Rates, LAYOUT_FORMAT_VERSION,
+};
+
+/// Dense peak rates and bandwidths of one GPU model (no sparsity).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct KnownGpu {
+    /// Matched case-insensitively against NVML's device name; the first match wins.
+    pub pattern: &'static str,
+    pub bf16_tflops: Option<f64>,
+    pub fp16_tflops: f64,
+    pub fp32_tflops: f64,
+    pub memory_gb_per_s: f64,
+    /// NCCL bus bandwidth between GPUs of one node, GB/s.
+    pub link_gb_per_s: f64,
+    pub link: LinkKind,
+    pub source: &'static str,
+}
+
+/// Most specific names first.
+pub const KNOWN_GPUS: &[KnownGpu] = &[
+    KnownGpu {
+        pattern: "H200",
+        bf16_tflops: Some(989.0),
+        fp16_tflops: 989.0,
+        fp32_tflops: 66.9,
+        memory_gb_per_s: 4800.0,
+        link_gb_per_s: 370.0,
+        link: LinkKind::Nvlink,
+        source: "NVIDIA H200 datasheet",
+    },
+    KnownGpu {
+        pattern: "H100 PCIe",
+        bf16_tflops: Some(756.0),
+        fp16_tflops: 756.0,
+        fp32_tflops: 51.2,
+        memory_gb_per_s: 2000.0,
+        link_gb_per_s: 25.0,
+        link: LinkKind::Pcie,
+        source: "NVIDIA H100 PCIe datasheet",
+    },
+    KnownGpu {
+        pattern: "H100",
+        bf16_tflops: Some(989.0),
+        fp16_tflops: 989.0,
+        fp32_tflops: 66.9,
+        memory_gb_per_s: 3350.0,
+        link_gb_per_s: 370.0,
+        link: LinkKind::Nvlink,
+        source: "NVIDIA H100 SXM datasheet",
+    },
+    KnownGpu {
+        pattern: "A100-PCIE",
+        bf16_tflops: Some(312.0),
+        fp16_tflops: 312.0,
+        fp32_tflops: 19.5,
+        memory_gb_per_s: 1935.0,
+        link_gb_per_s: 12.0,
+        link: LinkKind::Pcie,
+        source: "NVIDIA A100 PCIe datasheet",
+    },
+    KnownGpu {
+        pattern: "A100",
+        bf16_tflops: Some(312.0),
+        fp16_tflops: 312.0,
+        fp32_tflops: 19.5,
+        memory_gb_per_s: 2039.0,
+        link_gb_per_s: 200.0,
+        link: LinkKind::Nvlink,
+        source: "NVIDIA A100 SXM datasheet",
+    },
+    KnownGpu {
+        pattern: "L40S",
+        bf16_tflops: Some(362.0),
+        fp16_tflops: 362.0,
+        fp32_tflops: 91.6,
+        memory_gb_per_s: 864.0,
+        link_gb_per_s: 12.0,
+        link: LinkKind::Pcie,
+        source: "NVIDIA L40S datasheet",
+    },
+    KnownGpu {
+        pattern: "RTX 4090",
+        bf16_tflops: Some(165.2),
+        fp16_tflops: 165.2,
+        fp32_tflops: 82.6,
+        memory_gb_per_s: 1008.0,
+        link_gb_per_s: 12.0,
+        link: LinkKind::Pcie,
+        source: "NVIDIA Ada Lovelace architecture whitepaper",
+    },
+    KnownGpu {
+        pattern: "A10",
+        bf16_tflops: Some(125.0),
+        fp16_tflops: 125.0,
+        fp32_tflops: 31.2,
+        memory_gb_per_s: 600.0,
+        link_gb_per_s: 12.0,
+        link: LinkKind::Pcie,
+        source: "NVIDIA A10 datasheet",
+    },
+    KnownGpu {
+        pattern: "V100",
+        bf16_tflops: None,
+        fp16_tflops: 125.0,
+        fp32_tflops: 15.7,
+        memory_gb_per_s: 900.0,
+        link_gb_per_s: 130.0,
+        link: LinkKind::Nvlink,
+        source: "NVIDIA V100 SXM2 datasheet",
+    },
+    KnownGpu {
+        pattern: "TITAN RTX",
+        bf16_tflops: None,
+        fp16_tflops: 130.0,
+        fp32_tflops: 16.3,
+        memory_gb_per_s: 672.0,
+        link_gb_per_s: 10.0,
+        link: LinkKind::Pcie,
+        source: "NVIDIA TITAN RTX specifications",
+    },
+];
+
+pub fn lookup(name: &str) -> Option<&'static KnownGpu> {
+    let lower = name.to_lowercase();
+    KNOWN_GPUS
+        .iter()
+        .find(|g| lower.contains(&g.pattern.to_lowercase()))
+}
+
+/// A one-node layout for `count` local GPUs named `name` with `memory_bytes` each (from NVML).
+/// Unknown GPUs get A100-like rates, marked as a guess in every source.
+pub fn local_layout(name: &str, count: u32, memory_bytes: u64) -> Layout {
+    let (g, known) = match lookup(name) {
+        Some(g) => (*g, true),
+        None => (KNOWN_GPUS[4], false),
+    };
+    let src = |what: &str| {
+        if known {
+            format!("{}: {what}", g.source)
+        } else {
+            format!("guess: {name} is not in the known-GPU table; A100 figures used for {what}")
+        }
+    };
+    let fig = |value: f64, what: &str| Figure {
+        value,
+        source: src(what),
+    };
+    Layout {
+        version: LAYOUT_FORMAT_VERSION,
+        name: format!("local-{count}x-{}", name.to_lowercase().replace(' ', "-")),
+        description: format!("{count} local {name} found through NVML, with datasheet rates"),
+        nodes: 1,
+        gpus_per_node: count.max(1),
+        device: DeviceSpec {
+            kind: DeviceKind::Gpu,
+            model: name.to_string(),
+            memory_gib: Figure {
+                value: memory_bytes as f64 / (1u64 << 30) as f64,
+                source: "NVML: total memory of GPU 0".into(),
+            },
+            dense_tflops: Rates {
+                bf16: g.bf16_tflops.map(|v| fig(v, "dense BF16")),
+                fp16: Some(fig(g.fp16_tflops, "dense FP16")),
+                tf32: None,
+                fp32: Some(fig(g.fp32_tflops, "FP32")),
+            },
+            memory_bandwidth_gb_per_s: fig(g.memory_gb_per_s, "memory bandwidth"),
+        },
+        runtime_overhead_gib: Figure {
+            value: 1.5,
+            source: "estimate: CUDA context + NCCL buffers + allocator slack".into(),
+        },
+        intra_node: LinkSpec {
+            kind: g.link,
+            bus_bandwidth_gb_per_s: fig(g.link_gb_per_s, "typical NCCL bus bandwidth"),
+            latency_us: Figure {
+                value: 10.0,
+                source: "estimate".into(),
+            },
+        },
+        inter_node: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cluster::validate_layout;
+
+    #[test]
+    fn nvml_names_map_to_datasheet_rates() {
+        assert_eq!(
+            lookup("NVIDIA H100 80GB HBM3").map(|g| g.memory_gb_per_s),
+            Some(3350.0)
+        );
+        assert_eq!(
+            lookup("NVIDIA H100 PCIe").map(|g| g.memory_gb_per_s),
+            Some(2000.0)
+        );
+        assert_eq!(
+            lookup("NVIDIA A100-SXM4-80GB").map(|g| g.link_gb_per_s),
+            Some(200.0)
+        );
+        assert_eq!(
+            lookup("NVIDIA GeForce RTX 4090").map(|g| g.bf16_tflops),
+            Some(Some(165.2))
+        );
+        assert!(lookup("Matrox G200").is_none());
+    }
+
+    #[test]
+    fn local_layouts_are_valid_and_say_when_they_guess() {
+        let l = local_layout("NVIDIA H200", 4, 150_754_820_096);
+        validate_layout(&l).unwrap();
+        assert_eq!(l.world_size(), 4);
+        assert_eq!(l.memory_bytes(), 150_754_820_096 / 1024 * 1024);
+        let g = local_layout("Mystery GPU 9000", 2, 16 << 30);
+        validate_layout(&g).unwrap();
+        assert!(g
+            .device
+            .dense_tflops
+            .bf16
+            .unwrap()
+            .source
+            .starts_with("guess"));
+    }
+}
