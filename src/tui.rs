@@ -8,12 +8,12 @@ pub mod worker;
 use std::io::IsTerminal;
 use std::time::Duration;
 
-use ratatui::backend::TestBackend;
-use ratatui::crossterm::event::{
-    self, DisableMouseCapture, EnableMouseCapture, Event, KeyCode, KeyEventKind, KeyModifiers,
-    MouseEventKind,
+use crossterm::event::{
+    DisableMouseCapture, EnableMouseCapture, Event, EventStream, KeyCode, KeyEventKind,
+    KeyModifiers, MouseEventKind,
 };
-use ratatui::crossterm::execute;
+use crossterm::execute;
+use ratatui::backend::TestBackend;
 use ratatui::Terminal;
 
 use app::{Action, App};
@@ -65,33 +65,49 @@ pub fn interactive(once: bool) -> bool {
     !once && std::io::stdout().is_terminal()
 }
 
-/// Run the dashboard until the user quits.
-pub fn run(mut app: App) -> std::io::Result<()> {
+/// Run the dashboard until the user quits: a tokio loop over terminal events and a frame tick
+/// that collects what the planner and the GPU poller produced.
+pub fn run(app: App) -> std::io::Result<()> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()?;
+    runtime.block_on(run_loop(app))
+}
+
+async fn run_loop(mut app: App) -> std::io::Result<()> {
+    use futures_util::StreamExt;
+
     let mut terminal = ratatui::init();
     // The wheel scrolls the focused panel; a terminal that refuses mouse capture still works.
     let _ = execute!(std::io::stdout(), EnableMouseCapture);
-    let result = (|| -> std::io::Result<()> {
+    let mut events = EventStream::new();
+    let mut tick = tokio::time::interval(Duration::from_millis(50));
+    let result: std::io::Result<()> = async {
         while !app.quit {
             app.poll_background();
             terminal.draw(|f| view::draw(&app, f))?;
-            if event::poll(Duration::from_millis(50))? {
-                match event::read()? {
-                    Event::Key(k) if k.kind == KeyEventKind::Press => {
+            tokio::select! {
+                event = events.next() => match event {
+                    Some(Ok(Event::Key(k))) if k.kind == KeyEventKind::Press => {
                         if let Some(a) = action_for(k.code, k.modifiers) {
                             app.update(a);
                         }
                     }
-                    Event::Mouse(m) => match m.kind {
+                    Some(Ok(Event::Mouse(m))) => match m.kind {
                         MouseEventKind::ScrollUp => app.update(Action::Up),
                         MouseEventKind::ScrollDown => app.update(Action::Down),
                         _ => {}
                     },
-                    _ => {}
-                }
+                    Some(Ok(_)) => {}
+                    Some(Err(e)) => return Err(e),
+                    None => break,
+                },
+                _ = tick.tick() => {}
             }
         }
         Ok(())
-    })();
+    }
+    .await;
     let _ = execute!(std::io::stdout(), DisableMouseCapture);
     ratatui::restore();
     result

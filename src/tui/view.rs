@@ -297,6 +297,24 @@ fn draw_ops(app: &App, f: &mut Frame, area: Rect) {
     f.render_stateful_widget(table, area, &mut state);
 }
 
+/// The most recent `width` samples as `▁▂▃▅▇`, scaled to `max`.
+pub fn sparkline(values: &std::collections::VecDeque<u64>, max: u64, width: usize) -> String {
+    const BARS: [char; 8] = ['▁', '▂', '▃', '▄', '▅', '▆', '▇', '█'];
+    let skip = values.len().saturating_sub(width);
+    values
+        .iter()
+        .skip(skip)
+        .map(|&v| {
+            let level = if max == 0 {
+                0
+            } else {
+                (v.min(max) * 7 / max) as usize
+            };
+            BARS[level]
+        })
+        .collect()
+}
+
 /// `█████░░░│░░` with `│` at the budget.
 fn bar(used: u64, total: u64, budget: u64, width: usize) -> String {
     if total == 0 || width == 0 {
@@ -336,6 +354,8 @@ fn draw_gpus(app: &App, f: &mut Frame, area: Rect) {
     let mut lines: Vec<Line> = Vec::new();
     match &app.gpus {
         GpuView::Live(samples) => {
+            // A memory history line per GPU when the panel has room for three lines each.
+            let roomy = samples.len() * 3 <= area.height.saturating_sub(2) as usize;
             for g in samples {
                 let budget = app.budgets.get(g.index).copied().unwrap_or(app.budget());
                 let total = g.total_bytes.unwrap_or(0);
@@ -367,6 +387,14 @@ fn draw_gpus(app: &App, f: &mut Frame, area: Rect) {
                     units::bytes(total),
                     units::bytes(budget)
                 )));
+                if roomy {
+                    if let Some(h) = app.history.get(g.index) {
+                        lines.push(Line::styled(
+                            format!("  {}", sparkline(h, total, inner_width.saturating_sub(2))),
+                            Style::new().fg(Color::Cyan),
+                        ));
+                    }
+                }
             }
         }
         GpuView::Unavailable(why) => {

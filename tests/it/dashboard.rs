@@ -195,3 +195,20 @@ fn live_gpu_samples_are_shown() {
     a.apply_gpu(GpuEvent::Unavailable("GPU 0 stopped answering".into()));
     assert!(render_text(&a, 120, 40).contains("GPU 0 stopped answering"));
 }
+
+#[test]
+fn gpu_memory_history_is_drawn_as_a_sparkline() {
+    let mut a = app("gpt2", "h100-1x", 40 * GIB);
+    for used in [10u64, 20, 40, 80] {
+        a.apply_gpu(GpuEvent::Samples(vec![GpuSample {
+            index: 0,
+            name: "NVIDIA H100".into(),
+            used_bytes: Some(used * GIB),
+            total_bytes: Some(80 * GIB),
+            utilization_pct: Some(50),
+            processes: vec![],
+        }]));
+    }
+    let screen = render_text(&a, 120, 40);
+    assert!(screen.contains("▁▂▄█"), "{screen}");
+}
