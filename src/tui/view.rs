@@ -305,12 +305,8 @@ pub fn sparkline(values: &std::collections::VecDeque<u64>, max: u64, width: usiz
         .iter()
         .skip(skip)
         .map(|&v| {
-            let level = if max == 0 {
-                0
-            } else {
-                (v.min(max) * 7 / max) as usize
-            };
-            BARS[level]
+            let level = (v.min(max) * 7).checked_div(max).unwrap_or(0);
+            BARS[level as usize]
         })
         .collect()
 }
