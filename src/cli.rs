@@ -303,10 +303,7 @@ fn inspect(path: &Path, json: bool) -> Result<(), Failure> {
     let spec = model::read_model(path).map_err(Failure::input)?;
     let s = ModelSummary::of(&spec);
     if json {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&s).expect("summary serialises")
-        );
+        crate::report::print_json(&s);
         return Ok(());
     }
     let c = &spec.config;
@@ -354,10 +351,7 @@ fn inspect(path: &Path, json: bool) -> Result<(), Failure> {
 fn show_layout(path: &Path, json: bool) -> Result<(), Failure> {
     let l: Layout = read_layout(path).map_err(Failure::input)?;
     if json {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&l).expect("layout serialises")
-        );
+        crate::report::print_json(&l);
         return Ok(());
     }
     let d = &l.device;

@@ -411,12 +411,7 @@ pub fn parameter_uses(model: &ModelSpec) -> Vec<u32> {
 
 /// Per-sample bytes each op reads: the summed outputs of its inputs.
 pub fn input_bytes_per_sample(model: &ModelSpec) -> Vec<u64> {
-    let index: std::collections::HashMap<&str, usize> = model
-        .ops
-        .iter()
-        .enumerate()
-        .map(|(i, o)| (o.id.as_str(), i))
-        .collect();
+    let index = model.op_index();
     model
         .ops
         .iter()

@@ -294,6 +294,15 @@ impl ModelSpec {
             .sum()
     }
 
+    /// Op id → position in `ops`.
+    pub fn op_index(&self) -> std::collections::HashMap<&str, usize> {
+        self.ops
+            .iter()
+            .enumerate()
+            .map(|(i, o)| (o.id.as_str(), i))
+            .collect()
+    }
+
     /// Number of distinct blocks.
     pub fn block_count(&self) -> usize {
         let mut blocks: Vec<u32> = self.ops.iter().filter_map(|o| o.block).collect();

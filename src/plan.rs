@@ -64,12 +64,7 @@ pub struct Blocks {
 impl Blocks {
     pub fn of(model: &ModelSpec) -> Blocks {
         let n = model.config.layers as usize;
-        let index: std::collections::HashMap<&str, usize> = model
-            .ops
-            .iter()
-            .enumerate()
-            .map(|(i, o)| (o.id.as_str(), i))
-            .collect();
+        let index = model.op_index();
         let of_op: Vec<Option<usize>> = model
             .ops
             .iter()

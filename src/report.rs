@@ -29,6 +29,14 @@ pub struct PlanRequest {
     pub output: Option<PathBuf>,
 }
 
+/// Print a value as pretty JSON on stdout (`--json`).
+pub fn print_json<T: Serialize>(value: &T) {
+    println!(
+        "{}",
+        serde_json::to_string_pretty(value).expect("report types serialise")
+    );
+}
+
 /// Exit code when no plan fits the budget.
 pub const EXIT_NO_FIT: u8 = 3;
 
@@ -262,10 +270,7 @@ pub fn plan(req: PlanRequest) -> Result<(), Failure> {
                 .collect(),
             baselines,
         };
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&out).expect("plan serialises")
-        );
+        print_json(&out);
         return Ok(());
     }
     println!(
@@ -412,10 +417,7 @@ pub fn evaluate(
             fits,
             prediction: &p,
         };
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&out).expect("serialises")
-        );
+        print_json(&out);
         return Ok(());
     }
     println!(

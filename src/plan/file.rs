@@ -112,12 +112,7 @@ impl PlanFile {
             return Err(Problem::field("batch_size", "must be at least 1"));
         }
         let blocks = Blocks::of(model);
-        let index: std::collections::HashMap<&str, usize> = model
-            .ops
-            .iter()
-            .enumerate()
-            .map(|(i, o)| (o.id.as_str(), i))
-            .collect();
+        let index = model.op_index();
         let mut choices: Vec<Option<Choice>> = vec![None; model.ops.len()];
         let mut recompute: Vec<Option<bool>> = vec![None; blocks.ops.len()];
         for (k, entry) in self.ops.iter().enumerate() {
