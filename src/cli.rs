@@ -491,7 +491,6 @@ fn dashboard(args: DashboardArgs) -> Result<(), Failure> {
             (l, Some(notice))
         }
     };
-    let ranks = layout.world_size() as usize;
     // Default budget: each local GPU's free memory when planning for the local GPUs.
     let free: Option<Vec<u64>> = local.filter(|_| args.layout.is_none()).map(|gpus| {
         gpus.iter()
@@ -502,22 +501,7 @@ fn dashboard(args: DashboardArgs) -> Result<(), Failure> {
             })
             .collect()
     });
-    let budgets = if !args.budget_per_gpu.is_empty() {
-        if args.budget_per_gpu.len() != ranks {
-            return Err(Failure::input(format!(
-                "--budget-per-gpu lists {} budgets but layout {:?} has {ranks} GPUs",
-                args.budget_per_gpu.len(),
-                layout.name
-            )));
-        }
-        args.budget_per_gpu
-    } else if let Some(b) = args.budget {
-        vec![b; ranks]
-    } else if let Some(free) = free {
-        free
-    } else {
-        vec![layout.memory_bytes(); ranks]
-    };
+    let budgets = crate::report::per_gpu_budgets(&layout, args.budget, &args.budget_per_gpu, free)?;
     let mut app = App::new(spec, layout, budgets, args.max_split);
     app.notice = notice;
     if !tui::interactive(args.once) {

@@ -37,6 +37,53 @@ pub fn print_json<T: Serialize>(value: &T) {
     );
 }
 
+/// One budget per GPU of `layout`: `--budget-per-gpu` if given (one per GPU), else `--budget`
+/// for all, else `fallback` (e.g. each local GPU's free memory), else the device's memory.
+pub fn per_gpu_budgets(
+    layout: &Layout,
+    budget: Option<u64>,
+    per_gpu: &[u64],
+    fallback: Option<Vec<u64>>,
+) -> Result<Vec<u64>, Failure> {
+    let ranks = layout.world_size() as usize;
+    if !per_gpu.is_empty() {
+        if per_gpu.len() != ranks {
+            return Err(Failure::input(format!(
+                "--budget-per-gpu lists {} budgets but layout {:?} has {ranks} GPUs",
+                per_gpu.len(),
+                layout.name
+            )));
+        }
+        return Ok(per_gpu.to_vec());
+    }
+    Ok(match (budget, fallback) {
+        (Some(b), _) => vec![b; ranks],
+        (None, Some(f)) if f.len() == ranks => f,
+        _ => vec![layout.memory_bytes(); ranks],
+    })
+}
+
+/// The GPU whose budget binds (the smallest) and that budget.
+pub fn binding(budgets: &[u64]) -> (usize, u64) {
+    budgets
+        .iter()
+        .copied()
+        .enumerate()
+        .min_by_key(|&(_, b)| b)
+        .unwrap_or((0, 0))
+}
+
+/// DDP, ZeRO-2 and ZeRO-3 everywhere, each at its own best micro-batch (or `batch`).
+pub fn baselines(
+    model: &ModelSpec,
+    machine: &Machine,
+    budget: u64,
+    batch: Option<u64>,
+) -> [Option<Planned>; 3] {
+    [Strategy::Dp, Strategy::Zero2, Strategy::Zero3]
+        .map(|s| baseline_plan(model, machine, s, budget, batch))
+}
+
 /// Exit code when no plan fits the budget.
 pub const EXIT_NO_FIT: u8 = 3;
 
@@ -90,17 +137,37 @@ struct OpOut<'a> {
     time_s: f64,
 }
 
+/// The figures `plan --json` and `evaluate --json` both lead with.
 #[derive(Serialize)]
-struct PlanOut<'a> {
-    model: &'a str,
-    layout: &'a str,
-    ranks: u32,
+struct Headline {
     batch_size: u64,
     step_time_s: f64,
     throughput_samples_per_s: f64,
     tokens_per_s: f64,
     peak_memory_bytes: u64,
     budget_bytes: u64,
+}
+
+impl Headline {
+    fn of(p: &Prediction, budget_bytes: u64) -> Headline {
+        Headline {
+            batch_size: p.batch_size,
+            step_time_s: p.step_time_s,
+            throughput_samples_per_s: p.throughput_samples_per_s,
+            tokens_per_s: p.tokens_per_s,
+            peak_memory_bytes: p.peak_memory_bytes,
+            budget_bytes,
+        }
+    }
+}
+
+#[derive(Serialize)]
+struct PlanOut<'a> {
+    model: &'a str,
+    layout: &'a str,
+    ranks: u32,
+    #[serde(flatten)]
+    headline: Headline,
     binding_gpu: Option<usize>,
     search_time_ms: f64,
     prediction: &'a Prediction,
@@ -174,8 +241,7 @@ pub fn plan_with_baselines(
 ) -> Result<(Planned, [Option<Planned>; 3]), plan::NoFit> {
     let (batch, pinned) = (options.batch, !options.pins.is_empty());
     let searched = Planner::new(model, machine.clone(), options, budget).best(budget);
-    let baselines = [Strategy::Dp, Strategy::Zero2, Strategy::Zero3]
-        .map(|s| baseline_plan(model, machine, s, budget, batch));
+    let baselines = baselines(model, machine, budget, batch);
     let mut best = searched?;
     adopt_baselines(&mut best, &baselines, pinned);
     Ok((best, baselines))
@@ -184,25 +250,9 @@ pub fn plan_with_baselines(
 pub fn plan(req: PlanRequest) -> Result<(), Failure> {
     let (spec, layout) = load(&req.model, &req.layout)?;
     let machine = Machine::new(&layout, &spec);
-    let ranks = layout.world_size() as usize;
-    let (budget, binding_gpu) = if req.budget_per_gpu.is_empty() {
-        (req.budget.unwrap_or_else(|| layout.memory_bytes()), None)
-    } else {
-        if req.budget_per_gpu.len() != ranks {
-            return Err(Failure::input(format!(
-                "--budget-per-gpu lists {} budgets but layout {:?} has {ranks} GPUs",
-                req.budget_per_gpu.len(),
-                layout.name
-            )));
-        }
-        let (gpu, &b) = req
-            .budget_per_gpu
-            .iter()
-            .enumerate()
-            .min_by_key(|(_, b)| **b)
-            .expect("non-empty");
-        (b, Some(gpu))
-    };
+    let budgets = per_gpu_budgets(&layout, req.budget, &req.budget_per_gpu, None)?;
+    let (binding_gpu, budget) = binding(&budgets);
+    let binding_gpu = (!req.budget_per_gpu.is_empty()).then_some(binding_gpu);
     let pins = req
         .pins
         .iter()
@@ -245,12 +295,7 @@ pub fn plan(req: PlanRequest) -> Result<(), Failure> {
             model: &spec.name,
             layout: &layout.name,
             ranks: layout.world_size(),
-            batch_size: prediction.batch_size,
-            step_time_s: prediction.step_time_s,
-            throughput_samples_per_s: prediction.throughput_samples_per_s,
-            tokens_per_s: prediction.tokens_per_s,
-            peak_memory_bytes: prediction.peak_memory_bytes,
-            budget_bytes: budget,
+            headline: Headline::of(&prediction, budget),
             binding_gpu,
             search_time_ms: search_ms,
             prediction: &prediction,
@@ -383,12 +428,8 @@ fn print_plan_by_block(spec: &ModelSpec, plan: &plan::Plan, blocks: &Blocks) {
 
 #[derive(Serialize)]
 struct EvaluateOut<'a> {
-    batch_size: u64,
-    step_time_s: f64,
-    throughput_samples_per_s: f64,
-    tokens_per_s: f64,
-    peak_memory_bytes: u64,
-    budget_bytes: u64,
+    #[serde(flatten)]
+    headline: Headline,
     fits: bool,
     prediction: &'a Prediction,
 }
@@ -408,12 +449,7 @@ pub fn evaluate(
     let fits = p.peak_memory_bytes <= budget;
     if json {
         let out = EvaluateOut {
-            batch_size: p.batch_size,
-            step_time_s: p.step_time_s,
-            throughput_samples_per_s: p.throughput_samples_per_s,
-            tokens_per_s: p.tokens_per_s,
-            peak_memory_bytes: p.peak_memory_bytes,
-            budget_bytes: budget,
+            headline: Headline::of(&p, budget),
             fits,
             prediction: &p,
         };

@@ -134,6 +134,11 @@ impl App {
         self
     }
 
+    /// The current plan, when one fits.
+    pub fn planned(&self) -> Option<&crate::plan::Planned> {
+        self.plan.as_ref().and_then(|r| r.result.as_ref().ok())
+    }
+
     /// The budget the plan must fit: the tightest GPU's.
     pub fn budget(&self) -> u64 {
         self.budgets.iter().copied().min().unwrap_or(0)

@@ -179,7 +179,7 @@ fn draw_header(app: &App, f: &mut Frame, area: Rect) {
 
 /// The whole model in one line, coloured by strategy (ops with parameters only).
 fn draw_strip(app: &App, f: &mut Frame, area: Rect) {
-    let Some(Ok(p)) = app.plan.as_ref().map(|r| &r.result) else {
+    let Some(p) = app.planned() else {
         return;
     };
     let owners: Vec<usize> = (0..app.model.ops.len())
@@ -199,7 +199,7 @@ fn draw_strip(app: &App, f: &mut Frame, area: Rect) {
 }
 
 fn draw_ops(app: &App, f: &mut Frame, area: Rect) {
-    let plan = app.plan.as_ref().and_then(|r| r.result.as_ref().ok());
+    let plan = app.planned();
     let total_time = plan.map_or(1.0, |p| p.prediction.step_time_s);
     let rows = app.rows();
     // Narrow screens drop the kind and parameter columns.
@@ -342,11 +342,7 @@ fn draw_gpus(app: &App, f: &mut Frame, area: Rect) {
         .border_style(Style::new().fg(border));
     let inner_width = area.width.saturating_sub(2) as usize;
     let bar_width = inner_width.saturating_sub(26).clamp(8, 40);
-    let predicted = app
-        .plan
-        .as_ref()
-        .and_then(|r| r.result.as_ref().ok())
-        .map(|p| p.prediction.peak_memory_bytes);
+    let predicted = app.planned().map(|p| p.prediction.peak_memory_bytes);
     let mut lines: Vec<Line> = Vec::new();
     match &app.gpus {
         GpuView::Live(samples) => {
@@ -595,7 +591,7 @@ pub fn graph_lines(app: &App, block: usize) -> Vec<Line<'static>> {
             }
         }
     }
-    let plan = app.plan.as_ref().and_then(|r| r.result.as_ref().ok());
+    let plan = app.planned();
     let mut out = Vec::with_capacity(rows);
     for (r, gutter) in grid.into_iter().enumerate() {
         let gutter: String = gutter.into_iter().collect();
@@ -640,11 +636,7 @@ fn draw_graph(app: &App, f: &mut Frame, area: Rect) {
         );
         return;
     };
-    let recompute = app
-        .plan
-        .as_ref()
-        .and_then(|r| r.result.as_ref().ok())
-        .is_some_and(|p| p.plan.recompute[b]);
+    let recompute = app.planned().is_some_and(|p| p.plan.recompute[b]);
     let title = format!(
         " block {b} graph{} ",
         if recompute { " · recomputed" } else { "" }

@@ -6,10 +6,10 @@ use std::sync::Arc;
 use std::thread;
 use std::time::Instant;
 
-use crate::cost::{Choice, Machine, Strategy};
+use crate::cost::{Choice, Machine};
 use crate::model::ModelSpec;
 use crate::plan::{NoFit, PlanOptions, Planned, Planner};
-use crate::report::{adopt_baselines, baseline_plan};
+use crate::report::{adopt_baselines, baselines};
 
 /// What to plan.
 #[derive(Debug, Clone, PartialEq)]
@@ -88,8 +88,7 @@ fn finish(
     started: Instant,
     reused: bool,
 ) -> PlanReady {
-    let baselines = [Strategy::Dp, Strategy::Zero2, Strategy::Zero3]
-        .map(|s| baseline_plan(model, machine, s, r.budget_bytes, r.batch));
+    let baselines = baselines(model, machine, r.budget_bytes, r.batch);
     let mut result = planner.best(r.budget_bytes);
     if let Ok(best) = &mut result {
         adopt_baselines(best, &baselines, !r.pins.is_empty());

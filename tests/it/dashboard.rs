@@ -20,12 +20,8 @@ fn app(model: &str, layout: &str, budget: u64) -> App {
 }
 
 fn throughput(a: &App) -> f64 {
-    a.plan
-        .as_ref()
-        .unwrap()
-        .result
-        .as_ref()
-        .unwrap()
+    a.planned()
+        .expect("a plan fits")
         .prediction
         .throughput_samples_per_s
 }
@@ -89,7 +85,7 @@ fn lowering_the_budget_replans_within_it() {
         a.update(Action::LowerBudget);
     }
     assert_eq!(a.budget(), 6 * GIB);
-    let p = &a.plan.as_ref().unwrap().result.as_ref().unwrap().prediction;
+    let p = &a.planned().unwrap().prediction;
     assert!(p.peak_memory_bytes <= 6 * GIB);
     assert!(throughput(&a) < before, "half the memory, fewer samples/s");
     let screen = render_text(&a, 120, 40);
@@ -138,10 +134,10 @@ fn blocks_expand_and_ops_can_be_pinned() {
     };
     assert_eq!(a.model.ops[op].id, "h1.ln_1");
     a.update(Action::CyclePin);
-    let plan = &a.plan.as_ref().unwrap().result.as_ref().unwrap().plan;
+    let plan = &a.planned().unwrap().plan;
     assert_eq!(plan.choices[op].label(), "dp");
     a.update(Action::CyclePin);
-    let plan = &a.plan.as_ref().unwrap().result.as_ref().unwrap().plan;
+    let plan = &a.planned().unwrap().plan;
     assert_eq!(plan.choices[op].label(), "zero1");
 }
 
@@ -152,17 +148,7 @@ fn split_limit_and_batch_keys_replan() {
     assert_eq!(a.max_split, 4);
     a.update(Action::CycleBatch);
     assert_eq!(a.batch, Some(1));
-    assert_eq!(
-        a.plan
-            .as_ref()
-            .unwrap()
-            .result
-            .as_ref()
-            .unwrap()
-            .prediction
-            .batch_size,
-        1
-    );
+    assert_eq!(a.planned().unwrap().prediction.batch_size, 1);
 }
 
 #[test]

@@ -68,18 +68,14 @@ fn screen_with_help() {
 }
 
 fn throughput(a: &App) -> f64 {
-    a.plan
-        .as_ref()
-        .unwrap()
-        .result
-        .as_ref()
-        .unwrap()
+    a.planned()
+        .expect("a plan fits")
         .prediction
         .throughput_samples_per_s
 }
 
 fn strip(a: &App) -> Vec<String> {
-    let p = &a.plan.as_ref().unwrap().result.as_ref().unwrap().plan;
+    let p = &a.planned().unwrap().plan;
     p.choices.iter().map(|c| c.label()).collect()
 }
 
