@@ -12,6 +12,8 @@ use crate::cluster::{read_layout, Layout};
 use crate::model::{self, hf, AttentionImpl, ModelSummary};
 use crate::units;
 
+mod train;
+
 #[derive(Debug, Parser)]
 #[command(
     name = "osdp-tui",
@@ -110,6 +112,14 @@ enum Command {
         #[arg(long, value_parser = parse_size)]
         budget: Option<u64>,
     },
+    /// Train with a plan: libtorch executor, local ranks, checkpoints that survive a change
+    /// of plan (needs the `train` build feature).
+    ///
+    /// Every strategy the planner emits runs as planned: dp, zero1/2/3, split linears with
+    /// partial sharding, block recomputation. SIGINT/SIGTERM finish the step, checkpoint and
+    /// exit 0. Example: `osdp-tui train sample-models/tiny-gpt2.json --plan plan.json
+    /// --world-size 2 --steps 200 --metrics run.jsonl --checkpoint-dir ckpt`.
+    Train(train::TrainArgs),
     /// Show a cluster layout: devices, memory, rates, links, with the source of each figure.
     Layout {
         /// Layout file (layouts/*.json).
@@ -272,6 +282,7 @@ fn run(cli: Cli) -> Result<(), Failure> {
             Ok(())
         }
         (Some(Command::Layout { layout, json }), _) => show_layout(&layout, json),
+        (Some(Command::Train(args)), _) => train::train(args),
         (Some(Command::Plan(args)), _) => crate::report::plan(args.into_request()?),
         (
             Some(Command::Evaluate {

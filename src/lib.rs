@@ -11,5 +11,8 @@ pub mod model;
 pub mod monitor;
 pub mod plan;
 pub mod report;
+pub mod run;
+#[cfg(feature = "train")]
+pub mod train;
 pub mod tui;
 pub mod units;

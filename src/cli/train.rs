@@ -1,0 +1,309 @@
+//! `osdp-tui train`: run a plan with the libtorch trainer, headless. Progress on the terminal,
+//! one JSON line per event in the metrics file, SIGINT/SIGTERM finish the step, checkpoint and
+//! exit 0.
+
+use std::path::PathBuf;
+
+use clap::{Args, ValueEnum};
+
+use super::Failure;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum DeviceArg {
+    Cpu,
+    Cuda,
+}
+
+#[derive(Debug, Args)]
+pub struct TrainArgs {
+    /// Model description (model.json): GPT-2, OPT or LLaMA family.
+    pub model: PathBuf,
+    /// Plan file written by `plan -o` (or by hand) for this model.
+    #[arg(long)]
+    pub plan: PathBuf,
+    /// Data-parallel ranks (threads on CPU).
+    #[arg(long, default_value_t = 1, value_name = "N")]
+    pub world_size: usize,
+    /// Samples per step over all ranks [default: the plan's micro-batch × world size].
+    #[arg(long, value_name = "N")]
+    pub global_batch: Option<u64>,
+    #[arg(long, value_enum, default_value_t = DeviceArg::Cpu)]
+    pub device: DeviceArg,
+    /// Optimizer steps to run (after the resumed step, when resuming).
+    #[arg(long, default_value_t = 100, value_name = "N")]
+    pub steps: u64,
+    /// Seed of the initial weights and of the data order.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Training text: `shakespeare` (built in), `random` (random tokens, for speed runs) or a
+    /// path to a text file (tokenised byte by byte).
+    #[arg(long, default_value = "shakespeare", value_name = "SOURCE")]
+    pub data: String,
+    /// Peak learning rate (AdamW, linear warm-up over the first 10 steps).
+    #[arg(long, default_value_t = 2e-3)]
+    pub lr: f64,
+    /// Write one JSON line per event (started, step, checkpoint, stopped, failed) here.
+    #[arg(long, value_name = "FILE.jsonl")]
+    pub metrics: Option<PathBuf>,
+    /// Directory for checkpoints (written when the run ends or stops, and every K steps).
+    #[arg(long, value_name = "DIR")]
+    pub checkpoint_dir: Option<PathBuf>,
+    /// Also checkpoint every K steps.
+    #[arg(long, default_value_t = 0, value_name = "K")]
+    pub checkpoint_every: u64,
+    /// Continue from the latest checkpoint in --checkpoint-dir (under this plan and world size).
+    #[arg(long, requires = "checkpoint_dir")]
+    pub resume: bool,
+    /// Continue from this checkpoint (a `step-…` directory).
+    #[arg(long, value_name = "CHECKPOINT", conflicts_with = "resume")]
+    pub resume_from: Option<PathBuf>,
+    /// Print the run's summary as JSON at the end.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[cfg(not(feature = "train"))]
+pub fn train(_args: TrainArgs) -> Result<(), Failure> {
+    Err(Failure::input(
+        "this osdp-tui was built without the trainer; build it with \
+         `. scripts/libtorch-env.sh && cargo build --release --features train`",
+    ))
+}
+
+/// Check the checkpoint directory against --resume before anything is written.
+#[cfg(feature = "train")]
+fn resume_point(args: &TrainArgs) -> Result<Option<PathBuf>, Failure> {
+    use crate::train::checkpoint;
+    if let Some(from) = &args.resume_from {
+        checkpoint::verify(from).map_err(Failure::input)?;
+        return Ok(Some(from.clone()));
+    }
+    let Some(dir) = &args.checkpoint_dir else {
+        return Ok(None);
+    };
+    let latest = checkpoint::latest(dir).map_err(Failure::input)?;
+    match (args.resume, latest) {
+        (false, None) => Ok(None),
+        (false, Some(l)) => Err(Failure::input(format!(
+            "{} already holds checkpoints (latest {}); pass --resume to continue from it, or choose another --checkpoint-dir",
+            dir.display(),
+            l.display()
+        ))),
+        (true, None) => Err(Failure::input(format!(
+            "--resume: {} holds no checkpoint to resume from",
+            dir.display()
+        ))),
+        (true, Some(l)) => match checkpoint::verify(&l) {
+            Ok(_) => Ok(Some(l)),
+            Err(e) => {
+                let older: Vec<String> = checkpoint::list(dir)
+                    .into_iter()
+                    .filter(|(_, p)| p != &l && checkpoint::verify(p).is_ok())
+                    .map(|(_, p)| p.display().to_string())
+                    .collect();
+                let hint = match older.last() {
+                    Some(p) => format!("; the previous good checkpoint is kept: resume from it with --resume-from {p}"),
+                    None => String::new(),
+                };
+                Err(Failure::input(format!("refusing to resume: {e}{hint}")))
+            }
+        },
+    }
+}
+
+#[cfg(feature = "train")]
+pub fn train(args: TrainArgs) -> Result<(), Failure> {
+    use std::io::{IsTerminal, Write};
+    use std::sync::atomic::AtomicBool;
+    use std::sync::Arc;
+
+    use crate::run::WorkerEvent;
+    use crate::train::{self, data, exec::OptimConfig, TrainConfig};
+
+    let model = crate::model::read_model(&args.model).map_err(Failure::input)?;
+    let plan = crate::plan::read_plan(&args.plan, &model).map_err(Failure::input)?;
+    if args.device == DeviceArg::Cuda {
+        return Err(Failure::input(
+            "--device cuda: GPU training needs the NCCL backend, which this build does not have yet; use --device cpu",
+        ));
+    }
+    if args.world_size == 0 {
+        return Err(Failure::input("--world-size must be at least 1"));
+    }
+    let global_batch = args
+        .global_batch
+        .unwrap_or(plan.batch * args.world_size as u64);
+    if global_batch == 0 || global_batch % args.world_size as u64 != 0 {
+        return Err(Failure::input(format!(
+            "world size {} does not divide the global batch of {global_batch} samples",
+            args.world_size
+        )));
+    }
+    let source = match args.data.as_str() {
+        "shakespeare" => data::Source::shakespeare(),
+        "random" => data::Source::Random,
+        path => {
+            let bytes =
+                std::fs::read(path).map_err(|e| Failure::input(format!("--data {path}: {e}")))?;
+            if bytes.len() <= model.config.seq_len as usize + 1 {
+                return Err(Failure::input(format!(
+                    "--data {path}: {} bytes is shorter than one sample of {} tokens",
+                    bytes.len(),
+                    model.config.seq_len + 1
+                )));
+            }
+            data::Source::Text(Arc::new(bytes))
+        }
+    };
+    let resume_from = resume_point(&args)?;
+    if let Some(dir) = &args.checkpoint_dir {
+        std::fs::create_dir_all(dir).map_err(|e| Failure::output(dir, e))?;
+    }
+    let mut metrics = match &args.metrics {
+        Some(path) => Some(open_metrics(path, resume_from.is_some())?),
+        None => None,
+    };
+
+    let stop = Arc::new(AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::flag::register(sig, Arc::clone(&stop))
+            .map_err(|e| Failure::input(format!("cannot install the signal handler: {e}")))?;
+    }
+    let cfg = TrainConfig {
+        model,
+        plan,
+        world_size: args.world_size,
+        global_batch,
+        steps: args.steps,
+        seed: args.seed,
+        source,
+        optim: OptimConfig {
+            lr: args.lr,
+            ..OptimConfig::default()
+        },
+        checkpoint_dir: args.checkpoint_dir.clone(),
+        checkpoint_every: args.checkpoint_every,
+        resume_from,
+        collect_params: false,
+    };
+    let tty = std::io::stderr().is_terminal();
+    let started = std::time::Instant::now();
+    let mut write_error: Option<std::io::Error> = None;
+    let mut last_ckpt: Option<String> = None;
+    let mut goal = 0;
+    let result = train::run(&cfg, &stop, |ev| {
+        if let Some(f) = metrics.as_mut() {
+            let line = serde_json::to_string(ev).unwrap_or_default();
+            if let Err(e) = writeln!(f, "{line}").and_then(|()| f.flush()) {
+                write_error.get_or_insert(e);
+            }
+        }
+        match ev {
+            WorkerEvent::Started {
+                first_step,
+                last_step,
+                world_size,
+                global_batch,
+                resumed_from,
+                ..
+            } => {
+                goal = *last_step;
+                let from = resumed_from
+                    .as_deref()
+                    .map(|p| format!(", resuming from {p}"))
+                    .unwrap_or_default();
+                eprintln!(
+                    "training {} steps {first_step}→{last_step}: {world_size} rank(s), {global_batch} samples per step{from}",
+                    cfg.model.name
+                );
+            }
+            WorkerEvent::Step {
+                step,
+                loss,
+                samples_per_s,
+                memory_bytes,
+                ..
+            } if tty => {
+                let peak = memory_bytes.iter().copied().max().unwrap_or(0);
+                eprint!(
+                    "\r\x1b[2Kstep {step}/{goal}  loss {loss:.4}  {samples_per_s:.1} samples/s  peak {} per rank",
+                    crate::units::bytes(peak)
+                );
+            }
+            WorkerEvent::Checkpoint { path, .. } => {
+                last_ckpt = Some(path.clone());
+                if tty {
+                    eprint!("\r\x1b[2K");
+                }
+                eprintln!("checkpoint {path}");
+            }
+            _ => {}
+        }
+    });
+    if tty {
+        eprint!("\r\x1b[2K");
+    }
+    let summary = result.map_err(|e| Failure {
+        code: 1,
+        message: e.to_string(),
+    })?;
+    if let (Some(e), Some(path)) = (write_error, &args.metrics) {
+        return Err(Failure::output(path, e));
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    let peak = summary
+        .memory_bytes
+        .iter()
+        .flatten()
+        .copied()
+        .max()
+        .unwrap_or(0);
+    if args.json {
+        crate::report::print_json(&serde_json::json!({
+            "first_step": summary.first_step,
+            "last_step": summary.last_step,
+            "first_loss": summary.losses.first(),
+            "last_loss": summary.losses.last(),
+            "peak_memory_bytes": peak,
+            "elapsed_s": elapsed,
+            "stopped_by_signal": summary.stopped_by_signal,
+            "checkpoint": last_ckpt,
+        }));
+    } else {
+        let how = if summary.stopped_by_signal {
+            "stopped"
+        } else {
+            "done"
+        };
+        println!(
+            "{how}: steps {}→{} in {elapsed:.1} s, loss {} → {}, peak {} per rank{}",
+            summary.first_step,
+            summary.last_step,
+            summary
+                .losses
+                .first()
+                .map_or("-".into(), |l| format!("{l:.4}")),
+            summary
+                .losses
+                .last()
+                .map_or("-".into(), |l| format!("{l:.4}")),
+            crate::units::bytes(peak),
+            last_ckpt
+                .map(|p| format!(", checkpoint {p}"))
+                .unwrap_or_default()
+        );
+    }
+    Ok(())
+}
+
+#[cfg(feature = "train")]
+fn open_metrics(path: &std::path::Path, append: bool) -> Result<std::fs::File, Failure> {
+    let mut o = std::fs::OpenOptions::new();
+    o.create(true);
+    if append {
+        o.append(true);
+    } else {
+        o.write(true).truncate(true);
+    }
+    o.open(path).map_err(|e| Failure::output(path, e))
+}

@@ -1,0 +1,463 @@
+//! The trainer (cargo feature `train`): runs a plan with libtorch. Ranks are threads of this
+//! process exchanging tensors through the local collective backend; each runs an [`Executor`]
+//! on its share of every global batch. Progress goes out as [`WorkerEvent`]s.
+
+pub mod checkpoint;
+pub mod collective;
+pub mod data;
+pub mod exec;
+pub mod memory;
+pub mod ops;
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc;
+use std::time::Instant;
+
+use tch::{Device, Tensor};
+
+use crate::model::ModelSpec;
+use crate::plan::Plan;
+use crate::run::{MemoryBreakdown, WorkerEvent};
+use collective::{Collective, LocalGroup};
+use exec::{Executor, Init, OptimConfig};
+
+#[derive(Debug, thiserror::Error)]
+pub enum TrainError {
+    #[error("{0}")]
+    Invalid(String),
+    #[error(transparent)]
+    Checkpoint(#[from] checkpoint::CheckpointError),
+    #[error("rank {rank}: {message}")]
+    Rank { rank: usize, message: String },
+}
+
+/// Everything a run needs, checked.
+pub struct TrainConfig {
+    pub model: ModelSpec,
+    pub plan: Plan,
+    pub world_size: usize,
+    pub global_batch: u64,
+    /// Steps to run in this invocation.
+    pub steps: u64,
+    pub seed: u64,
+    pub source: data::Source,
+    pub optim: OptimConfig,
+    pub checkpoint_dir: Option<PathBuf>,
+    /// Checkpoint every K steps (0: only when the run ends or stops).
+    pub checkpoint_every: u64,
+    /// Checkpoint directory (`step-…`) to resume from.
+    pub resume_from: Option<PathBuf>,
+    /// Return every parameter's final value (tests and equivalence checks).
+    pub collect_params: bool,
+}
+
+/// What a finished run returns besides its events.
+#[derive(Default)]
+pub struct TrainSummary {
+    pub first_step: u64,
+    pub last_step: u64,
+    pub losses: Vec<f64>,
+    /// Per step, each rank's peak bytes.
+    pub memory_bytes: Vec<Vec<u64>>,
+    pub final_params: Vec<(String, Tensor)>,
+    pub stopped_by_signal: bool,
+}
+
+enum RankMsg {
+    Step {
+        rank: usize,
+        step: u64,
+        loss: f64,
+        grad_norm: f64,
+        lr: f64,
+        time_s: f64,
+        peak: memory::Breakdown,
+    },
+    Checkpoint {
+        step: u64,
+        path: PathBuf,
+        time_s: f64,
+    },
+}
+
+/// One rank's report of a step: loss, gradient norm, learning rate, seconds, peak memory.
+type RankStep = (f64, f64, f64, f64, memory::Breakdown);
+
+struct RankEnd {
+    last_step: u64,
+    by_signal: bool,
+    params: Vec<(String, Tensor)>,
+}
+
+fn breakdown(b: memory::Breakdown) -> MemoryBreakdown {
+    MemoryBreakdown {
+        params: b.params,
+        grads: b.grads,
+        optimizer: b.optimizer,
+        gathered: b.gathered,
+        grad_buffers: b.grad_buffers,
+        activations: b.activations,
+        working: b.working,
+    }
+}
+
+/// Run training; `stop` asks for a graceful stop (finish the step, checkpoint, return).
+pub fn run(
+    cfg: &TrainConfig,
+    stop: &AtomicBool,
+    mut on_event: impl FnMut(&WorkerEvent),
+) -> Result<TrainSummary, TrainError> {
+    let world = cfg.world_size;
+    if world == 0 {
+        return Err(TrainError::Invalid(
+            "the world size must be at least 1".into(),
+        ));
+    }
+    if cfg.global_batch == 0 || cfg.global_batch % world as u64 != 0 {
+        return Err(TrainError::Invalid(format!(
+            "world size {world} does not divide the global batch of {} samples",
+            cfg.global_batch
+        )));
+    }
+    let restored = match &cfg.resume_from {
+        Some(dir) => {
+            let (manifest, params) = checkpoint::load(dir)?;
+            let fp = crate::plan::fingerprint(&cfg.model);
+            if manifest.model_fingerprint != fp {
+                return Err(TrainError::Invalid(format!(
+                    "checkpoint {} is of model {:?}, not {:?} (the operator graphs differ)",
+                    dir.display(),
+                    manifest.model,
+                    cfg.model.name
+                )));
+            }
+            Some((manifest, params))
+        }
+        None => None,
+    };
+    let first_step = restored.as_ref().map_or(0, |(m, _)| m.step);
+    let last_step = first_step + cfg.steps;
+    on_event(&WorkerEvent::Started {
+        model: cfg.model.name.clone(),
+        world_size: world,
+        global_batch: cfg.global_batch,
+        first_step,
+        last_step,
+        resumed_from: cfg.resume_from.as_ref().map(|p| p.display().to_string()),
+        data: cfg.source.label().to_string(),
+        device: "cpu".into(),
+    });
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    tch::set_num_threads((cores / world).max(1) as i32);
+
+    let sampler = data::Sampler {
+        source: cfg.source.clone(),
+        seed: cfg.seed,
+        seq: cfg.model.config.seq_len as usize,
+        vocab: cfg.model.config.vocab_size,
+    };
+    let rows = (cfg.global_batch as usize) / world;
+    let groups = LocalGroup::new(world);
+    let (tx, rx) = mpsc::channel::<RankMsg>();
+    let mut summary = TrainSummary {
+        first_step,
+        last_step: first_step,
+        ..TrainSummary::default()
+    };
+    let results: Vec<Result<RankEnd, TrainError>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = groups
+            .into_iter()
+            .map(|group| {
+                let tx = tx.clone();
+                let sampler = &sampler;
+                let restored = restored.as_ref();
+                scope.spawn(move || {
+                    let rank = group.rank();
+                    let aborter = group.abort_handle();
+                    let body = std::panic::AssertUnwindSafe(|| {
+                        rank_main(cfg, stop, group, sampler, rows, first_step, restored, &tx)
+                    });
+                    let out = std::panic::catch_unwind(body).unwrap_or_else(|payload| {
+                        let msg = payload
+                            .downcast_ref::<String>()
+                            .cloned()
+                            .or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string()))
+                            .unwrap_or_else(|| "panicked".into());
+                        Err(TrainError::Rank {
+                            rank,
+                            message: msg.lines().next().unwrap_or("panicked").to_string(),
+                        })
+                    });
+                    if let Err(e) = &out {
+                        aborter.abort(&e.to_string());
+                    }
+                    out
+                })
+            })
+            .collect();
+        drop(tx);
+        // Merge the ranks' per-step reports into one event per step.
+        let mut pending: std::collections::BTreeMap<u64, Vec<Option<RankStep>>> =
+            Default::default();
+        for msg in rx {
+            match msg {
+                RankMsg::Step {
+                    rank,
+                    step,
+                    loss,
+                    grad_norm,
+                    lr,
+                    time_s,
+                    peak,
+                } => {
+                    let slot = pending.entry(step).or_insert_with(|| vec![None; world]);
+                    slot[rank] = Some((loss, grad_norm, lr, time_s, peak));
+                    if slot.iter().all(Option::is_some) {
+                        let all: Vec<_> = pending
+                            .remove(&step)
+                            .unwrap_or_default()
+                            .into_iter()
+                            .flatten()
+                            .collect();
+                        let time_s = all.iter().map(|r| r.3).fold(0.0, f64::max);
+                        let (loss, grad_norm, lr, _, peak0) = all[0];
+                        let memory_bytes: Vec<u64> = all.iter().map(|r| r.4.total()).collect();
+                        let samples_per_s = cfg.global_batch as f64 / time_s.max(1e-9);
+                        summary.losses.push(loss);
+                        summary.memory_bytes.push(memory_bytes.clone());
+                        summary.last_step = step;
+                        on_event(&WorkerEvent::Step {
+                            step,
+                            loss,
+                            grad_norm,
+                            lr,
+                            step_time_s: time_s,
+                            samples_per_s,
+                            tokens_per_s: samples_per_s * cfg.model.config.seq_len as f64,
+                            memory_bytes,
+                            memory_breakdown: breakdown(peak0),
+                        });
+                    }
+                }
+                RankMsg::Checkpoint { step, path, time_s } => on_event(&WorkerEvent::Checkpoint {
+                    step,
+                    path: path.display().to_string(),
+                    write_time_s: time_s,
+                }),
+            }
+        }
+        handles
+            .into_iter()
+            .enumerate()
+            .map(|(rank, h)| {
+                h.join().unwrap_or_else(|_| {
+                    Err(TrainError::Rank {
+                        rank,
+                        message: "panicked".into(),
+                    })
+                })
+            })
+            .collect()
+    });
+    // Report the first rank that failed for its own reason, not one that was merely aborted.
+    let mut ends = Vec::new();
+    let mut first_err: Option<TrainError> = None;
+    for r in results {
+        match r {
+            Ok(end) => ends.push(end),
+            Err(e) => {
+                let aborted = e.to_string().contains("collective aborted");
+                if first_err.is_none()
+                    || (!aborted
+                        && first_err
+                            .as_ref()
+                            .is_some_and(|f| f.to_string().contains("collective aborted")))
+                {
+                    first_err = Some(e);
+                }
+            }
+        }
+    }
+    if let Some(e) = first_err {
+        on_event(&WorkerEvent::Failed {
+            message: e.to_string(),
+        });
+        return Err(e);
+    }
+    let end = ends.into_iter().next().unwrap_or(RankEnd {
+        last_step: first_step,
+        by_signal: false,
+        params: Vec::new(),
+    });
+    summary.last_step = end.last_step;
+    summary.stopped_by_signal = end.by_signal;
+    summary.final_params = end.params;
+    on_event(&WorkerEvent::Stopped {
+        step: end.last_step,
+        reason: if end.by_signal { "signal" } else { "completed" }.into(),
+    });
+    Ok(summary)
+}
+
+fn rank_err(rank: usize) -> impl Fn(exec::ExecError) -> TrainError {
+    move |e| TrainError::Rank {
+        rank,
+        message: e.to_string(),
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn rank_main(
+    cfg: &TrainConfig,
+    stop: &AtomicBool,
+    group: LocalGroup,
+    sampler: &data::Sampler,
+    rows: usize,
+    first_step: u64,
+    restored: Option<&(
+        checkpoint::Manifest,
+        std::collections::HashMap<String, exec::FullState>,
+    )>,
+    tx: &mpsc::Sender<RankMsg>,
+) -> Result<RankEnd, TrainError> {
+    let rank = group.rank();
+    let err = rank_err(rank);
+    let init = match restored {
+        Some((m, params)) => Init::Restored {
+            params,
+            step: m.step,
+        },
+        None => Init::Fresh { seed: cfg.seed },
+    };
+    let mut exec = Executor::new(
+        &cfg.model,
+        &cfg.plan,
+        Box::new(group),
+        Device::Cpu,
+        init,
+        cfg.optim,
+    )
+    .map_err(&err)?;
+    let last = first_step + cfg.steps;
+    let mut step = first_step;
+    let mut saved_at = first_step;
+    let mut by_signal = false;
+    while step < last {
+        // Rank 0 decides for everyone, so all ranks stop after the same step.
+        let flag = if rank == 0 && stop.load(Ordering::SeqCst) {
+            1.0
+        } else {
+            0.0
+        };
+        let stop_now = exec
+            .comm()
+            .broadcast(&Tensor::from(flag), 0)
+            .map_err(|e| err(e.into()))?
+            .double_value(&[])
+            > 0.5;
+        if stop_now {
+            by_signal = true;
+            break;
+        }
+        let batch = sampler.batch(step, rank * rows, rows);
+        let t0 = Instant::now();
+        let out = exec.train_step(&batch).map_err(&err)?;
+        let time_s = t0.elapsed().as_secs_f64();
+        step += 1;
+        let o = exec.optim;
+        let lr = if o.warmup_steps > 0 {
+            o.lr * (step as f64 / o.warmup_steps as f64).min(1.0)
+        } else {
+            o.lr
+        };
+        let _ = tx.send(RankMsg::Step {
+            rank,
+            step,
+            loss: out.loss,
+            grad_norm: out.grad_norm,
+            lr,
+            time_s,
+            peak: exec.ledger.peak(),
+        });
+        if cfg.checkpoint_every > 0 && step % cfg.checkpoint_every == 0 && step < last {
+            save(cfg, &exec, step, tx)?;
+            saved_at = step;
+        }
+    }
+    if cfg.checkpoint_dir.is_some() && saved_at != step {
+        save(cfg, &exec, step, tx)?;
+    }
+    let params = if cfg.collect_params {
+        exec.full_params().map_err(&err)?
+    } else {
+        Vec::new()
+    };
+    Ok(RankEnd {
+        last_step: step,
+        by_signal,
+        params: if rank == 0 { params } else { Vec::new() },
+    })
+}
+
+/// Test hook: `OSDP_FAULT=kill-mid-checkpoint` ends the process after the rank files are
+/// written and before the checkpoint is committed, as a crash or `kill -9` would.
+fn fault_requested(what: &str) -> bool {
+    std::env::var("OSDP_FAULT").is_ok_and(|v| v == what)
+}
+
+fn save(
+    cfg: &TrainConfig,
+    exec: &Executor,
+    step: u64,
+    tx: &mpsc::Sender<RankMsg>,
+) -> Result<(), TrainError> {
+    let Some(root) = &cfg.checkpoint_dir else {
+        return Ok(());
+    };
+    let rank = exec.rank();
+    let err = rank_err(rank);
+    let sync = |exec: &Executor| exec.comm().barrier().map_err(|e| err(e.into()));
+    let t0 = Instant::now();
+    if rank == 0 {
+        checkpoint::begin(root, step)?;
+    }
+    sync(exec)?;
+    let tmp = checkpoint::tmp_dir(root, step);
+    checkpoint::write_rank(&tmp, rank, &exec.checkpoint_tensors())?;
+    sync(exec)?;
+    if rank == 0 {
+        if fault_requested("kill-mid-checkpoint") {
+            std::process::exit(137);
+        }
+        let manifest = checkpoint::Manifest {
+            version: checkpoint::CHECKPOINT_FORMAT_VERSION,
+            model: cfg.model.name.clone(),
+            model_fingerprint: crate::plan::fingerprint(&cfg.model),
+            step,
+            seed: cfg.seed,
+            global_batch: cfg.global_batch,
+            data: cfg.source.label().to_string(),
+            world_size: exec.world(),
+            files: Vec::new(),
+            params: cfg
+                .model
+                .ops
+                .iter()
+                .flat_map(|op| {
+                    op.params
+                        .iter()
+                        .filter(|p| p.tied_to.is_none())
+                        .map(move |p| (format!("{}.{}", op.id, p.name), p.shape.clone()))
+                })
+                .collect(),
+        };
+        let path = checkpoint::commit(root, &tmp, manifest)?;
+        let _ = tx.send(RankMsg::Checkpoint {
+            step,
+            path,
+            time_s: t0.elapsed().as_secs_f64(),
+        });
+    }
+    sync(exec)
+}

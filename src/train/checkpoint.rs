@@ -1,0 +1,356 @@
+//! Checkpoints independent of the plan: each rank writes the regions of parameters and AdamW
+//! moments it owns to its own safetensors file; a manifest lists the files with their sizes and
+//! CRC-32s. A tensor's key names its region (`op.param|state|cols|flat_start:len`), so loading
+//! reassembles every full parameter and any plan at any world size can take its share.
+//!
+//! Writing is atomic: files go to a `.tmp-…` directory, are fsynced, the directory is renamed to
+//! `step-NNNNNNNN`, and only then does `latest` point at it. A process killed mid-write leaves the
+//! previous checkpoint and `latest` untouched.
+
+use std::collections::{BTreeMap, HashMap};
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use tch::Tensor;
+
+use super::exec::FullState;
+
+pub const CHECKPOINT_FORMAT_VERSION: u32 = 1;
+const MANIFEST: &str = "manifest.json";
+const LATEST: &str = "latest.json";
+/// Complete checkpoints kept in a directory; older ones are removed after a new one lands.
+const KEEP: usize = 2;
+
+#[derive(Debug, thiserror::Error)]
+#[error("checkpoint {}: {problem}", path.display())]
+pub struct CheckpointError {
+    pub path: PathBuf,
+    pub problem: String,
+}
+
+fn err(path: &Path, problem: impl Into<String>) -> CheckpointError {
+    CheckpointError {
+        path: path.to_path_buf(),
+        problem: problem.into(),
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Manifest {
+    pub version: u32,
+    pub model: String,
+    pub model_fingerprint: String,
+    /// Optimizer steps taken; training resumes at this step.
+    pub step: u64,
+    /// Data stream position: seed and global batch size (samples are a function of step).
+    pub seed: u64,
+    pub global_batch: u64,
+    pub data: String,
+    /// World size and plan of the run that wrote it (informational: loading reshards).
+    pub world_size: usize,
+    pub files: Vec<FileEntry>,
+    /// Full shape of every parameter.
+    pub params: BTreeMap<String, Vec<i64>>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileEntry {
+    pub name: String,
+    pub bytes: u64,
+    pub crc32: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Latest {
+    version: u32,
+    checkpoint: String,
+    step: u64,
+}
+
+pub fn step_dir_name(step: u64) -> String {
+    format!("step-{step:08}")
+}
+
+pub fn tmp_dir(root: &Path, step: u64) -> PathBuf {
+    root.join(format!(".tmp-{}", step_dir_name(step)))
+}
+
+pub fn rank_file_name(rank: usize) -> String {
+    format!("rank-{rank:05}.safetensors")
+}
+
+/// Prepare an empty temporary directory for `step` (rank 0, before the ranks write).
+pub fn begin(root: &Path, step: u64) -> Result<PathBuf, CheckpointError> {
+    let tmp = tmp_dir(root, step);
+    if tmp.exists() {
+        std::fs::remove_dir_all(&tmp).map_err(|e| err(&tmp, e.to_string()))?;
+    }
+    std::fs::create_dir_all(&tmp).map_err(|e| err(&tmp, e.to_string()))?;
+    Ok(tmp)
+}
+
+/// One rank's file, written and fsynced.
+pub fn write_rank(
+    tmp: &Path,
+    rank: usize,
+    tensors: &[(String, Tensor)],
+) -> Result<(), CheckpointError> {
+    let path = tmp.join(rank_file_name(rank));
+    Tensor::write_safetensors(tensors, &path).map_err(|e| err(&path, e.to_string()))?;
+    let f = std::fs::File::open(&path).map_err(|e| err(&path, e.to_string()))?;
+    f.sync_all().map_err(|e| err(&path, e.to_string()))?;
+    Ok(())
+}
+
+fn crc_of(path: &Path) -> Result<(u64, u32), CheckpointError> {
+    let mut f = std::fs::File::open(path).map_err(|e| err(path, e.to_string()))?;
+    let mut h = crc32fast::Hasher::new();
+    let mut buf = vec![0u8; 1 << 20];
+    let mut bytes = 0u64;
+    loop {
+        let n = f.read(&mut buf).map_err(|e| err(path, e.to_string()))?;
+        if n == 0 {
+            break;
+        }
+        bytes += n as u64;
+        h.update(&buf[..n]);
+    }
+    Ok((bytes, h.finalize()))
+}
+
+fn sync_dir(dir: &Path) {
+    // Directory fsync makes the rename durable; not every filesystem supports it.
+    if let Ok(d) = std::fs::File::open(dir) {
+        let _ = d.sync_all();
+    }
+}
+
+/// Seal a checkpoint (rank 0, after every rank wrote): manifest, rename, `latest`, pruning.
+pub fn commit(root: &Path, tmp: &Path, mut manifest: Manifest) -> Result<PathBuf, CheckpointError> {
+    manifest.files.clear();
+    for rank in 0..manifest.world_size {
+        let name = rank_file_name(rank);
+        let path = tmp.join(&name);
+        if !path.exists() {
+            continue;
+        }
+        let (bytes, crc32) = crc_of(&path)?;
+        manifest.files.push(FileEntry { name, bytes, crc32 });
+    }
+    let mpath = tmp.join(MANIFEST);
+    crate::input::write_json_atomically(&mpath, &manifest)
+        .map_err(|e| err(&mpath, e.to_string()))?;
+    sync_dir(tmp);
+    let dir_name = step_dir_name(manifest.step);
+    let dest = root.join(&dir_name);
+    if dest.exists() {
+        std::fs::remove_dir_all(&dest).map_err(|e| err(&dest, e.to_string()))?;
+    }
+    std::fs::rename(tmp, &dest).map_err(|e| err(&dest, e.to_string()))?;
+    sync_dir(root);
+    let latest = Latest {
+        version: CHECKPOINT_FORMAT_VERSION,
+        checkpoint: dir_name,
+        step: manifest.step,
+    };
+    let lpath = root.join(LATEST);
+    crate::input::write_json_atomically(&lpath, &latest).map_err(|e| err(&lpath, e.to_string()))?;
+    sync_dir(root);
+    prune(root, manifest.step);
+    Ok(dest)
+}
+
+/// Complete checkpoint directories under `root`, oldest first.
+pub fn list(root: &Path) -> Vec<(u64, PathBuf)> {
+    let mut out: Vec<(u64, PathBuf)> = std::fs::read_dir(root)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name().to_string_lossy().to_string();
+            let step = name.strip_prefix("step-")?.parse::<u64>().ok()?;
+            e.path().join(MANIFEST).exists().then(|| (step, e.path()))
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+fn prune(root: &Path, newest: u64) {
+    let all = list(root);
+    let keep_from = all.len().saturating_sub(KEEP);
+    for (step, path) in &all[..keep_from] {
+        if *step < newest {
+            let _ = std::fs::remove_dir_all(path);
+        }
+    }
+}
+
+/// The checkpoint `latest.json` in `root` points at, if any.
+pub fn latest(root: &Path) -> Result<Option<PathBuf>, CheckpointError> {
+    let lpath = root.join(LATEST);
+    if !lpath.exists() {
+        return Ok(None);
+    }
+    let l: Latest = crate::input::read_strict(&lpath, CHECKPOINT_FORMAT_VERSION)
+        .map_err(|e| err(&lpath, e.to_string()))?;
+    if l.checkpoint.contains('/') || l.checkpoint.contains("..") {
+        return Err(err(
+            &lpath,
+            format!(
+                "names {:?}, which is not a checkpoint directory",
+                l.checkpoint
+            ),
+        ));
+    }
+    Ok(Some(root.join(l.checkpoint)))
+}
+
+/// Check a checkpoint's manifest and files (sizes and CRC-32) without loading tensors.
+pub fn verify(dir: &Path) -> Result<Manifest, CheckpointError> {
+    let mpath = dir.join(MANIFEST);
+    if !mpath.exists() {
+        return Err(err(
+            dir,
+            "has no manifest.json (incomplete or not a checkpoint)",
+        ));
+    }
+    let m: Manifest = crate::input::read_strict(&mpath, CHECKPOINT_FORMAT_VERSION)
+        .map_err(|e| err(&mpath, e.to_string()))?;
+    if m.version != CHECKPOINT_FORMAT_VERSION {
+        return Err(err(
+            &mpath,
+            format!(
+                "format version {} (this build reads {CHECKPOINT_FORMAT_VERSION})",
+                m.version
+            ),
+        ));
+    }
+    for f in &m.files {
+        if f.name.contains('/') || f.name.contains("..") {
+            return Err(err(
+                &mpath,
+                format!("lists file {:?} outside the checkpoint", f.name),
+            ));
+        }
+        let path = dir.join(&f.name);
+        if !path.exists() {
+            return Err(err(&path, "is missing"));
+        }
+        let (bytes, crc) = crc_of(&path)?;
+        if bytes != f.bytes || crc != f.crc32 {
+            return Err(err(
+                &path,
+                format!(
+                    "is corrupt: {bytes} bytes with CRC-32 {crc:08x}, the manifest says {} bytes with {:08x}",
+                    f.bytes, f.crc32
+                ),
+            ));
+        }
+    }
+    Ok(m)
+}
+
+/// Verify and load a checkpoint: every parameter's full value and AdamW moments.
+pub fn load(dir: &Path) -> Result<(Manifest, HashMap<String, FullState>), CheckpointError> {
+    let m = verify(dir)?;
+    let mut full: HashMap<String, [Tensor; 3]> = m
+        .params
+        .iter()
+        .map(|(k, shape)| {
+            let z = || Tensor::zeros(shape.as_slice(), (tch::Kind::Float, tch::Device::Cpu));
+            (k.clone(), [z(), z(), z()])
+        })
+        .collect();
+    let mut covered: HashMap<(String, String), i64> = HashMap::new();
+    for f in &m.files {
+        let path = dir.join(&f.name);
+        let tensors = Tensor::read_safetensors(&path).map_err(|e| err(&path, e.to_string()))?;
+        for (key, t) in tensors {
+            let bad = || {
+                err(
+                    &path,
+                    format!("holds a tensor with an unreadable key {key:?}"),
+                )
+            };
+            let parts: Vec<&str> = key.split('|').collect();
+            let [param, state, cols, flat] = parts.as_slice() else {
+                return Err(bad());
+            };
+            let target = full.get_mut(*param).ok_or_else(|| {
+                err(
+                    &path,
+                    format!("holds {param:?}, which the manifest does not list"),
+                )
+            })?;
+            let dest = match *state {
+                "param" => &mut target[0],
+                "exp_avg" => &mut target[1],
+                "exp_avg_sq" => &mut target[2],
+                _ => return Err(bad()),
+            };
+            let parse_range = |s: &str| -> Option<(i64, i64)> {
+                let (a, b) = s.split_once(':')?;
+                Some((a.parse().ok()?, b.parse().ok()?))
+            };
+            let block = match *cols {
+                "-" => dest.shallow_clone(),
+                c => {
+                    let (s, l) = parse_range(c).ok_or_else(bad)?;
+                    let width = *dest.size().get(1).unwrap_or(&0);
+                    if dest.dim() != 2 || s < 0 || l <= 0 || s + l > width {
+                        return Err(bad());
+                    }
+                    dest.narrow(1, s, l)
+                }
+            };
+            let (start, len) = parse_range(flat).ok_or_else(bad)?;
+            let numel = block.numel() as i64;
+            if start < 0 || len <= 0 || start + len > numel || t.numel() as i64 != len {
+                return Err(bad());
+            }
+            let flat_block = block.contiguous().reshape([-1]);
+            flat_block
+                .narrow(0, start, len)
+                .copy_(&t.reshape([-1]).to_kind(tch::Kind::Float));
+            let mut block = block;
+            block.copy_(&flat_block.reshape(block.size().as_slice()));
+            *covered
+                .entry((param.to_string(), state.to_string()))
+                .or_default() += len;
+        }
+    }
+    for (k, shape) in &m.params {
+        let numel: i64 = shape.iter().product();
+        for state in ["param", "exp_avg", "exp_avg_sq"] {
+            let got = covered
+                .get(&(k.clone(), state.to_string()))
+                .copied()
+                .unwrap_or(0);
+            if got != numel {
+                return Err(err(
+                    dir,
+                    format!("covers {got} of {numel} values of {k} ({state}): files are missing"),
+                ));
+            }
+        }
+    }
+    let host = full
+        .into_iter()
+        .map(|(k, [p, mo, v])| {
+            let values = |t: Tensor| Vec::<f32>::try_from(t.reshape([-1])).unwrap_or_default();
+            let state = FullState {
+                shape: p.size(),
+                param: values(p),
+                m: values(mo),
+                v: values(v),
+            };
+            (k, state)
+        })
+        .collect();
+    Ok((m, host))
+}

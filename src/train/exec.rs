@@ -1,0 +1,1140 @@
+//! The executor: runs a model.json graph forward and backward op by op under a plan, holding
+//! exactly the tensors the plan says. A `zero3` weight is gathered for its op and dropped, then
+//! gathered again in backward; a split linear gathers one column slice at a time; a recomputed
+//! block keeps only its inputs and re-runs its forward when backward reaches it. Every byte it
+//! holds goes through the [`Ledger`], which is the "measured" side of predicted vs measured.
+
+use std::collections::HashMap;
+
+use tch::{Device, Kind, Tensor};
+
+use super::collective::{Aborted, Collective};
+use super::data::{Batch, SplitMix};
+use super::memory::{Category, Ledger};
+use super::ops::{self, AttentionShape};
+use crate::cost::Strategy;
+use crate::model::{Activation, ModelSpec, OpKind, Positional};
+use crate::plan::{Blocks, Plan};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ExecError {
+    #[error("the trainer cannot run this: {0}")]
+    Unsupported(String),
+    #[error(transparent)]
+    Aborted(#[from] Aborted),
+}
+
+pub type Result<T> = std::result::Result<T, ExecError>;
+
+/// AdamW with global-norm gradient clipping and a linear warm-up.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct OptimConfig {
+    pub lr: f64,
+    pub beta1: f64,
+    pub beta2: f64,
+    pub eps: f64,
+    pub weight_decay: f64,
+    /// Clip the global gradient norm to this (0 disables).
+    pub clip_norm: f64,
+    pub warmup_steps: u64,
+}
+
+impl Default for OptimConfig {
+    fn default() -> Self {
+        OptimConfig {
+            lr: 2e-3,
+            beta1: 0.9,
+            beta2: 0.95,
+            eps: 1e-8,
+            weight_decay: 0.1,
+            clip_norm: 1.0,
+            warmup_steps: 10,
+        }
+    }
+}
+
+/// How one unit of parameters is held across ranks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Class {
+    Dp,
+    Zero1,
+    Zero2,
+    Zero3,
+}
+
+/// A parameter, or one column slice of a split linear's weight: the granularity of sharding.
+struct Unit {
+    /// `op.param` of the full parameter.
+    key: String,
+    /// Column range `(start, len)` of a split weight.
+    cols: Option<(i64, i64)>,
+    shape: Vec<i64>,
+    numel: i64,
+    class: Class,
+    /// `ceil(numel / world)`: each rank's share of the padded flat unit.
+    shard_len: i64,
+    /// This rank's real (unpadded) share: `(start, len)` in the flat unit.
+    region: (i64, i64),
+    /// Full unit (dp, zero1, zero2) or this rank's padded shard (zero3).
+    data: Tensor,
+    /// Full gradient (dp, zero1) or this rank's padded shard (zero2, zero3), while held.
+    grad: Option<Tensor>,
+    /// AdamW moments: full (dp) or this rank's padded share.
+    m: Tensor,
+    v: Tensor,
+    decay: bool,
+}
+
+/// Full (unsharded) values of one parameter in host memory: weights and AdamW moments (empty
+/// when zero). What checkpoints hold; plain data, so rank threads can share it.
+pub struct FullState {
+    pub shape: Vec<i64>,
+    pub param: Vec<f32>,
+    pub m: Vec<f32>,
+    pub v: Vec<f32>,
+}
+
+impl FullState {
+    fn tensors(&self) -> (Tensor, Tensor, Tensor) {
+        let t = |v: &[f32]| {
+            if v.is_empty() {
+                Tensor::zeros(self.shape.as_slice(), (Kind::Float, Device::Cpu))
+            } else {
+                Tensor::from_slice(v).reshape(self.shape.as_slice())
+            }
+        };
+        (t(&self.param), t(&self.m), t(&self.v))
+    }
+}
+
+/// Where initial values come from.
+pub enum Init<'a> {
+    /// Deterministic from the seed and the parameter's name, whatever the plan or world size.
+    Fresh { seed: u64 },
+    /// Values from a checkpoint, keyed by `op.param`, with the optimizer's step count.
+    Restored {
+        params: &'a HashMap<String, FullState>,
+        step: u64,
+    },
+}
+
+fn nbytes(t: &Tensor) -> u64 {
+    t.numel() as u64 * t.kind().elt_size_in_bytes() as u64
+}
+
+/// A held activation and the ledger category it is counted in.
+struct Held {
+    t: Tensor,
+    cat: Category,
+}
+
+pub struct Executor {
+    model: ModelSpec,
+    comm: Box<dyn Collective>,
+    device: Device,
+    kind: Kind,
+    units: Vec<Unit>,
+    /// Per op, per parameter slot: its units (column slices in order).
+    uses: Vec<Vec<Vec<usize>>>,
+    inputs: Vec<Vec<usize>>,
+    /// How many ops read each op's output.
+    consumers: Vec<Vec<usize>>,
+    /// Outputs some op reads in backward (ignoring recomputation).
+    need_bwd: Vec<bool>,
+    /// Outputs kept through the forward pass: `need_bwd` minus recomputed blocks, plus the
+    /// inputs those blocks restart from.
+    keep_fwd: Vec<bool>,
+    /// Block of each op when that block recomputes.
+    recomputed_block: Vec<Option<usize>>,
+    blocks: Blocks,
+    attn: AttentionShape,
+    rope: Option<(Tensor, Tensor)>,
+    act: Activation,
+    norm_eps: f64,
+    position_offset: i64,
+    pub optim: OptimConfig,
+    /// AdamW steps taken.
+    pub step: u64,
+    pub ledger: Ledger,
+    outs: Vec<Option<Held>>,
+    extras: Vec<Vec<Tensor>>,
+    grads: Vec<Option<Tensor>>,
+    ids: Option<Tensor>,
+    labels: Option<Tensor>,
+}
+
+/// What one training step measured on one rank.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct StepOutcome {
+    /// Mean token loss over the global batch.
+    pub loss: f64,
+    /// Gradient norm before clipping.
+    pub grad_norm: f64,
+}
+
+fn init_values(seed: u64, key: &str, shape: &[i64]) -> Vec<f32> {
+    let numel: i64 = shape.iter().product();
+    let name = key.rsplit('.').next().unwrap_or("");
+    if name == "bias" {
+        return vec![0.0; numel as usize];
+    }
+    if shape.len() == 1 {
+        return vec![1.0; numel as usize];
+    }
+    let mut rng = SplitMix::for_name(seed, key);
+    (0..numel)
+        .map(|_| (rng.next_normal() * 0.02) as f32)
+        .collect()
+}
+
+impl Executor {
+    /// Build one rank's executor. Checks everything about the model and plan the executor
+    /// needs before it allocates.
+    pub fn new(
+        model: &ModelSpec,
+        plan: &Plan,
+        comm: Box<dyn Collective>,
+        device: Device,
+        init: Init<'_>,
+        optim: OptimConfig,
+    ) -> Result<Executor> {
+        let c = &model.config;
+        if model.family == crate::model::Family::Bert || !c.causal {
+            return Err(ExecError::Unsupported(
+                "masked-language (encoder) models; the trainer runs causal LMs (GPT-2, OPT, LLaMA families)".into(),
+            ));
+        }
+        let n = model.ops.len();
+        let index = model.op_index();
+        let inputs: Vec<Vec<usize>> = model
+            .ops
+            .iter()
+            .map(|o| o.inputs.iter().map(|id| index[id.as_str()]).collect())
+            .collect();
+        let mut consumers = vec![Vec::new(); n];
+        for (i, ins) in inputs.iter().enumerate() {
+            for &j in ins {
+                consumers[j].push(i);
+            }
+        }
+        let blocks = Blocks::of(model);
+        for (b, members) in blocks.ops.iter().enumerate() {
+            if let (Some(&lo), Some(&hi)) = (members.first(), members.last()) {
+                if hi - lo + 1 != members.len() {
+                    return Err(ExecError::Unsupported(format!(
+                        "block {b}'s ops are not contiguous in the op list"
+                    )));
+                }
+            }
+        }
+        let recomputed_block: Vec<Option<usize>> = (0..n)
+            .map(|i| blocks.of_op[i].filter(|&b| plan.recompute.get(b) == Some(&true)))
+            .collect();
+        let mut need_bwd = vec![false; n];
+        for (i, op) in model.ops.iter().enumerate() {
+            match op.kind {
+                OpKind::Linear | OpKind::LayerNorm | OpKind::RmsNorm => {
+                    need_bwd[inputs[i][0]] = true
+                }
+                OpKind::Attention => {
+                    need_bwd[i] = true;
+                    for &j in &inputs[i] {
+                        need_bwd[j] = true;
+                    }
+                }
+                OpKind::Activation if inputs[i].len() == 1 && c.activation == Activation::Relu => {
+                    need_bwd[i] = true
+                }
+                OpKind::Activation => {
+                    for &j in &inputs[i] {
+                        need_bwd[j] = true;
+                    }
+                }
+                _ => {}
+            }
+        }
+        let mut keep_fwd = vec![false; n];
+        for i in 0..n {
+            // Kept in forward if a consumer outside any recomputed block reads it in backward,
+            // or it is where a recomputed block restarts from.
+            let read_by_plain_bwd = need_bwd[i]
+                && (consumers[i]
+                    .iter()
+                    .chain(std::iter::once(&i))
+                    .any(|&c2| recomputed_block[c2].is_none() && reads_in_bwd(model, c, c2, i)));
+            let restarts_block = consumers[i].iter().any(|&c2| {
+                recomputed_block[c2].is_some() && recomputed_block[c2] != recomputed_block[i]
+            });
+            keep_fwd[i] = read_by_plain_bwd || restarts_block;
+        }
+
+        let rank = comm.rank() as i64;
+        let world = comm.world() as i64;
+        let mut units = Vec::new();
+        let mut uses: Vec<Vec<Vec<usize>>> = model
+            .ops
+            .iter()
+            .map(|o| vec![Vec::new(); o.params.len()])
+            .collect();
+        let mut by_key: HashMap<String, Vec<usize>> = HashMap::new();
+        let mut ledger = Ledger::default();
+        for (i, op) in model.ops.iter().enumerate() {
+            let choice = plan.choices[i];
+            for (p, param) in op.params.iter().enumerate() {
+                if param.tied_to.is_some() {
+                    continue;
+                }
+                let key = format!("{}.{}", op.id, param.name);
+                if key.contains('|') {
+                    return Err(ExecError::Unsupported(format!(
+                        "parameter name {key:?} contains '|'"
+                    )));
+                }
+                let (full_p, full_m, full_v) = match &init {
+                    Init::Fresh { seed } => FullState {
+                        shape: param.shape.clone(),
+                        param: init_values(*seed, &key, &param.shape),
+                        m: Vec::new(),
+                        v: Vec::new(),
+                    }
+                    .tensors(),
+                    Init::Restored { params, .. } => {
+                        let s = params.get(&key).ok_or_else(|| {
+                            ExecError::Unsupported(format!(
+                                "the checkpoint has no parameter {key:?}"
+                            ))
+                        })?;
+                        if s.shape != param.shape {
+                            return Err(ExecError::Unsupported(format!(
+                                "the checkpoint's {key:?} has shape {:?}, the model says {:?}",
+                                s.shape, param.shape
+                            )));
+                        }
+                        s.tensors()
+                    }
+                };
+                let split = choice.split.max(1) as i64;
+                let sharded = i64::from(choice.sharded);
+                let mut pieces: Vec<(Option<(i64, i64)>, Class)> = Vec::new();
+                let is_split_weight =
+                    op.kind == OpKind::Linear && param.name == "weight" && split > 1;
+                if is_split_weight {
+                    let in_features = param.shape[1];
+                    if in_features % split != 0 {
+                        return Err(ExecError::Unsupported(format!(
+                            "op {:?} has {in_features} input features, which {split} slices do not divide",
+                            op.id
+                        )));
+                    }
+                    let width = in_features / split;
+                    for j in 0..split {
+                        let class = if j < sharded { Class::Zero3 } else { Class::Dp };
+                        pieces.push((Some((j * width, width)), class));
+                    }
+                } else {
+                    let class = match choice.strategy {
+                        Strategy::Dp | Strategy::None => Class::Dp,
+                        Strategy::Zero1 => Class::Zero1,
+                        Strategy::Zero2 => Class::Zero2,
+                        // A split op's other parameters (the bias) follow its majority.
+                        Strategy::Zero3 if split > 1 && sharded * 2 < split => Class::Dp,
+                        Strategy::Zero3 => Class::Zero3,
+                    };
+                    pieces.push((None, class));
+                }
+                for (cols, class) in pieces {
+                    let take = |t: &Tensor| match cols {
+                        Some((start, len)) => t.narrow(1, start, len).contiguous(),
+                        None => t.shallow_clone(),
+                    };
+                    let (pv, mv, vv) = (take(&full_p), take(&full_m), take(&full_v));
+                    let shape = pv.size();
+                    let numel: i64 = shape.iter().product();
+                    let shard_len = (numel + world - 1) / world;
+                    let start = (rank * shard_len).min(numel);
+                    let len = (numel - start).clamp(0, shard_len);
+                    let padded_share = |t: &Tensor| {
+                        let flat = t.reshape([-1]);
+                        let share = Tensor::zeros([shard_len], (Kind::Float, Device::Cpu));
+                        if len > 0 {
+                            share.narrow(0, 0, len).copy_(&flat.narrow(0, start, len));
+                        }
+                        share.to_device(device)
+                    };
+                    let data = match class {
+                        Class::Zero3 => padded_share(&pv),
+                        _ => pv.to_kind(Kind::Float).to_device(device),
+                    };
+                    let (m, v) = match class {
+                        Class::Dp => (mv.to_device(device), vv.to_device(device)),
+                        _ => (padded_share(&mv), padded_share(&vv)),
+                    };
+                    ledger.add(Category::Params, nbytes(&data));
+                    ledger.add(Category::Optimizer, nbytes(&m) + nbytes(&v));
+                    by_key.entry(key.clone()).or_default().push(units.len());
+                    uses[i][p].push(units.len());
+                    units.push(Unit {
+                        key: key.clone(),
+                        cols,
+                        numel,
+                        shape,
+                        class,
+                        shard_len,
+                        region: (start, len),
+                        data,
+                        grad: None,
+                        m,
+                        v,
+                        decay: param.shape.len() >= 2,
+                    });
+                }
+            }
+        }
+        for (i, op) in model.ops.iter().enumerate() {
+            for (p, param) in op.params.iter().enumerate() {
+                if let Some(target) = &param.tied_to {
+                    let owner = by_key.get(target).ok_or_else(|| {
+                        ExecError::Unsupported(format!(
+                            "op {:?} is tied to unknown {target:?}",
+                            op.id
+                        ))
+                    })?;
+                    if owner.len() != 1 {
+                        return Err(ExecError::Unsupported(format!(
+                            "op {:?} is tied to {target:?}, which is split",
+                            op.id
+                        )));
+                    }
+                    uses[i][p] = owner.clone();
+                }
+            }
+        }
+        let attn = AttentionShape {
+            heads: c.heads as i64,
+            kv_heads: c.kv_heads as i64,
+            head_dim: c.head_dim as i64,
+            causal: c.causal,
+            rope_theta: (c.positional == Positional::Rotary)
+                .then(|| c.rope_theta.unwrap_or(10000.0)),
+        };
+        let rope = attn
+            .rope_theta
+            .map(|t| ops::rope_tables(c.seq_len as i64, attn.head_dim, t, device));
+        let step = match init {
+            Init::Fresh { .. } => 0,
+            Init::Restored { step, .. } => step,
+        };
+        Ok(Executor {
+            model: model.clone(),
+            comm,
+            device,
+            kind: Kind::Float,
+            units,
+            uses,
+            inputs,
+            consumers,
+            need_bwd,
+            keep_fwd,
+            recomputed_block,
+            blocks,
+            attn,
+            rope,
+            act: c.activation,
+            norm_eps: c.norm_eps,
+            position_offset: c.position_offset as i64,
+            optim,
+            step,
+            ledger,
+            outs: (0..n).map(|_| None).collect(),
+            extras: (0..n).map(|_| Vec::new()).collect(),
+            grads: (0..n).map(|_| None).collect(),
+            ids: None,
+            labels: None,
+        })
+    }
+
+    pub fn rank(&self) -> usize {
+        self.comm.rank()
+    }
+
+    pub fn world(&self) -> usize {
+        self.comm.world()
+    }
+
+    pub fn comm(&self) -> &dyn Collective {
+        self.comm.as_ref()
+    }
+
+    /// The full weight of a unit for compute: gathered (and counted) for ZeRO-3.
+    fn weight(&mut self, u: usize) -> Result<Tensor> {
+        let unit = &self.units[u];
+        if unit.class != Class::Zero3 {
+            return Ok(unit.data.shallow_clone());
+        }
+        let full = self.comm.all_gather(&unit.data)?;
+        let w = full.narrow(0, 0, unit.numel).reshape(unit.shape.as_slice());
+        self.ledger.add(Category::Gathered, nbytes(&full));
+        Ok(w)
+    }
+
+    fn release(&mut self, u: usize, w: Tensor) {
+        if self.units[u].class == Class::Zero3 {
+            let padded = self.units[u].shard_len * self.comm.world() as i64;
+            self.ledger.sub(
+                Category::Gathered,
+                padded as u64 * w.kind().elt_size_in_bytes() as u64,
+            );
+        }
+        drop(w);
+    }
+
+    /// Add one use's gradient to a unit: kept whole (dp, zero1) or reduce-scattered now.
+    fn add_param_grad(&mut self, u: usize, g: Tensor) -> Result<()> {
+        let world = self.comm.world() as i64;
+        let unit = &self.units[u];
+        let g = g.to_kind(Kind::Float);
+        let contribution = match unit.class {
+            Class::Dp | Class::Zero1 => g,
+            Class::Zero2 | Class::Zero3 => {
+                let padded = pad_flat(&g, unit.shard_len * world);
+                let bytes = nbytes(&padded);
+                self.ledger.add(Category::GradBuffers, bytes);
+                let shard = self.comm.reduce_scatter(&padded)?;
+                drop(padded);
+                self.ledger.sub(Category::GradBuffers, bytes);
+                shard
+            }
+        };
+        let unit = &mut self.units[u];
+        match &mut unit.grad {
+            Some(acc) => *acc += contribution,
+            None => {
+                self.ledger.add(Category::Grads, nbytes(&contribution));
+                unit.grad = Some(contribution);
+            }
+        }
+        Ok(())
+    }
+
+    fn input(&self, i: usize, k: usize) -> Tensor {
+        let j = self.inputs[i][k];
+        match &self.outs[j] {
+            Some(h) => h.t.shallow_clone(),
+            None => panic!(
+                "op {}'s input {} is not held",
+                self.model.ops[i].id, self.model.ops[j].id
+            ),
+        }
+    }
+
+    fn hold(&mut self, i: usize, t: Tensor, cat: Category) {
+        self.ledger.add(cat, nbytes(&t));
+        self.outs[i] = Some(Held { t, cat });
+    }
+
+    fn drop_out(&mut self, i: usize) {
+        if let Some(h) = self.outs[i].take() {
+            self.ledger.sub(h.cat, nbytes(&h.t));
+        }
+    }
+
+    fn set_extras(&mut self, i: usize, extras: Vec<Tensor>) {
+        for t in &extras {
+            self.ledger.add(Category::Activations, nbytes(t));
+        }
+        self.extras[i] = extras;
+    }
+
+    fn drop_extras(&mut self, i: usize) {
+        for t in std::mem::take(&mut self.extras[i]) {
+            self.ledger.sub(Category::Activations, nbytes(&t));
+        }
+    }
+
+    fn ids(&self) -> Tensor {
+        self.ids
+            .as_ref()
+            .map(Tensor::shallow_clone)
+            .unwrap_or_else(|| Tensor::zeros([1, 1], (Kind::Int64, self.device)))
+    }
+
+    fn positions(&self) -> Tensor {
+        let ids = self.ids();
+        let (b, s) = (ids.size()[0], ids.size()[1]);
+        (Tensor::arange(s, (Kind::Int64, self.device)) + self.position_offset)
+            .unsqueeze(0)
+            .expand([b, s], false)
+    }
+
+    /// Whether an embedding op reads token ids (else segment ids, all zero).
+    fn token_ids_for(&self, i: usize) -> Tensor {
+        let rows = self.model.ops[i].params[0].shape[0] as u64;
+        if rows == self.model.config.vocab_size {
+            self.ids()
+        } else {
+            self.ids().zeros_like()
+        }
+    }
+
+    /// Run op `i` forward; keep what its backward needs beside the output when `keep_extras`.
+    fn forward_op(&mut self, i: usize, keep_extras: bool) -> Result<Tensor> {
+        let kind = self.model.ops[i].kind;
+        let out = match kind {
+            OpKind::Embedding | OpKind::PositionalEmbedding => {
+                let u = self.uses[i][0][0];
+                let w = self.weight(u)?;
+                let ids = if kind == OpKind::Embedding {
+                    self.token_ids_for(i)
+                } else {
+                    self.positions()
+                };
+                let y = ops::embedding_fwd(&w, &ids);
+                self.release(u, w);
+                y
+            }
+            OpKind::Add => {
+                let mut y = self.input(i, 0).copy();
+                for k in 1..self.inputs[i].len() {
+                    y += self.input(i, k);
+                }
+                y
+            }
+            OpKind::LayerNorm | OpKind::RmsNorm => {
+                let x = self.input(i, 0);
+                let uw = self.uses[i][0][0];
+                let ub = self.uses[i].get(1).map(|v| v[0]);
+                let w = self.weight(uw)?;
+                let b = match ub {
+                    Some(ub) => Some(self.weight(ub)?),
+                    None => None,
+                };
+                let (y, stats) = if kind == OpKind::LayerNorm {
+                    let (y, mean, rstd) = ops::layer_norm_fwd(&x, &w, b.as_ref(), self.norm_eps);
+                    (y, vec![mean, rstd])
+                } else {
+                    let (y, rstd) = ops::rms_norm_fwd(&x, &w, self.norm_eps);
+                    (y, vec![rstd])
+                };
+                self.release(uw, w);
+                if let (Some(ub), Some(b)) = (ub, b) {
+                    self.release(ub, b);
+                }
+                if keep_extras {
+                    self.set_extras(i, stats);
+                }
+                y
+            }
+            OpKind::Linear => {
+                let x = self.input(i, 0);
+                let slices = self.uses[i][0].clone();
+                let mut y: Option<Tensor> = None;
+                for u in slices {
+                    let w = self.weight(u)?;
+                    let xs = match self.units[u].cols {
+                        Some((start, len)) => x.narrow(-1, start, len),
+                        None => x.shallow_clone(),
+                    };
+                    let part = ops::linear_fwd(&xs, &w);
+                    self.release(u, w);
+                    y = Some(match y {
+                        Some(acc) => acc + part,
+                        None => part,
+                    });
+                }
+                let mut y =
+                    y.ok_or_else(|| ExecError::Unsupported("a linear without weight".into()))?;
+                if let Some(bias) = self.uses[i].get(1).map(|v| v[0]) {
+                    let b = self.weight(bias)?;
+                    y += &b;
+                    self.release(bias, b);
+                }
+                y
+            }
+            OpKind::Attention => {
+                let ins: Vec<Tensor> = (0..self.inputs[i].len())
+                    .map(|k| self.input(i, k))
+                    .collect();
+                let refs: Vec<&Tensor> = ins.iter().collect();
+                let (q, k, v) = ops::split_qkv(&refs, &self.attn);
+                let (out, lse) = ops::attention_fwd(&q, &k, &v, &self.attn, self.rope.as_ref());
+                if keep_extras {
+                    self.set_extras(i, vec![lse]);
+                }
+                out
+            }
+            OpKind::Activation => {
+                if self.inputs[i].len() == 2 {
+                    ops::gated_fwd(self.act, &self.input(i, 0), &self.input(i, 1))
+                } else {
+                    ops::act_fwd(self.act, &self.input(i, 0))
+                }
+            }
+            OpKind::CrossEntropy => {
+                let logits = self.input(i, 0);
+                let labels = self
+                    .labels
+                    .as_ref()
+                    .map(Tensor::shallow_clone)
+                    .ok_or_else(|| ExecError::Unsupported("no labels for the loss".into()))?;
+                let (loss, logp) = ops::cross_entropy_fwd(&logits, &labels);
+                if keep_extras {
+                    self.set_extras(i, vec![logp]);
+                }
+                loss
+            }
+        };
+        Ok(out)
+    }
+
+    /// Run ops `range` forward. `full_pass`: the step's forward (keep what `keep_fwd` says);
+    /// otherwise the recomputation of one block (keep what its backward needs).
+    fn forward_range(
+        &mut self,
+        range: std::ops::Range<usize>,
+        full_pass: bool,
+    ) -> Result<Option<Tensor>> {
+        let mut remaining: Vec<usize> = self
+            .consumers
+            .iter()
+            .map(|c| c.iter().filter(|&&k| range.contains(&k)).count())
+            .collect();
+        let mut loss = None;
+        for i in range.clone() {
+            if !full_pass && self.outs[i].is_some() {
+                // Already held (kept as the next block's restart point): no need to redo it.
+                continue;
+            }
+            let keep_extras = !full_pass || self.recomputed_block[i].is_none();
+            let y = self.forward_op(i, keep_extras)?;
+            if self.model.ops[i].kind == OpKind::CrossEntropy {
+                loss = Some(y.shallow_clone());
+            }
+            let kept = if full_pass {
+                self.keep_fwd[i]
+            } else {
+                self.need_bwd[i]
+            };
+            if kept || remaining[i] > 0 || !full_pass {
+                self.hold(
+                    i,
+                    y,
+                    if kept {
+                        Category::Activations
+                    } else {
+                        Category::Working
+                    },
+                );
+            }
+            for k in 0..self.inputs[i].len() {
+                let j = self.inputs[i][k];
+                remaining[j] = remaining[j].saturating_sub(1);
+                let keep_j = if full_pass {
+                    self.keep_fwd[j]
+                } else {
+                    self.need_bwd[j] || !range.contains(&j)
+                };
+                if remaining[j] == 0 && !keep_j {
+                    self.drop_out(j);
+                }
+            }
+        }
+        Ok(loss)
+    }
+
+    fn add_act_grad(&mut self, j: usize, g: Tensor) {
+        match &mut self.grads[j] {
+            Some(acc) => *acc += g,
+            None => {
+                self.ledger.add(Category::Working, nbytes(&g));
+                self.grads[j] = Some(g);
+            }
+        }
+    }
+
+    fn backward_op(&mut self, i: usize, g: &Tensor) -> Result<()> {
+        let kind = self.model.ops[i].kind;
+        match kind {
+            OpKind::CrossEntropy => {
+                let labels = self
+                    .labels
+                    .as_ref()
+                    .map(Tensor::shallow_clone)
+                    .ok_or_else(|| ExecError::Unsupported("no labels for the loss".into()))?;
+                let scale = g.double_value(&[]);
+                let d = ops::cross_entropy_bwd(scale, &self.extras[i][0], &labels, self.kind);
+                self.add_act_grad(self.inputs[i][0], d);
+            }
+            OpKind::Embedding | OpKind::PositionalEmbedding => {
+                let u = self.uses[i][0][0];
+                let rows = self.units[u].shape[0];
+                let ids = if kind == OpKind::Embedding {
+                    self.token_ids_for(i)
+                } else {
+                    self.positions()
+                };
+                let dw = ops::embedding_bwd(g, &ids, rows);
+                self.add_param_grad(u, dw)?;
+            }
+            OpKind::Add => {
+                for k in 0..self.inputs[i].len() {
+                    self.add_act_grad(self.inputs[i][k], g.shallow_clone());
+                }
+            }
+            OpKind::LayerNorm | OpKind::RmsNorm => {
+                let x = self.input(i, 0);
+                let uw = self.uses[i][0][0];
+                let w = self.weight(uw)?;
+                if kind == OpKind::LayerNorm {
+                    let (dx, dw, db) =
+                        ops::layer_norm_bwd(g, &x, &self.extras[i][0], &self.extras[i][1], &w);
+                    self.release(uw, w);
+                    self.add_param_grad(uw, dw)?;
+                    if let Some(ub) = self.uses[i].get(1).map(|v| v[0]) {
+                        self.add_param_grad(ub, db)?;
+                    }
+                    self.add_act_grad(self.inputs[i][0], dx);
+                } else {
+                    let (dx, dw) = ops::rms_norm_bwd(g, &x, &self.extras[i][0], &w);
+                    self.release(uw, w);
+                    self.add_param_grad(uw, dw)?;
+                    self.add_act_grad(self.inputs[i][0], dx);
+                }
+            }
+            OpKind::Linear => {
+                let x = self.input(i, 0);
+                let slices = self.uses[i][0].clone();
+                let mut dxs = Vec::with_capacity(slices.len());
+                for u in slices {
+                    let w = self.weight(u)?;
+                    let xs = match self.units[u].cols {
+                        Some((start, len)) => x.narrow(-1, start, len),
+                        None => x.shallow_clone(),
+                    };
+                    let (dx, dw) = ops::linear_bwd(g, &xs, &w);
+                    self.release(u, w);
+                    self.add_param_grad(u, dw)?;
+                    dxs.push(dx);
+                }
+                if let Some(ub) = self.uses[i].get(1).map(|v| v[0]) {
+                    self.add_param_grad(ub, ops::bias_grad(g))?;
+                }
+                let dx = if dxs.len() == 1 {
+                    dxs.pop().unwrap_or_else(|| g.zeros_like())
+                } else {
+                    Tensor::cat(&dxs, -1)
+                };
+                self.add_act_grad(self.inputs[i][0], dx);
+            }
+            OpKind::Attention => {
+                let ins: Vec<Tensor> = (0..self.inputs[i].len())
+                    .map(|k| self.input(i, k))
+                    .collect();
+                let refs: Vec<&Tensor> = ins.iter().collect();
+                let (q, k, v) = ops::split_qkv(&refs, &self.attn);
+                let out = self.outs[i]
+                    .as_ref()
+                    .map(|h| h.t.shallow_clone())
+                    .ok_or_else(|| ExecError::Unsupported("attention output not kept".into()))?;
+                let (dq, dk, dv) = ops::attention_bwd(
+                    g,
+                    &q,
+                    &k,
+                    &v,
+                    &out,
+                    &self.extras[i][0],
+                    &self.attn,
+                    self.rope.as_ref(),
+                );
+                if self.inputs[i].len() == 1 {
+                    self.add_act_grad(self.inputs[i][0], Tensor::cat(&[dq, dk, dv], -1));
+                } else {
+                    let ins = self.inputs[i].clone();
+                    self.add_act_grad(ins[0], dq);
+                    self.add_act_grad(ins[1], dk);
+                    self.add_act_grad(ins[2], dv);
+                }
+            }
+            OpKind::Activation => {
+                if self.inputs[i].len() == 2 {
+                    let (dg, du) =
+                        ops::gated_bwd(self.act, g, &self.input(i, 0), &self.input(i, 1));
+                    let ins = self.inputs[i].clone();
+                    self.add_act_grad(ins[0], dg);
+                    self.add_act_grad(ins[1], du);
+                } else {
+                    let kept = if self.act == Activation::Relu {
+                        self.outs[i]
+                            .as_ref()
+                            .map(|h| h.t.shallow_clone())
+                            .ok_or_else(|| ExecError::Unsupported("ReLU output not kept".into()))?
+                    } else {
+                        self.input(i, 0)
+                    };
+                    let dx = ops::act_bwd(self.act, g, &kept);
+                    self.add_act_grad(self.inputs[i][0], dx);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// One training step on this rank's share of the global batch: forward, backward,
+    /// gradient synchronisation, clipping and the AdamW update.
+    pub fn train_step(&mut self, batch: &Batch) -> Result<StepOutcome> {
+        let shape = [batch.rows as i64, batch.seq as i64];
+        self.ids = Some(
+            Tensor::from_slice(&batch.inputs)
+                .reshape(shape)
+                .to_device(self.device),
+        );
+        self.labels = Some(
+            Tensor::from_slice(&batch.labels)
+                .reshape(shape)
+                .to_device(self.device),
+        );
+        self.ledger.reset_peak();
+        let n = self.model.ops.len();
+        let loss = self
+            .forward_range(0..n, true)?
+            .ok_or_else(|| ExecError::Unsupported("the graph has no loss op".into()))?;
+        let local_loss = loss.double_value(&[]);
+
+        let world = self.comm.world() as f64;
+        for i in (0..n).rev() {
+            if let Some(b) = self.recomputed_block[i] {
+                if self.blocks.ops[b].last() == Some(&i) {
+                    let first = self.blocks.ops[b][0];
+                    self.forward_range(first..i + 1, false)?;
+                }
+            }
+            let g = if self.model.ops[i].kind == OpKind::CrossEntropy {
+                Some(Tensor::from(1.0 / world))
+            } else {
+                self.grads[i].take()
+            };
+            if let Some(g) = g {
+                if self.model.ops[i].kind != OpKind::CrossEntropy {
+                    self.ledger.sub(Category::Working, nbytes(&g));
+                }
+                self.backward_op(i, &g)?;
+            }
+            self.drop_extras(i);
+            self.drop_out(i);
+        }
+        self.ids = None;
+        self.labels = None;
+
+        let grad_norm = self.optimizer_step()?;
+        let loss = self
+            .comm
+            .all_reduce(&Tensor::from(local_loss))?
+            .double_value(&[])
+            / world;
+        Ok(StepOutcome { loss, grad_norm })
+    }
+
+    fn optimizer_step(&mut self) -> Result<f64> {
+        let world = self.comm.world() as i64;
+        let rank = self.comm.rank();
+        // 1. Synchronise: dp all-reduces, zero1 reduce-scatters; zero2/3 already hold shards.
+        let mut shards: Vec<Option<Tensor>> = Vec::with_capacity(self.units.len());
+        let mut held_bytes = 0;
+        for u in 0..self.units.len() {
+            let class = self.units[u].class;
+            let Some(grad) = self.units[u].grad.take() else {
+                shards.push(None);
+                continue;
+            };
+            let held = nbytes(&grad);
+            let synced = match class {
+                Class::Dp => self.comm.all_reduce(&grad)?,
+                Class::Zero1 => {
+                    let padded = pad_flat(&grad, self.units[u].shard_len * world);
+                    self.comm.reduce_scatter(&padded)?
+                }
+                Class::Zero2 | Class::Zero3 => grad,
+            };
+            self.ledger.sub(Category::Grads, held);
+            held_bytes += nbytes(&synced);
+            self.ledger.add(Category::Grads, nbytes(&synced));
+            shards.push(Some(synced));
+        }
+        // 2. Global norm: replicated gradients counted once (by rank 0), shards by their owner.
+        let mut local_sq = 0.0;
+        for (u, g) in shards.iter().enumerate() {
+            if let Some(g) = g {
+                if self.units[u].class != Class::Dp || rank == 0 {
+                    local_sq += g.square().sum(Kind::Double).double_value(&[]);
+                }
+            }
+        }
+        let total_sq = self
+            .comm
+            .all_reduce(&Tensor::from(local_sq))?
+            .double_value(&[]);
+        let norm = total_sq.sqrt();
+        let o = self.optim;
+        let clip = if o.clip_norm > 0.0 && norm > o.clip_norm {
+            o.clip_norm / (norm + 1e-6)
+        } else {
+            1.0
+        };
+        // 3. AdamW on what this rank owns.
+        self.step += 1;
+        let t = self.step as f64;
+        let lr = if o.warmup_steps > 0 {
+            o.lr * (t / o.warmup_steps as f64).min(1.0)
+        } else {
+            o.lr
+        };
+        let bc1 = 1.0 - o.beta1.powf(t);
+        let bc2 = 1.0 - o.beta2.powf(t);
+        for (u, g) in shards.into_iter().enumerate() {
+            let Some(g) = g else { continue };
+            let unit = &mut self.units[u];
+            let (start, len) = unit.region;
+            let (mut p, g, mut m, mut v) = match unit.class {
+                Class::Dp | Class::Zero3 => (
+                    unit.data.reshape([-1]),
+                    g.reshape([-1]),
+                    unit.m.reshape([-1]),
+                    unit.v.reshape([-1]),
+                ),
+                Class::Zero1 | Class::Zero2 => (
+                    unit.data.reshape([-1]).narrow(0, start, len),
+                    g.narrow(0, 0, len),
+                    unit.m.narrow(0, 0, len),
+                    unit.v.narrow(0, 0, len),
+                ),
+            };
+            let g = g * clip;
+            if unit.decay && o.weight_decay > 0.0 {
+                p *= 1.0 - lr * o.weight_decay;
+            }
+            m *= o.beta1;
+            m += &g * (1.0 - o.beta1);
+            v *= o.beta2;
+            v += g.square() * (1.0 - o.beta2);
+            let denom = (&v / bc2).sqrt() + o.eps;
+            p -= (&m / bc1) / denom * lr;
+        }
+        self.ledger.sub(Category::Grads, held_bytes);
+        // 4. zero1/zero2 replicas get the updated parameters back.
+        for u in 0..self.units.len() {
+            let unit = &self.units[u];
+            if !matches!(unit.class, Class::Zero1 | Class::Zero2) {
+                continue;
+            }
+            let (start, len) = unit.region;
+            let share = Tensor::zeros([unit.shard_len], (Kind::Float, self.device));
+            if len > 0 {
+                share
+                    .narrow(0, 0, len)
+                    .copy_(&unit.data.reshape([-1]).narrow(0, start, len));
+            }
+            let full = self.comm.all_gather(&share)?;
+            let bytes = nbytes(&full);
+            self.ledger.add(Category::GradBuffers, bytes);
+            let unit = &mut self.units[u];
+            let mut flat = unit.data.reshape([-1]);
+            flat.copy_(&full.narrow(0, 0, unit.numel));
+            self.ledger.sub(Category::GradBuffers, bytes);
+        }
+        Ok(norm)
+    }
+
+    /// This rank's part of a checkpoint: `(key, tensor)` pairs whose keys say which region of
+    /// which parameter they hold (see `checkpoint`).
+    pub fn checkpoint_tensors(&self) -> Vec<(String, Tensor)> {
+        let rank = self.comm.rank();
+        let mut out = Vec::new();
+        for unit in &self.units {
+            let (flat_start, len, data, m, v) = match unit.class {
+                Class::Dp if rank != 0 => continue,
+                Class::Dp => (
+                    0,
+                    unit.numel,
+                    unit.data.reshape([-1]),
+                    unit.m.reshape([-1]),
+                    unit.v.reshape([-1]),
+                ),
+                Class::Zero1 | Class::Zero2 => {
+                    let (s, l) = unit.region;
+                    (
+                        s,
+                        l,
+                        unit.data.reshape([-1]).narrow(0, s, l),
+                        unit.m.narrow(0, 0, l),
+                        unit.v.narrow(0, 0, l),
+                    )
+                }
+                Class::Zero3 => {
+                    let (s, l) = unit.region;
+                    (
+                        s,
+                        l,
+                        unit.data.narrow(0, 0, l),
+                        unit.m.narrow(0, 0, l),
+                        unit.v.narrow(0, 0, l),
+                    )
+                }
+            };
+            if len == 0 {
+                continue;
+            }
+            let cols = match unit.cols {
+                Some((s, l)) => format!("{s}:{l}"),
+                None => "-".to_string(),
+            };
+            for (state, t) in [("param", data), ("exp_avg", m), ("exp_avg_sq", v)] {
+                let key = format!("{}|{state}|{cols}|{flat_start}:{len}", unit.key);
+                out.push((key, t.to_device(Device::Cpu).contiguous()));
+            }
+        }
+        out
+    }
+
+    /// The full value of every parameter (gathered; for tests and equivalence checks).
+    pub fn full_params(&mut self) -> Result<Vec<(String, Tensor)>> {
+        let mut out: Vec<(String, Tensor)> = Vec::new();
+        for u in 0..self.units.len() {
+            let w = self.weight(u)?.to_device(Device::Cpu).copy();
+            self.release(u, w.shallow_clone());
+            let unit = &self.units[u];
+            let name = match unit.cols {
+                Some((s, l)) => format!("{}[{s}:{l}]", unit.key),
+                None => unit.key.clone(),
+            };
+            out.push((name, w));
+        }
+        Ok(out)
+    }
+}
+
+/// Whether op `reader`, in its backward, reads the output of op `producer`.
+fn reads_in_bwd(
+    model: &ModelSpec,
+    c: &crate::model::ModelConfig,
+    reader: usize,
+    producer: usize,
+) -> bool {
+    let op = &model.ops[reader];
+    let own = reader == producer;
+    let reads_input = |_: ()| op.inputs.iter().any(|id| id == &model.ops[producer].id);
+    match op.kind {
+        OpKind::Linear | OpKind::LayerNorm | OpKind::RmsNorm => !own && reads_input(()),
+        OpKind::Attention => own || reads_input(()),
+        OpKind::Activation if op.inputs.len() == 1 && c.activation == Activation::Relu => own,
+        OpKind::Activation => !own && reads_input(()),
+        _ => false,
+    }
+}
+
+fn pad_flat(t: &Tensor, len: i64) -> Tensor {
+    let flat = t.reshape([-1]);
+    let n = flat.size()[0];
+    if n == len {
+        return flat;
+    }
+    Tensor::cat(&[flat, Tensor::zeros([len - n], (t.kind(), t.device()))], 0)
+}

@@ -1,0 +1,118 @@
+//! Memory truth: the bytes one rank's executor holds, by category, with the peak.
+
+use serde::Serialize;
+
+/// What a held tensor is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Category {
+    /// Parameters held all step: full replicas and ZeRO-3 shards.
+    Params,
+    /// Gradients held until the optimizer step: full (dp, zero1) or shards (zero2, zero3).
+    Grads,
+    /// AdamW moments (fp32 on every device).
+    Optimizer,
+    /// ZeRO-3 weights gathered for one op.
+    Gathered,
+    /// Full gradients waiting to be reduce-scattered, and the step's temporary shards.
+    GradBuffers,
+    /// Tensors kept from forward for backward (and recomputation checkpoints).
+    Activations,
+    /// Forward outputs on their way to their consumers, and gradients flowing backward.
+    Working,
+}
+
+const CATEGORIES: usize = 7;
+
+/// Bytes held now and at the peak, per category.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct Breakdown {
+    pub params: u64,
+    pub grads: u64,
+    pub optimizer: u64,
+    pub gathered: u64,
+    pub grad_buffers: u64,
+    pub activations: u64,
+    pub working: u64,
+}
+
+impl Breakdown {
+    pub fn total(&self) -> u64 {
+        self.params
+            + self.grads
+            + self.optimizer
+            + self.gathered
+            + self.grad_buffers
+            + self.activations
+            + self.working
+    }
+
+    fn from_array(a: &[u64; CATEGORIES]) -> Breakdown {
+        Breakdown {
+            params: a[0],
+            grads: a[1],
+            optimizer: a[2],
+            gathered: a[3],
+            grad_buffers: a[4],
+            activations: a[5],
+            working: a[6],
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct Ledger {
+    now: [u64; CATEGORIES],
+    peak_total: u64,
+    at_peak: [u64; CATEGORIES],
+}
+
+impl Ledger {
+    pub fn add(&mut self, cat: Category, bytes: u64) {
+        self.now[cat as usize] += bytes;
+        let total: u64 = self.now.iter().sum();
+        if total > self.peak_total {
+            self.peak_total = total;
+            self.at_peak = self.now;
+        }
+    }
+
+    pub fn sub(&mut self, cat: Category, bytes: u64) {
+        let slot = &mut self.now[cat as usize];
+        debug_assert!(*slot >= bytes, "ledger underflow in {cat:?}");
+        *slot = slot.saturating_sub(bytes);
+    }
+
+    pub fn now(&self) -> Breakdown {
+        Breakdown::from_array(&self.now)
+    }
+
+    /// The categories at the moment the total peaked.
+    pub fn peak(&self) -> Breakdown {
+        Breakdown::from_array(&self.at_peak)
+    }
+
+    /// Start a new peak window from what is held now.
+    pub fn reset_peak(&mut self) {
+        self.peak_total = self.now.iter().sum();
+        self.at_peak = self.now;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn peak_records_the_categories_at_the_highest_total() {
+        let mut l = Ledger::default();
+        l.add(Category::Params, 100);
+        l.add(Category::Gathered, 50);
+        l.sub(Category::Gathered, 50);
+        l.add(Category::Activations, 30);
+        assert_eq!(l.peak().total(), 150);
+        assert_eq!(l.peak().gathered, 50);
+        assert_eq!(l.now().total(), 130);
+        l.reset_peak();
+        assert_eq!(l.peak().total(), 130);
+    }
+}

@@ -1,0 +1,529 @@
+//! Forward and backward of each operator kind, written with libtorch kernels and no autograd:
+//! the executor decides which tensors live between forward and backward, so every backward
+//! here takes exactly what its forward returned for saving. Activations are `[batch, seq, width]`.
+
+use tch::{Kind, Tensor};
+
+use crate::model::Activation;
+
+/// `y = x Wᵀ` for one column slice of a linear's weight (`x` narrowed to the same columns).
+pub fn linear_fwd(x: &Tensor, w: &Tensor) -> Tensor {
+    x.matmul(&w.tr())
+}
+
+/// Gradients of [`linear_fwd`]: `(dx, dW)`.
+pub fn linear_bwd(dy: &Tensor, x: &Tensor, w: &Tensor) -> (Tensor, Tensor) {
+    let out = w.size()[0];
+    let cols = w.size()[1];
+    let dx = dy.matmul(w);
+    let dw = dy.reshape([-1, out]).tr().mm(&x.reshape([-1, cols]));
+    (dx, dw)
+}
+
+/// Sum of `dy` over every dimension but the last: the bias gradient.
+pub fn bias_grad(dy: &Tensor) -> Tensor {
+    let width = *dy.size().last().unwrap_or(&1);
+    dy.reshape([-1, width]).sum_dim_intlist(0, false, dy.kind())
+}
+
+/// Layer norm over the last dimension: `(y, mean, rstd)`.
+pub fn layer_norm_fwd(
+    x: &Tensor,
+    w: &Tensor,
+    b: Option<&Tensor>,
+    eps: f64,
+) -> (Tensor, Tensor, Tensor) {
+    let width = *x.size().last().unwrap_or(&1);
+    x.native_layer_norm([width], Some(w), b, eps)
+}
+
+/// Gradients of [`layer_norm_fwd`]: `(dx, dw, db)`.
+pub fn layer_norm_bwd(
+    dy: &Tensor,
+    x: &Tensor,
+    mean: &Tensor,
+    rstd: &Tensor,
+    w: &Tensor,
+) -> (Tensor, Tensor, Tensor) {
+    let xhat = (x - mean) * rstd;
+    let dxhat = dy * w;
+    let c1 = dxhat.mean_dim(-1, true, dxhat.kind());
+    let c2 = (&dxhat * &xhat).mean_dim(-1, true, dxhat.kind());
+    let dx = (dxhat - c1 - &xhat * c2) * rstd;
+    let dw = bias_grad(&(dy * xhat));
+    let db = bias_grad(dy);
+    (dx, dw, db)
+}
+
+/// RMS norm over the last dimension: `(y, rstd)`.
+pub fn rms_norm_fwd(x: &Tensor, w: &Tensor, eps: f64) -> (Tensor, Tensor) {
+    let rstd = ((x * x).mean_dim(-1, true, x.kind()) + eps).rsqrt();
+    let y = x * &rstd * w;
+    (y, rstd)
+}
+
+/// Gradients of [`rms_norm_fwd`]: `(dx, dw)`.
+pub fn rms_norm_bwd(dy: &Tensor, x: &Tensor, rstd: &Tensor, w: &Tensor) -> (Tensor, Tensor) {
+    let xhat = x * rstd;
+    let dxhat = dy * w;
+    let c = (&dxhat * &xhat).mean_dim(-1, true, dxhat.kind());
+    let dx = (dxhat - &xhat * c) * rstd;
+    let dw = bias_grad(&(dy * xhat));
+    (dx, dw)
+}
+
+/// The model's activation function.
+pub fn act_fwd(act: Activation, x: &Tensor) -> Tensor {
+    match act {
+        Activation::Gelu => x.gelu("none"),
+        Activation::GeluTanh => x.gelu("tanh"),
+        Activation::Relu => x.relu(),
+        Activation::Silu => x.silu(),
+    }
+}
+
+/// `dy · act'(x)`; ReLU needs only its output `y`, which is what it keeps.
+pub fn act_bwd(act: Activation, dy: &Tensor, x_or_y: &Tensor) -> Tensor {
+    match act {
+        Activation::Gelu => x_or_y.gelu_backward(dy, "none"),
+        Activation::GeluTanh => x_or_y.gelu_backward(dy, "tanh"),
+        Activation::Relu => dy * x_or_y.gt(0.0).to_kind(dy.kind()),
+        Activation::Silu => x_or_y.silu_backward(dy),
+    }
+}
+
+/// Gated MLP activation `act(gate) * up`.
+pub fn gated_fwd(act: Activation, gate: &Tensor, up: &Tensor) -> Tensor {
+    act_fwd(act, gate) * up
+}
+
+/// Gradients of [`gated_fwd`]: `(dgate, dup)`.
+pub fn gated_bwd(act: Activation, dy: &Tensor, gate: &Tensor, up: &Tensor) -> (Tensor, Tensor) {
+    let dup = dy * act_fwd(act, gate);
+    let dgate = match act {
+        // ReLU's derivative from its input: the gate, which is what a gated op keeps.
+        Activation::Relu => dy * up * gate.gt(0.0).to_kind(dy.kind()),
+        _ => act_bwd(act, &(dy * up), gate),
+    };
+    (dgate, dup)
+}
+
+/// Rows `ids` of `w`: `[b, s] -> [b, s, dim]`.
+pub fn embedding_fwd(w: &Tensor, ids: &Tensor) -> Tensor {
+    let (b, s) = (ids.size()[0], ids.size()[1]);
+    w.index_select(0, &ids.reshape([-1])).reshape([b, s, -1])
+}
+
+/// Gradient of [`embedding_fwd`] with respect to the table (`rows` rows).
+pub fn embedding_bwd(dy: &Tensor, ids: &Tensor, rows: i64) -> Tensor {
+    let dim = *dy.size().last().unwrap_or(&1);
+    let grad = Tensor::zeros([rows, dim], (dy.kind(), dy.device()));
+    grad.index_add(0, &ids.reshape([-1]), &dy.reshape([-1, dim]))
+}
+
+/// What attention needs to know about the model.
+#[derive(Debug, Clone, Copy)]
+pub struct AttentionShape {
+    pub heads: i64,
+    pub kv_heads: i64,
+    pub head_dim: i64,
+    pub causal: bool,
+    /// Rotary base when the model rotates queries and keys.
+    pub rope_theta: Option<f64>,
+}
+
+/// Rotary tables `(cos, sin)`, `[seq, head_dim]`, in the half-split convention.
+pub fn rope_tables(seq: i64, head_dim: i64, theta: f64, device: tch::Device) -> (Tensor, Tensor) {
+    let opts = (Kind::Float, device);
+    let idx = Tensor::arange_start_step(0, head_dim, 2, opts) / head_dim as f64;
+    let inv_freq = Tensor::from(theta).to_device(device).pow(&idx).reciprocal();
+    let pos = Tensor::arange(seq, opts);
+    let freqs = pos.unsqueeze(1) * inv_freq.unsqueeze(0);
+    let emb = Tensor::cat(&[&freqs, &freqs], -1);
+    (emb.cos(), emb.sin())
+}
+
+fn rotate_half(x: &Tensor) -> Tensor {
+    let half = x.size().last().copied().unwrap_or(0) / 2;
+    let x1 = x.narrow(-1, 0, half);
+    let x2 = x.narrow(-1, half, half);
+    Tensor::cat(&[&x2.neg(), &x1], -1)
+}
+
+/// Rotate `x` (`[b, heads, s, d]`) by the rotary angles; `inverse` applies the transpose, which
+/// is the backward of the rotation.
+pub fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor, inverse: bool) -> Tensor {
+    let kind = x.kind();
+    let (cos, sin) = (cos.to_kind(kind), sin.to_kind(kind));
+    if inverse {
+        x * &cos - rotate_half(&(x * &sin))
+    } else {
+        x * &cos + rotate_half(x) * &sin
+    }
+}
+
+/// `[b, s, heads·d] -> [b, heads, s, d]`.
+fn heads_first(x: &Tensor, heads: i64, d: i64) -> Tensor {
+    let (b, s) = (x.size()[0], x.size()[1]);
+    x.reshape([b, s, heads, d]).transpose(1, 2).contiguous()
+}
+
+/// `[b, heads, s, d] -> [b, s, heads·d]`.
+fn heads_last(x: &Tensor) -> Tensor {
+    let sz = x.size();
+    x.transpose(1, 2)
+        .contiguous()
+        .reshape([sz[0], sz[2], sz[1] * sz[3]])
+}
+
+/// Split attention inputs into `q`, `k`, `v` in `[b, s, ·]` form: one fused `qkv` input (q, k
+/// and v side by side) or three separate ones.
+pub fn split_qkv(inputs: &[&Tensor], a: &AttentionShape) -> (Tensor, Tensor, Tensor) {
+    if inputs.len() == 1 {
+        let qw = a.heads * a.head_dim;
+        let kw = a.kv_heads * a.head_dim;
+        let x = inputs[0];
+        (
+            x.narrow(-1, 0, qw),
+            x.narrow(-1, qw, kw),
+            x.narrow(-1, qw + kw, kw),
+        )
+    } else {
+        (
+            inputs[0].shallow_clone(),
+            inputs[1].shallow_clone(),
+            inputs[2].shallow_clone(),
+        )
+    }
+}
+
+/// Queries, keys and values ready for the kernel: heads first, rotated, keys and values repeated
+/// for grouped-query attention.
+fn prepare(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    a: &AttentionShape,
+    rope_cs: Option<&(Tensor, Tensor)>,
+) -> (Tensor, Tensor, Tensor) {
+    let mut q = heads_first(q, a.heads, a.head_dim);
+    let mut k = heads_first(k, a.kv_heads, a.head_dim);
+    let mut v = heads_first(v, a.kv_heads, a.head_dim);
+    if let Some((cos, sin)) = rope_cs {
+        q = rope(&q, cos, sin, false);
+        k = rope(&k, cos, sin, false);
+    }
+    if a.kv_heads != a.heads {
+        let g = a.heads / a.kv_heads;
+        k = k.repeat_interleave_self_int(g, 1, None);
+        v = v.repeat_interleave_self_int(g, 1, None);
+    }
+    (q, k, v)
+}
+
+/// Attention core on CPU with libtorch's fused kernel: `(out [b, s, heads·d], logsumexp)`.
+pub fn attention_fwd(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    a: &AttentionShape,
+    rope_cs: Option<&(Tensor, Tensor)>,
+) -> (Tensor, Tensor) {
+    let (q, k, v) = prepare(q, k, v, a, rope_cs);
+    let scale = 1.0 / (a.head_dim as f64).sqrt();
+    let (out, lse) = Tensor::internal_scaled_dot_product_flash_attention_for_cpu(
+        &q,
+        &k,
+        &v,
+        0.0,
+        a.causal,
+        None::<Tensor>,
+        scale,
+    );
+    (heads_last(&out), lse)
+}
+
+/// Gradients of [`attention_fwd`] with respect to `q`, `k`, `v` (in `[b, s, ·]` form).
+#[allow(clippy::too_many_arguments)]
+pub fn attention_bwd(
+    dout: &Tensor,
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    out: &Tensor,
+    lse: &Tensor,
+    a: &AttentionShape,
+    rope_cs: Option<&(Tensor, Tensor)>,
+) -> (Tensor, Tensor, Tensor) {
+    let (qh, kh, vh) = prepare(q, k, v, a, rope_cs);
+    let scale = 1.0 / (a.head_dim as f64).sqrt();
+    let douth = heads_first(dout, a.heads, a.head_dim);
+    let outh = heads_first(out, a.heads, a.head_dim);
+    let (mut dq, mut dk, mut dv) =
+        Tensor::internal_scaled_dot_product_flash_attention_for_cpu_backward(
+            &douth,
+            &qh,
+            &kh,
+            &vh,
+            &outh,
+            lse,
+            0.0,
+            a.causal,
+            None::<Tensor>,
+            scale,
+        );
+    if a.kv_heads != a.heads {
+        let g = a.heads / a.kv_heads;
+        let sz = dk.size();
+        let grouped = [sz[0], a.kv_heads, g, sz[2], sz[3]];
+        dk = dk.reshape(grouped).sum_dim_intlist(2, false, dk.kind());
+        dv = dv.reshape(grouped).sum_dim_intlist(2, false, dv.kind());
+    }
+    if let Some((cos, sin)) = rope_cs {
+        dq = rope(&dq, cos, sin, true);
+        dk = rope(&dk, cos, sin, true);
+    }
+    (heads_last(&dq), heads_last(&dk), heads_last(&dv))
+}
+
+/// Mean token cross-entropy: `(loss, log-probabilities kept for backward)`.
+pub fn cross_entropy_fwd(logits: &Tensor, labels: &Tensor) -> (Tensor, Tensor) {
+    let vocab = *logits.size().last().unwrap_or(&1);
+    let logp = logits.reshape([-1, vocab]).log_softmax(-1, Kind::Float);
+    let picked = logp.gather(1, &labels.reshape([-1, 1]), false);
+    let loss = picked.mean(Kind::Float).neg();
+    (loss, logp)
+}
+
+/// Gradient of `scale · loss` with respect to the logits (`[b, s, vocab]`).
+pub fn cross_entropy_bwd(scale: f64, logp: &Tensor, labels: &Tensor, kind: Kind) -> Tensor {
+    let rows = logp.size()[0];
+    let flat = labels.reshape([-1, 1]);
+    let mut grad = logp.exp();
+    let minus_one = Tensor::full([rows, 1], -1.0, (Kind::Float, logp.device()));
+    grad = grad.scatter_add(1, &flat, &minus_one);
+    let grad = grad * (scale / rows as f64);
+    let sz = labels.size();
+    grad.reshape([sz[0], sz[1], -1]).to_kind(kind)
+}
+
+#[cfg(test)]
+mod tests {
+    //! Each backward against libtorch autograd on random inputs.
+    use super::*;
+
+    fn rand(shape: &[i64], seed: i64) -> Tensor {
+        tch::manual_seed(seed);
+        Tensor::randn(shape, (Kind::Double, tch::Device::Cpu))
+    }
+
+    fn leaf(t: &Tensor) -> Tensor {
+        t.detach().set_requires_grad(true)
+    }
+
+    fn close(a: &Tensor, b: &Tensor) -> bool {
+        let diff = (a - b).abs().max().double_value(&[]);
+        let scale = b.abs().max().double_value(&[]).max(1.0);
+        diff / scale < 1e-9
+    }
+
+    fn grad_of(t: &Tensor) -> Tensor {
+        t.grad().detach()
+    }
+
+    #[test]
+    fn linear_backward_matches_autograd_and_slices_add_up() {
+        let (x, w, dy) = (rand(&[2, 3, 8], 1), rand(&[5, 8], 2), rand(&[2, 3, 5], 3));
+        let (xl, wl) = (leaf(&x), leaf(&w));
+        (xl.matmul(&wl.tr()) * &dy).sum(Kind::Double).backward();
+        let (dx, dw) = linear_bwd(&dy, &x, &w);
+        assert!(close(&dx, &grad_of(&xl)));
+        assert!(close(&dw, &grad_of(&wl)));
+        // Two column slices give the same output and gradients as the whole weight.
+        let y = linear_fwd(&x.narrow(-1, 0, 4), &w.narrow(1, 0, 4))
+            + linear_fwd(&x.narrow(-1, 4, 4), &w.narrow(1, 4, 4));
+        assert!(close(&y, &linear_fwd(&x, &w)));
+        let (dx1, dw1) = linear_bwd(&dy, &x.narrow(-1, 4, 4), &w.narrow(1, 4, 4));
+        assert!(close(&dw1, &grad_of(&wl).narrow(1, 4, 4)));
+        assert!(close(&dx1, &grad_of(&xl).narrow(-1, 4, 4)));
+    }
+
+    #[test]
+    fn norm_backwards_match_autograd() {
+        let (x, w, b, dy) = (
+            rand(&[2, 3, 16], 4),
+            rand(&[16], 5),
+            rand(&[16], 6),
+            rand(&[2, 3, 16], 7),
+        );
+        let (xl, wl, bl) = (leaf(&x), leaf(&w), leaf(&b));
+        (xl.layer_norm([16], Some(&wl), Some(&bl), 1e-5, false) * &dy)
+            .sum(Kind::Double)
+            .backward();
+        let (y, mean, rstd) = layer_norm_fwd(&x, &w, Some(&b), 1e-5);
+        assert!(close(
+            &y,
+            &x.layer_norm([16], Some(&w), Some(&b), 1e-5, false)
+        ));
+        let (dx, dw, db) = layer_norm_bwd(&dy, &x, &mean, &rstd, &w);
+        assert!(close(&dx, &grad_of(&xl)));
+        assert!(close(&dw, &grad_of(&wl)));
+        assert!(close(&db, &grad_of(&bl)));
+
+        let (xl, wl) = (leaf(&x), leaf(&w));
+        let (y, rstd) = rms_norm_fwd(&xl, &wl, 1e-5);
+        (&y * &dy).sum(Kind::Double).backward();
+        assert!(close(&y.detach(), &x.rms_norm([16], Some(&w), 1e-5)));
+        let (dx, dw) = rms_norm_bwd(&dy, &x, &rstd.detach(), &w);
+        assert!(close(&dx, &grad_of(&xl)));
+        assert!(close(&dw, &grad_of(&wl)));
+    }
+
+    #[test]
+    fn activation_backwards_match_autograd() {
+        let (x, u, dy) = (
+            rand(&[2, 3, 6], 8),
+            rand(&[2, 3, 6], 9),
+            rand(&[2, 3, 6], 10),
+        );
+        for act in [
+            Activation::Gelu,
+            Activation::GeluTanh,
+            Activation::Relu,
+            Activation::Silu,
+        ] {
+            let xl = leaf(&x);
+            (act_fwd(act, &xl) * &dy).sum(Kind::Double).backward();
+            let kept = if act == Activation::Relu {
+                act_fwd(act, &x)
+            } else {
+                x.shallow_clone()
+            };
+            assert!(close(&act_bwd(act, &dy, &kept), &grad_of(&xl)), "{act:?}");
+
+            let (gl, ul) = (leaf(&x), leaf(&u));
+            (gated_fwd(act, &gl, &ul) * &dy)
+                .sum(Kind::Double)
+                .backward();
+            let (dg, du) = gated_bwd(act, &dy, &x, &u);
+            assert!(close(&dg, &grad_of(&gl)), "gated {act:?}");
+            assert!(close(&du, &grad_of(&ul)), "gated {act:?}");
+        }
+    }
+
+    #[test]
+    fn embedding_backward_matches_autograd_with_repeated_ids() {
+        let w = rand(&[10, 4], 11);
+        let ids = Tensor::from_slice(&[1i64, 3, 3, 9, 1, 1]).reshape([2, 3]);
+        let dy = rand(&[2, 3, 4], 12);
+        let wl = leaf(&w);
+        (embedding_fwd(&wl, &ids) * &dy)
+            .sum(Kind::Double)
+            .backward();
+        assert!(close(&embedding_bwd(&dy, &ids, 10), &grad_of(&wl)));
+    }
+
+    fn check_attention(a: AttentionShape, fused: bool, seed: i64) {
+        let (b, s) = (2, 6);
+        let qw = a.heads * a.head_dim;
+        let kw = a.kv_heads * a.head_dim;
+        let rope_cs = a
+            .rope_theta
+            .map(|t| rope_tables(s, a.head_dim, t, tch::Device::Cpu));
+        let rope_cs = rope_cs
+            .as_ref()
+            .map(|(c, s)| (c.to_kind(Kind::Double), s.to_kind(Kind::Double)));
+        let dy = rand(&[b, s, qw], seed);
+        let (q, k, v) = if fused {
+            let x = rand(&[b, s, qw + 2 * kw], seed + 1);
+            (
+                x.narrow(-1, 0, qw),
+                x.narrow(-1, qw, kw),
+                x.narrow(-1, qw + kw, kw),
+            )
+        } else {
+            (
+                rand(&[b, s, qw], seed + 1),
+                rand(&[b, s, kw], seed + 2),
+                rand(&[b, s, kw], seed + 3),
+            )
+        };
+        // Reference: plain attention written with autograd-tracked ops.
+        let (ql, kl, vl) = (leaf(&q), leaf(&k), leaf(&v));
+        let (qh, kh, vh) = prepare(&ql, &kl, &vl, &a, rope_cs.as_ref());
+        let mut scores = qh.matmul(&kh.transpose(-2, -1)) / (a.head_dim as f64).sqrt();
+        if a.causal {
+            let mask = Tensor::ones([s, s], (Kind::Bool, tch::Device::Cpu)).triu(1);
+            scores = scores.masked_fill(&mask, f64::NEG_INFINITY);
+        }
+        let reference = heads_last(&scores.softmax(-1, Kind::Double).matmul(&vh));
+        (&reference * &dy).sum(Kind::Double).backward();
+
+        let (out, lse) = attention_fwd(&q, &k, &v, &a, rope_cs.as_ref());
+        assert!(close(&out, &reference.detach()));
+        let (dq, dk, dv) = attention_bwd(&dy, &q, &k, &v, &out, &lse, &a, rope_cs.as_ref());
+        assert!(close(&dq, &grad_of(&ql)));
+        assert!(close(&dk, &grad_of(&kl)));
+        assert!(close(&dv, &grad_of(&vl)));
+    }
+
+    #[test]
+    fn attention_backward_matches_autograd() {
+        let gpt = AttentionShape {
+            heads: 2,
+            kv_heads: 2,
+            head_dim: 4,
+            causal: true,
+            rope_theta: None,
+        };
+        check_attention(gpt, true, 20);
+        let llama = AttentionShape {
+            heads: 4,
+            kv_heads: 2,
+            head_dim: 4,
+            causal: true,
+            rope_theta: Some(10000.0),
+        };
+        check_attention(llama, false, 30);
+        let encoder = AttentionShape {
+            causal: false,
+            ..gpt
+        };
+        check_attention(encoder, false, 40);
+    }
+
+    #[test]
+    fn rope_inverse_undoes_the_rotation() {
+        let (cos, sin) = rope_tables(5, 8, 10000.0, tch::Device::Cpu);
+        let (cos, sin) = (cos.to_kind(Kind::Double), sin.to_kind(Kind::Double));
+        let x = rand(&[1, 2, 5, 8], 50);
+        let back = rope(&rope(&x, &cos, &sin, false), &cos, &sin, true);
+        // The tables are fp32, so cos² + sin² is 1 to fp32 precision.
+        let diff = (&back - &x).abs().max().double_value(&[]);
+        assert!(diff < 1e-6, "{diff}");
+        assert!(
+            (&rope(&x, &cos, &sin, false) - &x)
+                .abs()
+                .max()
+                .double_value(&[])
+                > 0.1
+        );
+    }
+
+    #[test]
+    fn cross_entropy_backward_matches_autograd() {
+        let logits = rand(&[2, 3, 7], 60);
+        let labels = Tensor::from_slice(&[0i64, 6, 3, 3, 1, 2]).reshape([2, 3]);
+        let ll = leaf(&logits);
+        let reference = ll
+            .reshape([-1, 7])
+            .cross_entropy_for_logits(&labels.reshape([-1]));
+        (&reference * 0.5).backward();
+        let (loss, logp) = cross_entropy_fwd(&logits, &labels);
+        assert!((loss.double_value(&[]) - reference.double_value(&[])).abs() < 1e-6);
+        let d = cross_entropy_bwd(0.5, &logp, &labels, Kind::Double);
+        // The loss is computed in fp32, so compare at fp32 precision.
+        let diff = (d - grad_of(&ll)).abs().max().double_value(&[]);
+        assert!(diff < 1e-6, "{diff}");
+    }
+}
