@@ -1,8 +1,11 @@
 //! The cost model: memory and time of one operator under one sharding strategy, at micro-batch
 //! `b` on a layout of `N` ranks. Pure arithmetic: no GPU, no I/O.
 //!
-//! Accounting (DESIGN §4, mixed precision): bf16 parameters and gradients (2 + 2 bytes), fp32
-//! master weights and Adam moments (12 bytes) — the ZeRO paper's 16 bytes per parameter.
+//! Accounting (DESIGN §4): on GPUs mixed precision — bf16 parameters and gradients (2 + 2
+//! bytes), fp32 master weights and Adam moments (12 bytes), the ZeRO paper's 16 bytes per
+//! parameter; on CPUs, where the trainer runs in fp32, parameters and gradients take 4 + 4 and
+//! Adam's moments 8 (no separate master copy): the same 16 bytes, split differently, and
+//! activations twice the bf16 size. [`Precision`] holds the split.
 //! Collectives follow the ring α–β model; communication overlaps the op's own compute on a
 //! separate stream and only the excess is exposed.
 
@@ -11,11 +14,40 @@ use serde::{Deserialize, Serialize};
 use crate::cluster::{DeviceKind, Layout};
 use crate::model::{ModelSpec, OpKind, OpSpec};
 
-/// bf16 parameters + bf16 gradients + fp32 master, Adam m and v.
+/// Parameter + gradient + optimizer bytes per parameter, in either precision.
 pub const STATE_BYTES_PER_PARAM: u64 = 16;
-/// bf16 compute copy of a parameter, and its gradient.
-pub const PARAM_BYTES: u64 = 2;
-pub const GRAD_BYTES: u64 = 2;
+
+/// How training stores numbers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Precision {
+    pub name: &'static str,
+    /// The compute copy of a parameter.
+    pub param_bytes: u64,
+    pub grad_bytes: u64,
+    /// fp32 master copy (mixed precision only) and Adam's two moments.
+    pub optimizer_bytes: u64,
+    /// One activation element.
+    pub activation_bytes: u64,
+}
+
+impl Precision {
+    /// bf16 compute, fp32 master weights and moments (GPUs).
+    pub const MIXED_BF16: Precision = Precision {
+        name: "bf16 mixed",
+        param_bytes: 2,
+        grad_bytes: 2,
+        optimizer_bytes: 12,
+        activation_bytes: 2,
+    };
+    /// Everything in fp32 (the trainer's default on CPUs).
+    pub const FP32: Precision = Precision {
+        name: "fp32",
+        param_bytes: 4,
+        grad_bytes: 4,
+        optimizer_bytes: 8,
+        activation_bytes: 4,
+    };
+}
 /// AdamW step traffic per updated parameter: read master, m, v (fp32) and the bf16 grad; write
 /// master, m, v and the bf16 copy.
 pub const OPTIMIZER_BYTES_PER_PARAM: u64 = 28;
@@ -126,16 +158,25 @@ pub struct Machine {
     pub overhead_bytes: u64,
     /// Which dtype the compute rate is for (for messages).
     pub compute_dtype: &'static str,
+    pub precision: Precision,
+    /// Bytes of one activation element in the model description's figures.
+    pub model_activation_bytes: u64,
 }
 
 impl Machine {
     /// Resolve a layout's figures for a model computing in `model.config.dtype`.
     pub fn new(layout: &Layout, model: &ModelSpec) -> Machine {
         let r = &layout.device.dense_tflops;
+        let precision = match layout.device.kind {
+            DeviceKind::Cpu => Precision::FP32,
+            DeviceKind::Gpu => Precision::MIXED_BF16,
+        };
+        let fp32 = [("fp32", &r.fp32), ("tf32", &r.tf32), ("bf16", &r.bf16)];
         let wanted = match model.config.dtype {
+            _ if precision == Precision::FP32 => fp32,
             crate::model::DType::Bf16 => [("bf16", &r.bf16), ("fp16", &r.fp16), ("fp32", &r.fp32)],
             crate::model::DType::F16 => [("fp16", &r.fp16), ("bf16", &r.bf16), ("fp32", &r.fp32)],
-            crate::model::DType::F32 => [("fp32", &r.fp32), ("tf32", &r.tf32), ("bf16", &r.bf16)],
+            crate::model::DType::F32 => fp32,
         };
         // A validated layout has at least one rate; fall back through the others.
         let (compute_dtype, tflops) = wanted
@@ -180,7 +221,14 @@ impl Machine {
             },
             overhead_bytes: layout.runtime_overhead_bytes(),
             compute_dtype,
+            precision,
+            model_activation_bytes: model.config.dtype.bytes(),
         }
+    }
+
+    /// Activation bytes of the model description converted to this machine's precision.
+    pub fn activation_bytes(&self, model_bytes: u64) -> u64 {
+        model_bytes * self.precision.activation_bytes / self.model_activation_bytes.max(1)
     }
 
     /// Ring all-gather (or reduce-scatter) of a tensor of `bytes` in total.
@@ -255,15 +303,22 @@ impl OpBase {
                 ELEMENTWISE_BWD_FACTOR * m.memory_s(moved),
             ),
         };
+        // The loss head keeps fp32 log-probabilities whatever the precision.
+        let saved = if op.kind == OpKind::CrossEntropy {
+            op.saved_bytes_per_sample
+        } else {
+            m.activation_bytes(op.saved_bytes_per_sample)
+        };
         OpBase {
             params: ModelSpec::op_param_count(op),
             uses,
             splittable: op.kind == OpKind::Linear,
             fwd_s,
             bwd_s,
-            saved_bytes: op.saved_bytes_per_sample * batch,
-            working_bytes: (input_bytes_per_sample + op.output_bytes_per_sample) * batch,
-            output_bytes: op.output_bytes_per_sample * batch,
+            saved_bytes: saved * batch,
+            working_bytes: m.activation_bytes(input_bytes_per_sample + op.output_bytes_per_sample)
+                * batch,
+            output_bytes: m.activation_bytes(op.output_bytes_per_sample) * batch,
         }
     }
 }
@@ -301,46 +356,48 @@ pub fn price(base: &OpBase, choice: Choice, m: &Machine) -> OpCost {
     let n = u64::from(m.ranks.max(1));
     let extra_gathers = f64::from(base.uses.max(1));
     let split_launches = f64::from(choice.split.saturating_sub(1)) * m.launch_s;
+    let pr = m.precision;
+    let (pb, gb, ob) = (pr.param_bytes, pr.grad_bytes, pr.optimizer_bytes);
     let (persistent, param_transient, fwd_comm, bwd_comm, updated) = match choice.strategy {
         Strategy::None => (0, 0, 0.0, 0.0, 0),
         Strategy::Dp => (
             STATE_BYTES_PER_PARAM * p,
             0,
             0.0,
-            m.all_reduce_s((GRAD_BYTES * p) as f64),
+            m.all_reduce_s((gb * p) as f64),
             p,
         ),
         Strategy::Zero1 => (
-            (PARAM_BYTES + GRAD_BYTES) * p + ceil_div(12 * p, n),
+            (pb + gb) * p + ceil_div(ob * p, n),
             0,
-            m.all_gather_s((PARAM_BYTES * p) as f64),
-            m.reduce_scatter_s((GRAD_BYTES * p) as f64),
+            m.all_gather_s((pb * p) as f64),
+            m.reduce_scatter_s((gb * p) as f64),
             ceil_div(p, n),
         ),
         Strategy::Zero2 => (
-            PARAM_BYTES * p + ceil_div(14 * p, n),
-            GRAD_BYTES * p,
-            m.all_gather_s((PARAM_BYTES * p) as f64),
-            m.reduce_scatter_s((GRAD_BYTES * p) as f64),
+            pb * p + ceil_div((gb + ob) * p, n),
+            gb * p,
+            m.all_gather_s((pb * p) as f64),
+            m.reduce_scatter_s((gb * p) as f64),
             ceil_div(p, n),
         ),
         Strategy::Zero3 => {
             let (k, s) = (u64::from(choice.split.max(1)), u64::from(choice.sharded));
             let sharded_p = p * s / k;
             let replicated_p = p - sharded_p;
-            let slice = (PARAM_BYTES * p) as f64 / k as f64;
+            let slice = (pb * p) as f64 / k as f64;
             let slices = s as f64;
             let fwd = extra_gathers * slices * m.all_gather_s(slice);
             let mut bwd =
                 slices * (extra_gathers * m.all_gather_s(slice) + m.reduce_scatter_s(slice));
             if replicated_p > 0 {
-                bwd += m.all_reduce_s((GRAD_BYTES * replicated_p) as f64);
+                bwd += m.all_reduce_s((gb * replicated_p) as f64);
             }
             (
                 STATE_BYTES_PER_PARAM * replicated_p
                     + ceil_div(STATE_BYTES_PER_PARAM * sharded_p, n),
                 // One slice's gathered parameters and its full gradient.
-                ceil_div((PARAM_BYTES + GRAD_BYTES) * p, k),
+                ceil_div((pb + gb) * p, k),
                 fwd,
                 bwd,
                 replicated_p + ceil_div(sharded_p, n),
@@ -458,6 +515,8 @@ mod tests {
             launch_s: 5e-6,
             overhead_bytes: 0,
             compute_dtype: "bf16",
+            precision: Precision::MIXED_BF16,
+            model_activation_bytes: 2,
         }
     }
 

@@ -152,7 +152,7 @@ pub(crate) fn evaluate_with(
     }
     for (b, &on) in plan.recompute.iter().enumerate() {
         if on && b < blocks.input_bytes_per_sample.len() {
-            activations += blocks.input_bytes_per_sample[b] * plan.batch;
+            activations += m.activation_bytes(blocks.input_bytes_per_sample[b]) * plan.batch;
         }
     }
     let step = ops.iter().map(|o| o.time_s).sum::<f64>();

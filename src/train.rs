@@ -120,6 +120,7 @@ pub fn run(
             cfg.global_batch
         )));
     }
+    exec::check_runnable(&cfg.model, &cfg.plan).map_err(|e| TrainError::Invalid(e.to_string()))?;
     let restored = match &cfg.resume_from {
         Some(dir) => {
             let (manifest, params) = checkpoint::load(dir)?;

@@ -122,6 +122,8 @@ pub fn train(args: TrainArgs) -> Result<(), Failure> {
 
     let model = crate::model::read_model(&args.model).map_err(Failure::input)?;
     let plan = crate::plan::read_plan(&args.plan, &model).map_err(Failure::input)?;
+    crate::train::exec::check_runnable(&model, &plan)
+        .map_err(|e| Failure::input(format!("{}: {e}", args.plan.display())))?;
     if args.device == DeviceArg::Cuda {
         return Err(Failure::input(
             "--device cuda: GPU training needs the NCCL backend, which this build does not have yet; use --device cpu",

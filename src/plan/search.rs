@@ -306,7 +306,14 @@ impl<'m> Planner<'m> {
                         rep,
                         &opts,
                         cap,
-                        block.map(|b| (remat[b], self.blocks.input_bytes_per_sample[b] * batch)),
+                        block.map(|b| {
+                            (
+                                remat[b],
+                                self.machine
+                                    .activation_bytes(self.blocks.input_bytes_per_sample[b])
+                                    * batch,
+                            )
+                        }),
                         &self.options,
                         &mut arena,
                     );

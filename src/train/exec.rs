@@ -45,7 +45,7 @@ impl Default for OptimConfig {
             lr: 2e-3,
             beta1: 0.9,
             beta2: 0.95,
-            eps: 1e-8,
+            eps: 1e-5,
             weight_decay: 0.1,
             clip_norm: 1.0,
             warmup_steps: 10,
@@ -172,6 +172,70 @@ pub struct StepOutcome {
     pub grad_norm: f64,
 }
 
+/// Whether the executor can run `plan` on `model`; says why not. Cheap: no tensors.
+pub fn check_runnable(model: &ModelSpec, plan: &Plan) -> Result<()> {
+    let c = &model.config;
+    if model.family == crate::model::Family::Bert || !c.causal {
+        return Err(ExecError::Unsupported(
+            "masked-language (encoder) models; the trainer runs causal LMs (GPT-2, OPT, LLaMA families)".into(),
+        ));
+    }
+    if plan.choices.len() != model.ops.len() {
+        return Err(ExecError::Unsupported(format!(
+            "the plan has {} choices for {} ops",
+            plan.choices.len(),
+            model.ops.len()
+        )));
+    }
+    let blocks = Blocks::of(model);
+    for (b, members) in blocks.ops.iter().enumerate() {
+        if let (Some(&lo), Some(&hi)) = (members.first(), members.last()) {
+            if hi - lo + 1 != members.len() {
+                return Err(ExecError::Unsupported(format!(
+                    "block {b}'s ops are not contiguous in the op list"
+                )));
+            }
+        }
+    }
+    for (i, op) in model.ops.iter().enumerate() {
+        let split = i64::from(plan.choices[i].split.max(1));
+        if op.kind == OpKind::Linear && split > 1 {
+            let in_features = op
+                .params
+                .first()
+                .and_then(|p| p.shape.get(1))
+                .copied()
+                .unwrap_or(0);
+            if in_features % split != 0 {
+                return Err(ExecError::Unsupported(format!(
+                    "op {:?} has {in_features} input features, which {split} slices do not divide",
+                    op.id
+                )));
+            }
+        }
+        for p in &op.params {
+            if p.tied_to.is_some() && p.name != "weight" {
+                return Err(ExecError::Unsupported(format!(
+                    "op {:?} ties its {:?}; only weights can be tied",
+                    op.id, p.name
+                )));
+            }
+        }
+        if let Some(target) = op.params.iter().find_map(|p| p.tied_to.as_ref()) {
+            let owner = target.rsplit_once('.').map_or("", |(o, _)| o);
+            if let Some(j) = model.ops.iter().position(|o| o.id == owner) {
+                if plan.choices[j].split > 1 {
+                    return Err(ExecError::Unsupported(format!(
+                        "op {:?} shares {target:?}, which the plan splits; keep {owner:?} unsplit",
+                        op.id
+                    )));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
 fn init_values(seed: u64, key: &str, shape: &[i64]) -> Vec<f32> {
     let numel: i64 = shape.iter().product();
     let name = key.rsplit('.').next().unwrap_or("");
@@ -198,12 +262,8 @@ impl Executor {
         init: Init<'_>,
         optim: OptimConfig,
     ) -> Result<Executor> {
+        check_runnable(model, plan)?;
         let c = &model.config;
-        if model.family == crate::model::Family::Bert || !c.causal {
-            return Err(ExecError::Unsupported(
-                "masked-language (encoder) models; the trainer runs causal LMs (GPT-2, OPT, LLaMA families)".into(),
-            ));
-        }
         let n = model.ops.len();
         let index = model.op_index();
         let inputs: Vec<Vec<usize>> = model
@@ -218,15 +278,6 @@ impl Executor {
             }
         }
         let blocks = Blocks::of(model);
-        for (b, members) in blocks.ops.iter().enumerate() {
-            if let (Some(&lo), Some(&hi)) = (members.first(), members.last()) {
-                if hi - lo + 1 != members.len() {
-                    return Err(ExecError::Unsupported(format!(
-                        "block {b}'s ops are not contiguous in the op list"
-                    )));
-                }
-            }
-        }
         let recomputed_block: Vec<Option<usize>> = (0..n)
             .map(|i| blocks.of_op[i].filter(|&b| plan.recompute.get(b) == Some(&true)))
             .collect();
@@ -505,15 +556,24 @@ impl Executor {
                 shard
             }
         };
-        let unit = &mut self.units[u];
-        match &mut unit.grad {
-            Some(acc) => *acc += contribution,
-            None => {
-                self.ledger.add(Category::Grads, nbytes(&contribution));
-                unit.grad = Some(contribution);
-            }
+        if let Some(acc) = &mut self.units[u].grad {
+            *acc += contribution;
         }
         Ok(())
+    }
+
+    /// Zeroed gradient buffers for the step, held from its start as DDP's buckets and ZeRO's
+    /// gradient partitions are: full for dp and zero1, this rank's padded shard otherwise.
+    fn allocate_grads(&mut self) {
+        for unit in &mut self.units {
+            let shape = match unit.class {
+                Class::Dp | Class::Zero1 => unit.shape.clone(),
+                Class::Zero2 | Class::Zero3 => vec![unit.shard_len],
+            };
+            let g = Tensor::zeros(shape.as_slice(), (Kind::Float, self.device));
+            self.ledger.add(Category::Grads, nbytes(&g));
+            unit.grad = Some(g);
+        }
     }
 
     fn input(&self, i: usize, k: usize) -> Tensor {
@@ -893,6 +953,7 @@ impl Executor {
                 .to_device(self.device),
         );
         self.ledger.reset_peak();
+        self.allocate_grads();
         let n = self.model.ops.len();
         let loss = self
             .forward_range(0..n, true)?
@@ -1094,20 +1155,34 @@ impl Executor {
         out
     }
 
-    /// The full value of every parameter (gathered; for tests and equivalence checks).
+    /// The full value of every parameter by `op.param` (gathered and reassembled from column
+    /// slices; for tests and equivalence checks). Every rank must call it.
     pub fn full_params(&mut self) -> Result<Vec<(String, Tensor)>> {
-        let mut out: Vec<(String, Tensor)> = Vec::new();
+        let mut out: Vec<(String, Vec<Tensor>)> = Vec::new();
         for u in 0..self.units.len() {
-            let w = self.weight(u)?.to_device(Device::Cpu).copy();
-            self.release(u, w.shallow_clone());
-            let unit = &self.units[u];
-            let name = match unit.cols {
-                Some((s, l)) => format!("{}[{s}:{l}]", unit.key),
-                None => unit.key.clone(),
-            };
-            out.push((name, w));
+            let w = self.weight(u)?;
+            let copy = w.to_device(Device::Cpu).copy();
+            self.release(u, w);
+            let key = &self.units[u].key;
+            match out.last_mut() {
+                Some((k, parts)) if k == key => parts.push(copy),
+                _ => out.push((key.clone(), vec![copy])),
+            }
         }
-        Ok(out)
+        Ok(out
+            .into_iter()
+            .map(|(k, parts)| {
+                let full = if parts.len() == 1 {
+                    parts
+                        .into_iter()
+                        .next()
+                        .unwrap_or_else(|| Tensor::zeros([0], (Kind::Float, Device::Cpu)))
+                } else {
+                    Tensor::cat(&parts, 1)
+                };
+                (k, full)
+            })
+            .collect())
     }
 }
 

@@ -7,6 +7,8 @@ mod plan_cli;
 mod planner;
 mod roundtrip;
 mod snapshots;
+#[cfg(feature = "train")]
+mod train;
 
 use std::path::{Path, PathBuf};
 

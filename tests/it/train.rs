@@ -1,0 +1,468 @@
+//! The trainer (feature `train`): every plan computes the same training as one plain rank,
+//! checkpoints carry a run across plans and world sizes, bad input is refused cleanly.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicBool;
+
+use osdp_tui::cost::{self, Choice, Strategy};
+use osdp_tui::model::{self, ModelSpec, OpKind};
+use osdp_tui::plan::{Plan, PlanFile};
+use osdp_tui::train::{self, data, exec::OptimConfig, TrainConfig, TrainSummary};
+use tch::Tensor;
+
+use super::{osdp, root};
+
+const GLOBAL_BATCH: u64 = 8;
+
+fn tiny(name: &str) -> ModelSpec {
+    model::read_model(&root().join(format!("sample-models/{name}.json"))).expect("sample loads")
+}
+
+fn dp_plan(m: &ModelSpec) -> Plan {
+    Plan {
+        batch: GLOBAL_BATCH,
+        choices: m
+            .ops
+            .iter()
+            .map(|o| {
+                if cost::owns_params(o) {
+                    Choice::DP
+                } else {
+                    Choice::NONE
+                }
+            })
+            .collect(),
+        recompute: vec![false; m.config.layers as usize],
+    }
+}
+
+/// Every strategy at once: linears cycle through zero3 split 4 with 2 of 4 slices sharded,
+/// zero1, zero2, zero3 split 2 with 1 sharded and dp; other ops through zero3, zero1, zero2, dp;
+/// blocks 1 and 3 recompute.
+fn mixed_plan(m: &ModelSpec, per_rank_batch: u64) -> Plan {
+    let linear = [
+        Choice::zero3(4, 2),
+        Choice::plain(Strategy::Zero1),
+        Choice::plain(Strategy::Zero2),
+        Choice::zero3(2, 1),
+        Choice::DP,
+    ];
+    let other = [
+        Choice::zero3(1, 1),
+        Choice::plain(Strategy::Zero1),
+        Choice::plain(Strategy::Zero2),
+        Choice::DP,
+    ];
+    let (mut li, mut oi) = (0, 0);
+    let choices = m
+        .ops
+        .iter()
+        .map(|o| {
+            if !cost::owns_params(o) {
+                Choice::NONE
+            } else if o.kind == OpKind::Linear {
+                li += 1;
+                linear[(li - 1) % linear.len()]
+            } else {
+                oi += 1;
+                other[(oi - 1) % other.len()]
+            }
+        })
+        .collect();
+    Plan {
+        batch: per_rank_batch,
+        choices,
+        recompute: (0..m.config.layers).map(|b| b % 2 == 1).collect(),
+    }
+}
+
+/// ZeRO-3 (FSDP) everywhere.
+fn zero3_plan(m: &ModelSpec, per_rank_batch: u64) -> Plan {
+    Plan {
+        batch: per_rank_batch,
+        choices: m
+            .ops
+            .iter()
+            .map(|o| {
+                if cost::owns_params(o) {
+                    Choice::zero3(1, 1)
+                } else {
+                    Choice::NONE
+                }
+            })
+            .collect(),
+        recompute: vec![true; m.config.layers as usize],
+    }
+}
+
+fn config(m: &ModelSpec, plan: Plan, world: usize, steps: u64) -> TrainConfig {
+    TrainConfig {
+        model: m.clone(),
+        plan,
+        world_size: world,
+        global_batch: GLOBAL_BATCH,
+        steps,
+        seed: 3,
+        source: data::Source::shakespeare(),
+        optim: OptimConfig::default(),
+        checkpoint_dir: None,
+        checkpoint_every: 0,
+        resume_from: None,
+        collect_params: true,
+    }
+}
+
+fn train(cfg: &TrainConfig) -> TrainSummary {
+    train::run(cfg, &AtomicBool::new(false), |_| {}).expect("training runs")
+}
+
+fn assert_same_losses(a: &[f64], b: &[f64], what: &str) {
+    assert_eq!(a.len(), b.len(), "{what}: step counts differ");
+    for (step, (x, y)) in a.iter().zip(b).enumerate() {
+        let rel = (x - y).abs() / x.abs();
+        assert!(
+            rel < 1e-5,
+            "{what}: step {} loss {x} vs {y} (rel {rel:e})",
+            step + 1
+        );
+    }
+}
+
+fn assert_same_params(a: &[(String, Tensor)], b: &[(String, Tensor)], what: &str) {
+    assert_params_within(a, b, 1e-5, what);
+}
+
+fn assert_params_within(a: &[(String, Tensor)], b: &[(String, Tensor)], tol: f64, what: &str) {
+    assert_eq!(a.len(), b.len(), "{what}: parameter counts differ");
+    for ((ka, ta), (kb, tb)) in a.iter().zip(b) {
+        assert_eq!(ka, kb, "{what}");
+        assert_eq!(ta.size(), tb.size(), "{what}: {ka}");
+        // Absolute, or relative for parameters larger than 1 (all are ~0.02–1 here).
+        let diff = (ta - tb).abs().max().double_value(&[]);
+        let scale = ta.abs().max().double_value(&[]).max(1.0);
+        assert!(diff / scale < tol, "{what}: {ka} differs by {diff:e}");
+    }
+}
+
+/// `param_tol`: 1e-5, except for ReLU models, where a pre-activation within rounding of zero
+/// can take the other side in another summation order and switch its unit's gradient off.
+fn check_equivalence(name: &str, param_tol: f64) {
+    let m = tiny(name);
+    let reference = train(&config(&m, dp_plan(&m), 1, 20));
+    assert!(
+        reference.losses[19] < reference.losses[0] * 0.8,
+        "{name} learns: {:?}",
+        reference.losses
+    );
+    for world in [2, 4] {
+        let per_rank = GLOBAL_BATCH / world as u64;
+        let run = train(&config(&m, mixed_plan(&m, per_rank), world, 20));
+        let what = format!("{name}, {world} ranks, mixed plan");
+        assert_same_losses(&reference.losses, &run.losses, &what);
+        assert_params_within(&reference.final_params, &run.final_params, param_tol, &what);
+    }
+}
+
+#[test]
+fn mixed_plans_on_two_and_four_ranks_train_exactly_like_one_dp_rank_gpt2() {
+    check_equivalence("tiny-gpt2", 1e-5);
+}
+
+#[test]
+fn mixed_plans_on_two_and_four_ranks_train_exactly_like_one_dp_rank_llama() {
+    check_equivalence("tiny-llama", 1e-5);
+}
+
+#[test]
+fn mixed_plans_on_two_and_four_ranks_train_exactly_like_one_dp_rank_opt() {
+    check_equivalence("tiny-opt", 1e-4);
+}
+
+#[test]
+fn resuming_under_another_plan_and_world_size_continues_the_same_run() {
+    let m = tiny("tiny-llama");
+    let straight = train(&config(&m, dp_plan(&m), 1, 20));
+    let dir = tempfile::tempdir().unwrap();
+    let mut first = config(&m, mixed_plan(&m, 4), 2, 10);
+    first.checkpoint_dir = Some(dir.path().to_path_buf());
+    let a = train(&first);
+    let ckpt = train::checkpoint::latest(dir.path())
+        .unwrap()
+        .expect("a checkpoint");
+    assert!(ckpt.ends_with("step-00000010"), "{}", ckpt.display());
+    let mut second = config(&m, zero3_plan(&m, 2), 4, 10);
+    second.resume_from = Some(ckpt);
+    let b = train(&second);
+    assert_eq!((b.first_step, b.last_step), (10, 20));
+    let joined: Vec<f64> = a.losses.iter().chain(&b.losses).copied().collect();
+    assert_same_losses(&straight.losses, &joined, "10 + 10 resumed");
+    assert_same_params(&straight.final_params, &b.final_params, "10 + 10 resumed");
+}
+
+#[test]
+fn executor_memory_matches_the_planners_prediction_within_ten_percent() {
+    let m = tiny("tiny-gpt2");
+    let layout = osdp_tui::cluster::read_layout(&root().join("layouts/cpu.json")).unwrap();
+    let machine = cost::Machine::new(&layout, &m);
+    for plan in [dp_plan(&m), mixed_plan(&m, 4)] {
+        let plan = Plan { batch: 4, ..plan };
+        let predicted = osdp_tui::plan::evaluate(&m, &machine, &plan);
+        let predicted = predicted.peak_memory_bytes - predicted.overhead_bytes;
+        let run = train(&config(&m, plan, 2, 2));
+        let measured = run.memory_bytes.iter().flatten().copied().max().unwrap();
+        let ratio = measured as f64 / predicted as f64;
+        assert!(
+            (0.9..=1.1).contains(&ratio),
+            "measured {measured} vs predicted {predicted}"
+        );
+    }
+}
+
+// ---- the CLI ----
+
+fn write_plan(dir: &Path, m: &ModelSpec, plan: &Plan, name: &str) -> PathBuf {
+    let path = dir.join(name);
+    let file = PlanFile::new(m, "cpu", plan, None);
+    std::fs::write(&path, serde_json::to_string_pretty(&file).unwrap()).unwrap();
+    path
+}
+
+fn sample(name: &str) -> PathBuf {
+    root().join(format!("sample-models/{name}.json"))
+}
+
+fn step_lines(metrics: &Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(metrics)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| v["event"] == "step")
+        .collect()
+}
+
+#[test]
+fn a_crash_while_checkpointing_leaves_the_last_good_checkpoint() {
+    let m = tiny("tiny-gpt2");
+    let dir = tempfile::tempdir().unwrap();
+    let plan = write_plan(dir.path(), &m, &mixed_plan(&m, 4), "plan.json");
+    let ckpt = dir.path().join("ckpt");
+    let metrics = dir.path().join("run.jsonl");
+    let run = |extra: &[&str], fault: bool| {
+        let mut cmd = osdp();
+        cmd.arg("train")
+            .arg(sample("tiny-gpt2"))
+            .arg("--plan")
+            .arg(&plan);
+        cmd.args(["--world-size", "2", "--steps", "2"]);
+        cmd.arg("--checkpoint-dir")
+            .arg(&ckpt)
+            .arg("--metrics")
+            .arg(&metrics);
+        cmd.args(extra);
+        if fault {
+            cmd.env("OSDP_FAULT", "kill-mid-checkpoint");
+        }
+        cmd.output().unwrap()
+    };
+    assert!(run(&[], false).status.success());
+    let killed = run(&["--resume"], true);
+    assert!(!killed.status.success(), "the fault ends the process");
+    let latest = train::checkpoint::latest(&ckpt).unwrap().unwrap();
+    assert!(
+        latest.ends_with("step-00000002"),
+        "latest still the good one"
+    );
+    train::checkpoint::load(&latest).expect("and it loads");
+    let resumed = run(&["--resume"], false);
+    assert!(
+        resumed.status.success(),
+        "{}",
+        String::from_utf8_lossy(&resumed.stderr)
+    );
+    let steps: Vec<u64> = step_lines(&metrics)
+        .iter()
+        .map(|v| v["step"].as_u64().unwrap())
+        .collect();
+    assert_eq!(steps.last(), Some(&4), "{steps:?}");
+    assert!(train::checkpoint::latest(&ckpt)
+        .unwrap()
+        .unwrap()
+        .ends_with("step-00000004"));
+}
+
+#[test]
+fn a_corrupt_checkpoint_is_refused_and_the_previous_one_named() {
+    let m = tiny("tiny-gpt2");
+    let dir = tempfile::tempdir().unwrap();
+    let plan = write_plan(dir.path(), &m, &dp_plan(&m), "plan.json");
+    let ckpt = dir.path().join("ckpt");
+    osdp()
+        .arg("train")
+        .arg(sample("tiny-gpt2"))
+        .arg("--plan")
+        .arg(&plan)
+        .args([
+            "--steps",
+            "4",
+            "--checkpoint-every",
+            "2",
+            "--global-batch",
+            "2",
+        ])
+        .arg("--checkpoint-dir")
+        .arg(&ckpt)
+        .assert()
+        .success();
+    let file = ckpt.join("step-00000004/rank-00000.safetensors");
+    let mut bytes = std::fs::read(&file).unwrap();
+    let at = bytes.len() - 10;
+    bytes[at] ^= 0xff;
+    std::fs::write(&file, bytes).unwrap();
+    let out = osdp()
+        .arg("train")
+        .arg(sample("tiny-gpt2"))
+        .arg("--plan")
+        .arg(&plan)
+        .args(["--steps", "1", "--resume", "--global-batch", "2"])
+        .arg("--checkpoint-dir")
+        .arg(&ckpt)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("corrupt") && err.contains("rank-00000.safetensors"),
+        "{err}"
+    );
+    assert!(
+        err.contains("step-00000002"),
+        "names the previous good one: {err}"
+    );
+    assert!(ckpt.join("step-00000002/manifest.json").exists());
+}
+
+#[test]
+fn sigterm_finishes_the_step_checkpoints_and_exits_zero() {
+    let m = tiny("tiny-gpt2");
+    let dir = tempfile::tempdir().unwrap();
+    let plan = write_plan(dir.path(), &m, &dp_plan(&m), "plan.json");
+    let ckpt = dir.path().join("ckpt");
+    let metrics = dir.path().join("run.jsonl");
+    let bin = assert_cmd::cargo::cargo_bin("osdp-tui");
+    let mut child = std::process::Command::new(bin)
+        .arg("train")
+        .arg(sample("tiny-gpt2"))
+        .arg("--plan")
+        .arg(&plan)
+        .args(["--steps", "100000", "--global-batch", "2"])
+        .arg("--checkpoint-dir")
+        .arg(&ckpt)
+        .arg("--metrics")
+        .arg(&metrics)
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while step_lines(&metrics).len() < 2 {
+        assert!(std::time::Instant::now() < deadline, "no progress");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let status = std::process::Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let exit = child.wait().unwrap();
+    assert_eq!(exit.code(), Some(0));
+    let last = step_lines(&metrics).last().unwrap()["step"]
+        .as_u64()
+        .unwrap();
+    let latest = train::checkpoint::latest(&ckpt).unwrap().unwrap();
+    assert!(
+        latest.ends_with(format!("step-{last:08}")),
+        "{}",
+        latest.display()
+    );
+    let text = std::fs::read_to_string(&metrics).unwrap();
+    assert!(
+        text.lines()
+            .last()
+            .unwrap()
+            .contains("\"reason\":\"signal\""),
+        "{text}"
+    );
+}
+
+fn refused(args: &[&str], plan: &Path, needle: &str) {
+    let out = osdp()
+        .arg("train")
+        .arg(sample("tiny-gpt2"))
+        .arg("--plan")
+        .arg(plan)
+        .args(args)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+    assert!(err.contains(needle), "{args:?}: {err}");
+    assert!(!err.contains("panicked"), "{err}");
+}
+
+#[test]
+fn bad_training_input_is_refused_before_anything_is_written() {
+    let gpt = tiny("tiny-gpt2");
+    let llama = tiny("tiny-llama");
+    let dir = tempfile::tempdir().unwrap();
+    let good = write_plan(dir.path(), &gpt, &dp_plan(&gpt), "good.json");
+    let other = write_plan(dir.path(), &llama, &dp_plan(&llama), "other.json");
+    let metrics = dir.path().join("m.jsonl");
+    let ckpt = dir.path().join("ckpt");
+    let m = metrics.to_str().unwrap();
+    let c = ckpt.to_str().unwrap();
+
+    refused(&["--metrics", m], &other, "made for model");
+    let mut unsplittable = dp_plan(&gpt);
+    let i = gpt
+        .ops
+        .iter()
+        .position(|o| o.id == "h0.attn.c_proj")
+        .unwrap();
+    unsplittable.choices[i] = Choice::zero3(256, 1);
+    let bad = write_plan(dir.path(), &gpt, &unsplittable, "unsplittable.json");
+    refused(&["--metrics", m], &bad, "256 slices do not divide");
+    refused(
+        &[
+            "--world-size",
+            "3",
+            "--global-batch",
+            "8",
+            "--metrics",
+            m,
+            "--checkpoint-dir",
+            c,
+        ],
+        &good,
+        "does not divide",
+    );
+    refused(&["--resume", "--checkpoint-dir", c], &good, "no checkpoint");
+    refused(
+        &["--resume-from", "/nonexistent/step-00000001"],
+        &good,
+        "manifest",
+    );
+    assert!(!metrics.exists(), "no metrics file for a refused run");
+    assert!(!ckpt.exists(), "no checkpoint directory for a refused run");
+
+    // A directory with checkpoints is not overwritten by a fresh run.
+    osdp()
+        .arg("train")
+        .arg(sample("tiny-gpt2"))
+        .arg("--plan")
+        .arg(&good)
+        .args(["--steps", "1", "--global-batch", "2", "--checkpoint-dir", c])
+        .assert()
+        .success();
+    let before = std::fs::read(ckpt.join("latest.json")).unwrap();
+    refused(&["--steps", "1", "--checkpoint-dir", c], &good, "--resume");
+    assert_eq!(std::fs::read(ckpt.join("latest.json")).unwrap(), before);
+}
