@@ -104,6 +104,21 @@ impl Blocks {
     pub fn saved_bytes(&self, block: usize, bases: &[OpBase]) -> u64 {
         self.ops[block].iter().map(|&i| bases[i].saved_bytes).sum()
     }
+
+    /// Per op, what a recomputed block has rematerialised while that op runs backward: the
+    /// activations kept by it and by the block's ops before it (those after it have run their
+    /// backward and let theirs go). 0 for ops outside blocks.
+    pub fn remat_at(&self, bases: &[OpBase]) -> Vec<u64> {
+        let mut at = vec![0; self.of_op.len()];
+        for members in &self.ops {
+            let mut sum = 0;
+            for &i in members {
+                sum += bases[i].saved_bytes;
+                at[i] = sum;
+            }
+        }
+        at
+    }
 }
 
 /// Price a plan. The planner's figures are these, by construction.
@@ -120,15 +135,7 @@ pub(crate) fn evaluate_with(
     bases: &[OpBase],
     blocks: &Blocks,
 ) -> Prediction {
-    let remat: Vec<u64> = (0..blocks.ops.len())
-        .map(|b| {
-            if plan.recompute.get(b).copied().unwrap_or(false) {
-                blocks.saved_bytes(b, bases)
-            } else {
-                0
-            }
-        })
-        .collect();
+    let remat = blocks.remat_at(bases);
     let (mut persistent, mut activations, mut max_transient) = (0u64, 0u64, 0u64);
     let (mut compute, mut exposed, mut optimizer, mut recompute) = (0.0, 0.0, 0.0, 0.0);
     let mut ops = Vec::with_capacity(model.ops.len());
@@ -140,7 +147,8 @@ pub(crate) fn evaluate_with(
         let extra_s = if recomputed { base.fwd_s } else { 0.0 };
         persistent += c.persistent_bytes;
         activations += kept;
-        max_transient = max_transient.max(c.transient_bytes + block.map_or(0, |b| remat[b]));
+        let rematerialised = if recomputed { remat[i] } else { 0 };
+        max_transient = max_transient.max(c.transient_bytes + rematerialised);
         compute += c.compute_s;
         exposed += c.exposed_comm_s;
         optimizer += c.optimizer_s;

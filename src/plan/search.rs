@@ -244,14 +244,12 @@ impl<'m> Planner<'m> {
             .map(|o| o.first().map_or(0, |x| x.transient))
             .max()
             .unwrap_or(0);
-        let remat: Vec<u64> = (0..self.blocks.ops.len())
-            .map(|b| self.blocks.saved_bytes(b, &bases))
-            .collect();
+        let remat = self.blocks.remat_at(&bases);
         let mut caps: Vec<u64> = opts.iter().flatten().map(|o| o.transient).collect();
         if self.options.recompute {
-            for (b, members) in self.blocks.ops.iter().enumerate() {
+            for members in &self.blocks.ops {
                 for &i in members {
-                    caps.extend(opts[i].iter().map(|o| o.transient + remat[b]));
+                    caps.extend(opts[i].iter().map(|o| o.transient + remat[i]));
                 }
             }
         }
@@ -294,10 +292,10 @@ impl<'m> Planner<'m> {
                     .iter()
                     .map(|&i| opts[i].partition_point(|o| o.transient <= cap))
                     .collect();
-                if let (Some(b), true) = (block, self.options.recompute) {
+                if let (Some(_), true) = (block, self.options.recompute) {
                     key.extend(
                         rep.iter()
-                            .map(|&i| opts[i].partition_point(|o| o.transient + remat[b] <= cap)),
+                            .map(|&i| opts[i].partition_point(|o| o.transient + remat[i] <= cap)),
                     );
                 }
                 let f = cache.entry((ci, key)).or_insert_with(|| {
@@ -308,7 +306,7 @@ impl<'m> Planner<'m> {
                         cap,
                         block.map(|b| {
                             (
-                                remat[b],
+                                rep.iter().map(|&i| remat[i]).collect::<Vec<u64>>(),
                                 self.machine
                                     .activation_bytes(self.blocks.input_bytes_per_sample[b])
                                     * batch,
@@ -405,18 +403,20 @@ fn option(base: &OpBase, choice: Choice, m: &Machine) -> Opt {
 }
 
 /// Frontier of one instance of a class under transient cap `cap`, with and (for blocks, when
-/// allowed) without recomputation. `block`: (rematerialised bytes, kept input bytes).
+/// allowed) without recomputation. `block`: (per slot, the bytes rematerialised while it runs
+/// backward; kept input bytes).
 fn class_frontier(
     class: u32,
     slots: &[usize],
     opts: &[Vec<Opt>],
     cap: u64,
-    block: Option<(u64, u64)>,
+    block: Option<(Vec<u64>, u64)>,
     options: &PlanOptions,
     arena: &mut Arena,
 ) -> Frontier {
     let (allow_recompute, resolution) = (options.recompute, options.resolution_bytes);
-    let mut variants: Vec<(bool, u64, u64)> = vec![(false, 0, 0)];
+    let none = vec![0; slots.len()];
+    let mut variants: Vec<(bool, Vec<u64>, u64)> = vec![(false, none, 0)];
     if let (Some((remat, kept)), true) = (block, allow_recompute) {
         variants.push((true, remat, kept));
     }
@@ -431,7 +431,7 @@ fn class_frontier(
         for (slot, &i) in slots.iter().enumerate() {
             let pts: Vec<Point> = opts[i]
                 .iter()
-                .filter(|o| o.transient + extra_transient <= cap)
+                .filter(|o| o.transient + extra_transient[slot] <= cap)
                 .map(|o| {
                     let (mem, time) = if recompute {
                         (o.held_r, o.time_r)
