@@ -18,7 +18,7 @@ use tch::{Device, Tensor};
 
 use crate::model::ModelSpec;
 use crate::plan::Plan;
-use crate::run::{MemoryBreakdown, WorkerEvent};
+use crate::run::WorkerEvent;
 use collective::{Collective, LocalGroup};
 use exec::{Executor, Init, OptimConfig};
 
@@ -88,18 +88,6 @@ struct RankEnd {
     last_step: u64,
     by_signal: bool,
     params: Vec<(String, Tensor)>,
-}
-
-fn breakdown(b: memory::Breakdown) -> MemoryBreakdown {
-    MemoryBreakdown {
-        params: b.params,
-        grads: b.grads,
-        optimizer: b.optimizer,
-        gathered: b.gathered,
-        grad_buffers: b.grad_buffers,
-        activations: b.activations,
-        working: b.working,
-    }
 }
 
 /// Run training; `stop` asks for a graceful stop (finish the step, checkpoint, return).
@@ -237,7 +225,7 @@ pub fn run(
                             samples_per_s,
                             tokens_per_s: samples_per_s * cfg.model.config.seq_len as f64,
                             memory_bytes,
-                            memory_breakdown: breakdown(peak0),
+                            memory_breakdown: peak0,
                         });
                     }
                 }

@@ -611,6 +611,22 @@ impl Executor {
         }
     }
 
+    /// An attention op's queries, keys and values, from a fused input or three.
+    fn qkv(&self, i: usize) -> (Tensor, Tensor, Tensor) {
+        let ins: Vec<Tensor> = (0..self.inputs[i].len())
+            .map(|k| self.input(i, k))
+            .collect();
+        let refs: Vec<&Tensor> = ins.iter().collect();
+        ops::split_qkv(&refs, &self.attn)
+    }
+
+    fn labels(&self) -> Result<Tensor> {
+        self.labels
+            .as_ref()
+            .map(Tensor::shallow_clone)
+            .ok_or_else(|| ExecError::Unsupported("no labels for the loss".into()))
+    }
+
     fn ids(&self) -> Tensor {
         self.ids
             .as_ref()
@@ -711,11 +727,7 @@ impl Executor {
                 y
             }
             OpKind::Attention => {
-                let ins: Vec<Tensor> = (0..self.inputs[i].len())
-                    .map(|k| self.input(i, k))
-                    .collect();
-                let refs: Vec<&Tensor> = ins.iter().collect();
-                let (q, k, v) = ops::split_qkv(&refs, &self.attn);
+                let (q, k, v) = self.qkv(i);
                 let (out, lse) = ops::attention_fwd(&q, &k, &v, &self.attn, self.rope.as_ref());
                 if keep_extras {
                     self.set_extras(i, vec![lse]);
@@ -731,11 +743,7 @@ impl Executor {
             }
             OpKind::CrossEntropy => {
                 let logits = self.input(i, 0);
-                let labels = self
-                    .labels
-                    .as_ref()
-                    .map(Tensor::shallow_clone)
-                    .ok_or_else(|| ExecError::Unsupported("no labels for the loss".into()))?;
+                let labels = self.labels()?;
                 let (loss, logp) = ops::cross_entropy_fwd(&logits, &labels);
                 if keep_extras {
                     self.set_extras(i, vec![logp]);
@@ -815,11 +823,7 @@ impl Executor {
         let kind = self.model.ops[i].kind;
         match kind {
             OpKind::CrossEntropy => {
-                let labels = self
-                    .labels
-                    .as_ref()
-                    .map(Tensor::shallow_clone)
-                    .ok_or_else(|| ExecError::Unsupported("no labels for the loss".into()))?;
+                let labels = self.labels()?;
                 let scale = g.double_value(&[]);
                 let d = ops::cross_entropy_bwd(scale, &self.extras[i][0], &labels, self.kind);
                 self.add_act_grad(self.inputs[i][0], d);
@@ -886,11 +890,7 @@ impl Executor {
                 self.add_act_grad(self.inputs[i][0], dx);
             }
             OpKind::Attention => {
-                let ins: Vec<Tensor> = (0..self.inputs[i].len())
-                    .map(|k| self.input(i, k))
-                    .collect();
-                let refs: Vec<&Tensor> = ins.iter().collect();
-                let (q, k, v) = ops::split_qkv(&refs, &self.attn);
+                let (q, k, v) = self.qkv(i);
                 let out = self.outs[i]
                     .as_ref()
                     .map(|h| h.t.shallow_clone())

@@ -1,7 +1,5 @@
 //! Memory truth: the bytes one rank's executor holds, by category, with the peak.
 
-use serde::Serialize;
-
 /// What a held tensor is for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Category {
@@ -23,39 +21,18 @@ pub enum Category {
 
 const CATEGORIES: usize = 7;
 
-/// Bytes held now and at the peak, per category.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
-pub struct Breakdown {
-    pub params: u64,
-    pub grads: u64,
-    pub optimizer: u64,
-    pub gathered: u64,
-    pub grad_buffers: u64,
-    pub activations: u64,
-    pub working: u64,
-}
+/// Bytes by category: the protocol's type, so a worker reports exactly what it counted.
+pub use crate::run::MemoryBreakdown as Breakdown;
 
-impl Breakdown {
-    pub fn total(&self) -> u64 {
-        self.params
-            + self.grads
-            + self.optimizer
-            + self.gathered
-            + self.grad_buffers
-            + self.activations
-            + self.working
-    }
-
-    fn from_array(a: &[u64; CATEGORIES]) -> Breakdown {
-        Breakdown {
-            params: a[0],
-            grads: a[1],
-            optimizer: a[2],
-            gathered: a[3],
-            grad_buffers: a[4],
-            activations: a[5],
-            working: a[6],
-        }
+fn from_array(a: &[u64; CATEGORIES]) -> Breakdown {
+    Breakdown {
+        params: a[0],
+        grads: a[1],
+        optimizer: a[2],
+        gathered: a[3],
+        grad_buffers: a[4],
+        activations: a[5],
+        working: a[6],
     }
 }
 
@@ -83,12 +60,12 @@ impl Ledger {
     }
 
     pub fn now(&self) -> Breakdown {
-        Breakdown::from_array(&self.now)
+        from_array(&self.now)
     }
 
     /// The categories at the moment the total peaked.
     pub fn peak(&self) -> Breakdown {
-        Breakdown::from_array(&self.at_peak)
+        from_array(&self.at_peak)
     }
 
     /// Start a new peak window from what is held now.
