@@ -49,6 +49,19 @@ pub struct Cli {
     /// Print one text rendering of the dashboard and exit (also when stdout is not a terminal).
     #[arg(long)]
     once: bool,
+    /// Fix the micro-batch per GPU instead of searching it (b cycles it in the dashboard).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    batch: Option<u64>,
+    /// Where training runs started with `s` keep their plan, metrics, checkpoints and log
+    /// [default: runs/MODEL-NAME].
+    #[arg(long, value_name = "DIR")]
+    run_dir: Option<PathBuf>,
+    /// Checkpoint period of runs started from the dashboard, in steps.
+    #[arg(long, default_value_t = 50, value_name = "K")]
+    checkpoint_every: u64,
+    /// Declare a run failed (hung) after this many seconds without a step.
+    #[arg(long, default_value_t = 120, value_name = "SECS")]
+    hang_after: u64,
 }
 
 #[derive(Debug, Subcommand)]
@@ -120,6 +133,16 @@ enum Command {
     /// exit 0. Example: `osdp-tui train sample-models/tiny-gpt2.json --plan plan.json
     /// --world-size 2 --steps 200 --metrics run.jsonl --checkpoint-dir ckpt`.
     Train(train::TrainArgs),
+    /// Follow a training run from another terminal: step, loss, speed, memory, checkpoints.
+    ///
+    /// RUN_DIR is a run directory (the dashboard's --run-dir, or any directory whose
+    /// metrics.jsonl a `train --metrics` wrote).
+    Status {
+        run_dir: PathBuf,
+        /// Print JSON (model, world_size, global_batch, steps, last_checkpoint, ended, ...).
+        #[arg(long)]
+        json: bool,
+    },
     /// Show a cluster layout: devices, memory, rates, links, with the source of each figure.
     Layout {
         /// Layout file (layouts/*.json).
@@ -283,6 +306,7 @@ fn run(cli: Cli) -> Result<(), Failure> {
         }
         (Some(Command::Layout { layout, json }), _) => show_layout(&layout, json),
         (Some(Command::Train(args)), _) => train::train(args),
+        (Some(Command::Status { run_dir, json }), _) => run_status(&run_dir, json),
         (Some(Command::Plan(args)), _) => crate::report::plan(args.into_request()?),
         (
             Some(Command::Evaluate {
@@ -301,6 +325,10 @@ fn run(cli: Cli) -> Result<(), Failure> {
             budget_per_gpu: cli.budget_per_gpu,
             max_split: cli.max_split,
             once: cli.once,
+            batch: cli.batch,
+            run_dir: cli.run_dir,
+            checkpoint_every: cli.checkpoint_every,
+            hang_after: cli.hang_after,
         }),
         (None, None) => Err(Failure {
             code: 2,
@@ -455,6 +483,57 @@ struct DashboardArgs {
     budget_per_gpu: Vec<u64>,
     max_split: u32,
     once: bool,
+    batch: Option<u64>,
+    run_dir: Option<PathBuf>,
+    checkpoint_every: u64,
+    hang_after: u64,
+}
+
+fn run_status(dir: &Path, json: bool) -> Result<(), Failure> {
+    let status = crate::run::read_status(dir)
+        .map_err(|e| Failure::input(format!("{}: no run here ({e})", dir.display())))?;
+    if json {
+        crate::report::print_json(&status);
+        return Ok(());
+    }
+    let model = status.model.as_deref().unwrap_or("?");
+    println!(
+        "run {} · {model} · {} rank(s) · {} samples per step",
+        dir.display(),
+        status.world_size,
+        status.global_batch
+    );
+    match status.last() {
+        Some(p) => {
+            let first = status.steps.first().map_or(p.loss, |s| s.loss);
+            let mem: Vec<String> = p.memory_bytes.iter().map(|&b| units::bytes(b)).collect();
+            println!(
+                "step {} · loss {:.4} (first {first:.4}) · {:.3} s/step · {:.1} samples/s · {} tokens/s",
+                p.step,
+                p.loss,
+                p.step_time_s,
+                p.samples_per_s,
+                units::count(p.tokens_per_s as u64)
+            );
+            println!("memory per rank {}", mem.join(" "));
+        }
+        None => println!("no step yet"),
+    }
+    match &status.last_checkpoint {
+        Some((step, path)) => println!("last checkpoint: step {step} ({path})"),
+        None => println!("no checkpoint yet"),
+    }
+    let state = match (&status.ended, status.failed, status.checkpointing) {
+        (Some(m), true, _) => format!("failed: {m}"),
+        (Some(r), false, _) => format!("stopped ({r})"),
+        (None, _, Some(s)) => format!("checkpointing step {s}"),
+        (None, _, None) => "running (or killed without a word: see worker.log)".into(),
+    };
+    println!(
+        "state: {state} · segments started at steps {:?}",
+        status.segments
+    );
+    Ok(())
 }
 
 /// The layout planned for when none is given.
@@ -513,8 +592,24 @@ fn dashboard(args: DashboardArgs) -> Result<(), Failure> {
             .collect()
     });
     let budgets = crate::report::per_gpu_budgets(&layout, args.budget, &args.budget_per_gpu, free)?;
+    let run_dir = args
+        .run_dir
+        .clone()
+        .unwrap_or_else(|| PathBuf::from("runs").join(&spec.name));
     let mut app = App::new(spec, layout, budgets, args.max_split);
     app.notice = notice;
+    app.batch = args.batch;
+    if let Ok(exe) = std::env::current_exe() {
+        let launch = crate::run::LaunchSpec {
+            exe,
+            model: args.model.clone(),
+            world_size: 1,
+            global_batch: 1,
+            checkpoint_every: args.checkpoint_every,
+            hang_after: std::time::Duration::from_secs(args.hang_after.max(1)),
+        };
+        app = app.with_training(crate::tui::app::Training::new(launch, run_dir));
+    }
     if !tui::interactive(args.once) {
         // One synchronous plan, one frame as text.
         let mut app = app;

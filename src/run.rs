@@ -1,5 +1,12 @@
 //! Training runs as seen from outside the worker: the JSON-lines protocol a worker writes to
-//! its metrics stream. No libtorch here, so the dashboard and scripts read runs without it.
+//! its metrics stream, the run directory, the status folded from the stream, and the supervisor
+//! that starts, watches and stops a worker process. No libtorch here, so the dashboard and
+//! `osdp-tui status` read runs without it.
+
+use std::io::{Read, Seek, SeekFrom};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
@@ -58,6 +65,10 @@ pub enum WorkerEvent {
         /// Rank 0's peak by category.
         memory_breakdown: MemoryBreakdown,
     },
+    /// A checkpoint of `step` is being written.
+    Checkpointing {
+        step: u64,
+    },
     Checkpoint {
         step: u64,
         path: String,
@@ -71,4 +82,411 @@ pub enum WorkerEvent {
     Failed {
         message: String,
     },
+}
+
+/// The files of one run: the plan it uses, the metrics stream, checkpoints, the worker's log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunDir(pub PathBuf);
+
+impl RunDir {
+    pub fn plan(&self) -> PathBuf {
+        self.0.join("plan.json")
+    }
+    pub fn metrics(&self) -> PathBuf {
+        self.0.join("metrics.jsonl")
+    }
+    pub fn checkpoints(&self) -> PathBuf {
+        self.0.join("checkpoints")
+    }
+    pub fn log(&self) -> PathBuf {
+        self.0.join("worker.log")
+    }
+    /// Whether a checkpoint to resume from exists (`latest.json` written by the worker).
+    pub fn has_checkpoint(&self) -> bool {
+        self.checkpoints().join("latest.json").exists()
+    }
+    /// The last `n` lines of the worker's log.
+    pub fn log_tail(&self, n: usize) -> Vec<String> {
+        let text = std::fs::read_to_string(self.log()).unwrap_or_default();
+        let lines: Vec<String> = text
+            .lines()
+            .flat_map(|l| l.rsplit('\r').next())
+            .filter(|l| !l.trim().is_empty())
+            .map(|l| l.replace("\u{1b}[2K", ""))
+            .collect();
+        lines[lines.len().saturating_sub(n)..].to_vec()
+    }
+}
+
+/// One step as the run reported it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct StepPoint {
+    pub step: u64,
+    pub loss: f64,
+    pub step_time_s: f64,
+    pub samples_per_s: f64,
+    pub tokens_per_s: f64,
+    pub memory_bytes: Vec<u64>,
+}
+
+/// Everything the metrics stream says so far, folded.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct RunStatus {
+    pub model: Option<String>,
+    pub world_size: usize,
+    pub global_batch: u64,
+    /// Steps of every segment of the run (restarts append), in order.
+    pub steps: Vec<StepPoint>,
+    pub last_checkpoint: Option<(u64, String)>,
+    /// A checkpoint being written (no `checkpoint` event yet).
+    pub checkpointing: Option<u64>,
+    /// Step each segment (start or restart) began at.
+    pub segments: Vec<u64>,
+    /// How the last segment ended: `completed`, `signal`, or the failure message.
+    pub ended: Option<String>,
+    pub failed: bool,
+}
+
+impl RunStatus {
+    pub fn apply(&mut self, ev: &WorkerEvent) {
+        match ev {
+            WorkerEvent::Started {
+                model,
+                world_size,
+                global_batch,
+                first_step,
+                ..
+            } => {
+                self.model = Some(model.clone());
+                self.world_size = *world_size;
+                self.global_batch = *global_batch;
+                self.segments.push(*first_step);
+                // A resumed segment replays nothing: drop steps past where it resumes.
+                self.steps.retain(|s| s.step <= *first_step);
+                self.ended = None;
+                self.failed = false;
+                self.checkpointing = None;
+            }
+            WorkerEvent::Step {
+                step,
+                loss,
+                step_time_s,
+                samples_per_s,
+                tokens_per_s,
+                memory_bytes,
+                ..
+            } => self.steps.push(StepPoint {
+                step: *step,
+                loss: *loss,
+                step_time_s: *step_time_s,
+                samples_per_s: *samples_per_s,
+                tokens_per_s: *tokens_per_s,
+                memory_bytes: memory_bytes.clone(),
+            }),
+            WorkerEvent::Checkpointing { step } => self.checkpointing = Some(*step),
+            WorkerEvent::Checkpoint { step, path, .. } => {
+                self.checkpointing = None;
+                self.last_checkpoint = Some((*step, path.clone()));
+            }
+            WorkerEvent::Stopped { reason, .. } => self.ended = Some(reason.clone()),
+            WorkerEvent::Failed { message } => {
+                self.ended = Some(message.clone());
+                self.failed = true;
+            }
+        }
+    }
+
+    /// Fold a whole metrics stream; lines that do not parse (a line cut by a crash) are skipped.
+    pub fn from_text(text: &str) -> RunStatus {
+        let mut s = RunStatus::default();
+        for line in text.lines() {
+            if let Ok(ev) = serde_json::from_str::<WorkerEvent>(line) {
+                s.apply(&ev);
+            }
+        }
+        s
+    }
+
+    pub fn last(&self) -> Option<&StepPoint> {
+        self.steps.last()
+    }
+}
+
+/// What a run is doing, as the dashboard's header shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RunState {
+    Idle,
+    Starting,
+    Running,
+    Checkpointing,
+    Stopping,
+    /// Why, and the last lines of the worker's log.
+    Failed {
+        why: String,
+        log_tail: Vec<String>,
+    },
+}
+
+impl RunState {
+    pub fn label(&self) -> &'static str {
+        match self {
+            RunState::Idle => "idle",
+            RunState::Starting => "starting",
+            RunState::Running => "running",
+            RunState::Checkpointing => "checkpointing",
+            RunState::Stopping => "stopping",
+            RunState::Failed { .. } => "failed",
+        }
+    }
+}
+
+/// How to launch a worker.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LaunchSpec {
+    /// The `osdp-tui` binary built with the trainer.
+    pub exe: PathBuf,
+    pub model: PathBuf,
+    pub world_size: usize,
+    pub global_batch: u64,
+    pub checkpoint_every: u64,
+    /// Declare the worker hung after this long without a new step.
+    pub hang_after: Duration,
+}
+
+/// A worker process and what it has said. Poll it; it never blocks.
+pub struct Supervisor {
+    pub dir: RunDir,
+    pub state: RunState,
+    pub status: RunStatus,
+    child: Option<Child>,
+    read_offset: u64,
+    partial: String,
+    last_progress: Instant,
+    hang_after: Duration,
+    term_sent: bool,
+    pub started_at: Instant,
+    /// When this dashboard saw the last checkpoint land.
+    pub last_checkpoint_at: Option<Instant>,
+}
+
+impl Supervisor {
+    /// Start a worker on `plan_json` (written into the run directory first). Resumes from the
+    /// run's latest checkpoint when it has one.
+    pub fn start(spec: &LaunchSpec, dir: RunDir, plan_json: &str) -> std::io::Result<Supervisor> {
+        std::fs::create_dir_all(&dir.0)?;
+        crate::input::write_atomically(&dir.plan(), plan_json.as_bytes())?;
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(dir.log())?;
+        let metrics_len = std::fs::metadata(dir.metrics())
+            .map(|m| m.len())
+            .unwrap_or(0);
+        let mut cmd = Command::new(&spec.exe);
+        cmd.arg("train")
+            .arg(&spec.model)
+            .arg("--plan")
+            .arg(dir.plan())
+            .arg("--world-size")
+            .arg(spec.world_size.to_string())
+            .arg("--global-batch")
+            .arg(spec.global_batch.to_string())
+            .args(["--steps", "100000000"])
+            .arg("--metrics")
+            .arg(dir.metrics())
+            .arg("--checkpoint-dir")
+            .arg(dir.checkpoints())
+            .arg("--checkpoint-every")
+            .arg(spec.checkpoint_every.max(1).to_string());
+        if dir.has_checkpoint() {
+            cmd.arg("--resume");
+        }
+        cmd.stdin(Stdio::null())
+            .stdout(Stdio::from(log.try_clone()?))
+            .stderr(Stdio::from(log));
+        let child = cmd.spawn()?;
+        // Earlier segments' events give the loss curve its history.
+        let earlier = std::fs::read_to_string(dir.metrics()).unwrap_or_default();
+        Ok(Supervisor {
+            status: RunStatus::from_text(&earlier),
+            dir,
+            state: RunState::Starting,
+            child: Some(child),
+            read_offset: metrics_len,
+            partial: String::new(),
+            last_progress: Instant::now(),
+            hang_after: spec.hang_after,
+            term_sent: false,
+            started_at: Instant::now(),
+            last_checkpoint_at: None,
+        })
+    }
+
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    pub fn is_live(&self) -> bool {
+        self.child.is_some()
+    }
+
+    /// Read new events, notice an exit or a hang.
+    pub fn poll(&mut self) {
+        self.read_events();
+        let Some(child) = self.child.as_mut() else {
+            return;
+        };
+        match child.try_wait() {
+            Ok(Some(status)) => {
+                self.child = None;
+                self.read_events();
+                if status.success() && !self.status.failed {
+                    self.state = RunState::Idle;
+                } else {
+                    let why = match (status.code(), self.status.ended.clone()) {
+                        (_, Some(msg)) if self.status.failed => msg,
+                        (Some(c), _) => format!("the worker exited with status {c}"),
+                        (None, _) => {
+                            "the worker was killed (by a signal: out of memory, or from outside)"
+                                .to_string()
+                        }
+                    };
+                    self.fail(why);
+                }
+            }
+            Ok(None) => {
+                if !matches!(self.state, RunState::Stopping)
+                    && self.last_progress.elapsed() > self.hang_after
+                {
+                    let secs = self.hang_after.as_secs();
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    self.child = None;
+                    self.fail(format!(
+                        "no progress for {secs} s: the worker was hung and is stopped"
+                    ));
+                }
+            }
+            Err(e) => self.fail(format!("cannot watch the worker: {e}")),
+        }
+    }
+
+    fn fail(&mut self, why: String) {
+        self.state = RunState::Failed {
+            why,
+            log_tail: self.dir.log_tail(8),
+        };
+    }
+
+    fn read_events(&mut self) {
+        let Ok(mut f) = std::fs::File::open(self.dir.metrics()) else {
+            return;
+        };
+        if f.seek(SeekFrom::Start(self.read_offset)).is_err() {
+            return;
+        }
+        let mut buf = String::new();
+        let Ok(n) = f.read_to_string(&mut buf) else {
+            return;
+        };
+        self.read_offset += n as u64;
+        self.partial.push_str(&buf);
+        while let Some(nl) = self.partial.find('\n') {
+            let line: String = self.partial.drain(..=nl).collect();
+            if let Ok(ev) = serde_json::from_str::<WorkerEvent>(line.trim_end()) {
+                self.status.apply(&ev);
+                self.last_progress = Instant::now();
+                if matches!(ev, WorkerEvent::Checkpoint { .. }) {
+                    self.last_checkpoint_at = Some(Instant::now());
+                }
+                if self.child.is_some() && self.state != RunState::Stopping {
+                    self.state = match (&ev, self.status.checkpointing) {
+                        (_, Some(_)) => RunState::Checkpointing,
+                        (WorkerEvent::Started { .. }, _) => RunState::Starting,
+                        _ => RunState::Running,
+                    };
+                }
+            }
+        }
+    }
+
+    /// Ask the worker to stop: the first call lets it finish the step and checkpoint
+    /// (SIGTERM); a second call kills it.
+    pub fn stop(&mut self) {
+        let Some(child) = self.child.as_mut() else {
+            return;
+        };
+        if self.term_sent {
+            let _ = child.kill();
+            return;
+        }
+        self.term_sent = true;
+        self.state = RunState::Stopping;
+        terminate(child.id());
+    }
+
+    /// Stop and wait up to `limit` for the worker to exit (killing it after that).
+    pub fn stop_and_wait(&mut self, limit: Duration) {
+        self.stop();
+        let deadline = Instant::now() + limit;
+        while self.child.is_some() && Instant::now() < deadline {
+            self.poll();
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+            self.state = RunState::Idle;
+        }
+    }
+}
+
+impl Drop for Supervisor {
+    fn drop(&mut self) {
+        // Never leave a worker behind the dashboard: ask it to checkpoint and go.
+        if self.child.is_some() {
+            self.stop_and_wait(Duration::from_secs(30));
+        }
+    }
+}
+
+#[cfg(unix)]
+fn terminate(pid: u32) {
+    // SAFETY: kill(2) with a pid we spawned and a valid signal number has no memory effects.
+    unsafe {
+        libc::kill(pid as libc::pid_t, libc::SIGTERM);
+    }
+}
+
+#[cfg(not(unix))]
+fn terminate(_pid: u32) {}
+
+/// `osdp-tui status RUN_DIR`: the run's status from its metrics stream.
+pub fn read_status(dir: &Path) -> std::io::Result<RunStatus> {
+    let text = std::fs::read_to_string(RunDir(dir.to_path_buf()).metrics())?;
+    Ok(RunStatus::from_text(&text))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_resumed_segment_continues_the_step_count_and_drops_replayed_steps() {
+        let lines = [
+            r#"{"event":"started","model":"m","world_size":2,"global_batch":8,"first_step":0,"last_step":9,"data":"text","device":"cpu"}"#,
+            r#"{"event":"step","step":1,"loss":5.0,"grad_norm":1.0,"lr":0.1,"step_time_s":0.1,"samples_per_s":80.0,"tokens_per_s":1.0,"memory_bytes":[1,2],"memory_breakdown":{"params":0,"grads":0,"optimizer":0,"gathered":0,"grad_buffers":0,"activations":0,"working":0}}"#,
+            r#"{"event":"checkpointing","step":1}"#,
+            r#"{"event":"checkpoint","step":1,"path":"c/step-00000001","write_time_s":0.01}"#,
+            r#"{"event":"step","step":2,"loss":4.0,"grad_norm":1.0,"lr":0.1,"step_time_s":0.1,"samples_per_s":80.0,"tokens_per_s":1.0,"memory_bytes":[1,2],"memory_breakdown":{"params":0,"grads":0,"optimizer":0,"gathered":0,"grad_buffers":0,"activations":0,"working":0}}"#,
+            r#"{"event":"failed","message":"boom"}"#,
+            r#"{"event":"started","model":"m","world_size":2,"global_batch":8,"first_step":1,"last_step":9,"data":"text","device":"cpu"}"#,
+            r#"{"event":"step","step":2,"loss":4.1,"grad_norm":1.0,"lr":0.1,"step_time_s":0.1,"samples_per_s":80.0,"tokens_per_s":1.0,"memory_bytes":[1,2],"memory_breakdown":{"params":0,"grads":0,"optimizer":0,"gathered":0,"grad_buffers":0,"activations":0,"work"#,
+        ];
+        let s = RunStatus::from_text(&lines.join("\n"));
+        assert_eq!(s.segments, vec![0, 1]);
+        assert_eq!(s.steps.iter().map(|p| p.step).collect::<Vec<_>>(), vec![1]);
+        assert_eq!(s.last_checkpoint.as_ref().map(|c| c.0), Some(1));
+        assert!(!s.failed, "the restart cleared the failure");
+    }
 }

@@ -74,6 +74,9 @@ enum RankMsg {
         time_s: f64,
         peak: memory::Breakdown,
     },
+    Checkpointing {
+        step: u64,
+    },
     Checkpoint {
         step: u64,
         path: PathBuf,
@@ -229,6 +232,7 @@ pub fn run(
                         });
                     }
                 }
+                RankMsg::Checkpointing { step } => on_event(&WorkerEvent::Checkpointing { step }),
                 RankMsg::Checkpoint { step, path, time_s } => on_event(&WorkerEvent::Checkpoint {
                     step,
                     path: path.display().to_string(),
@@ -409,6 +413,7 @@ fn save(
     let sync = |exec: &Executor| exec.comm().barrier().map_err(|e| err(e.into()));
     let t0 = Instant::now();
     if rank == 0 {
+        let _ = tx.send(RankMsg::Checkpointing { step });
         checkpoint::begin(root, step)?;
     }
     sync(exec)?;

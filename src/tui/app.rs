@@ -8,7 +8,8 @@ use crate::cluster::Layout;
 use crate::cost::{self, Choice, Machine, Strategy};
 use crate::model::ModelSpec;
 use crate::monitor::{GpuEvent, GpuSample};
-use crate::plan::Blocks;
+use crate::plan::{Blocks, Planned};
+use crate::units;
 
 use super::worker::{PlanReady, PlanRequest, Worker};
 
@@ -23,7 +24,7 @@ pub enum Focus {
 }
 
 /// What the user (or a background job) asks for.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Action {
     RaiseBudget,
     LowerBudget,
@@ -39,7 +40,61 @@ pub enum Action {
     Toggle,
     ToggleHelp,
     ToggleGraph,
+    /// Start a training run with the plan on screen.
+    StartRun,
+    /// Stop the run gracefully (checkpoint, exit); again: kill it.
+    StopRun,
+    /// Stop, checkpoint, start again from the checkpoint under the plan on screen.
+    RestartRun,
+    /// Answer a question the screen asked.
+    Yes,
+    No,
     Quit,
+}
+
+/// A question waiting for y/n.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Confirm {
+    /// The plan on screen is still being priced.
+    StartUnpriced,
+    /// Quitting would stop the run.
+    QuitWhileRunning,
+}
+
+/// Launching training from the dashboard: where runs go and how workers start.
+pub struct Training {
+    /// Worker binary, model file, world size and batch per step, checkpoint period.
+    pub spec: crate::run::LaunchSpec,
+    pub dir: crate::run::RunDir,
+    pub run: Option<crate::run::Supervisor>,
+    /// The plan the run uses and its prediction (the screen's may have moved on).
+    pub run_plan: Option<Planned>,
+    restart_pending: bool,
+    quit_when_stopped: bool,
+}
+
+impl Training {
+    pub fn new(spec: crate::run::LaunchSpec, dir: std::path::PathBuf) -> Training {
+        Training {
+            spec,
+            dir: crate::run::RunDir(dir),
+            run: None,
+            run_plan: None,
+            restart_pending: false,
+            quit_when_stopped: false,
+        }
+    }
+
+    pub fn is_live(&self) -> bool {
+        self.run.as_ref().is_some_and(|r| r.is_live())
+    }
+
+    pub fn state(&self) -> crate::run::RunState {
+        match &self.run {
+            Some(r) => r.state.clone(),
+            None => crate::run::RunState::Idle,
+        }
+    }
 }
 
 /// One line of the operator list.
@@ -81,6 +136,12 @@ pub struct App {
     pub quit: bool,
     /// A line about where the layout came from (e.g. "no NVIDIA driver found; planning for …").
     pub notice: Option<String>,
+    /// Training from the dashboard, when the dashboard knows the model file.
+    pub training: Option<Training>,
+    /// A y/n question on screen.
+    pub confirm: Option<Confirm>,
+    /// The answer to the last action that could not be done as asked.
+    pub message: Option<String>,
     next_request: u64,
     worker: Option<Worker>,
     gpu_rx: Option<Receiver<GpuEvent>>,
@@ -112,6 +173,9 @@ impl App {
             show_graph: false,
             quit: false,
             notice: None,
+            training: None,
+            confirm: None,
+            message: None,
             next_request: 0,
             worker: None,
             gpu_rx: None,
@@ -131,6 +195,12 @@ impl App {
 
     pub fn with_gpu_events(mut self, rx: Receiver<GpuEvent>) -> App {
         self.gpu_rx = Some(rx);
+        self
+    }
+
+    /// Launch training runs from this dashboard.
+    pub fn with_training(mut self, t: Training) -> App {
+        self.training = Some(t);
         self
     }
 
@@ -189,6 +259,118 @@ impl App {
                 self.apply_gpu(e);
             }
         }
+        self.poll_training();
+    }
+
+    /// Follow the run: new events, exits; finish a restart or a quit waiting on the stop.
+    pub fn poll_training(&mut self) {
+        let Some(t) = self.training.as_mut() else {
+            return;
+        };
+        if let Some(run) = t.run.as_mut() {
+            run.poll();
+        }
+        if !t.is_live() {
+            if t.quit_when_stopped {
+                self.quit = true;
+            } else if t.restart_pending {
+                t.restart_pending = false;
+                self.start_run(true);
+            }
+        }
+    }
+
+    /// Whether the plan on screen differs from the one the run uses.
+    pub fn plan_differs_from_run(&self) -> bool {
+        match (
+            self.training.as_ref().and_then(|t| t.run_plan.as_ref()),
+            self.planned(),
+        ) {
+            (Some(run), Some(screen)) => run.plan != screen.plan,
+            _ => false,
+        }
+    }
+
+    fn start_run(&mut self, confirmed: bool) {
+        let Some(t) = self.training.as_ref() else {
+            self.message = Some("training needs the dashboard to be opened on a model file".into());
+            return;
+        };
+        if t.is_live() {
+            self.message =
+                Some("a run is going: r restarts it with the plan on screen, x stops it".into());
+            return;
+        }
+        let Some(planned) = self.planned().cloned() else {
+            self.message = Some(match &self.plan {
+                Some(PlanReady {
+                    result: Err(nf), ..
+                }) => format!(
+                    "no plan fits the budget (it takes {}): nothing to start",
+                    units::bytes(nf.min_budget_bytes)
+                ),
+                _ => "no plan yet: wait for the planner".into(),
+            });
+            return;
+        };
+        if self.pending && !confirmed {
+            self.confirm = Some(Confirm::StartUnpriced);
+            return;
+        }
+        let file = crate::plan::PlanFile::new(
+            &self.model,
+            &self.layout.name,
+            &planned.plan,
+            Some(&planned.prediction),
+        );
+        let json = match serde_json::to_string_pretty(&file) {
+            Ok(j) => j,
+            Err(e) => {
+                self.message = Some(format!("cannot write the plan: {e}"));
+                return;
+            }
+        };
+        let world = self.layout.world_size() as usize;
+        let Some(t) = self.training.as_mut() else {
+            return;
+        };
+        t.spec.world_size = world;
+        t.spec.global_batch = planned.plan.batch * world as u64;
+        // Drop the previous (exited) supervisor before starting the next.
+        t.run = None;
+        match crate::run::Supervisor::start(&t.spec, t.dir.clone(), &json) {
+            Ok(run) => {
+                t.run = Some(run);
+                t.run_plan = Some(planned);
+                self.message = None;
+            }
+            Err(e) => {
+                self.message = Some(format!(
+                    "cannot start the worker {}: {e}",
+                    t.spec.exe.display()
+                ))
+            }
+        }
+    }
+
+    fn stop_run(&mut self) {
+        match self.training.as_mut().and_then(|t| t.run.as_mut()) {
+            Some(run) if run.is_live() => run.stop(),
+            _ => self.message = Some("no run is going".into()),
+        }
+    }
+
+    fn restart_run(&mut self) {
+        let Some(t) = self.training.as_mut() else {
+            return self.start_run(false);
+        };
+        match t.run.as_mut() {
+            Some(run) if run.is_live() => {
+                run.stop();
+                t.restart_pending = true;
+            }
+            _ => self.start_run(false),
+        }
     }
 
     pub fn apply_gpu(&mut self, event: GpuEvent) {
@@ -235,18 +417,45 @@ impl App {
     pub fn update(&mut self, action: Action) {
         let rows = self.rows().len();
         let mut replan = false;
+        if let Some(question) = self.confirm.take() {
+            // A question on screen takes the next key: y answers, anything else cancels.
+            if action == Action::Yes {
+                match question {
+                    Confirm::StartUnpriced => self.start_run(true),
+                    Confirm::QuitWhileRunning => {
+                        if let Some(t) = self.training.as_mut() {
+                            t.quit_when_stopped = true;
+                            if let Some(run) = t.run.as_mut() {
+                                run.stop();
+                            }
+                        }
+                    }
+                }
+            }
+            return;
+        }
+        self.message = None;
         match action {
+            Action::Quit if self.training.as_ref().is_some_and(Training::is_live) => {
+                self.confirm = Some(Confirm::QuitWhileRunning);
+            }
             Action::Quit => self.quit = true,
+            Action::StartRun => self.start_run(false),
+            Action::StopRun => self.stop_run(),
+            Action::RestartRun => self.restart_run(),
+            Action::Yes | Action::No => {}
             Action::ToggleHelp => self.show_help = !self.show_help,
             Action::ToggleGraph => self.show_graph = !self.show_graph,
             Action::RaiseBudget | Action::LowerBudget => {
                 let up = matches!(action, Action::RaiseBudget);
-                let step = |b: u64| {
-                    if up {
-                        b.saturating_add(GIB)
-                    } else {
-                        b.saturating_sub(GIB).max(GIB)
-                    }
+                // 1 GiB steps down to 1 GiB, then 64 MiB steps (CPU runs and small models).
+                const FINE: u64 = 64 << 20;
+                let step = |b: u64| match (up, b < GIB) {
+                    (true, true) => (b + FINE).min(GIB),
+                    (true, false) => b.saturating_add(GIB),
+                    (false, true) => b.saturating_sub(FINE).max(FINE),
+                    (false, false) if b == GIB => GIB - FINE,
+                    (false, false) => b.saturating_sub(GIB).max(GIB),
                 };
                 if self.focus == Focus::Gpus {
                     if let Some(b) = self.budgets.get_mut(self.selected_gpu) {

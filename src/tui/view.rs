@@ -10,9 +10,10 @@ use ratatui::widgets::{
 };
 use ratatui::Frame;
 
-use super::app::{App, Focus, GpuView, Row};
+use super::app::{App, Confirm, Focus, GpuView, Row};
 use crate::cost::{Choice, Strategy};
 use crate::model::ModelSpec;
+use crate::run::RunState;
 use crate::units;
 
 pub const MIN_WIDTH: u16 = 80;
@@ -49,6 +50,16 @@ pub fn draw(app: &App, f: &mut Frame) {
     .areas(area);
     draw_header(app, f, header);
     draw_strip(app, f, strip);
+    // A run (going, or with history) gets a panel under the plan when there is room.
+    let has_run = app.training.as_ref().is_some_and(|t| t.run.is_some());
+    let main = if has_run && main.height >= 26 {
+        let [top, panel] =
+            Layout::vertical([Constraint::Min(12), Constraint::Length(12)]).areas(main);
+        draw_training(app, f, panel);
+        top
+    } else {
+        main
+    };
     let [ops, right] =
         Layout::horizontal([Constraint::Percentage(58), Constraint::Percentage(42)]).areas(main);
     draw_ops(app, f, ops);
@@ -73,13 +84,25 @@ pub fn draw(app: &App, f: &mut Frame) {
             draw_frontier(app, f, lower);
         }
     }
-    f.render_widget(
-        Paragraph::new(
-            " +/- budget  ]/[ split  b batch  p pin  g graph/chart  Enter expand  Tab focus  ? help  q quit",
-        )
-        .style(Style::new().fg(Color::DarkGray)),
-        footer,
-    );
+    let footer_line = match (app.confirm, &app.message) {
+        (Some(Confirm::StartUnpriced), _) => Line::from(Span::styled(
+            " the plan on screen is still being priced: start with it anyway? y / n",
+            Style::new().fg(Color::Black).bg(Color::Yellow),
+        )),
+        (Some(Confirm::QuitWhileRunning), _) => Line::from(Span::styled(
+            " a run is going: stop it (checkpoint) and quit? y / n",
+            Style::new().fg(Color::Black).bg(Color::Yellow),
+        )),
+        (None, Some(m)) => Line::from(Span::styled(
+            format!(" {m}"),
+            Style::new().fg(Color::Yellow),
+        )),
+        (None, None) => Line::from(Span::styled(
+            " +/- budget  ]/[ split  b batch  p pin  g graph  s start  x stop  r restart  ? help  q quit",
+            Style::new().fg(Color::DarkGray),
+        )),
+    };
+    f.render_widget(Paragraph::new(footer_line), footer);
     if app.show_help {
         draw_help(f, area);
     }
@@ -87,7 +110,7 @@ pub fn draw(app: &App, f: &mut Frame) {
 
 fn draw_header(app: &App, f: &mut Frame, area: Rect) {
     let m: &ModelSpec = &app.model;
-    let mut lines = vec![Line::from(vec![
+    let mut title = vec![
         Span::styled("osdp-tui ", Style::new().bold()),
         Span::raw(format!(
             "{} ({} params, {} ops) on {} ({} × {})",
@@ -98,7 +121,22 @@ fn draw_header(app: &App, f: &mut Frame, area: Rect) {
             app.layout.world_size(),
             app.layout.device.model
         )),
-    ])];
+    ];
+    if let Some(t) = &app.training {
+        let state = t.state();
+        let step = t
+            .run
+            .as_ref()
+            .and_then(|r| r.status.last())
+            .map(|p| format!(" step {}", p.step))
+            .unwrap_or_default();
+        title.push(Span::raw(" · run: "));
+        title.push(Span::styled(
+            format!("{}{step}", state.label()),
+            Style::new().bold().fg(run_color(&state)),
+        ));
+    }
+    let mut lines = vec![Line::from(title)];
     let budget = app.budget();
     let batch_mode = if app.batch.is_some() { "fixed" } else { "auto" };
     match &app.plan {
@@ -484,9 +522,145 @@ fn draw_frontier(app: &App, f: &mut Frame, area: Rect) {
     f.render_widget(chart, area);
 }
 
+fn run_color(state: &RunState) -> Color {
+    match state {
+        RunState::Idle => Color::DarkGray,
+        RunState::Starting | RunState::Checkpointing | RunState::Stopping => Color::Yellow,
+        RunState::Running => Color::Green,
+        RunState::Failed { .. } => Color::Red,
+    }
+}
+
+/// The training panel: the run's progress and measured figures beside the plan's prediction,
+/// and its loss curve.
+fn draw_training(app: &App, f: &mut Frame, area: Rect) {
+    let Some(t) = &app.training else {
+        return;
+    };
+    let Some(run) = &t.run else {
+        return;
+    };
+    let state = t.state();
+    let [text_area, chart_area] =
+        Layout::horizontal([Constraint::Percentage(55), Constraint::Percentage(45)]).areas(area);
+    let title = format!(" training: {} · {} ", state.label(), t.dir.0.display());
+    let block = Block::bordered()
+        .title(title)
+        .border_style(Style::new().fg(run_color(&state)));
+    let mut lines: Vec<Line> = Vec::new();
+    let pred = t.run_plan.as_ref().map(|p| &p.prediction);
+    let last = run.status.last();
+    let plan_line = if app.plan_differs_from_run() {
+        Span::styled(
+            "the plan on screen differs from the run's: r restarts under it",
+            Style::new().fg(Color::Yellow),
+        )
+    } else {
+        Span::raw("the run uses the plan on screen")
+    };
+    lines.push(Line::from(plan_line));
+    match last {
+        Some(p) => {
+            lines.push(Line::from(format!(
+                "step {} · loss {:.4} · {:.3} s/step",
+                p.step, p.loss, p.step_time_s
+            )));
+            let (ps, pt) =
+                pred.map_or((0.0, 0.0), |x| (x.throughput_samples_per_s, x.tokens_per_s));
+            lines.push(Line::from(format!(
+                "samples/s {:.1} measured · {:.1} predicted",
+                p.samples_per_s, ps
+            )));
+            lines.push(Line::from(format!(
+                "tokens/s  {} measured · {} predicted",
+                units::count(p.tokens_per_s as u64),
+                units::count(pt as u64)
+            )));
+            let measured: Vec<String> = p.memory_bytes.iter().map(|&b| units::bytes(b)).collect();
+            let predicted = pred
+                .map(|x| {
+                    format!(
+                        "{} (+{} runtime)",
+                        units::bytes(x.peak_memory_bytes.saturating_sub(x.overhead_bytes)),
+                        units::bytes(x.overhead_bytes)
+                    )
+                })
+                .unwrap_or_else(|| "—".into());
+            lines.push(Line::from(format!(
+                "memory/rank {} measured · {predicted} predicted",
+                measured.join(" ")
+            )));
+        }
+        None => lines.push(Line::from("waiting for the first step…")),
+    }
+    let ckpt = match (&run.status.last_checkpoint, run.last_checkpoint_at) {
+        (Some((step, _)), Some(at)) => {
+            format!(
+                "last checkpoint: step {step}, {:.0} s ago",
+                at.elapsed().as_secs_f64()
+            )
+        }
+        (Some((step, _)), None) => format!("last checkpoint: step {step}"),
+        (None, _) => "no checkpoint yet".into(),
+    };
+    lines.push(Line::from(ckpt));
+    if let RunState::Failed { why, log_tail } = &state {
+        lines.push(Line::from(Span::styled(
+            format!("failed: {why} · r restarts from the last checkpoint"),
+            Style::new().fg(Color::Red).bold(),
+        )));
+        for l in log_tail.iter().rev().take(3).rev() {
+            lines.push(Line::from(Span::styled(
+                format!("  {l}"),
+                Style::new().fg(Color::DarkGray),
+            )));
+        }
+    }
+    f.render_widget(
+        Paragraph::new(lines)
+            .block(block)
+            .wrap(Wrap { trim: false }),
+        text_area,
+    );
+    draw_loss(&run.status, f, chart_area);
+}
+
+fn draw_loss(status: &crate::run::RunStatus, f: &mut Frame, area: Rect) {
+    let block = Block::bordered().title(" loss by step ");
+    let pts: Vec<(f64, f64)> = status
+        .steps
+        .iter()
+        .map(|p| (p.step as f64, p.loss))
+        .collect();
+    if pts.len() < 2 {
+        f.render_widget(Paragraph::new("no steps yet").block(block), area);
+        return;
+    }
+    let x_min = pts.first().map_or(0.0, |p| p.0);
+    let x_max = pts.last().map_or(1.0, |p| p.0).max(x_min + 1.0);
+    let y_max = pts.iter().map(|p| p.1).fold(0.0f64, f64::max) * 1.05;
+    let y_min = pts.iter().map(|p| p.1).fold(f64::INFINITY, f64::min) * 0.95;
+    let datasets = vec![Dataset::default()
+        .marker(Marker::Braille)
+        .graph_type(GraphType::Line)
+        .style(Style::new().fg(Color::Cyan))
+        .data(&pts)];
+    let chart = Chart::new(datasets)
+        .block(block)
+        .x_axis(Axis::default().bounds([x_min, x_max]).labels(vec![
+            Span::raw(format!("{x_min:.0}")),
+            Span::raw(format!("{x_max:.0}")),
+        ]))
+        .y_axis(Axis::default().bounds([y_min, y_max]).labels(vec![
+            Span::raw(format!("{y_min:.2}")),
+            Span::raw(format!("{y_max:.2}")),
+        ]));
+    f.render_widget(chart, area);
+}
+
 fn draw_help(f: &mut Frame, area: Rect) {
     let w = 68.min(area.width);
-    let h = 18.min(area.height);
+    let h = 19.min(area.height);
     let r = Rect::new(
         area.x + (area.width - w) / 2,
         area.y + (area.height - h) / 2,
@@ -494,7 +668,7 @@ fn draw_help(f: &mut Frame, area: Rect) {
         h,
     );
     let text = vec![
-        Line::from("+ / -      raise / lower the budget by 1 GiB"),
+        Line::from("+ / -      budget up / down (1 GiB steps; 64 MiB under 1 GiB)"),
         Line::from("           (the selected GPU's when the GPU panel has focus)"),
         Line::from("] / [      raise / lower the operator split limit"),
         Line::from("b          micro-batch: auto, then 1, 2, 4, … fixed"),
@@ -502,6 +676,7 @@ fn draw_help(f: &mut Frame, area: Rect) {
         Line::from("g          show the selected block's graph / the frontier chart"),
         Line::from("Tab        move focus between operators and GPUs"),
         Line::from("↑ ↓ PgUp PgDn  move          Enter  expand / collapse a block"),
+        Line::from("s / x / r  start / stop (x twice: kill) / restart the training run"),
         Line::from("?          this help         q      quit"),
         Line::from(""),
         Line::from(vec![
