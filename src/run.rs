@@ -45,7 +45,8 @@ pub enum WorkerEvent {
         global_batch: u64,
         /// The step the run starts at (non-zero when resumed).
         first_step: u64,
-        last_step: u64,
+        /// Where it will stop by itself; `None`: until stopped.
+        last_step: Option<u64>,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         resumed_from: Option<String>,
         data: String,
@@ -291,7 +292,7 @@ impl Supervisor {
             .arg(spec.world_size.to_string())
             .arg("--global-batch")
             .arg(spec.global_batch.to_string())
-            .args(["--steps", "100000000"])
+            .args(["--steps", "0"])
             .arg("--metrics")
             .arg(dir.metrics())
             .arg("--checkpoint-dir")
@@ -474,7 +475,7 @@ mod tests {
     #[test]
     fn a_resumed_segment_continues_the_step_count_and_drops_replayed_steps() {
         let lines = [
-            r#"{"event":"started","model":"m","world_size":2,"global_batch":8,"first_step":0,"last_step":9,"data":"text","device":"cpu"}"#,
+            r#"{"event":"started","model":"m","world_size":2,"global_batch":8,"first_step":0,"last_step":null,"data":"text","device":"cpu"}"#,
             r#"{"event":"step","step":1,"loss":5.0,"grad_norm":1.0,"lr":0.1,"step_time_s":0.1,"samples_per_s":80.0,"tokens_per_s":1.0,"memory_bytes":[1,2],"memory_breakdown":{"params":0,"grads":0,"optimizer":0,"gathered":0,"grad_buffers":0,"activations":0,"working":0}}"#,
             r#"{"event":"checkpointing","step":1}"#,
             r#"{"event":"checkpoint","step":1,"path":"c/step-00000001","write_time_s":0.01}"#,

@@ -38,7 +38,7 @@ pub struct TrainConfig {
     pub plan: Plan,
     pub world_size: usize,
     pub global_batch: u64,
-    /// Steps to run in this invocation.
+    /// Steps to run in this invocation (0: until stopped).
     pub steps: u64,
     pub seed: u64,
     pub source: data::Source,
@@ -129,7 +129,7 @@ pub fn run(
         None => None,
     };
     let first_step = restored.as_ref().map_or(0, |(m, _)| m.step);
-    let last_step = first_step + cfg.steps;
+    let last_step = (cfg.steps > 0).then(|| first_step + cfg.steps);
     on_event(&WorkerEvent::Started {
         model: cfg.model.name.clone(),
         world_size: world,
@@ -332,7 +332,11 @@ fn rank_main(
         cfg.optim,
     )
     .map_err(&err)?;
-    let last = first_step + cfg.steps;
+    let last = if cfg.steps == 0 {
+        u64::MAX
+    } else {
+        first_step + cfg.steps
+    };
     let mut step = first_step;
     let mut saved_at = first_step;
     let mut by_signal = false;

@@ -29,7 +29,7 @@ pub struct TrainArgs {
     pub global_batch: Option<u64>,
     #[arg(long, value_enum, default_value_t = DeviceArg::Cpu)]
     pub device: DeviceArg,
-    /// Optimizer steps to run (after the resumed step, when resuming).
+    /// Optimizer steps to run (after the resumed step, when resuming); 0 runs until stopped.
     #[arg(long, default_value_t = 100, value_name = "N")]
     pub steps: u64,
     /// Seed of the initial weights and of the data order.
@@ -40,7 +40,7 @@ pub struct TrainArgs {
     #[arg(long, default_value = "shakespeare", value_name = "SOURCE")]
     pub data: String,
     /// Peak learning rate (AdamW, linear warm-up over the first 10 steps).
-    #[arg(long, default_value_t = 2e-3)]
+    #[arg(long, default_value_t = 1e-3)]
     pub lr: f64,
     /// Write one JSON line per event (started, step, checkpoint, stopped, failed) here.
     #[arg(long, value_name = "FILE.jsonl")]
@@ -192,7 +192,7 @@ pub fn train(args: TrainArgs) -> Result<(), Failure> {
     let started = std::time::Instant::now();
     let mut write_error: Option<std::io::Error> = None;
     let mut last_ckpt: Option<String> = None;
-    let mut goal = 0;
+    let mut goal = String::new();
     let result = train::run(&cfg, &stop, |ev| {
         if let Some(f) = metrics.as_mut() {
             let line = serde_json::to_string(ev).unwrap_or_default();
@@ -209,14 +209,15 @@ pub fn train(args: TrainArgs) -> Result<(), Failure> {
                 resumed_from,
                 ..
             } => {
-                goal = *last_step;
+                goal = last_step.map_or(String::new(), |l| format!("/{l}"));
                 let from = resumed_from
                     .as_deref()
                     .map(|p| format!(", resuming from {p}"))
                     .unwrap_or_default();
                 eprintln!(
-                    "training {} steps {first_step}→{last_step}: {world_size} rank(s), {global_batch} samples per step{from}",
-                    cfg.model.name
+                    "training {} from step {first_step} {}: {world_size} rank(s), {global_batch} samples per step{from}",
+                    cfg.model.name,
+                    last_step.map_or("until stopped".to_string(), |l| format!("to {l}"))
                 );
             }
             WorkerEvent::Step {
@@ -228,7 +229,7 @@ pub fn train(args: TrainArgs) -> Result<(), Failure> {
             } if tty => {
                 let peak = memory_bytes.iter().copied().max().unwrap_or(0);
                 eprint!(
-                    "\r\x1b[2Kstep {step}/{goal}  loss {loss:.4}  {samples_per_s:.1} samples/s  peak {} per rank",
+                    "\r\x1b[2Kstep {step}{goal}  loss {loss:.4}  {samples_per_s:.1} samples/s  peak {} per rank",
                     crate::units::bytes(peak)
                 );
             }

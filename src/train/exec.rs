@@ -42,7 +42,7 @@ pub struct OptimConfig {
 impl Default for OptimConfig {
     fn default() -> Self {
         OptimConfig {
-            lr: 2e-3,
+            lr: 1e-3,
             beta1: 0.9,
             beta2: 0.95,
             eps: 1e-5,

@@ -448,8 +448,8 @@ impl App {
             Action::ToggleGraph => self.show_graph = !self.show_graph,
             Action::RaiseBudget | Action::LowerBudget => {
                 let up = matches!(action, Action::RaiseBudget);
-                // 1 GiB steps down to 1 GiB, then 64 MiB steps (CPU runs and small models).
-                const FINE: u64 = 64 << 20;
+                // 1 GiB steps down to 1 GiB, then 16 MiB steps (CPU runs and small models).
+                const FINE: u64 = 16 << 20;
                 let step = |b: u64| match (up, b < GIB) {
                     (true, true) => (b + FINE).min(GIB),
                     (true, false) => b.saturating_add(GIB),

@@ -668,7 +668,7 @@ fn draw_help(f: &mut Frame, area: Rect) {
         h,
     );
     let text = vec![
-        Line::from("+ / -      budget up / down (1 GiB steps; 64 MiB under 1 GiB)"),
+        Line::from("+ / -      budget up / down (1 GiB steps; 16 MiB under 1 GiB)"),
         Line::from("           (the selected GPU's when the GPU panel has focus)"),
         Line::from("] / [      raise / lower the operator split limit"),
         Line::from("b          micro-batch: auto, then 1, 2, 4, … fixed"),

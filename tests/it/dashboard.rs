@@ -198,3 +198,105 @@ fn gpu_memory_history_is_drawn_as_a_sparkline() {
     let screen = render_text(&a, 120, 40);
     assert!(screen.contains("▁▂▄█"), "{screen}");
 }
+
+/// A stand-in worker: a shell script that writes the given metrics lines, prints to its log,
+/// then behaves as `tail` says (hang, or exit with a status).
+fn fake_worker(dir: &std::path::Path, lines: &[&str], tail: &str) -> std::path::PathBuf {
+    let script = dir.join("worker.sh");
+    let mut body = String::from(
+        "#!/bin/sh\nwhile [ $# -gt 0 ]; do [ \"$1\" = --metrics ] && metrics=$2; shift; done\n",
+    );
+    for l in lines {
+        body.push_str(&format!("echo '{l}' >> \"$metrics\"\n"));
+    }
+    body.push_str(tail);
+    std::fs::write(&script, body).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    script
+}
+
+fn failed_run(worker_lines: &[&str], tail: &str, hang_after_s: u64) -> (String, String) {
+    use osdp_tui::run::{LaunchSpec, RunState};
+    let dir = tempfile::tempdir().unwrap();
+    let exe = fake_worker(dir.path(), worker_lines, tail);
+    let mut a = app("gpt2", "a100-80gb-8x-nvlink", 20 * GIB);
+    let launch = LaunchSpec {
+        exe,
+        model: root().join("sample-models/gpt2.json"),
+        world_size: 1,
+        global_batch: 1,
+        checkpoint_every: 10,
+        hang_after: std::time::Duration::from_secs(hang_after_s),
+    };
+    a = a.with_training(osdp_tui::tui::app::Training::new(
+        launch,
+        dir.path().join("run"),
+    ));
+    a.update(Action::StartRun);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        a.poll_background();
+        if let RunState::Failed { why, .. } = a.training.as_ref().unwrap().state() {
+            return (why, render_text(&a, 120, 40));
+        }
+        assert!(std::time::Instant::now() < deadline, "never failed");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
+const STARTED: &str = r#"{"event":"started","model":"gpt2","world_size":8,"global_batch":8,"first_step":0,"last_step":null,"data":"text","device":"cpu"}"#;
+
+#[test]
+fn a_crashing_worker_is_shown_failed_with_its_log() {
+    let (why, screen) = failed_run(
+        &[STARTED],
+        "echo 'CUDA error: out of memory' >&2\nexit 3\n",
+        60,
+    );
+    assert_eq!(why, "the worker exited with status 3");
+    assert!(screen.contains("run: failed"), "{screen}");
+    assert!(
+        screen.contains("CUDA error: out of memory"),
+        "the log tail: {screen}"
+    );
+}
+
+#[test]
+fn a_worker_without_progress_is_declared_hung_and_stopped() {
+    let (why, screen) = failed_run(&[STARTED], "exec sleep 600\n", 1);
+    assert!(why.starts_with("no progress for 1 s"), "{why}");
+    assert!(screen.contains("run: failed"), "{screen}");
+}
+
+#[test]
+fn status_reads_a_run_directory_from_another_terminal() {
+    let dir = tempfile::tempdir().unwrap();
+    let step = r#"{"event":"step","step":7,"loss":3.5,"grad_norm":1.0,"lr":0.001,"step_time_s":0.2,"samples_per_s":40.0,"tokens_per_s":5120.0,"memory_bytes":[1048576,1048576],"memory_breakdown":{"params":0,"grads":0,"optimizer":0,"gathered":0,"grad_buffers":0,"activations":0,"working":0}}"#;
+    let ckpt = r#"{"event":"checkpoint","step":5,"path":"ck/step-00000005","write_time_s":0.1}"#;
+    std::fs::write(
+        dir.path().join("metrics.jsonl"),
+        [STARTED, ckpt, step].join("\n"),
+    )
+    .unwrap();
+    let out = osdp().arg("status").arg(dir.path()).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success());
+    assert!(text.contains("step 7 · loss 3.5000"), "{text}");
+    assert!(text.contains("last checkpoint: step 5"), "{text}");
+    let json = osdp()
+        .arg("status")
+        .arg(dir.path())
+        .arg("--json")
+        .output()
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
+    assert_eq!(v["steps"][0]["step"], 7);
+    assert_eq!(v["world_size"], 8);
+    let missing = osdp()
+        .arg("status")
+        .arg(dir.path().join("nope"))
+        .output()
+        .unwrap();
+    assert_eq!(missing.status.code(), Some(2));
+}

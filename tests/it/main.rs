@@ -2,6 +2,8 @@
 
 mod bad_input;
 mod dashboard;
+#[cfg(feature = "train")]
+mod dashboard_train;
 mod import;
 mod plan_cli;
 mod planner;
