@@ -10,22 +10,32 @@ cd "$(dirname "$0")/.."
 for tool in tmux aha chromium; do
   command -v "$tool" >/dev/null || { echo "screenshots.sh needs $tool (apt-get install -y tmux aha chromium fonts-dejavu-core)" >&2; exit 2; }
 done
-cargo build --release --quiet --bin osdp-tui
+. scripts/libtorch-env.sh
+# With the trainer, so the dashboard's `s` starts real runs.
+cargo build --release --quiet --features train --bin osdp-tui
 bin=$PWD/target/release/osdp-tui
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"; tmux kill-session -t osdp-shot 2>/dev/null || true' EXIT
 
-# name, columns, rows, keys to send after start (space-separated tmux key names), command args
+# name, columns, rows, keys to send after start (space-separated tmux key names; `wait:N`
+# pauses N seconds, `kill-worker` kills the training worker from outside), command args
 shoot() {
   local name=$1 cols=$2 rows=$3 keys=$4; shift 4
   tmux kill-session -t osdp-shot 2>/dev/null || true
   tmux new-session -d -s osdp-shot -x "$cols" -y "$rows" "$bin $*"
   sleep 3
-  for k in $keys; do tmux send-keys -t osdp-shot -- "$k"; sleep 0.3; done
+  for k in $keys; do
+    case "$k" in
+      wait:*) sleep "${k#wait:}" ;;
+      kill-worker) pkill -KILL -f "osdp-tui train" || true; sleep 0.5 ;;
+      *) tmux send-keys -t osdp-shot -- "$k"; sleep 0.3 ;;
+    esac
+  done
   sleep 1
   tmux capture-pane -p -t osdp-shot > "screenshots/$name.txt"
   tmux capture-pane -e -p -t osdp-shot > "$tmp/$name.ansi"
-  tmux send-keys -t osdp-shot q
+  # Quit; a dashboard with a run asks first, and y stops the run with a checkpoint.
+  tmux send-keys -t osdp-shot q; sleep 0.3; tmux send-keys -t osdp-shot y 2>/dev/null || true; sleep 1
   {
     echo '<html><head><meta charset="utf-8"><style>'
     echo 'body{margin:0;background:#1e1e1e;color:#ddd}'
@@ -52,3 +62,14 @@ shoot llama-2-13b-2x8-h100 160 48 "Down Down Down" \
   sample-models/llama-2-13b.json --layout layouts/h100-sxm-2x8-ib-ndr.json --budget 40GiB
 shoot llama-2-13b-help-120x40 120 40 "?" \
   sample-models/llama-2-13b.json --layout layouts/h100-sxm-2x8-ib-ndr.json --budget 40GiB
+
+# Training from the dashboard: tiny GPT-2 on the CPU layout (2 ranks), micro-batch 4.
+train_args() { echo "sample-models/tiny-gpt2.json --layout layouts/cpu.json --budget 360MiB --batch 4 --checkpoint-every 10 --run-dir $tmp/run-$1"; }
+# shellcheck disable=SC2046 # word splitting of the arguments is intended
+shoot tiny-gpt2-training-live 160 50 "s wait:20" $(train_args live)
+# shellcheck disable=SC2046
+shoot tiny-gpt2-replanned-before-restart 160 50 "s wait:12 - - wait:1" $(train_args replan)
+# shellcheck disable=SC2046
+shoot tiny-gpt2-restarted-under-new-plan 160 50 "s wait:12 - - r wait:12" $(train_args restart)
+# shellcheck disable=SC2046
+shoot tiny-gpt2-worker-killed 160 50 "s wait:12 kill-worker wait:2" $(train_args killed)

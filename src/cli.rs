@@ -516,6 +516,15 @@ fn run_status(dir: &Path, json: bool) -> Result<(), Failure> {
                 units::count(p.tokens_per_s as u64)
             );
             println!("memory per rank {}", mem.join(" "));
+            if let Some(pr) = &status.predicted {
+                println!(
+                    "predicted by the plan: {:.1} samples/s · {:.3} s/step · peak {} per rank ({} of it runtime)",
+                    pr.samples_per_s,
+                    pr.step_time_s,
+                    units::bytes(pr.peak_memory_bytes),
+                    units::bytes(pr.runtime_overhead_bytes)
+                );
+            }
         }
         None => println!("no step yet"),
     }

@@ -102,6 +102,10 @@ impl RunDir {
     pub fn log(&self) -> PathBuf {
         self.0.join("worker.log")
     }
+    /// The planner's prediction for the plan the run uses (written by the dashboard).
+    pub fn predicted(&self) -> PathBuf {
+        self.0.join("predicted.json")
+    }
     /// Whether a checkpoint to resume from exists (`latest.json` written by the worker).
     pub fn has_checkpoint(&self) -> bool {
         self.checkpoints().join("latest.json").exists()
@@ -117,6 +121,18 @@ impl RunDir {
             .collect();
         lines[lines.len().saturating_sub(n)..].to_vec()
     }
+}
+
+/// The planner's figures for a run's plan, beside which its measurements are shown.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Predicted {
+    pub samples_per_s: f64,
+    pub tokens_per_s: f64,
+    pub step_time_s: f64,
+    /// Peak per rank, runtime overhead included.
+    pub peak_memory_bytes: u64,
+    pub runtime_overhead_bytes: u64,
 }
 
 /// One step as the run reported it.
@@ -146,6 +162,8 @@ pub struct RunStatus {
     /// How the last segment ended: `completed`, `signal`, or the failure message.
     pub ended: Option<String>,
     pub failed: bool,
+    /// The planner's figures for the run's plan, when the run directory has them.
+    pub predicted: Option<Predicted>,
 }
 
 impl RunStatus {
@@ -273,9 +291,17 @@ pub struct Supervisor {
 impl Supervisor {
     /// Start a worker on `plan_json` (written into the run directory first). Resumes from the
     /// run's latest checkpoint when it has one.
-    pub fn start(spec: &LaunchSpec, dir: RunDir, plan_json: &str) -> std::io::Result<Supervisor> {
+    pub fn start(
+        spec: &LaunchSpec,
+        dir: RunDir,
+        plan_json: &str,
+        predicted: Option<&Predicted>,
+    ) -> std::io::Result<Supervisor> {
         std::fs::create_dir_all(&dir.0)?;
         crate::input::write_atomically(&dir.plan(), plan_json.as_bytes())?;
+        if let Some(p) = predicted {
+            crate::input::write_json_atomically(&dir.predicted(), p)?;
+        }
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -305,6 +331,7 @@ impl Supervisor {
         cmd.stdin(Stdio::null())
             .stdout(Stdio::from(log.try_clone()?))
             .stderr(Stdio::from(log));
+        stop_with_parent(&mut cmd);
         let child = cmd.spawn()?;
         // Earlier segments' events give the loss curve its history.
         let earlier = std::fs::read_to_string(dir.metrics()).unwrap_or_default();
@@ -451,6 +478,23 @@ impl Drop for Supervisor {
     }
 }
 
+/// If the dashboard dies without stopping its worker (killed, terminal closed), the worker gets
+/// SIGTERM: it finishes its step, checkpoints and exits instead of training on unseen.
+#[cfg(target_os = "linux")]
+fn stop_with_parent(cmd: &mut Command) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: prctl(PR_SET_PDEATHSIG) is async-signal-safe and touches no memory of ours.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
+            Ok(())
+        });
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn stop_with_parent(_cmd: &mut Command) {}
+
 #[cfg(unix)]
 fn terminate(pid: u32) {
     // SAFETY: kill(2) with a pid we spawned and a valid signal number has no memory effects.
@@ -464,8 +508,13 @@ fn terminate(_pid: u32) {}
 
 /// `osdp-tui status RUN_DIR`: the run's status from its metrics stream.
 pub fn read_status(dir: &Path) -> std::io::Result<RunStatus> {
-    let text = std::fs::read_to_string(RunDir(dir.to_path_buf()).metrics())?;
-    Ok(RunStatus::from_text(&text))
+    let run = RunDir(dir.to_path_buf());
+    let text = std::fs::read_to_string(run.metrics())?;
+    let mut status = RunStatus::from_text(&text);
+    status.predicted = std::fs::read_to_string(run.predicted())
+        .ok()
+        .and_then(|t| serde_json::from_str(&t).ok());
+    Ok(status)
 }
 
 #[cfg(test)]

@@ -338,7 +338,15 @@ impl App {
         t.spec.global_batch = planned.plan.batch * world as u64;
         // Drop the previous (exited) supervisor before starting the next.
         t.run = None;
-        match crate::run::Supervisor::start(&t.spec, t.dir.clone(), &json) {
+        let pr = &planned.prediction;
+        let predicted = crate::run::Predicted {
+            samples_per_s: pr.throughput_samples_per_s,
+            tokens_per_s: pr.tokens_per_s,
+            step_time_s: pr.step_time_s,
+            peak_memory_bytes: pr.peak_memory_bytes,
+            runtime_overhead_bytes: pr.overhead_bytes,
+        };
+        match crate::run::Supervisor::start(&t.spec, t.dir.clone(), &json, Some(&predicted)) {
             Ok(run) => {
                 t.run = Some(run);
                 t.run_plan = Some(planned);

@@ -18,7 +18,7 @@ fn dashboard(run_dir: &std::path::Path) -> App {
     let model_path = root().join("sample-models/tiny-gpt2.json");
     let model = read_model(&model_path).unwrap();
     let layout = read_layout(&root().join("layouts/cpu.json")).unwrap();
-    let mut app = App::new(model, layout, vec![381 * MIB; 2], 8);
+    let mut app = App::new(model, layout, vec![360 * MIB; 2], 8);
     app.batch = Some(4);
     let launch = LaunchSpec {
         exe: assert_cmd::cargo::cargo_bin("osdp-tui"),
@@ -155,6 +155,20 @@ fn start_replan_restart_and_stop_keep_the_step_count_and_the_loss_curve() {
         "the full metrics stream"
     );
     assert_eq!(stream.ended.as_deref(), Some("signal"));
+    // The same figures from another terminal.
+    let out = super::osdp().arg("status").arg(&run_dir).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains(&format!("step {} · loss", last_step(&app))),
+        "{text}"
+    );
+    let predicted = app.training.as_ref().unwrap().run_plan.as_ref().unwrap();
+    let expected = format!(
+        "predicted by the plan: {:.1} samples/s",
+        predicted.prediction.throughput_samples_per_s
+    );
+    assert!(text.contains(&expected), "{text}");
+    assert!(text.contains("state: stopped (signal)"), "{text}");
 }
 
 #[test]
