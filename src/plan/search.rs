@@ -277,27 +277,41 @@ impl<'m> Planner<'m> {
         let mut arena = Arena::default();
         let mut cache: HashMap<(usize, Vec<usize>), Frontier> = HashMap::new();
         let mut table_caps = Vec::with_capacity(caps.len());
+        // Caps that leave every class the same feasible options give the same frontier: only
+        // the smallest of them (the tightest peak for those plans) is worth a sum.
+        let mut previous_keys: Option<Vec<Vec<usize>>> = None;
         for cap in caps {
+            let keys: Vec<Vec<usize>> =
+                self.classes
+                    .iter()
+                    .map(|class| {
+                        let rep = &class.instances[0];
+                        // Feasible options are a prefix of each slot's list (sorted by transient).
+                        let mut key: Vec<usize> = rep
+                            .iter()
+                            .map(|&i| opts[i].partition_point(|o| o.transient <= cap))
+                            .collect();
+                        if class.blocks.is_some() && self.options.recompute {
+                            key.extend(rep.iter().map(|&i| {
+                                opts[i].partition_point(|o| o.transient + remat[i] <= cap)
+                            }));
+                        }
+                        key
+                    })
+                    .collect();
+            if previous_keys.as_ref() == Some(&keys) {
+                continue;
+            }
             let empty = arena.push(Node::Empty);
             let mut total: Frontier = vec![Point {
                 mem: 0,
                 time: 0.0,
                 node: empty,
             }];
-            for (ci, class) in self.classes.iter().enumerate() {
+            for (ci, (class, key)) in self.classes.iter().zip(keys.iter()).enumerate() {
                 let rep = &class.instances[0];
                 let block = class.blocks.as_ref().map(|b| b[0]);
-                // Feasible options are a prefix of each slot's list (sorted by transient).
-                let mut key: Vec<usize> = rep
-                    .iter()
-                    .map(|&i| opts[i].partition_point(|o| o.transient <= cap))
-                    .collect();
-                if let (Some(_), true) = (block, self.options.recompute) {
-                    key.extend(
-                        rep.iter()
-                            .map(|&i| opts[i].partition_point(|o| o.transient + remat[i] <= cap)),
-                    );
-                }
+                let key = key.clone();
                 let f = cache.entry((ci, key)).or_insert_with(|| {
                     let one = class_frontier(
                         ci as u32,
@@ -325,6 +339,7 @@ impl<'m> Planner<'m> {
             if !total.is_empty() {
                 table_caps.push((cap, total));
             }
+            previous_keys = Some(keys);
         }
         BatchTable {
             batch,

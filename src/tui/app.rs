@@ -301,6 +301,15 @@ impl App {
                 Some("a run is going: r restarts it with the plan on screen, x stops it".into());
             return;
         }
+        if self.layout.device.kind == crate::cluster::DeviceKind::Gpu {
+            // The trainer runs CPU ranks for now; a GPU layout's plan would run as a misleading
+            // CPU imitation.
+            self.message = Some(format!(
+                "layout {} is GPUs: the trainer runs CPU ranks until its NCCL backend lands; open the dashboard with --layout layouts/cpu.json to train",
+                self.layout.name
+            ));
+            return;
+        }
         let Some(planned) = self.planned().cloned() else {
             self.message = Some(match &self.plan {
                 Some(PlanReady {

@@ -220,10 +220,10 @@ fn failed_run(worker_lines: &[&str], tail: &str, hang_after_s: u64) -> (String, 
     use osdp_tui::run::{LaunchSpec, RunState};
     let dir = tempfile::tempdir().unwrap();
     let exe = fake_worker(dir.path(), worker_lines, tail);
-    let mut a = app("gpt2", "a100-80gb-8x-nvlink", 20 * GIB);
+    let mut a = app("tiny-gpt2", "cpu", GIB);
     let launch = LaunchSpec {
         exe,
-        model: root().join("sample-models/gpt2.json"),
+        model: root().join("sample-models/tiny-gpt2.json"),
         world_size: 1,
         global_batch: 1,
         checkpoint_every: 10,
@@ -246,6 +246,32 @@ fn failed_run(worker_lines: &[&str], tail: &str, hang_after_s: u64) -> (String, 
 }
 
 const STARTED: &str = r#"{"event":"started","model":"gpt2","world_size":8,"global_batch":8,"first_step":0,"last_step":null,"data":"text","device":"cpu"}"#;
+
+#[test]
+fn a_gpu_layout_says_training_needs_the_cpu_layout_for_now() {
+    let dir = tempfile::tempdir().unwrap();
+    let launch = osdp_tui::run::LaunchSpec {
+        exe: fake_worker(dir.path(), &[], "exit 0\n"),
+        model: root().join("sample-models/gpt2.json"),
+        world_size: 1,
+        global_batch: 1,
+        checkpoint_every: 10,
+        hang_after: std::time::Duration::from_secs(60),
+    };
+    let mut a = app("gpt2", "a100-80gb-8x-nvlink", 20 * GIB).with_training(
+        osdp_tui::tui::app::Training::new(launch, dir.path().join("run")),
+    );
+    a.update(Action::StartRun);
+    assert!(
+        a.training.as_ref().unwrap().run.is_none(),
+        "nothing started"
+    );
+    let screen = render_text(&a, 160, 40);
+    assert!(
+        screen.contains("--layout layouts/cpu.json to train"),
+        "{screen}"
+    );
+}
 
 #[test]
 fn a_crashing_worker_is_shown_failed_with_its_log() {
