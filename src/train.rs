@@ -253,25 +253,21 @@ pub fn run(
             })
             .collect()
     });
-    // Report the first rank that failed for its own reason, not one that was merely aborted.
+    // Report the first rank that failed for its own reason, not one that was merely aborted
+    // because another failed.
     let mut ends = Vec::new();
-    let mut first_err: Option<TrainError> = None;
+    let mut errors = Vec::new();
     for r in results {
         match r {
             Ok(end) => ends.push(end),
-            Err(e) => {
-                let aborted = e.to_string().contains("collective aborted");
-                if first_err.is_none()
-                    || (!aborted
-                        && first_err
-                            .as_ref()
-                            .is_some_and(|f| f.to_string().contains("collective aborted")))
-                {
-                    first_err = Some(e);
-                }
-            }
+            Err(e) => errors.push(e),
         }
     }
+    let is_abort = |e: &TrainError| e.to_string().contains("collective aborted");
+    let first_err = match errors.iter().position(|e| !is_abort(e)) {
+        Some(i) => Some(errors.swap_remove(i)),
+        None => errors.into_iter().next(),
+    };
     if let Some(e) = first_err {
         on_event(&WorkerEvent::Failed {
             message: e.to_string(),
