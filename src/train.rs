@@ -8,6 +8,7 @@ pub mod data;
 pub mod exec;
 pub mod memory;
 pub mod ops;
+pub mod tcp;
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -50,6 +51,9 @@ pub struct TrainConfig {
     pub resume_from: Option<PathBuf>,
     /// Return every parameter's final value (tests and equivalence checks).
     pub collect_params: bool,
+    /// This process is one rank of a multi-process group (torchrun/Slurm environment);
+    /// `None`: all ranks are threads of this process.
+    pub membership: Option<tcp::Membership>,
 }
 
 /// What a finished run returns besides its events.
@@ -65,13 +69,16 @@ pub struct TrainSummary {
 }
 
 enum RankMsg {
+    /// Sent by rank 0 with every rank's figures (gathered).
     Step {
-        rank: usize,
         step: u64,
         loss: f64,
         grad_norm: f64,
         lr: f64,
+        /// The slowest rank's step time.
         time_s: f64,
+        /// Each rank's peak bytes.
+        memory_bytes: Vec<u64>,
         peak: memory::Breakdown,
     },
     Checkpointing {
@@ -83,9 +90,6 @@ enum RankMsg {
         time_s: f64,
     },
 }
-
-/// One rank's report of a step: loss, gradient norm, learning rate, seconds, peak memory.
-type RankStep = (f64, f64, f64, f64, memory::Breakdown);
 
 struct RankEnd {
     last_step: u64,
@@ -100,6 +104,14 @@ pub fn run(
     mut on_event: impl FnMut(&WorkerEvent),
 ) -> Result<TrainSummary, TrainError> {
     let world = cfg.world_size;
+    if let Some(m) = &cfg.membership {
+        if m.world != world {
+            return Err(TrainError::Invalid(format!(
+                "WORLD_SIZE is {} but the world size asked for is {world}",
+                m.world
+            )));
+        }
+    }
     if world == 0 {
         return Err(TrainError::Invalid(
             "the world size must be at least 1".into(),
@@ -141,7 +153,13 @@ pub fn run(
         device: "cpu".into(),
     });
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    tch::set_num_threads((cores / world).max(1) as i32);
+    // Ranks on this machine share its cores.
+    let local_ranks = std::env::var("LOCAL_WORLD_SIZE")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+        .unwrap_or(world)
+        .max(1);
+    tch::set_num_threads((cores / local_ranks).max(1) as i32);
 
     let sampler = data::Sampler {
         source: cfg.source.clone(),
@@ -150,7 +168,22 @@ pub fn run(
         vocab: cfg.model.config.vocab_size,
     };
     let rows = (cfg.global_batch as usize) / world;
-    let groups = LocalGroup::new(world);
+    // The ranks this process runs, each with its collective handle and (for threads) a way to
+    // release the others when it fails; a failed process drops its connections instead.
+    let members: Vec<(Box<dyn Collective>, Option<collective::AbortHandle>)> = match &cfg.membership
+    {
+        None => LocalGroup::new(world)
+            .into_iter()
+            .map(|g| {
+                let abort = g.abort_handle();
+                (Box::new(g) as Box<dyn Collective>, Some(abort))
+            })
+            .collect(),
+        Some(m) => vec![(
+            Box::new(tcp::TcpGroup::join(m).map_err(TrainError::Invalid)?) as Box<dyn Collective>,
+            None,
+        )],
+    };
     let (tx, rx) = mpsc::channel::<RankMsg>();
     let mut summary = TrainSummary {
         first_step,
@@ -158,15 +191,14 @@ pub fn run(
         ..TrainSummary::default()
     };
     let results: Vec<Result<RankEnd, TrainError>> = std::thread::scope(|scope| {
-        let handles: Vec<_> = groups
+        let handles: Vec<_> = members
             .into_iter()
-            .map(|group| {
+            .map(|(group, aborter)| {
                 let tx = tx.clone();
                 let sampler = &sampler;
                 let restored = restored.as_ref();
                 scope.spawn(move || {
                     let rank = group.rank();
-                    let aborter = group.abort_handle();
                     let body = std::panic::AssertUnwindSafe(|| {
                         rank_main(cfg, stop, group, sampler, rows, first_step, restored, &tx)
                     });
@@ -176,12 +208,15 @@ pub fn run(
                             .cloned()
                             .or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string()))
                             .unwrap_or_else(|| "panicked".into());
+                        // libtorch's errors carry a C++ backtrace (escaped): keep the message.
+                        let first = msg.lines().next().unwrap_or("panicked");
+                        let first = first.split("\\n").next().unwrap_or(first);
                         Err(TrainError::Rank {
                             rank,
-                            message: msg.lines().next().unwrap_or("panicked").to_string(),
+                            message: first.to_string(),
                         })
                     });
-                    if let Err(e) = &out {
+                    if let (Err(e), Some(aborter)) = (&out, &aborter) {
                         aborter.abort(&e.to_string());
                     }
                     out
@@ -189,48 +224,32 @@ pub fn run(
             })
             .collect();
         drop(tx);
-        // Merge the ranks' per-step reports into one event per step.
-        let mut pending: std::collections::BTreeMap<u64, Vec<Option<RankStep>>> =
-            Default::default();
         for msg in rx {
             match msg {
                 RankMsg::Step {
-                    rank,
                     step,
                     loss,
                     grad_norm,
                     lr,
                     time_s,
+                    memory_bytes,
                     peak,
                 } => {
-                    let slot = pending.entry(step).or_insert_with(|| vec![None; world]);
-                    slot[rank] = Some((loss, grad_norm, lr, time_s, peak));
-                    if slot.iter().all(Option::is_some) {
-                        let all: Vec<_> = pending
-                            .remove(&step)
-                            .unwrap_or_default()
-                            .into_iter()
-                            .flatten()
-                            .collect();
-                        let time_s = all.iter().map(|r| r.3).fold(0.0, f64::max);
-                        let (loss, grad_norm, lr, _, peak0) = all[0];
-                        let memory_bytes: Vec<u64> = all.iter().map(|r| r.4.total()).collect();
-                        let samples_per_s = cfg.global_batch as f64 / time_s.max(1e-9);
-                        summary.losses.push(loss);
-                        summary.memory_bytes.push(memory_bytes.clone());
-                        summary.last_step = step;
-                        on_event(&WorkerEvent::Step {
-                            step,
-                            loss,
-                            grad_norm,
-                            lr,
-                            step_time_s: time_s,
-                            samples_per_s,
-                            tokens_per_s: samples_per_s * cfg.model.config.seq_len as f64,
-                            memory_bytes,
-                            memory_breakdown: peak0,
-                        });
-                    }
+                    let samples_per_s = cfg.global_batch as f64 / time_s.max(1e-9);
+                    summary.losses.push(loss);
+                    summary.memory_bytes.push(memory_bytes.clone());
+                    summary.last_step = step;
+                    on_event(&WorkerEvent::Step {
+                        step,
+                        loss,
+                        grad_norm,
+                        lr,
+                        step_time_s: time_s,
+                        samples_per_s,
+                        tokens_per_s: samples_per_s * cfg.model.config.seq_len as f64,
+                        memory_bytes,
+                        memory_breakdown: peak,
+                    });
                 }
                 RankMsg::Checkpointing { step } => on_event(&WorkerEvent::Checkpointing { step }),
                 RankMsg::Checkpoint { step, path, time_s } => on_event(&WorkerEvent::Checkpoint {
@@ -300,7 +319,7 @@ fn rank_err(rank: usize) -> impl Fn(exec::ExecError) -> TrainError {
 fn rank_main(
     cfg: &TrainConfig,
     stop: &AtomicBool,
-    group: LocalGroup,
+    group: Box<dyn Collective>,
     sampler: &data::Sampler,
     rows: usize,
     first_step: u64,
@@ -319,15 +338,8 @@ fn rank_main(
         },
         None => Init::Fresh { seed: cfg.seed },
     };
-    let mut exec = Executor::new(
-        &cfg.model,
-        &cfg.plan,
-        Box::new(group),
-        Device::Cpu,
-        init,
-        cfg.optim,
-    )
-    .map_err(&err)?;
+    let mut exec =
+        Executor::new(&cfg.model, &cfg.plan, group, Device::Cpu, init, cfg.optim).map_err(&err)?;
     let last = if cfg.steps == 0 {
         u64::MAX
     } else {
@@ -364,15 +376,21 @@ fn rank_main(
         } else {
             o.lr
         };
-        let _ = tx.send(RankMsg::Step {
-            rank,
-            step,
-            loss: out.loss,
-            grad_norm: out.grad_norm,
-            lr,
-            time_s,
-            peak: exec.ledger.peak(),
-        });
+        // Every rank's peak and step time, so rank 0 reports them all.
+        let mine = Tensor::from_slice(&[exec.ledger.peak().total() as f64, time_s]);
+        let all = exec.comm().all_gather(&mine).map_err(|e| err(e.into()))?;
+        let all = Vec::<f64>::try_from(all).unwrap_or_default();
+        if rank == 0 {
+            let _ = tx.send(RankMsg::Step {
+                step,
+                loss: out.loss,
+                grad_norm: out.grad_norm,
+                lr,
+                time_s: all.chunks(2).map(|c| c[1]).fold(0.0, f64::max),
+                memory_bytes: all.chunks(2).map(|c| c[0] as u64).collect(),
+                peak: exec.ledger.peak(),
+            });
+        }
         if cfg.checkpoint_every > 0 && step % cfg.checkpoint_every == 0 && step < last {
             save(cfg, &exec, step, tx)?;
             saved_at = step;

@@ -21,9 +21,11 @@ pub struct TrainArgs {
     /// Plan file written by `plan -o` (or by hand) for this model.
     #[arg(long)]
     pub plan: PathBuf,
-    /// Data-parallel ranks (threads on CPU).
-    #[arg(long, default_value_t = 1, value_name = "N")]
-    pub world_size: usize,
+    /// Data-parallel ranks, as threads of this process [default: 1]. Under torchrun or Slurm
+    /// (`WORLD_SIZE`, `RANK`, `MASTER_ADDR`, `MASTER_PORT` set) this process is one rank and
+    /// the world size is `WORLD_SIZE`.
+    #[arg(long, value_name = "N")]
+    pub world_size: Option<usize>,
     /// Samples per step over all ranks [default: the plan's micro-batch × world size].
     #[arg(long, value_name = "N")]
     pub global_batch: Option<u64>,
@@ -129,16 +131,26 @@ pub fn train(args: TrainArgs) -> Result<(), Failure> {
             "--device cuda: GPU training needs the NCCL backend, which this build does not have yet; use --device cpu",
         ));
     }
-    if args.world_size == 0 {
+    let membership = crate::train::tcp::Membership::from_env().map_err(Failure::input)?;
+    let world_size = match (&membership, args.world_size) {
+        (Some(m), Some(w)) if w != m.world => {
+            return Err(Failure::input(format!(
+                "--world-size {w} disagrees with WORLD_SIZE {}",
+                m.world
+            )))
+        }
+        (Some(m), _) => m.world,
+        (None, w) => w.unwrap_or(1),
+    };
+    // Only rank 0 of a multi-process run writes the metrics stream and the progress line.
+    let lead = membership.as_ref().is_none_or(|m| m.rank == 0);
+    if world_size == 0 {
         return Err(Failure::input("--world-size must be at least 1"));
     }
-    let global_batch = args
-        .global_batch
-        .unwrap_or(plan.batch * args.world_size as u64);
-    if global_batch == 0 || global_batch % args.world_size as u64 != 0 {
+    let global_batch = args.global_batch.unwrap_or(plan.batch * world_size as u64);
+    if global_batch == 0 || global_batch % world_size as u64 != 0 {
         return Err(Failure::input(format!(
-            "world size {} does not divide the global batch of {global_batch} samples",
-            args.world_size
+            "world size {world_size} does not divide the global batch of {global_batch} samples"
         )));
     }
     let source = match args.data.as_str() {
@@ -162,8 +174,8 @@ pub fn train(args: TrainArgs) -> Result<(), Failure> {
         std::fs::create_dir_all(dir).map_err(|e| Failure::output(dir, e))?;
     }
     let mut metrics = match &args.metrics {
-        Some(path) => Some(open_metrics(path, resume_from.is_some())?),
-        None => None,
+        Some(path) if lead => Some(open_metrics(path, resume_from.is_some())?),
+        _ => None,
     };
 
     let stop = Arc::new(AtomicBool::new(false));
@@ -174,7 +186,7 @@ pub fn train(args: TrainArgs) -> Result<(), Failure> {
     let cfg = TrainConfig {
         model,
         plan,
-        world_size: args.world_size,
+        world_size,
         global_batch,
         steps: args.steps,
         seed: args.seed,
@@ -187,8 +199,9 @@ pub fn train(args: TrainArgs) -> Result<(), Failure> {
         checkpoint_every: args.checkpoint_every,
         resume_from,
         collect_params: false,
+        membership,
     };
-    let tty = std::io::stderr().is_terminal();
+    let tty = lead && std::io::stderr().is_terminal();
     let started = std::time::Instant::now();
     let mut write_error: Option<std::io::Error> = None;
     let mut last_ckpt: Option<String> = None;

@@ -109,6 +109,7 @@ fn config(m: &ModelSpec, plan: Plan, world: usize, steps: u64) -> TrainConfig {
         checkpoint_every: 0,
         resume_from: None,
         collect_params: true,
+        membership: None,
     }
 }
 
@@ -465,4 +466,121 @@ fn bad_training_input_is_refused_before_anything_is_written() {
     let before = std::fs::read(ckpt.join("latest.json")).unwrap();
     refused(&["--steps", "1", "--checkpoint-dir", c], &good, "--resume");
     assert_eq!(std::fs::read(ckpt.join("latest.json")).unwrap(), before);
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn rank_process(
+    rank: usize,
+    world: usize,
+    port: u16,
+    args: &[&std::ffi::OsStr],
+) -> std::process::Command {
+    let mut cmd = std::process::Command::new(assert_cmd::cargo::cargo_bin("osdp-tui"));
+    cmd.current_dir(root())
+        .args(args)
+        .env("RANK", rank.to_string())
+        .env("WORLD_SIZE", world.to_string())
+        .env("LOCAL_WORLD_SIZE", world.to_string())
+        .env("MASTER_ADDR", "127.0.0.1")
+        .env("MASTER_PORT", port.to_string())
+        .env("OSDP_JOIN_TIMEOUT_S", "30");
+    cmd
+}
+
+fn losses(metrics: &Path) -> Vec<f64> {
+    step_lines(metrics)
+        .iter()
+        .map(|v| v["loss"].as_f64().unwrap())
+        .collect()
+}
+
+#[test]
+fn ranks_as_processes_over_tcp_train_exactly_like_ranks_as_threads() {
+    let m = tiny("tiny-gpt2");
+    let dir = tempfile::tempdir().unwrap();
+    let plan = write_plan(dir.path(), &m, &mixed_plan(&m, 4), "plan.json");
+    let model = sample("tiny-gpt2");
+    let (threads, procs) = (
+        dir.path().join("threads.jsonl"),
+        dir.path().join("procs.jsonl"),
+    );
+    let common = |metrics: &Path| -> Vec<std::ffi::OsString> {
+        let mut v: Vec<std::ffi::OsString> =
+            vec!["train".into(), model.clone().into(), "--plan".into()];
+        v.push(plan.clone().into());
+        for a in ["--global-batch", "8", "--steps", "5", "--metrics"] {
+            v.push(a.into());
+        }
+        v.push(metrics.into());
+        v
+    };
+    osdp()
+        .args(common(&threads))
+        .args(["--world-size", "2"])
+        .assert()
+        .success();
+    let port = free_port();
+    let args = common(&procs);
+    let refs: Vec<&std::ffi::OsStr> = args.iter().map(|a| a.as_os_str()).collect();
+    let children: Vec<_> = (0..2)
+        .map(|r| {
+            rank_process(r, 2, port, &refs)
+                .stderr(std::process::Stdio::null())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    for mut c in children {
+        assert!(c.wait().unwrap().success());
+    }
+    let (a, b) = (losses(&threads), losses(&procs));
+    assert_eq!(a.len(), 5);
+    assert_same_losses(&a, &b, "2 processes over TCP vs 2 threads");
+    let mem = &step_lines(&procs)[0]["memory_bytes"];
+    assert_eq!(
+        mem.as_array().unwrap().len(),
+        2,
+        "rank 0 reports both ranks' memory"
+    );
+}
+
+#[test]
+fn a_rank_that_never_joins_ends_the_run_with_a_message() {
+    let m = tiny("tiny-gpt2");
+    let dir = tempfile::tempdir().unwrap();
+    let plan = write_plan(dir.path(), &m, &dp_plan(&m), "plan.json");
+    let model = sample("tiny-gpt2");
+    let args: Vec<&std::ffi::OsStr> = vec![
+        "train".as_ref(),
+        model.as_os_str(),
+        "--plan".as_ref(),
+        plan.as_os_str(),
+        "--steps".as_ref(),
+        "1".as_ref(),
+    ];
+    let port = free_port();
+    let out = rank_process(0, 2, port, &args)
+        .env("OSDP_JOIN_TIMEOUT_S", "1")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("rank(s) 1 did not join") && err.contains("within 1 s"),
+        "{err}"
+    );
+    let out = rank_process(1, 2, free_port(), &args)
+        .env("OSDP_JOIN_TIMEOUT_S", "1")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("rank 1 could not reach rank 0"), "{err}");
 }
