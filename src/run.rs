@@ -328,6 +328,11 @@ impl Supervisor {
         if dir.has_checkpoint() {
             cmd.arg("--resume");
         }
+        // The dashboard's worker runs its ranks as threads, whatever launcher started the
+        // dashboard itself.
+        for var in ["RANK", "WORLD_SIZE", "SLURM_PROCID", "SLURM_NTASKS"] {
+            cmd.env_remove(var);
+        }
         cmd.stdin(Stdio::null())
             .stdout(Stdio::from(log.try_clone()?))
             .stderr(Stdio::from(log));

@@ -155,6 +155,7 @@ pub fn run(
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     // Ranks on this machine share its cores.
     let local_ranks = std::env::var("LOCAL_WORLD_SIZE")
+        .or_else(|_| std::env::var("SLURM_NTASKS_PER_NODE"))
         .ok()
         .and_then(|v| v.parse::<usize>().ok())
         .unwrap_or(world)

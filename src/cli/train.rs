@@ -267,6 +267,11 @@ pub fn train(args: TrainArgs) -> Result<(), Failure> {
         return Err(Failure::output(path, e));
     }
     let elapsed = started.elapsed().as_secs_f64();
+    if !lead {
+        // Rank 0 reports the run; the others only say they ended well.
+        eprintln!("rank done at step {}", summary.last_step);
+        return Ok(());
+    }
     let peak = summary
         .memory_bytes
         .iter()

@@ -25,11 +25,16 @@ pub struct Membership {
 }
 
 impl Membership {
-    /// `RANK`, `WORLD_SIZE`, `MASTER_ADDR` (default 127.0.0.1), `MASTER_PORT` (default 29500),
+    /// `RANK`, `WORLD_SIZE` (or Slurm's `SLURM_PROCID`, `SLURM_NTASKS`), `MASTER_ADDR`
+    /// (default 127.0.0.1), `MASTER_PORT` (default 29500),
     /// and `OSDP_JOIN_TIMEOUT_S` (default 120). `None` when `WORLD_SIZE` is not set.
+    ///
+    /// Under torchrun (`TORCHELASTIC_RUN_ID` set) its own store already listens on
+    /// `MASTER_PORT`, so the group uses the next port; `OSDP_PORT` overrides either.
     pub fn from_env() -> Result<Option<Membership>, String> {
         let var = |k: &str| std::env::var(k).ok();
-        let Some(world) = var("WORLD_SIZE") else {
+        // torchrun's names first, Slurm's as the fallback (`srun osdp-tui train …`).
+        let Some(world) = var("WORLD_SIZE").or_else(|| var("SLURM_NTASKS")) else {
             return Ok(None);
         };
         let num = |k: &str, v: &str| {
@@ -46,7 +51,15 @@ impl Membership {
             return Err(format!("RANK {rank} is not below WORLD_SIZE {world}"));
         }
         let addr = var("MASTER_ADDR").unwrap_or_else(|| "127.0.0.1".into());
-        let port = var("MASTER_PORT").unwrap_or_else(|| "29500".into());
+        let master_port = num(
+            "MASTER_PORT",
+            &var("MASTER_PORT").unwrap_or_else(|| "29500".into()),
+        )?;
+        let port = match (var("OSDP_PORT"), var("TORCHELASTIC_RUN_ID")) {
+            (Some(p), _) => num("OSDP_PORT", &p)?,
+            (None, Some(_)) => master_port + 1,
+            (None, None) => master_port,
+        };
         let timeout = match var("OSDP_JOIN_TIMEOUT_S") {
             Some(v) => num("OSDP_JOIN_TIMEOUT_S", &v)? as u64,
             None => 120,
