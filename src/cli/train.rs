@@ -29,6 +29,8 @@ pub struct TrainArgs {
     /// Samples per step over all ranks [default: the plan's micro-batch × world size].
     #[arg(long, value_name = "N")]
     pub global_batch: Option<u64>,
+    /// Where the ranks compute: `cpu` (fp32). `cuda` needs the NCCL backend, which this build
+    /// does not have yet.
     #[arg(long, value_enum, default_value_t = DeviceArg::Cpu)]
     pub device: DeviceArg,
     /// Optimizer steps to run (after the resumed step, when resuming); 0 runs until stopped.
