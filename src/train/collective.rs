@@ -182,7 +182,8 @@ impl AbortHandle {
     }
 }
 
-fn sum_in_rank_order(all: &[Tensor]) -> Tensor {
+/// The sum every backend uses: rank 0's tensor, then rank 1's, … — one order, the same bits.
+pub(crate) fn sum_in_rank_order(all: &[Tensor]) -> Tensor {
     let mut acc = all[0].copy();
     for t in &all[1..] {
         acc += t;

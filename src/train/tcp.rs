@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use tch::{Kind, Tensor};
 
-use super::collective::{Aborted, Collective};
+use super::collective::{sum_in_rank_order, Aborted, Collective};
 
 const MAGIC: u32 = 0x05D9_7C01;
 
@@ -262,14 +262,6 @@ fn recv_tensor(mut s: &TcpStream) -> Result<Tensor, Aborted> {
                 .collect::<Vec<_>>(),
         ),
     })
-}
-
-fn sum_in_rank_order(all: &[Tensor]) -> Tensor {
-    let mut acc = all[0].copy();
-    for t in &all[1..] {
-        acc += t;
-    }
-    acc
 }
 
 impl Collective for TcpGroup {

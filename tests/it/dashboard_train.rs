@@ -55,6 +55,10 @@ fn run_until(app: &mut App, what: &str, done: impl Fn(&App) -> bool) -> String {
     }
 }
 
+fn run(app: &App) -> &osdp_tui::run::Supervisor {
+    app.training.as_ref().unwrap().run.as_ref().expect("a run")
+}
+
 fn state(app: &App) -> RunState {
     app.training.as_ref().unwrap().state()
 }
@@ -108,15 +112,7 @@ fn start_replan_restart_and_stop_keep_the_step_count_and_the_loss_curve() {
     run_until(&mut app, "the restart", |a| {
         segments(a).len() == 2
             && state(a) == RunState::Running
-            && last_step(a)
-                > a.training
-                    .as_ref()
-                    .unwrap()
-                    .run
-                    .as_ref()
-                    .unwrap()
-                    .status
-                    .segments[1]
+            && last_step(a) > run(a).status.segments[1]
     });
     let resumed_at = segments(&app)[1];
     assert!(
@@ -127,7 +123,7 @@ fn start_replan_restart_and_stop_keep_the_step_count_and_the_loss_curve() {
         !app.plan_differs_from_run(),
         "the run now uses the plan on screen"
     );
-    let status = &app.training.as_ref().unwrap().run.as_ref().unwrap().status;
+    let status = &run(&app).status;
     let steps: Vec<u64> = status.steps.iter().map(|p| p.step).collect();
     assert_eq!(
         steps,
@@ -178,26 +174,9 @@ fn a_worker_killed_from_outside_shows_as_failed_and_r_resumes() {
     let mut app = dashboard(&run_dir);
     press(&mut app, 's');
     run_until(&mut app, "a checkpoint", |a| {
-        a.training
-            .as_ref()
-            .unwrap()
-            .run
-            .as_ref()
-            .unwrap()
-            .status
-            .last_checkpoint
-            .is_some()
-            && last_step(a) >= 4
+        run(a).status.last_checkpoint.is_some() && last_step(a) >= 4
     });
-    let pid = app
-        .training
-        .as_ref()
-        .unwrap()
-        .run
-        .as_ref()
-        .unwrap()
-        .pid()
-        .unwrap();
+    let pid = run(&app).pid().unwrap();
     let killed = std::process::Command::new("kill")
         .args(["-KILL", &pid.to_string()])
         .status()
@@ -217,17 +196,7 @@ fn a_worker_killed_from_outside_shows_as_failed_and_r_resumes() {
         screen.contains("  training tiny-gpt2 from step 0"),
         "the log tail: {screen}"
     );
-    let checkpoint = app
-        .training
-        .as_ref()
-        .unwrap()
-        .run
-        .as_ref()
-        .unwrap()
-        .status
-        .last_checkpoint
-        .clone()
-        .unwrap();
+    let checkpoint = run(&app).status.last_checkpoint.clone().unwrap();
 
     press(&mut app, 'r');
     run_until(&mut app, "the resumed run", |a| {
