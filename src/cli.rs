@@ -612,8 +612,6 @@ fn dashboard(args: DashboardArgs) -> Result<(), Failure> {
         let launch = crate::run::LaunchSpec {
             exe,
             model: args.model.clone(),
-            world_size: 1,
-            global_batch: 1,
             checkpoint_every: args.checkpoint_every,
             hang_after: std::time::Duration::from_secs(args.hang_after.max(1)),
         };

@@ -259,17 +259,24 @@ impl RunState {
     }
 }
 
-/// How to launch a worker.
+/// How to launch workers (fixed for a dashboard session).
 #[derive(Debug, Clone, PartialEq)]
 pub struct LaunchSpec {
     /// The `osdp-tui` binary built with the trainer.
     pub exe: PathBuf,
     pub model: PathBuf,
-    pub world_size: usize,
-    pub global_batch: u64,
     pub checkpoint_every: u64,
     /// Declare the worker hung after this long without a new step.
     pub hang_after: Duration,
+}
+
+/// One start of a worker: the plan and the shape of the run.
+pub struct Launch<'a> {
+    pub plan_json: &'a str,
+    pub world_size: usize,
+    /// Samples per step over all ranks.
+    pub global_batch: u64,
+    pub predicted: Option<Predicted>,
 }
 
 /// A worker process and what it has said. Poll it; it never blocks.
@@ -283,7 +290,6 @@ pub struct Supervisor {
     last_progress: Instant,
     hang_after: Duration,
     term_sent: bool,
-    pub started_at: Instant,
     /// When this dashboard saw the last checkpoint land.
     pub last_checkpoint_at: Option<Instant>,
 }
@@ -291,15 +297,10 @@ pub struct Supervisor {
 impl Supervisor {
     /// Start a worker on `plan_json` (written into the run directory first). Resumes from the
     /// run's latest checkpoint when it has one.
-    pub fn start(
-        spec: &LaunchSpec,
-        dir: RunDir,
-        plan_json: &str,
-        predicted: Option<&Predicted>,
-    ) -> std::io::Result<Supervisor> {
+    pub fn start(spec: &LaunchSpec, dir: RunDir, launch: &Launch) -> std::io::Result<Supervisor> {
         std::fs::create_dir_all(&dir.0)?;
-        crate::input::write_atomically(&dir.plan(), plan_json.as_bytes())?;
-        if let Some(p) = predicted {
+        crate::input::write_atomically(&dir.plan(), launch.plan_json.as_bytes())?;
+        if let Some(p) = &launch.predicted {
             crate::input::write_json_atomically(&dir.predicted(), p)?;
         }
         let log = std::fs::OpenOptions::new()
@@ -315,9 +316,9 @@ impl Supervisor {
             .arg("--plan")
             .arg(dir.plan())
             .arg("--world-size")
-            .arg(spec.world_size.to_string())
+            .arg(launch.world_size.to_string())
             .arg("--global-batch")
-            .arg(spec.global_batch.to_string())
+            .arg(launch.global_batch.to_string())
             .args(["--steps", "0"])
             .arg("--metrics")
             .arg(dir.metrics())
@@ -350,7 +351,6 @@ impl Supervisor {
             last_progress: Instant::now(),
             hang_after: spec.hang_after,
             term_sent: false,
-            started_at: Instant::now(),
             last_checkpoint_at: None,
         })
     }

@@ -371,12 +371,7 @@ fn rank_main(
         let out = exec.train_step(&batch).map_err(&err)?;
         let time_s = t0.elapsed().as_secs_f64();
         step += 1;
-        let o = exec.optim;
-        let lr = if o.warmup_steps > 0 {
-            o.lr * (step as f64 / o.warmup_steps as f64).min(1.0)
-        } else {
-            o.lr
-        };
+        let lr = exec.optim.lr_at(step);
         // Every rank's peak and step time, so rank 0 reports them all.
         let mine = Tensor::from_slice(&[exec.ledger.peak().total() as f64, time_s]);
         let all = exec.comm().all_gather(&mine).map_err(|e| err(e.into()))?;

@@ -53,6 +53,16 @@ impl Default for OptimConfig {
     }
 }
 
+impl OptimConfig {
+    /// The learning rate of optimizer step `step` (1-based): linear warm-up, then constant.
+    pub fn lr_at(&self, step: u64) -> f64 {
+        if self.warmup_steps == 0 {
+            return self.lr;
+        }
+        self.lr * (step as f64 / self.warmup_steps as f64).min(1.0)
+    }
+}
+
 /// How one unit of parameters is held across ranks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Class {
@@ -281,43 +291,26 @@ impl Executor {
         let recomputed_block: Vec<Option<usize>> = (0..n)
             .map(|i| blocks.of_op[i].filter(|&b| plan.recompute.get(b) == Some(&true)))
             .collect();
-        let mut need_bwd = vec![false; n];
+        // Who reads each output in backward: the one rule behind what forward keeps.
+        let relu = c.activation == Activation::Relu;
+        let mut readers: Vec<Vec<usize>> = vec![Vec::new(); n];
         for (i, op) in model.ops.iter().enumerate() {
-            match op.kind {
-                OpKind::Linear | OpKind::LayerNorm | OpKind::RmsNorm => {
-                    need_bwd[inputs[i][0]] = true
-                }
-                OpKind::Attention => {
-                    need_bwd[i] = true;
-                    for &j in &inputs[i] {
-                        need_bwd[j] = true;
-                    }
-                }
-                OpKind::Activation if inputs[i].len() == 1 && c.activation == Activation::Relu => {
-                    need_bwd[i] = true
-                }
-                OpKind::Activation => {
-                    for &j in &inputs[i] {
-                        need_bwd[j] = true;
-                    }
-                }
-                _ => {}
+            for j in bwd_reads(op.kind, i, &inputs[i], relu) {
+                readers[j].push(i);
             }
         }
-        let mut keep_fwd = vec![false; n];
-        for i in 0..n {
-            // Kept in forward if a consumer outside any recomputed block reads it in backward,
-            // or it is where a recomputed block restarts from.
-            let read_by_plain_bwd = need_bwd[i]
-                && (consumers[i]
-                    .iter()
-                    .chain(std::iter::once(&i))
-                    .any(|&c2| recomputed_block[c2].is_none() && reads_in_bwd(model, c, c2, i)));
-            let restarts_block = consumers[i].iter().any(|&c2| {
-                recomputed_block[c2].is_some() && recomputed_block[c2] != recomputed_block[i]
-            });
-            keep_fwd[i] = read_by_plain_bwd || restarts_block;
-        }
+        let need_bwd: Vec<bool> = readers.iter().map(|r| !r.is_empty()).collect();
+        // Kept through forward if an op outside any recomputed block reads it in backward, or a
+        // recomputed block restarts from it.
+        let keep_fwd: Vec<bool> = (0..n)
+            .map(|i| {
+                readers[i].iter().any(|&r| recomputed_block[r].is_none())
+                    || consumers[i].iter().any(|&c2| {
+                        recomputed_block[c2].is_some()
+                            && recomputed_block[c2] != recomputed_block[i]
+                    })
+            })
+            .collect();
 
         let rank = comm.rank() as i64;
         let world = comm.world() as i64;
@@ -1043,11 +1036,7 @@ impl Executor {
         // 3. AdamW on what this rank owns.
         self.step += 1;
         let t = self.step as f64;
-        let lr = if o.warmup_steps > 0 {
-            o.lr * (t / o.warmup_steps as f64).min(1.0)
-        } else {
-            o.lr
-        };
+        let lr = o.lr_at(self.step);
         let bc1 = 1.0 - o.beta1.powf(t);
         let bc2 = 1.0 - o.beta2.powf(t);
         for (u, g) in shards.into_iter().enumerate() {
@@ -1186,22 +1175,16 @@ impl Executor {
     }
 }
 
-/// Whether op `reader`, in its backward, reads the output of op `producer`.
-fn reads_in_bwd(
-    model: &ModelSpec,
-    c: &crate::model::ModelConfig,
-    reader: usize,
-    producer: usize,
-) -> bool {
-    let op = &model.ops[reader];
-    let own = reader == producer;
-    let reads_input = |_: ()| op.inputs.iter().any(|id| id == &model.ops[producer].id);
-    match op.kind {
-        OpKind::Linear | OpKind::LayerNorm | OpKind::RmsNorm => !own && reads_input(()),
-        OpKind::Attention => own || reads_input(()),
-        OpKind::Activation if op.inputs.len() == 1 && c.activation == Activation::Relu => own,
-        OpKind::Activation => !own && reads_input(()),
-        _ => false,
+/// The ops whose outputs op `i` reads in its backward (what the kernels keep, as the model
+/// description's saved-bytes figures count them): a linear or norm its input, attention its
+/// inputs and its own output, ReLU its own output, other activations their inputs.
+fn bwd_reads(kind: OpKind, i: usize, inputs: &[usize], relu: bool) -> Vec<usize> {
+    match kind {
+        OpKind::Linear | OpKind::LayerNorm | OpKind::RmsNorm => inputs[..1].to_vec(),
+        OpKind::Attention => inputs.iter().copied().chain(std::iter::once(i)).collect(),
+        OpKind::Activation if inputs.len() == 1 && relu => vec![i],
+        OpKind::Activation => inputs.to_vec(),
+        _ => Vec::new(),
     }
 }
 

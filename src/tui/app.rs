@@ -63,7 +63,7 @@ pub enum Confirm {
 
 /// Launching training from the dashboard: where runs go and how workers start.
 pub struct Training {
-    /// Worker binary, model file, world size and batch per step, checkpoint period.
+    /// Worker binary, model file, checkpoint period, hang limit.
     pub spec: crate::run::LaunchSpec,
     pub dir: crate::run::RunDir,
     pub run: Option<crate::run::Supervisor>,
@@ -343,8 +343,6 @@ impl App {
         let Some(t) = self.training.as_mut() else {
             return;
         };
-        t.spec.world_size = world;
-        t.spec.global_batch = planned.plan.batch * world as u64;
         // Drop the previous (exited) supervisor before starting the next.
         t.run = None;
         let pr = &planned.prediction;
@@ -355,7 +353,13 @@ impl App {
             peak_memory_bytes: pr.peak_memory_bytes,
             runtime_overhead_bytes: pr.overhead_bytes,
         };
-        match crate::run::Supervisor::start(&t.spec, t.dir.clone(), &json, Some(&predicted)) {
+        let launch = crate::run::Launch {
+            plan_json: &json,
+            world_size: world,
+            global_batch: planned.plan.batch * world as u64,
+            predicted: Some(predicted),
+        };
+        match crate::run::Supervisor::start(&t.spec, t.dir.clone(), &launch) {
             Ok(run) => {
                 t.run = Some(run);
                 t.run_plan = Some(planned);

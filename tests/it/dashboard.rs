@@ -224,8 +224,6 @@ fn failed_run(worker_lines: &[&str], tail: &str, hang_after_s: u64) -> (String, 
     let launch = LaunchSpec {
         exe,
         model: root().join("sample-models/tiny-gpt2.json"),
-        world_size: 1,
-        global_batch: 1,
         checkpoint_every: 10,
         hang_after: std::time::Duration::from_secs(hang_after_s),
     };
@@ -253,8 +251,6 @@ fn a_gpu_layout_says_training_needs_the_cpu_layout_for_now() {
     let launch = osdp_tui::run::LaunchSpec {
         exe: fake_worker(dir.path(), &[], "exit 0\n"),
         model: root().join("sample-models/gpt2.json"),
-        world_size: 1,
-        global_batch: 1,
         checkpoint_every: 10,
         hang_after: std::time::Duration::from_secs(60),
     };

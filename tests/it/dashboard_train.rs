@@ -23,8 +23,6 @@ fn dashboard(run_dir: &std::path::Path) -> App {
     let launch = LaunchSpec {
         exe: assert_cmd::cargo::cargo_bin("osdp-tui"),
         model: model_path,
-        world_size: 1,
-        global_batch: 1,
         checkpoint_every: 3,
         hang_after: Duration::from_secs(120),
     };

@@ -18,6 +18,34 @@ fn run_json(args: &[&str]) -> serde_json::Value {
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
+/// `osdp-tui evaluate MODEL --layout <8×A100> --plan PLAN`.
+fn evaluate_on_a100(model: &str, plan: &str) -> assert_cmd::Command {
+    let mut cmd = osdp();
+    cmd.args([
+        "evaluate",
+        model,
+        "--layout",
+        "layouts/a100-80gb-8x-nvlink.json",
+        "--plan",
+        plan,
+    ]);
+    cmd
+}
+
+/// `evaluate … --budget BUDGET --json`, parsed; the command must succeed.
+fn evaluate_json(model: &str, plan: &str, budget: &str) -> serde_json::Value {
+    let out = evaluate_on_a100(model, plan)
+        .args(["--budget", budget, "--json"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
 #[test]
 fn plan_json_and_evaluate_agree() {
     let dir = tempfile::tempdir().unwrap();
@@ -66,17 +94,7 @@ fn plan_json_and_evaluate_agree() {
             assert!(tput >= t, "plan {tput} below {b} {t}");
         }
     }
-    let e = run_json(&[
-        "evaluate",
-        "sample-models/gpt2-medium.json",
-        "--layout",
-        "layouts/a100-80gb-8x-nvlink.json",
-        "--plan",
-        file_s,
-        "--budget",
-        "8GiB",
-        "--json",
-    ]);
+    let e = evaluate_json("sample-models/gpt2-medium.json", file_s, "8GiB");
     assert_eq!(e["fits"].as_bool(), Some(true));
     assert_eq!(e["batch_size"], p["batch_size"]);
     assert_eq!(e["peak_memory_bytes"], p["peak_memory_bytes"]);
@@ -86,17 +104,7 @@ fn plan_json_and_evaluate_agree() {
     );
     assert!((a - b).abs() <= 1e-9 * b, "{a} vs {b}");
     // Priced on a smaller budget, the same plan no longer fits.
-    let e = run_json(&[
-        "evaluate",
-        "sample-models/gpt2-medium.json",
-        "--layout",
-        "layouts/a100-80gb-8x-nvlink.json",
-        "--plan",
-        file_s,
-        "--budget",
-        "2GiB",
-        "--json",
-    ]);
+    let e = evaluate_json("sample-models/gpt2-medium.json", file_s, "2GiB");
     assert_eq!(e["fits"].as_bool(), Some(false));
 }
 
@@ -159,15 +167,7 @@ fn bad_plan_inputs_exit_2_with_the_reason() {
         .args(["--budget", "8GiB", "-o", file_s])
         .assert()
         .success();
-    let out = osdp()
-        .args([
-            "evaluate",
-            "sample-models/gpt2-medium.json",
-            "--layout",
-            "layouts/a100-80gb-8x-nvlink.json",
-            "--plan",
-            file_s,
-        ])
+    let out = evaluate_on_a100("sample-models/gpt2-medium.json", file_s)
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
@@ -186,15 +186,7 @@ fn bad_plan_inputs_exit_2_with_the_reason() {
     plan["ops"][i]["split"] = 3.into();
     plan["ops"][i]["sharded_slices"] = 1.into();
     std::fs::write(&file, plan.to_string()).unwrap();
-    let out = osdp()
-        .args([
-            "evaluate",
-            "sample-models/gpt2.json",
-            "--layout",
-            "layouts/a100-80gb-8x-nvlink.json",
-            "--plan",
-            file_s,
-        ])
+    let out = evaluate_on_a100("sample-models/gpt2.json", file_s)
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
