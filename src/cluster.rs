@@ -2,9 +2,11 @@
 //! between them. Every figure carries a `source` note so a reader can tell a datasheet value
 //! from a measurement or an estimate.
 
+pub mod calibration;
 pub mod known;
 mod layout;
 
+pub use calibration::Calibration;
 pub use layout::{
     read_layout, validate_layout, DeviceKind, DeviceSpec, Figure, Layout, LinkKind, LinkSpec,
     Rates, LAYOUT_FORMAT_VERSION,

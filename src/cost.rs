@@ -11,7 +11,9 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::cluster::{DeviceKind, Layout};
+use std::sync::Arc;
+
+use crate::cluster::{Calibration, DeviceKind, Layout};
 use crate::model::{ModelSpec, OpKind, OpSpec};
 
 /// Parameter + gradient + optimizer bytes per parameter, in either precision.
@@ -161,6 +163,11 @@ pub struct Machine {
     pub precision: Precision,
     /// Bytes of one activation element in the model description's figures.
     pub model_activation_bytes: u64,
+    /// Whether collectives run on their own stream beside compute (GPUs); the CPU trainer
+    /// runs them in line, so all of their time is exposed.
+    pub overlap: bool,
+    /// Measured kernel curves and fixed costs (`osdp-tui calibrate`), preferred to the rates.
+    pub calibration: Option<Arc<Calibration>>,
 }
 
 impl Machine {
@@ -223,7 +230,23 @@ impl Machine {
             compute_dtype,
             precision,
             model_activation_bytes: model.config.dtype.bytes(),
+            overlap: layout.device.kind == DeviceKind::Gpu,
+            calibration: layout.calibration.clone().map(Arc::new),
         }
+    }
+
+    /// Where the time figures come from, for `plan` output.
+    pub fn timing_source(&self) -> String {
+        match &self.calibration {
+            Some(c) => c.summary(),
+            None => "datasheet rates with fixed efficiencies (not calibrated)".to_string(),
+        }
+    }
+
+    /// The fixed cost of a step outside operators, collectives and the optimizer (measured by
+    /// calibration; 0 otherwise).
+    pub fn step_overhead_s(&self) -> f64 {
+        self.calibration.as_ref().map_or(0.0, |c| c.step_overhead_s)
     }
 
     /// Activation bytes of the model description converted to this machine's precision.
@@ -275,6 +298,11 @@ pub struct OpBase {
     pub working_bytes: u64,
     /// Output at this micro-batch (what a recomputed block keeps of its input).
     pub output_bytes: u64,
+    /// Work at this micro-batch, the calibration curves' axis: FLOPs for linears and attention,
+    /// bytes moved at the training precision for the others.
+    pub work: f64,
+    /// Parameter tensors the op owns (each is one optimizer update).
+    pub tensors: u32,
 }
 
 impl OpBase {
@@ -289,7 +317,13 @@ impl OpBase {
         let b = batch as f64;
         let flops = op.fwd_flops_per_sample as f64 * b;
         let moved = (input_bytes_per_sample + op.output_bytes_per_sample) as f64 * b;
+        let work = op_work(op, input_bytes_per_sample, m, batch);
+        let measured = m
+            .calibration
+            .as_ref()
+            .and_then(|c| c.kernel_s(op.kind, work));
         let (fwd_s, bwd_s) = match op.kind {
+            _ if measured.is_some() => measured.unwrap_or_default(),
             OpKind::Linear => (
                 m.matmul_s(flops, 1),
                 LINEAR_BWD_FACTOR * m.matmul_s(flops, 1),
@@ -319,6 +353,21 @@ impl OpBase {
             working_bytes: m.activation_bytes(input_bytes_per_sample + op.output_bytes_per_sample)
                 * batch,
             output_bytes: m.activation_bytes(op.output_bytes_per_sample) * batch,
+            work,
+            tensors: op.params.iter().filter(|p| p.tied_to.is_none()).count() as u32,
+        }
+    }
+}
+
+/// The calibration curves' measure of an op's work at micro-batch `batch`: forward FLOPs for
+/// linears and attention, bytes read and written (at the machine's activation precision) for
+/// the memory-bound kinds.
+pub fn op_work(op: &OpSpec, input_bytes_per_sample: u64, m: &Machine, batch: u64) -> f64 {
+    match op.kind {
+        OpKind::Linear | OpKind::Attention => op.fwd_flops_per_sample as f64 * batch as f64,
+        _ => {
+            m.activation_bytes(input_bytes_per_sample + op.output_bytes_per_sample) as f64
+                * batch as f64
         }
     }
 }
@@ -404,20 +453,42 @@ pub fn price(base: &OpBase, choice: Choice, m: &Machine) -> OpCost {
             )
         }
     };
-    // A split op runs its matmuls slice by slice: k launches instead of one, forward and backward.
-    let compute = base.fwd_s + base.bwd_s + (1.0 + LINEAR_BWD_FACTOR) * split_launches;
-    let exposed = (fwd_comm - base.fwd_s).max(0.0) + (bwd_comm - base.bwd_s).max(0.0);
+    // A split op runs its matmuls slice by slice: k smaller matmuls instead of one, forward and
+    // backward. Measured curves price the k slices; otherwise each costs a launch.
+    let split_s = match m.calibration.as_ref().filter(|_| base.splittable) {
+        Some(cal) if choice.split > 1 => {
+            let k = f64::from(choice.split);
+            cal.kernel_s(OpKind::Linear, base.work / k)
+                .map_or((1.0 + LINEAR_BWD_FACTOR) * split_launches, |(f, b)| {
+                    (k * (f + b) - base.fwd_s - base.bwd_s).max(0.0)
+                })
+        }
+        _ => (1.0 + LINEAR_BWD_FACTOR) * split_launches,
+    };
+    let compute = base.fwd_s + base.bwd_s + split_s;
+    let exposed = if m.overlap {
+        (fwd_comm - base.fwd_s).max(0.0) + (bwd_comm - base.bwd_s).max(0.0)
+    } else {
+        fwd_comm + bwd_comm
+    };
     OpCost {
         persistent_bytes: persistent,
         transient_bytes: param_transient + base.working_bytes,
         compute_s: compute,
         comm_s: fwd_comm + bwd_comm,
         exposed_comm_s: exposed,
-        optimizer_s: if updated == 0 {
-            0.0
-        } else {
-            (OPTIMIZER_BYTES_PER_PARAM * updated) as f64
-                / (m.memory_bytes_per_s * MEMORY_EFFICIENCY)
+        optimizer_s: match &m.calibration {
+            _ if updated == 0 => 0.0,
+            Some(cal) => {
+                // A split op's weight is updated slice by slice.
+                let tensors = base.tensors + choice.split.saturating_sub(1);
+                f64::from(tensors) * cal.optimizer.per_tensor_s
+                    + updated as f64 * cal.optimizer.per_param_s
+            }
+            None => {
+                (OPTIMIZER_BYTES_PER_PARAM * updated) as f64
+                    / (m.memory_bytes_per_s * MEMORY_EFFICIENCY)
+            }
         },
     }
 }
@@ -517,6 +588,8 @@ mod tests {
             compute_dtype: "bf16",
             precision: Precision::MIXED_BF16,
             model_activation_bytes: 2,
+            overlap: true,
+            calibration: None,
         }
     }
 
@@ -530,6 +603,8 @@ mod tests {
             saved_bytes: 0,
             working_bytes: 0,
             output_bytes: 0,
+            work: 1e9,
+            tensors: 1,
         }
     }
 

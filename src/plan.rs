@@ -40,6 +40,8 @@ pub struct Prediction {
     pub exposed_comm_s: f64,
     pub optimizer_s: f64,
     pub recompute_s: f64,
+    /// Measured fixed cost of a step beyond its ops (calibrated layouts only).
+    pub step_overhead_s: f64,
     /// Per op: memory it holds (persistent + kept activations) and time it adds.
     pub ops: Vec<OpFigures>,
 }
@@ -163,7 +165,7 @@ pub(crate) fn evaluate_with(
             activations += m.activation_bytes(blocks.input_bytes_per_sample[b]) * plan.batch;
         }
     }
-    let step = ops.iter().map(|o| o.time_s).sum::<f64>();
+    let step = ops.iter().map(|o| o.time_s).sum::<f64>() + m.step_overhead_s();
     let samples = plan.batch as f64 * f64::from(m.ranks);
     Prediction {
         batch_size: plan.batch,
@@ -179,6 +181,7 @@ pub(crate) fn evaluate_with(
         exposed_comm_s: exposed,
         optimizer_s: optimizer,
         recompute_s: recompute,
+        step_overhead_s: m.step_overhead_s(),
         ops,
     }
 }

@@ -170,6 +170,8 @@ struct PlanOut<'a> {
     headline: Headline,
     binding_gpu: Option<usize>,
     search_time_ms: f64,
+    /// Calibrated curves (with when and where they were measured) or datasheet rates.
+    timing_source: String,
     prediction: &'a Prediction,
     ops: Vec<OpOut<'a>>,
     baselines: Baselines,
@@ -298,6 +300,7 @@ pub fn plan(req: PlanRequest) -> Result<(), Failure> {
             headline: Headline::of(&prediction, budget),
             binding_gpu,
             search_time_ms: search_ms,
+            timing_source: machine.timing_source(),
             prediction: &prediction,
             ops: spec
                 .ops
@@ -329,6 +332,7 @@ pub fn plan(req: PlanRequest) -> Result<(), Failure> {
             .unwrap_or_default()
     );
     print_prediction("plan", &prediction);
+    println!("  prices: {}", machine.timing_source());
     println!("  searched in {search_ms:.2} ms (baselines included)");
     println!();
     print_plan_by_block(&spec, &plan, &blocks);
@@ -375,8 +379,13 @@ fn print_prediction(what: &str, p: &Prediction) {
         units::bytes(p.max_transient_bytes),
         units::bytes(p.overhead_bytes)
     );
+    let other = if p.step_overhead_s > 0.0 {
+        format!(" + {:.1} ms other", p.step_overhead_s * 1e3)
+    } else {
+        String::new()
+    };
     println!(
-        "  time: {:.1} ms compute + {:.1} ms recompute + {:.1} ms exposed comm + {:.1} ms optimizer",
+        "  time: {:.1} ms compute + {:.1} ms recompute + {:.1} ms exposed comm + {:.1} ms optimizer{other}",
         p.compute_s * 1e3,
         p.recompute_s * 1e3,
         p.exposed_comm_s * 1e3,
@@ -431,6 +440,7 @@ struct EvaluateOut<'a> {
     #[serde(flatten)]
     headline: Headline,
     fits: bool,
+    timing_source: String,
     prediction: &'a Prediction,
 }
 
@@ -451,6 +461,7 @@ pub fn evaluate(
         let out = EvaluateOut {
             headline: Headline::of(&p, budget),
             fits,
+            timing_source: machine.timing_source(),
             prediction: &p,
         };
         print_json(&out);
@@ -463,6 +474,7 @@ pub fn evaluate(
         layout.world_size()
     );
     print_prediction("plan", &p);
+    println!("  prices: {}", machine.timing_source());
     println!(
         "  {} the budget of {}",
         if fits { "fits" } else { "does NOT fit" },

@@ -182,6 +182,7 @@ pub fn local_layout(name: &str, count: u32, memory_bytes: u64) -> Layout {
             },
         },
         inter_node: None,
+        calibration: None,
     }
 }
 

@@ -4,6 +4,7 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
+use super::calibration::Calibration;
 use crate::input::{self, InputError, Problem};
 
 pub const LAYOUT_FORMAT_VERSION: u32 = 1;
@@ -37,6 +38,9 @@ pub struct Layout {
     /// Link between nodes (required when `nodes` > 1).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub inter_node: Option<LinkSpec>,
+    /// What `osdp-tui calibrate` measured here; the cost model prefers it to the rates above.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub calibration: Option<Calibration>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -202,6 +206,9 @@ pub fn validate_layout(l: &Layout) -> Result<(), Problem> {
             ))
         }
         (None, _) => {}
+    }
+    if let Some(c) = &l.calibration {
+        c.validate()?;
     }
     Ok(())
 }

@@ -165,7 +165,7 @@ impl<'m> Planner<'m> {
                     continue;
                 };
                 if let Some(p) = frontier::best_within(f, usable) {
-                    let tput = table.batch as f64 / p.time;
+                    let tput = table.batch as f64 / (p.time + self.machine.step_overhead_s());
                     let peak = p.mem + cap;
                     let better = match &best {
                         None => true,
@@ -204,7 +204,8 @@ impl<'m> Planner<'m> {
                     let peak = self.machine.overhead_bytes + p.mem + cap;
                     pts.push((
                         peak,
-                        table.batch as f64 * f64::from(self.machine.ranks) / p.time,
+                        table.batch as f64 * f64::from(self.machine.ranks)
+                            / (p.time + self.machine.step_overhead_s()),
                     ));
                 }
             }
@@ -500,6 +501,7 @@ fn classify(
             b.saved_bytes,
             b.working_bytes,
             b.output_bytes,
+            u64::from(b.tensors),
             pin,
         ]
     };
