@@ -12,6 +12,7 @@ use crate::cluster::{read_layout, Layout};
 use crate::model::{self, hf, AttentionImpl, ModelSummary};
 use crate::units;
 
+mod measure;
 mod train;
 
 #[derive(Debug, Parser)]
@@ -133,6 +134,24 @@ enum Command {
     /// exit 0. Example: `osdp-tui train sample-models/tiny-gpt2.json --plan plan.json
     /// --world-size 2 --steps 200 --metrics run.jsonl --checkpoint-dir ckpt`.
     Train(train::TrainArgs),
+    /// Measure this machine into a layout the planner prices with (needs the `train` build
+    /// feature).
+    ///
+    /// Times the trainer's own kernels inside real training steps at growing micro-batches,
+    /// all ranks at once: a forward/backward time curve per operator kind, the optimizer's
+    /// cost per tensor and per parameter, memory bandwidth, collective latency and bandwidth,
+    /// and the runtime's fixed memory. About a minute on a small machine. Example:
+    /// `osdp-tui calibrate -o layouts/local-cpu.json`, then `osdp-tui plan MODEL.json --layout
+    /// layouts/local-cpu.json --budget 4GiB`.
+    Calibrate(measure::CalibrateArgs),
+    /// Run a plan briefly and compare measured step time and peak memory with the prediction
+    /// (needs the `train` build feature).
+    ///
+    /// Warm-up steps are not timed; the step time is the median of the timed steps (the
+    /// slowest rank's); memory is the trainer's own ledger, per category. Example:
+    /// `osdp-tui validate sample-models/tiny-gpt2.json --layout layouts/local-cpu.json --plan
+    /// plan.json --repeat 3`.
+    Validate(measure::ValidateArgs),
     /// Follow a training run from another terminal: step, loss, speed, memory, checkpoints.
     ///
     /// RUN_DIR is a run directory (the dashboard's --run-dir, or any directory whose
@@ -306,6 +325,8 @@ fn run(cli: Cli) -> Result<(), Failure> {
         }
         (Some(Command::Layout { layout, json }), _) => show_layout(&layout, json),
         (Some(Command::Train(args)), _) => train::train(args),
+        (Some(Command::Calibrate(args)), _) => measure::calibrate(args),
+        (Some(Command::Validate(args)), _) => measure::validate(args),
         (Some(Command::Status { run_dir, json }), _) => run_status(&run_dir, json),
         (Some(Command::Plan(args)), _) => crate::report::plan(args.into_request()?),
         (

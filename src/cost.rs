@@ -309,6 +309,7 @@ impl OpBase {
     /// `input_bytes_per_sample`: the summed outputs of the op's inputs.
     pub fn new(
         op: &OpSpec,
+        kernel: &str,
         input_bytes_per_sample: u64,
         m: &Machine,
         batch: u64,
@@ -321,7 +322,7 @@ impl OpBase {
         let measured = m
             .calibration
             .as_ref()
-            .and_then(|c| c.kernel_s(op.kind, work));
+            .and_then(|c| c.kernel_s(kernel, work));
         let (fwd_s, bwd_s) = match op.kind {
             _ if measured.is_some() => measured.unwrap_or_default(),
             OpKind::Linear => (
@@ -357,6 +358,22 @@ impl OpBase {
             tensors: op.params.iter().filter(|p| p.tied_to.is_none()).count() as u32,
         }
     }
+}
+
+/// Which calibration curve prices `op`: its kind (`linear`), and for activations also the
+/// function and whether it is gated (`activation/gelu_tanh`, `activation/silu_gated`), whose
+/// kernels differ several-fold at the same bytes.
+pub fn kernel_key(model: &ModelSpec, op: &OpSpec) -> String {
+    let kind = crate::cluster::calibration::kind_name(op.kind);
+    if op.kind != OpKind::Activation {
+        return kind;
+    }
+    let act = serde_json::to_value(model.config.activation)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_string))
+        .unwrap_or_default();
+    let gated = if op.inputs.len() == 2 { "_gated" } else { "" };
+    format!("{kind}/{act}{gated}")
 }
 
 /// The calibration curves' measure of an op's work at micro-batch `batch`: forward FLOPs for
@@ -458,7 +475,7 @@ pub fn price(base: &OpBase, choice: Choice, m: &Machine) -> OpCost {
     let split_s = match m.calibration.as_ref().filter(|_| base.splittable) {
         Some(cal) if choice.split > 1 => {
             let k = f64::from(choice.split);
-            cal.kernel_s(OpKind::Linear, base.work / k)
+            cal.kernel_s("linear", base.work / k)
                 .map_or((1.0 + LINEAR_BWD_FACTOR) * split_launches, |(f, b)| {
                     (k * (f + b) - base.fwd_s - base.bwd_s).max(0.0)
                 })
@@ -561,7 +578,7 @@ pub fn op_bases(model: &ModelSpec, m: &Machine, batch: u64) -> Vec<OpBase> {
         .ops
         .iter()
         .enumerate()
-        .map(|(i, op)| OpBase::new(op, inputs[i], m, batch, uses[i]))
+        .map(|(i, op)| OpBase::new(op, &kernel_key(model, op), inputs[i], m, batch, uses[i]))
         .collect()
 }
 
@@ -720,6 +737,69 @@ mod tests {
         let one = price(&b, Choice::zero3(1, 1), &m).compute_s;
         let four = price(&b, Choice::zero3(4, 4), &m).compute_s;
         assert!((four - one - 9.0 * 5e-6).abs() < 1e-12);
+    }
+
+    fn calibrated(mut m: Machine) -> Machine {
+        use crate::cluster::calibration::{CurvePoint, OptimizerCost};
+        let pt = |work: f64, fwd_s: f64, bwd_s: f64| CurvePoint { work, fwd_s, bwd_s };
+        m.calibration = Some(Arc::new(Calibration {
+            measured_at: "2026-11-22T09:00:00Z".into(),
+            device: "test".into(),
+            command: "test".into(),
+            ranks: 8,
+            // 1 GFLOP takes 10 ms forward, 1 MFLOP 1 ms: small matmuls are 100× less efficient.
+            kernels: std::collections::BTreeMap::from([(
+                "linear".to_string(),
+                vec![pt(1e6, 1e-3, 2e-3), pt(1e9, 1e-2, 2e-2)],
+            )]),
+            optimizer: OptimizerCost {
+                per_tensor_s: 50e-6,
+                per_param_s: 1e-9,
+            },
+            step_overhead_s: 2e-3,
+            collectives: vec![],
+        }));
+        m
+    }
+
+    #[test]
+    fn calibrated_curves_price_kernels_slices_and_the_optimizer() {
+        let m = calibrated(machine(8));
+        let mut b = linear_base(8_000_000);
+        b.work = 1e9;
+        (b.fwd_s, b.bwd_s) = m
+            .calibration
+            .as_ref()
+            .and_then(|c| c.kernel_s("linear", b.work))
+            .unwrap();
+        assert_eq!((b.fwd_s, b.bwd_s), (1e-2, 2e-2));
+        // Four slices of 250 MFLOP: log-log interpolation between the two points gives
+        // 10 ms · (1/4)^(1/3) each forward, twice that backward.
+        let slice_fwd = 1e-2 * 0.25f64.powf(1.0 / 3.0);
+        let one = price(&b, Choice::zero3(1, 1), &m).compute_s;
+        let four = price(&b, Choice::zero3(4, 4), &m).compute_s;
+        assert!((one - 3e-2).abs() < 1e-12, "{one}");
+        assert!((four - 4.0 * 3.0 * slice_fwd).abs() < 1e-9, "{four}");
+        // The optimizer: per tensor plus per parameter of the rank's share; four slices are
+        // four tensors.
+        let dp = price(&b, Choice::DP, &m).optimizer_s;
+        assert!((dp - (50e-6 + 8e6 * 1e-9)).abs() < 1e-12, "{dp}");
+        let z3 = price(&b, Choice::zero3(4, 4), &m).optimizer_s;
+        assert!((z3 - (4.0 * 50e-6 + 1e6 * 1e-9)).abs() < 1e-12, "{z3}");
+        assert_eq!(m.step_overhead_s(), 2e-3);
+        assert!(m.timing_source().starts_with("calibrated 2026-11-22"));
+        assert!(machine(8).timing_source().contains("not calibrated"));
+    }
+
+    #[test]
+    fn without_overlap_all_communication_is_exposed() {
+        let mut m = machine(8);
+        m.link_latency_s = 0.0;
+        let small = linear_base(10_000_000);
+        assert_eq!(price(&small, Choice::DP, &m).exposed_comm_s, 0.0);
+        m.overlap = false;
+        let c = price(&small, Choice::DP, &m);
+        assert!((c.exposed_comm_s - 350e-6).abs() < 1e-12 && c.exposed_comm_s == c.comm_s);
     }
 
     #[test]

@@ -2,10 +2,12 @@
 //! process exchanging tensors through the local collective backend; each runs an [`Executor`]
 //! on its share of every global batch. Progress goes out as [`WorkerEvent`]s.
 
+pub mod calibrate;
 pub mod checkpoint;
 pub mod collective;
 pub mod data;
 pub mod exec;
+pub mod measure;
 pub mod memory;
 pub mod ops;
 pub mod tcp;

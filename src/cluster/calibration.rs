@@ -55,8 +55,10 @@ pub struct Calibration {
     /// Ranks that ran concurrently while kernels were timed (they share caches and memory
     /// bandwidth, as in training).
     pub ranks: u32,
-    /// Kernel time curves per operator kind, points sorted by work.
-    pub kernels: BTreeMap<OpKind, Vec<CurvePoint>>,
+    /// Kernel time curves, points sorted by work, keyed by operator kind (`linear`,
+    /// `layer_norm`, …) or kind and variant (`activation/gelu_tanh`, `activation/silu_gated`):
+    /// see [`crate::cost::kernel_key`].
+    pub kernels: BTreeMap<String, Vec<CurvePoint>>,
     pub optimizer: OptimizerCost,
     /// What a step costs besides its operators, collectives and optimizer: data, loss
     /// reduction, bookkeeping.
@@ -99,8 +101,15 @@ impl Calibration {
         if self.ranks == 0 {
             return Err(Problem::field("calibration.ranks", "must be at least 1"));
         }
-        for (kind, points) in &self.kernels {
-            let field = format!("calibration.kernels.{}", kind_name(*kind));
+        for (key, points) in &self.kernels {
+            let field = format!("calibration.kernels.{key}");
+            let kind = key.split('/').next().unwrap_or_default();
+            if !OpKind::ALL.iter().any(|k| kind_name(*k) == kind) {
+                return Err(Problem::field(
+                    &field,
+                    format!("{kind:?} is not an operator kind"),
+                ));
+            }
             if points.is_empty() {
                 return Err(Problem::field(&field, "needs at least one point"));
             }
@@ -140,9 +149,21 @@ impl Calibration {
         Ok(())
     }
 
-    /// Forward and backward seconds of an op of `kind` doing `work`, when measured.
-    pub fn kernel_s(&self, kind: OpKind, work: f64) -> Option<(f64, f64)> {
-        self.kernels.get(&kind).map(|pts| interpolate(pts, work))
+    /// Forward and backward seconds of an op doing `work`, when measured: the curve of its
+    /// exact `key`, else of its kind, else of another variant of its kind.
+    pub fn kernel_s(&self, key: &str, work: f64) -> Option<(f64, f64)> {
+        let kind = key.split('/').next().unwrap_or(key);
+        let prefix = format!("{kind}/");
+        self.kernels
+            .get(key)
+            .or_else(|| self.kernels.get(kind))
+            .or_else(|| {
+                self.kernels
+                    .iter()
+                    .find(|(k, _)| k.starts_with(&prefix))
+                    .map(|(_, v)| v)
+            })
+            .map(|pts| interpolate(pts, work))
     }
 
     /// One line for `plan` output: where the prices come from.
@@ -151,7 +172,8 @@ impl Calibration {
     }
 }
 
-fn kind_name(kind: OpKind) -> String {
+/// `layer_norm` for [`OpKind::LayerNorm`]: the name model.json uses.
+pub fn kind_name(kind: OpKind) -> String {
     serde_json::to_value(kind)
         .ok()
         .and_then(|v| v.as_str().map(str::to_string))
@@ -190,28 +212,26 @@ pub fn interpolate(points: &[CurvePoint], work: f64) -> (f64, f64) {
 }
 
 /// Fit the α–β ring model to measured all-gathers: `t = (n−1)·α + (n−1)/n · S / β`. Returns
-/// (α seconds per step, β bytes per second), by least squares on the points; `None` without
-/// two distinct sizes or when the fit is not physical.
+/// (α seconds per step, β bytes per second): β from the slope between the smallest and the
+/// largest message, α from what the smallest message takes beyond its bytes (a least-squares
+/// fit would let the large messages drown the latency). `None` without two distinct sizes or
+/// when the slope is not physical.
 pub fn fit_ring(ranks: u32, points: &[(f64, f64)]) -> Option<(f64, f64)> {
-    if ranks < 2 || points.len() < 2 {
+    if ranks < 2 {
         return None;
     }
-    let n = points.len() as f64;
-    let mx = points.iter().map(|p| p.0).sum::<f64>() / n;
-    let my = points.iter().map(|p| p.1).sum::<f64>() / n;
-    let sxx: f64 = points.iter().map(|p| (p.0 - mx).powi(2)).sum();
-    let sxy: f64 = points.iter().map(|p| (p.0 - mx) * (p.1 - my)).sum();
-    if sxx <= 0.0 {
+    let small = points.iter().min_by(|a, b| a.0.total_cmp(&b.0))?;
+    let large = points.iter().max_by(|a, b| a.0.total_cmp(&b.0))?;
+    if large.0 <= small.0 {
         return None;
     }
-    let slope = sxy / sxx;
-    let intercept = (my - slope * mx).max(0.0);
+    let slope = (large.1 - small.1) / (large.0 - small.0);
     if !(slope.is_finite() && slope > 0.0) {
         return None;
     }
     let r = f64::from(ranks);
     let beta = (r - 1.0) / r / slope;
-    let alpha = intercept / (r - 1.0);
+    let alpha = ((small.1 - slope * small.0) / (r - 1.0)).max(0.0);
     Some((alpha, beta))
 }
 
@@ -264,7 +284,13 @@ mod tests {
             device: "test cpu".into(),
             command: "osdp-tui calibrate".into(),
             ranks: 2,
-            kernels: BTreeMap::from([(OpKind::Linear, vec![pt(1e6, 1e-4, 2e-4)])]),
+            kernels: BTreeMap::from([
+                ("linear".to_string(), vec![pt(1e6, 1e-4, 2e-4)]),
+                (
+                    "activation/silu_gated".to_string(),
+                    vec![pt(1e6, 1e-3, 2e-3)],
+                ),
+            ]),
             optimizer: OptimizerCost {
                 per_tensor_s: 1e-5,
                 per_param_s: 1e-9,
@@ -275,17 +301,32 @@ mod tests {
     }
 
     #[test]
+    fn a_variant_without_its_own_curve_uses_its_kinds() {
+        let c = calibration();
+        assert_eq!(c.kernel_s("linear", 1e6), Some((1e-4, 2e-4)));
+        assert_eq!(c.kernel_s("activation/silu_gated", 1e6), Some((1e-3, 2e-3)));
+        // Another activation borrows the measured one rather than falling back to datasheets.
+        assert_eq!(c.kernel_s("activation/relu", 1e6), Some((1e-3, 2e-3)));
+        assert_eq!(c.kernel_s("attention", 1e6), None);
+    }
+
+    #[test]
     fn validation_names_the_bad_field() {
         assert!(calibration().validate().is_ok());
         let mut c = calibration();
         c.kernels.insert(
-            OpKind::LayerNorm,
+            "layer_norm".into(),
             vec![pt(2.0, 1.0, 1.0), pt(1.0, 1.0, 1.0)],
         );
         let e = c.validate().unwrap_err().to_string();
         assert!(e.contains("layer_norm") && e.contains("sorted"), "{e}");
         let mut c = calibration();
-        c.kernels.insert(OpKind::Add, vec![pt(1.0, f64::NAN, 1.0)]);
+        c.kernels
+            .insert("convolution".into(), vec![pt(1.0, 1.0, 1.0)]);
+        let e = c.validate().unwrap_err().to_string();
+        assert!(e.contains("not an operator kind"), "{e}");
+        let mut c = calibration();
+        c.kernels.insert("add".into(), vec![pt(1.0, f64::NAN, 1.0)]);
         assert!(c.validate().unwrap_err().to_string().contains("fwd_s"));
         let mut c = calibration();
         c.optimizer.per_param_s = -1.0;

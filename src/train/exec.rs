@@ -5,6 +5,7 @@
 //! holds goes through the [`Ledger`], which is the "measured" side of predicted vs measured.
 
 use std::collections::HashMap;
+use std::time::Instant;
 
 use tch::{Device, Kind, Tensor};
 
@@ -171,6 +172,24 @@ pub struct Executor {
     grads: Vec<Option<Tensor>>,
     ids: Option<Tensor>,
     labels: Option<Tensor>,
+    /// Filled by each step when set.
+    pub profile: Option<Profile>,
+}
+
+/// Where one rank's last step spent its time (when profiling is on): what `calibrate` fits
+/// the cost model's curves to, and what `validate` compares with the prediction.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Profile {
+    /// Per op: forward and backward seconds, collectives of the op included.
+    pub fwd_s: Vec<f64>,
+    pub bwd_s: Vec<f64>,
+    /// Recomputed forwards.
+    pub recompute_s: f64,
+    /// Gradient buffers, norm and AdamW.
+    pub optimizer_s: f64,
+    /// Gradient synchronisation and the re-gather of zero1/zero2 parameters.
+    pub sync_s: f64,
+    pub step_s: f64,
 }
 
 /// What one training step measured on one rank.
@@ -494,7 +513,13 @@ impl Executor {
             grads: (0..n).map(|_| None).collect(),
             ids: None,
             labels: None,
+            profile: None,
         })
+    }
+
+    /// Time every op of the following steps (see [`Profile`]).
+    pub fn enable_profiling(&mut self) {
+        self.profile = Some(Profile::default());
     }
 
     pub fn rank(&self) -> usize {
@@ -766,7 +791,16 @@ impl Executor {
                 continue;
             }
             let keep_extras = !full_pass || self.recomputed_block[i].is_none();
+            let t0 = self.profile.is_some().then(Instant::now);
             let y = self.forward_op(i, keep_extras)?;
+            if let (Some(p), Some(t0)) = (self.profile.as_mut(), t0) {
+                let dt = t0.elapsed().as_secs_f64();
+                if full_pass {
+                    p.fwd_s[i] += dt;
+                } else {
+                    p.recompute_s += dt;
+                }
+            }
             if self.model.ops[i].kind == OpKind::CrossEntropy {
                 loss = Some(y.shallow_clone());
             }
@@ -945,9 +979,19 @@ impl Executor {
                 .reshape(shape)
                 .to_device(self.device),
         );
-        self.ledger.reset_peak();
-        self.allocate_grads();
         let n = self.model.ops.len();
+        let step_t0 = Instant::now();
+        if let Some(p) = self.profile.as_mut() {
+            *p = Profile {
+                fwd_s: vec![0.0; n],
+                bwd_s: vec![0.0; n],
+                ..Profile::default()
+            };
+        }
+        self.ledger.reset_peak();
+        let t0 = Instant::now();
+        self.allocate_grads();
+        let alloc_s = t0.elapsed().as_secs_f64();
         let loss = self
             .forward_range(0..n, true)?
             .ok_or_else(|| ExecError::Unsupported("the graph has no loss op".into()))?;
@@ -970,7 +1014,11 @@ impl Executor {
                 if self.model.ops[i].kind != OpKind::CrossEntropy {
                     self.ledger.sub(Category::Working, nbytes(&g));
                 }
+                let t0 = Instant::now();
                 self.backward_op(i, &g)?;
+                if let Some(p) = self.profile.as_mut() {
+                    p.bwd_s[i] += t0.elapsed().as_secs_f64();
+                }
             }
             self.drop_extras(i);
             self.drop_out(i);
@@ -984,12 +1032,17 @@ impl Executor {
             .all_reduce(&Tensor::from(local_loss))?
             .double_value(&[])
             / world;
+        if let Some(p) = self.profile.as_mut() {
+            p.optimizer_s += alloc_s;
+            p.step_s = step_t0.elapsed().as_secs_f64();
+        }
         Ok(StepOutcome { loss, grad_norm })
     }
 
     fn optimizer_step(&mut self) -> Result<f64> {
         let world = self.comm.world() as i64;
         let rank = self.comm.rank();
+        let t_sync = Instant::now();
         // 1. Synchronise: dp all-reduces, zero1 reduce-scatters; zero2/3 already hold shards.
         let mut shards: Vec<Option<Tensor>> = Vec::with_capacity(self.units.len());
         let mut held_bytes = 0;
@@ -1013,6 +1066,8 @@ impl Executor {
             self.ledger.add(Category::Grads, nbytes(&synced));
             shards.push(Some(synced));
         }
+        let mut sync_s = t_sync.elapsed().as_secs_f64();
+        let t_update = Instant::now();
         // 2. Global norm: replicated gradients counted once (by rank 0), shards by their owner.
         let mut local_sq = 0.0;
         for (u, g) in shards.iter().enumerate() {
@@ -1057,17 +1112,11 @@ impl Executor {
                     unit.v.narrow(0, 0, len),
                 ),
             };
-            let g = g * clip;
-            if unit.decay && o.weight_decay > 0.0 {
-                p *= 1.0 - lr * o.weight_decay;
-            }
-            m *= o.beta1;
-            m += &g * (1.0 - o.beta1);
-            v *= o.beta2;
-            v += g.square() * (1.0 - o.beta2);
-            let denom = (&v / bc2).sqrt() + o.eps;
-            p -= (&m / bc1) / denom * lr;
+            let decay = if unit.decay { o.weight_decay } else { 0.0 };
+            adamw_update(&mut p, &g, &mut m, &mut v, &o, lr, decay, clip, (bc1, bc2));
         }
+        let update_s = t_update.elapsed().as_secs_f64();
+        let t_gather = Instant::now();
         self.ledger.sub(Category::Grads, held_bytes);
         // 4. zero1/zero2 replicas get the updated parameters back.
         for u in 0..self.units.len() {
@@ -1089,6 +1138,11 @@ impl Executor {
             let mut flat = unit.data.reshape([-1]);
             flat.copy_(&full.narrow(0, 0, unit.numel));
             self.ledger.sub(Category::GradBuffers, bytes);
+        }
+        sync_s += t_gather.elapsed().as_secs_f64();
+        if let Some(p) = self.profile.as_mut() {
+            p.optimizer_s += update_s;
+            p.sync_s += sync_s;
         }
         Ok(norm)
     }
@@ -1173,6 +1227,33 @@ impl Executor {
             })
             .collect())
     }
+}
+
+/// One AdamW update of `p` from gradient `g` (scaled by `clip`), in place on `p`, `m`, `v`;
+/// `decay` is the weight decay for this tensor (0 for biases and norms), `bias_correction` the
+/// two moments' `1 − βᵗ`. The optimizer's one code path: `calibrate` times this function.
+#[allow(clippy::too_many_arguments)]
+pub fn adamw_update(
+    p: &mut Tensor,
+    g: &Tensor,
+    m: &mut Tensor,
+    v: &mut Tensor,
+    o: &OptimConfig,
+    lr: f64,
+    decay: f64,
+    clip: f64,
+    bias_correction: (f64, f64),
+) {
+    let g = g * clip;
+    if decay > 0.0 {
+        *p *= 1.0 - lr * decay;
+    }
+    *m *= o.beta1;
+    *m += &g * (1.0 - o.beta1);
+    *v *= o.beta2;
+    *v += g.square() * (1.0 - o.beta2);
+    let denom = (&*v / bias_correction.1).sqrt() + o.eps;
+    *p -= (&*m / bias_correction.0) / denom * lr;
 }
 
 /// The ops whose outputs op `i` reads in its backward (what the kernels keep, as the model

@@ -217,3 +217,21 @@ fn a_failed_write_keeps_the_previous_file() {
     assert_eq!(out.status.code(), Some(2));
     assert_eq!(std::fs::read_to_string(&target).unwrap(), "previous");
 }
+
+#[test]
+fn calibrate_for_cuda_without_a_gpu_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let target = dir.path().join("local-gpu.json");
+    let out = osdp()
+        .args(["calibrate", "--device", "cuda", "-o"])
+        .arg(&target)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("no CUDA device") && err.contains("--device cpu"),
+        "{err}"
+    );
+    assert!(!target.exists(), "nothing is written");
+}

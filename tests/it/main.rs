@@ -1,6 +1,8 @@
 //! Integration tests: the CLI as a user runs it, and properties of the model format.
 
 mod bad_input;
+#[cfg(feature = "train")]
+mod calibrate;
 mod dashboard;
 #[cfg(feature = "train")]
 mod dashboard_train;

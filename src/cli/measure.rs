@@ -1,0 +1,427 @@
+//! `osdp-tui calibrate` (measure this machine into a layout) and `osdp-tui validate` (predicted
+//! against measured step time and memory for a plan). Both need the trainer's kernels.
+
+use std::path::PathBuf;
+
+use clap::Args;
+
+use super::train::DeviceArg;
+use super::Failure;
+
+#[derive(Debug, Args)]
+pub struct CalibrateArgs {
+    /// Where to compute: `cpu` times the CPU trainer's kernels; `cuda` needs an NVIDIA GPU and
+    /// the NCCL build, which this one does not have yet.
+    #[arg(long, value_enum, default_value_t = DeviceArg::Cpu)]
+    pub device: DeviceArg,
+    /// Layout file to write (e.g. layouts/local-cpu.json); its name is the file's stem.
+    #[arg(short, long, value_name = "LAYOUT.json")]
+    pub output: PathBuf,
+    /// Time this model's own operators (repeatable) [default: two small built-in GPT-2 and
+    /// LLaMA shapes that cover every operator kind].
+    #[arg(long, value_name = "MODEL.json")]
+    pub model: Vec<PathBuf>,
+    /// Ranks of the layout, all timed at once as they train (they share cores, caches and
+    /// memory bandwidth) [default: one per core, at most 8].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub ranks: Option<u32>,
+    /// Largest micro-batch timed per model (powers of two from 1).
+    #[arg(long, default_value_t = 32, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=4096))]
+    pub max_batch: u64,
+    /// Fewest points: micro-batches up to 4, one timed step each (a smoke test, not for use).
+    #[arg(long)]
+    pub quick: bool,
+    /// Start from this layout (keeps its memory per rank and description) [default: the
+    /// built-in `cpu` layout].
+    #[arg(long, value_name = "LAYOUT.json")]
+    pub base: Option<PathBuf>,
+    /// Print what was measured as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct ValidateArgs {
+    /// Model description the plan was made for (GPT-2, OPT or LLaMA family).
+    pub model: PathBuf,
+    /// Layout the prediction is for; its rank count is the run's world size. Use a calibrated
+    /// one (`osdp-tui calibrate`) for predictions of this machine.
+    #[arg(long)]
+    pub layout: PathBuf,
+    /// Plan file (from `plan -o`, or by hand).
+    #[arg(long)]
+    pub plan: PathBuf,
+    /// Untimed steps first (allocator and caches warm up).
+    #[arg(long, default_value_t = 2, value_name = "N")]
+    pub warmup: usize,
+    /// Timed steps; the step time is their median.
+    #[arg(long, default_value_t = 5, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=10000))]
+    pub steps: u64,
+    /// Run the whole measurement this many times and report the spread.
+    #[arg(long, default_value_t = 1, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=100))]
+    pub repeat: u64,
+    /// Print JSON (predicted, measured, ratio).
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[cfg(not(feature = "train"))]
+fn needs_trainer(what: &str) -> Failure {
+    Failure::input(format!(
+        "{what} times the trainer's kernels, and this osdp-tui was built without them; build it \
+         with `. scripts/libtorch-env.sh && cargo build --release --features train`"
+    ))
+}
+
+#[cfg(not(feature = "train"))]
+pub fn calibrate(args: CalibrateArgs) -> Result<(), Failure> {
+    if args.device == DeviceArg::Cuda {
+        return Err(no_cuda());
+    }
+    Err(needs_trainer("calibrate"))
+}
+
+#[cfg(not(feature = "train"))]
+pub fn validate(_args: ValidateArgs) -> Result<(), Failure> {
+    Err(needs_trainer("validate"))
+}
+
+fn no_cuda() -> Failure {
+    Failure::input(
+        "calibrate --device cuda: no CUDA device is usable here (no NVIDIA driver or GPU was \
+         found, or this build lacks the NCCL backend); calibrate the CPU with --device cpu, or \
+         run on a machine with a GPU",
+    )
+}
+
+/// A one-line progress bar on a terminal, a line per phase otherwise.
+#[cfg(feature = "train")]
+struct Bar {
+    tty: bool,
+    last: String,
+}
+
+#[cfg(feature = "train")]
+impl Bar {
+    fn new() -> Bar {
+        use std::io::IsTerminal;
+        Bar {
+            tty: std::io::stderr().is_terminal(),
+            last: String::new(),
+        }
+    }
+
+    fn show(&mut self, fraction: f64, what: &str) {
+        let f = fraction.clamp(0.0, 1.0);
+        if self.tty {
+            let width = 24;
+            let filled = (f * width as f64).round() as usize;
+            eprint!(
+                "\r\x1b[2K[{}{}] {:>3.0}%  {what}",
+                "#".repeat(filled),
+                "-".repeat(width - filled),
+                f * 100.0
+            );
+        } else if what != self.last {
+            eprintln!("{:>3.0}%  {what}", f * 100.0);
+        }
+        self.last = what.to_string();
+    }
+
+    fn finish(&self) {
+        if self.tty {
+            eprintln!();
+        }
+    }
+}
+
+#[cfg(feature = "train")]
+pub fn calibrate(args: CalibrateArgs) -> Result<(), Failure> {
+    use crate::train::calibrate::{self, CalibrateConfig};
+
+    if args.device == DeviceArg::Cuda {
+        return Err(no_cuda());
+    }
+    let base = match &args.base {
+        Some(p) => crate::cluster::read_layout(p).map_err(Failure::input)?,
+        None => crate::input::parse_strict(
+            std::path::Path::new("layouts/cpu.json"),
+            include_str!("../../layouts/cpu.json"),
+            crate::cluster::LAYOUT_FORMAT_VERSION,
+        )
+        .map_err(Failure::input)?,
+    };
+    let models = if args.model.is_empty() {
+        calibrate::generic_models()
+    } else {
+        let mut v = Vec::new();
+        for p in &args.model {
+            let m = crate::model::read_model(p).map_err(Failure::input)?;
+            let plan = crate::plan::uniform_plan(&m, crate::cost::Strategy::Dp, 1);
+            crate::train::exec::check_runnable(&m, &plan)
+                .map_err(|e| Failure::input(format!("{}: {e}", p.display())))?;
+            v.push(m);
+        }
+        v
+    };
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let ranks = args.ranks.map_or(cores.min(8), |r| r as usize);
+    let name = args
+        .output
+        .file_stem()
+        .map_or("local".into(), |s| s.to_string_lossy().into_owned());
+    let mut base = base;
+    base.name = name;
+    let command = std::iter::once("osdp-tui".to_string())
+        .chain(std::env::args().skip(1))
+        .collect::<Vec<_>>()
+        .join(" ");
+    let cfg = CalibrateConfig {
+        ranks,
+        models,
+        max_batch: if args.quick { 4 } else { args.max_batch },
+        max_step_s: if args.quick { 0.5 } else { 2.0 },
+        steps: if args.quick { 1 } else { 3 },
+        base,
+        command,
+    };
+    let mut bar = Bar::new();
+    let result = calibrate::calibrate(&cfg, &mut |f, what| bar.show(f, what));
+    bar.finish();
+    let mut layout = result.map_err(|e| Failure {
+        code: 1,
+        message: format!("calibration failed: {e}"),
+    })?;
+    let when = layout
+        .calibration
+        .as_ref()
+        .map_or(String::new(), |c| c.measured_at.clone());
+    layout.description =
+        format!("This machine's CPU ({ranks} ranks) as measured by `osdp-tui calibrate` on {when}");
+    crate::input::write_json_atomically(&args.output, &layout)
+        .map_err(|e| Failure::output(&args.output, e))?;
+    if args.json {
+        crate::report::print_json(&layout);
+        return Ok(());
+    }
+    let cal = layout.calibration.as_ref();
+    println!("{} ({} ranks)", layout.device.model, layout.world_size());
+    println!(
+        "  matmul: up to {:.1} GFLOP/s per rank; memory {:.1} GB/s per rank",
+        layout
+            .device
+            .dense_tflops
+            .fp32
+            .as_ref()
+            .map_or(0.0, |f| f.value)
+            * 1e3,
+        layout.device.memory_bandwidth_gb_per_s.value
+    );
+    if layout.world_size() > 1 {
+        println!(
+            "  collectives: {:.1} GB/s bus bandwidth, {:.0} µs per step",
+            layout.intra_node.bus_bandwidth_gb_per_s.value, layout.intra_node.latency_us.value
+        );
+    }
+    if let Some(c) = cal {
+        let kinds: Vec<String> = c
+            .kernels
+            .iter()
+            .map(|(k, pts)| format!("{k} ({})", pts.len()))
+            .collect();
+        println!("  kernel curves (points): {}", kinds.join(", "));
+        println!(
+            "  optimizer: {:.1} µs per tensor + {:.2} ns per parameter; {:.2} ms other per step",
+            c.optimizer.per_tensor_s * 1e6,
+            c.optimizer.per_param_s * 1e9,
+            c.step_overhead_s * 1e3
+        );
+    }
+    println!(
+        "wrote {}; plan with it: osdp-tui plan MODEL.json --layout {} --budget SIZE",
+        args.output.display(),
+        args.output.display()
+    );
+    Ok(())
+}
+
+#[cfg(feature = "train")]
+pub fn validate(args: ValidateArgs) -> Result<(), Failure> {
+    use crate::train::measure::{measure_plan, median};
+    use crate::units;
+
+    let model = crate::model::read_model(&args.model).map_err(Failure::input)?;
+    let layout = crate::cluster::read_layout(&args.layout).map_err(Failure::input)?;
+    let plan = crate::plan::read_plan(&args.plan, &model).map_err(Failure::input)?;
+    crate::train::exec::check_runnable(&model, &plan)
+        .map_err(|e| Failure::input(format!("{}: {e}", args.plan.display())))?;
+    if layout.device.kind != crate::cluster::DeviceKind::Cpu {
+        return Err(Failure::input(format!(
+            "{} is a GPU layout; this build validates on the CPU only (GPU training needs the \
+             NCCL backend): use a CPU layout such as one written by `osdp-tui calibrate`",
+            args.layout.display()
+        )));
+    }
+    let machine = crate::cost::Machine::new(&layout, &model);
+    let predicted = crate::plan::evaluate(&model, &machine, &plan);
+    let ranks = layout.world_size() as usize;
+
+    let mut bar = Bar::new();
+    let steps = args.steps as usize;
+    let total = (args.repeat as usize * (args.warmup + steps)) as f64;
+    let mut medians = Vec::new();
+    let mut last = Vec::new();
+    for r in 0..args.repeat as usize {
+        let done_before = (r * (args.warmup + steps)) as f64;
+        let label = format!("repetition {}/{}", r + 1, args.repeat);
+        bar.show(done_before / total, &label);
+        let samples = measure_plan(&model, &plan, ranks, args.warmup, steps, |s| {
+            bar.show((done_before + s as f64) / total, &label)
+        })
+        .map_err(|e| Failure {
+            code: 1,
+            message: format!("validation run failed: {e}"),
+        })?;
+        let mut t: Vec<f64> = samples.iter().map(|s| s.step_s).collect();
+        medians.push(median(&mut t));
+        last = samples;
+    }
+    bar.finish();
+
+    // Where the time went, per category (rank 0's profile, median over timed steps).
+    let cat = |f: &dyn Fn(&crate::train::exec::Profile) -> f64| {
+        let mut v: Vec<f64> = last.iter().map(|s| f(&s.profiles[0])).collect();
+        median(&mut v)
+    };
+    let m_ops = cat(&|p| p.fwd_s.iter().chain(&p.bwd_s).sum::<f64>() + p.recompute_s + p.sync_s);
+    let m_opt = cat(&|p| p.optimizer_s);
+    let m_step = median(&mut medians.clone());
+    let m_other = (m_step - m_ops - m_opt).max(0.0);
+    let p_ops = predicted.compute_s + predicted.recompute_s + predicted.exposed_comm_s;
+    // Memory: the ledger's peak per rank against the prediction less the runtime overhead
+    // (which the ledger cannot see).
+    let peak = last
+        .iter()
+        .flat_map(|s| s.peaks.iter())
+        .max_by_key(|b| b.total())
+        .copied()
+        .unwrap_or_default();
+    let m_states = peak.params + peak.grads + peak.optimizer;
+    let m_transient = peak.gathered + peak.grad_buffers + peak.working;
+    let p_peak = predicted.peak_memory_bytes - predicted.overhead_bytes;
+    let (lo, hi) = medians
+        .iter()
+        .fold((f64::MAX, 0.0f64), |(lo, hi), &t| (lo.min(t), hi.max(t)));
+    let ratio_time = m_step / predicted.step_time_s;
+    let ratio_mem = peak.total() as f64 / p_peak as f64;
+    if args.json {
+        crate::report::print_json(&serde_json::json!({
+            "model": model.name,
+            "layout": layout.name,
+            "timing_source": machine.timing_source(),
+            "ranks": ranks,
+            "batch_size": plan.batch,
+            "warmup_steps": args.warmup,
+            "timed_steps": steps,
+            "repeats": args.repeat,
+            "predicted": {
+                "step_time_s": predicted.step_time_s,
+                "operators_s": p_ops,
+                "optimizer_s": predicted.optimizer_s,
+                "other_s": predicted.step_overhead_s,
+                "peak_memory_bytes": p_peak,
+                "states_bytes": predicted.persistent_bytes,
+                "activation_bytes": predicted.activation_bytes,
+                "transient_bytes": predicted.max_transient_bytes,
+                "runtime_overhead_bytes": predicted.overhead_bytes,
+            },
+            "measured": {
+                "step_time_s": m_step,
+                "step_time_s_per_repeat": medians,
+                "operators_s": m_ops,
+                "optimizer_s": m_opt,
+                "other_s": m_other,
+                "peak_memory_bytes": peak.total(),
+                "states_bytes": m_states,
+                "activation_bytes": peak.activations,
+                "transient_bytes": m_transient,
+            },
+            "ratio": { "step_time": ratio_time, "peak_memory": ratio_mem },
+        }));
+        return Ok(());
+    }
+    println!(
+        "{} on {} ({ranks} ranks), micro-batch {}: {steps} timed steps after {} warm-up, {} repetition(s)",
+        model.name, layout.name, plan.batch, args.warmup, args.repeat
+    );
+    println!("  prices: {}", machine.timing_source());
+    println!(
+        "  {:<34}{:>12}{:>12}{:>10}",
+        "", "predicted", "measured", "ratio"
+    );
+    let ms = |s: f64| format!("{:.1} ms", s * 1e3);
+    let row = |name: &str, p: String, m: String, r: Option<f64>| {
+        println!(
+            "  {name:<34}{p:>12}{m:>12}{:>10}",
+            r.map_or(String::new(), |r| format!("{r:.2}"))
+        );
+    };
+    let ratio = |m: f64, p: f64| (p > 0.0).then(|| m / p);
+    row(
+        "step time",
+        ms(predicted.step_time_s),
+        ms(m_step),
+        Some(ratio_time),
+    );
+    if args.repeat > 1 {
+        row(
+            "  spread over repetitions",
+            String::new(),
+            format!("{}–{}", ms(lo), ms(hi)),
+            None,
+        );
+    }
+    row(
+        "  operators and collectives",
+        ms(p_ops),
+        ms(m_ops),
+        ratio(m_ops, p_ops),
+    );
+    row(
+        "  optimizer",
+        ms(predicted.optimizer_s),
+        ms(m_opt),
+        ratio(m_opt, predicted.optimizer_s),
+    );
+    row(
+        "  other",
+        ms(predicted.step_overhead_s),
+        ms(m_other),
+        ratio(m_other, predicted.step_overhead_s),
+    );
+    row(
+        "peak memory per rank (no runtime)",
+        units::bytes(p_peak),
+        units::bytes(peak.total()),
+        Some(ratio_mem),
+    );
+    row(
+        "  parameters, gradients, optimizer",
+        units::bytes(predicted.persistent_bytes),
+        units::bytes(m_states),
+        ratio(m_states as f64, predicted.persistent_bytes as f64),
+    );
+    row(
+        "  activations",
+        units::bytes(predicted.activation_bytes),
+        units::bytes(peak.activations),
+        ratio(peak.activations as f64, predicted.activation_bytes as f64),
+    );
+    row(
+        "  transient",
+        units::bytes(predicted.max_transient_bytes),
+        units::bytes(m_transient),
+        ratio(m_transient as f64, predicted.max_transient_bytes as f64),
+    );
+    Ok(())
+}

@@ -1,0 +1,485 @@
+//! `osdp-tui calibrate`: measure this machine with the trainer's own kernels and write a layout
+//! the planner prices with. Per operator kind a curve of forward and backward times against
+//! work (timed inside real training steps of small models at growing micro-batches, all ranks
+//! running at once as in training), the optimizer's cost per tensor and per parameter, memory
+//! bandwidth, the collectives' latency and bandwidth, and the runtime's fixed memory.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::Instant;
+
+use tch::{Device, Kind, Tensor};
+
+use super::collective::{Collective, LocalGroup};
+use super::exec::{adamw_update, OptimConfig};
+use super::measure::{measure_plan, median, threads_per_rank};
+use super::TrainError;
+use crate::cluster::calibration::{
+    fit_ring, Calibration, CollectivePoint, CurvePoint, OptimizerCost,
+};
+use crate::cluster::{DeviceKind, Figure, Layout, LinkKind, LinkSpec};
+use crate::cost::{self, Machine, Strategy};
+use crate::model::ModelSpec;
+
+/// GPT-2- and LLaMA-shaped models small enough to time at many micro-batches: between them
+/// every operator kind the trainer runs, at the widths small models use.
+const GENERIC_MODELS: [(&str, &str); 2] = [
+    (
+        "calibration-gpt",
+        r#"{"model_type": "gpt2", "vocab_size": 256, "n_positions": 128, "n_embd": 256,
+            "n_layer": 2, "n_head": 4, "activation_function": "gelu_new",
+            "layer_norm_epsilon": 1e-05, "tie_word_embeddings": true}"#,
+    ),
+    (
+        "calibration-llama",
+        r#"{"model_type": "llama", "vocab_size": 256, "hidden_size": 256,
+            "intermediate_size": 704, "num_hidden_layers": 2, "num_attention_heads": 4,
+            "num_key_value_heads": 2, "max_position_embeddings": 128, "hidden_act": "silu",
+            "rms_norm_eps": 1e-05, "tie_word_embeddings": false}"#,
+    ),
+];
+
+/// The built-in models `calibrate` times when no `--model` is given.
+pub fn generic_models() -> Vec<ModelSpec> {
+    GENERIC_MODELS
+        .iter()
+        .filter_map(|(name, config)| {
+            let opts = crate::model::hf::ImportOptions {
+                name: Some((*name).to_string()),
+                ..Default::default()
+            };
+            crate::model::hf::import_str(Path::new(name), config, &opts).ok()
+        })
+        .collect()
+}
+
+pub struct CalibrateConfig {
+    /// Ranks of the layout written (and run concurrently while timing).
+    pub ranks: usize,
+    pub models: Vec<ModelSpec>,
+    /// Largest micro-batch timed per model.
+    pub max_batch: u64,
+    /// Stop growing a model's micro-batch once one step takes longer than this.
+    pub max_step_s: f64,
+    /// Timed steps per micro-batch (after one warm-up step).
+    pub steps: usize,
+    /// Layout the measurements are written into (name, memory, description are kept).
+    pub base: Layout,
+    pub command: String,
+}
+
+/// What `calibrate` reports as it goes: a fraction done and what it is doing.
+pub type Progress<'a> = &'a mut dyn FnMut(f64, &str);
+
+pub fn calibrate(cfg: &CalibrateConfig, progress: Progress<'_>) -> Result<Layout, TrainError> {
+    let ranks = cfg.ranks.max(1);
+    let started = Instant::now();
+    let overhead_bytes = resident_bytes();
+    let ladder: Vec<u64> = std::iter::successors(Some(1u64), |b| Some(b * 2))
+        .take_while(|&b| b <= cfg.max_batch.max(1))
+        .collect();
+    // Work items for the progress bar: each (model, batch) pair, then four micro-benchmarks.
+    let total = (cfg.models.len() * ladder.len() + 4) as f64;
+    let mut done = 0.0;
+
+    let mut raw: BTreeMap<String, Vec<CurvePoint>> = BTreeMap::new();
+    let mut others: Vec<f64> = Vec::new();
+    for model in &cfg.models {
+        let machine = Machine::new(&cfg.base, model);
+        let inputs = cost::input_bytes_per_sample(model);
+        for (li, &batch) in ladder.iter().enumerate() {
+            progress(
+                done / total,
+                &format!("kernels: {} at micro-batch {batch}", model.name),
+            );
+            let plan = crate::plan::uniform_plan(model, Strategy::Dp, batch);
+            let samples = measure_plan(model, &plan, ranks, 1, cfg.steps, |_| {})?;
+            let mut slowest = 0.0f64;
+            for (i, op) in model.ops.iter().enumerate() {
+                let mut fwd: Vec<f64> = samples
+                    .iter()
+                    .flat_map(|s| s.profiles.iter().map(move |p| p.fwd_s[i]))
+                    .collect();
+                let mut bwd: Vec<f64> = samples
+                    .iter()
+                    .flat_map(|s| s.profiles.iter().map(move |p| p.bwd_s[i]))
+                    .collect();
+                let work = cost::op_work(op, inputs[i], &machine, batch);
+                raw.entry(cost::kernel_key(model, op))
+                    .or_default()
+                    .push(CurvePoint {
+                        work,
+                        fwd_s: median(&mut fwd),
+                        bwd_s: median(&mut bwd),
+                    });
+            }
+            for s in &samples {
+                slowest = slowest.max(s.step_s);
+                for p in &s.profiles {
+                    let ops: f64 = p.fwd_s.iter().chain(&p.bwd_s).sum();
+                    others.push((p.step_s - ops - p.optimizer_s - p.sync_s).max(0.0));
+                }
+            }
+            done += 1.0;
+            if slowest > cfg.max_step_s {
+                done += (ladder.len() - li - 1) as f64;
+                break;
+            }
+        }
+    }
+    let kernels: BTreeMap<String, Vec<CurvePoint>> =
+        raw.into_iter().map(|(k, v)| (k, fold_points(v))).collect();
+
+    progress(done / total, "optimizer");
+    let optimizer = measure_optimizer(ranks)?;
+    done += 1.0;
+    progress(done / total, "memory bandwidth");
+    let bandwidth = measure_bandwidth(ranks)?;
+    done += 1.0;
+    progress(done / total, "collectives");
+    let collectives = if ranks > 1 {
+        measure_collectives(ranks)?
+    } else {
+        Vec::new()
+    };
+    done += 1.0;
+    progress(done / total, "writing the layout");
+
+    let measured_at = now_utc();
+    let threads = threads_per_rank(ranks);
+    let device = format!(
+        "{}, {threads} thread(s) per rank, {ranks} rank(s)",
+        cpu_model()
+    );
+    let measured =
+        |what: &str| format!("measured by `osdp-tui calibrate` on {measured_at}: {what}");
+    let mut layout = cfg.base.clone();
+    layout.gpus_per_node = ranks as u32;
+    layout.nodes = 1;
+    layout.inter_node = None;
+    layout.device.kind = DeviceKind::Cpu;
+    layout.device.model = device.clone();
+    let best_linear = kernels
+        .get("linear")
+        .and_then(|pts| {
+            pts.iter()
+                .map(|p| p.work / p.fwd_s.max(1e-12))
+                .max_by(f64::total_cmp)
+        })
+        .unwrap_or(1e9);
+    layout.device.dense_tflops.fp32 = Some(Figure {
+        value: best_linear / 1e12,
+        source: measured("fastest forward linear of the curve, per rank"),
+    });
+    layout.device.memory_bandwidth_gb_per_s = Figure {
+        value: bandwidth / 1e9,
+        source: measured("tensor copy, read + write bytes, all ranks copying at once"),
+    };
+    if let Some(bytes) = overhead_bytes {
+        let gib = bytes as f64 / f64::from(1u32 << 30) / ranks as f64;
+        if gib > 0.0 && gib < layout.device.memory_gib.value {
+            layout.runtime_overhead_gib = Figure {
+                value: gib,
+                source: measured("resident memory of the process with libtorch loaded, before any tensor, per rank"),
+            };
+        }
+    }
+    let ag: Vec<(f64, f64)> = collectives
+        .iter()
+        .map(|c| (c.bytes, c.all_gather_s))
+        .collect();
+    if let Some((alpha, beta)) = fit_ring(ranks as u32, &ag) {
+        layout.intra_node = LinkSpec {
+            kind: LinkKind::SharedMemory,
+            bus_bandwidth_gb_per_s: Figure {
+                value: beta / 1e9,
+                source: measured("all-gather between rank threads, α–β fit over message sizes"),
+            },
+            latency_us: Figure {
+                value: (alpha * 1e6).max(0.1),
+                source: measured("all-gather between rank threads, α–β fit over message sizes"),
+            },
+        };
+    }
+    let mut other = others;
+    layout.calibration = Some(Calibration {
+        measured_at,
+        device,
+        command: cfg.command.clone(),
+        ranks: ranks as u32,
+        kernels,
+        optimizer,
+        step_overhead_s: median(&mut other),
+        collectives,
+    });
+    crate::cluster::validate_layout(&layout)
+        .map_err(|p| TrainError::Invalid(format!("the measured layout is not valid: {p}")))?;
+    progress(
+        1.0,
+        &format!("done in {:.0} s", started.elapsed().as_secs_f64()),
+    );
+    Ok(layout)
+}
+
+/// Sort by work and merge points within 2 % of each other's work (the same kernel size met in
+/// several places), so that the curve's work strictly increases.
+fn fold_points(mut pts: Vec<CurvePoint>) -> Vec<CurvePoint> {
+    pts.retain(|p| p.work > 0.0);
+    pts.sort_by(|a, b| a.work.total_cmp(&b.work));
+    let mut out: Vec<CurvePoint> = Vec::new();
+    let mut group: Vec<CurvePoint> = Vec::new();
+    let flush = |group: &mut Vec<CurvePoint>, out: &mut Vec<CurvePoint>| {
+        if group.is_empty() {
+            return;
+        }
+        let n = group.len() as f64;
+        let work = group.iter().map(|p| p.work).sum::<f64>() / n;
+        let mut f: Vec<f64> = group.iter().map(|p| p.fwd_s).collect();
+        let mut b: Vec<f64> = group.iter().map(|p| p.bwd_s).collect();
+        out.push(CurvePoint {
+            work,
+            fwd_s: median(&mut f),
+            bwd_s: median(&mut b),
+        });
+        group.clear();
+    };
+    for p in pts {
+        if group.first().is_some_and(|g| p.work > g.work * 1.02) {
+            flush(&mut group, &mut out);
+        }
+        group.push(p);
+    }
+    flush(&mut group, &mut out);
+    out.truncate(crate::cluster::calibration::MAX_POINTS);
+    out
+}
+
+/// Run `f` on every rank thread at once; returns rank 0's result.
+fn on_ranks<T: Send>(
+    ranks: usize,
+    f: impl Fn(&dyn Collective) -> Result<T, TrainError> + Sync,
+) -> Result<T, TrainError> {
+    tch::set_num_threads(threads_per_rank(ranks) as i32);
+    let groups = LocalGroup::new(ranks);
+    let mut results: Vec<Result<T, TrainError>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = groups
+            .into_iter()
+            .map(|g| {
+                let f = &f;
+                scope.spawn(move || {
+                    let abort = g.abort_handle();
+                    let out = f(&g);
+                    if let Err(e) = &out {
+                        abort.abort(&e.to_string());
+                    }
+                    out
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(TrainError::Invalid("a rank thread panicked".into())))
+            })
+            .collect()
+    });
+    results.swap_remove(0)
+}
+
+fn aborted(e: super::collective::Aborted) -> TrainError {
+    TrainError::Invalid(e.to_string())
+}
+
+/// Median seconds of `reps` runs of `f` after one warm-up, all ranks starting together.
+fn timed(
+    comm: &dyn Collective,
+    reps: usize,
+    mut f: impl FnMut() -> Result<(), TrainError>,
+) -> Result<f64, TrainError> {
+    f()?;
+    let mut times = Vec::with_capacity(reps);
+    for _ in 0..reps {
+        comm.barrier().map_err(aborted)?;
+        let t0 = Instant::now();
+        f()?;
+        times.push(t0.elapsed().as_secs_f64());
+    }
+    Ok(median(&mut times))
+}
+
+/// One parameter tensor's optimizer work as the executor does it: a zeroed gradient buffer,
+/// its square-sum for the global norm, and the AdamW update. Two sizes give the fixed and the
+/// per-element cost.
+fn measure_optimizer(ranks: usize) -> Result<OptimizerCost, TrainError> {
+    on_ranks(ranks, |comm| {
+        let o = OptimConfig::default();
+        let at = |n: i64, reps: usize| {
+            let opts = (Kind::Float, Device::Cpu);
+            let mut p = Tensor::randn([n], opts);
+            let g = Tensor::randn([n], opts);
+            let mut m = Tensor::zeros([n], opts);
+            let mut v = Tensor::zeros([n], opts);
+            timed(comm, reps, || {
+                let z = Tensor::zeros([n], opts);
+                let sq = g.square().sum(Kind::Double).double_value(&[]);
+                adamw_update(&mut p, &g, &mut m, &mut v, &o, 1e-3, 0.1, 1.0, (0.1, 0.001));
+                drop(z);
+                std::hint::black_box(sq);
+                Ok(())
+            })
+        };
+        let (small_n, large_n) = (256i64, 1i64 << 22);
+        let small = at(small_n, 200)?;
+        let large = at(large_n, 5)?;
+        let per_param = ((large - small) / (large_n - small_n) as f64).max(0.0);
+        Ok(OptimizerCost {
+            per_tensor_s: (small - per_param * small_n as f64).max(0.0),
+            per_param_s: per_param,
+        })
+    })
+}
+
+/// Bytes per second one rank moves through memory (read + write) while every rank copies.
+fn measure_bandwidth(ranks: usize) -> Result<f64, TrainError> {
+    on_ranks(ranks, |comm| {
+        let n = 1i64 << 24; // 64 MiB of fp32
+        let src = Tensor::ones([n], (Kind::Float, Device::Cpu));
+        let mut dst = Tensor::zeros([n], (Kind::Float, Device::Cpu));
+        let t = timed(comm, 5, || {
+            dst.copy_(&src);
+            Ok(())
+        })?;
+        Ok(2.0 * 4.0 * n as f64 / t)
+    })
+}
+
+/// All-gather, reduce-scatter and all-reduce times between the rank threads, 4 KiB to 16 MiB.
+fn measure_collectives(ranks: usize) -> Result<Vec<CollectivePoint>, TrainError> {
+    on_ranks(ranks, |comm| {
+        let world = comm.world() as i64;
+        let mut out = Vec::new();
+        for elems in [1i64 << 10, 1 << 14, 1 << 18, 1 << 22] {
+            let full_len = (elems + world - 1) / world * world;
+            let full = Tensor::ones([full_len], (Kind::Float, Device::Cpu));
+            let shard = Tensor::ones([full_len / world], (Kind::Float, Device::Cpu));
+            let reps = if elems >= 1 << 22 { 5 } else { 20 };
+            let ag = timed(comm, reps, || {
+                comm.all_gather(&shard).map(drop).map_err(aborted)
+            })?;
+            let rs = timed(comm, reps, || {
+                comm.reduce_scatter(&full).map(drop).map_err(aborted)
+            })?;
+            let ar = timed(comm, reps, || {
+                comm.all_reduce(&full).map(drop).map_err(aborted)
+            })?;
+            out.push(CollectivePoint {
+                bytes: 4.0 * full_len as f64,
+                all_gather_s: ag,
+                reduce_scatter_s: rs,
+                all_reduce_s: ar,
+            });
+        }
+        Ok(out)
+    })
+}
+
+/// Resident memory of this process now (Linux), in bytes.
+fn resident_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
+fn cpu_model() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split_once(':'))
+                .map(|(_, v)| v.trim().to_string())
+        })
+        .unwrap_or_else(|| format!("{} CPU", std::env::consts::ARCH))
+}
+
+/// Now in UTC, RFC 3339 to the second.
+pub fn now_utc() -> String {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let (days, rem) = (secs / 86_400, secs % 86_400);
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::OpKind;
+
+    #[test]
+    fn points_of_the_same_size_merge_and_work_strictly_increases() {
+        let p = |work: f64, t: f64| CurvePoint {
+            work,
+            fwd_s: t,
+            bwd_s: 2.0 * t,
+        };
+        let folded = fold_points(vec![
+            p(100.0, 3.0),
+            p(1.0, 1.0),
+            p(101.0, 5.0),
+            p(100.5, 4.0),
+        ]);
+        assert_eq!(folded.len(), 2);
+        assert_eq!(folded[0], p(1.0, 1.0));
+        assert!((folded[1].work - 100.5).abs() < 1e-9);
+        assert_eq!(folded[1].fwd_s, 4.0);
+        assert_eq!(folded[1].bwd_s, 8.0);
+    }
+
+    #[test]
+    fn the_generic_models_cover_every_kind_the_trainer_runs() {
+        let models = generic_models();
+        assert_eq!(models.len(), 2);
+        let kinds: std::collections::BTreeSet<OpKind> = models
+            .iter()
+            .flat_map(|m| m.ops.iter().map(|o| o.kind))
+            .collect();
+        for k in [
+            OpKind::Embedding,
+            OpKind::PositionalEmbedding,
+            OpKind::LayerNorm,
+            OpKind::RmsNorm,
+            OpKind::Linear,
+            OpKind::Attention,
+            OpKind::Activation,
+            OpKind::Add,
+            OpKind::CrossEntropy,
+        ] {
+            assert!(kinds.contains(&k), "{k:?} is not timed");
+        }
+    }
+
+    #[test]
+    fn dates_are_rfc3339() {
+        let d = now_utc();
+        assert_eq!(d.len(), 20, "{d}");
+        assert!(d.starts_with("20") && d.ends_with('Z') && d.as_bytes()[10] == b'T');
+    }
+}

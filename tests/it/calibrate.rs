@@ -1,0 +1,218 @@
+//! `calibrate` and `validate` (feature `train`): a measured layout the planner prices with, and
+//! a report of predicted against measured step time and memory.
+
+use osdp_tui::cluster::read_layout;
+
+use super::osdp;
+
+fn calibrate_quick(dir: &std::path::Path) -> std::path::PathBuf {
+    let layout = dir.join("local-cpu.json");
+    let out = osdp()
+        .args(["calibrate", "--quick", "--ranks", "2", "-o"])
+        .arg(&layout)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "calibrate failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("kernel curves"), "{stdout}");
+    layout
+}
+
+#[test]
+fn calibrate_writes_a_layout_that_plan_and_validate_price_with() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = calibrate_quick(dir.path());
+
+    // The layout reads back as a valid one, named after the file, with a curve for every
+    // operator kind the built-in models run and the date it was measured.
+    let layout = read_layout(&path).expect("a valid layout");
+    assert_eq!(layout.name, "local-cpu");
+    assert_eq!(layout.world_size(), 2);
+    let cal = layout.calibration.as_ref().expect("a calibration section");
+    for key in [
+        "linear",
+        "attention",
+        "layer_norm",
+        "rms_norm",
+        "embedding",
+        "positional_embedding",
+        "add",
+        "cross_entropy",
+        "activation/gelu_tanh",
+        "activation/silu_gated",
+    ] {
+        let pts = cal
+            .kernels
+            .get(key)
+            .unwrap_or_else(|| panic!("no {key} curve"));
+        assert!(
+            pts.iter().all(|p| p.work > 0.0 && p.fwd_s > 0.0),
+            "{key}: {pts:?}"
+        );
+    }
+    assert!(cal.measured_at.starts_with("20") && cal.measured_at.ends_with('Z'));
+    assert!(cal.optimizer.per_param_s > 0.0);
+    assert!(layout
+        .device
+        .memory_bandwidth_gb_per_s
+        .source
+        .contains("measured"));
+
+    // `plan` says its prices are the calibration's, in words and in JSON.
+    let model = super::root().join("sample-models/tiny-gpt2.json");
+    let plan_file = dir.path().join("plan.json");
+    let out = osdp()
+        .arg("plan")
+        .arg(&model)
+        .arg("--layout")
+        .arg(&path)
+        .args(["--budget", "4GiB", "--batch", "2", "-o"])
+        .arg(&plan_file)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("prices: calibrated"), "{text}");
+    let out = osdp()
+        .arg("plan")
+        .arg(&model)
+        .arg("--layout")
+        .arg(&path)
+        .args(["--budget", "4GiB", "--json"])
+        .output()
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(v["timing_source"]
+        .as_str()
+        .unwrap()
+        .starts_with("calibrated"));
+    let datasheet = osdp()
+        .arg("plan")
+        .arg(&model)
+        .args(["--layout", "layouts/cpu.json", "--budget", "4GiB", "--json"])
+        .output()
+        .unwrap();
+    let d: serde_json::Value = serde_json::from_slice(&datasheet.stdout).unwrap();
+    assert!(d["timing_source"]
+        .as_str()
+        .unwrap()
+        .contains("not calibrated"));
+
+    // `validate` runs the plan and sets measured figures beside the predicted ones. Memory is
+    // the executor's own ledger, so it must agree with the prediction within 10 %.
+    let out = osdp()
+        .arg("validate")
+        .arg(&model)
+        .arg("--layout")
+        .arg(&path)
+        .arg("--plan")
+        .arg(&plan_file)
+        .args(["--warmup", "1", "--steps", "2", "--repeat", "2", "--json"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["ranks"], 2);
+    assert_eq!(
+        v["measured"]["step_time_s_per_repeat"]
+            .as_array()
+            .unwrap()
+            .len(),
+        2
+    );
+    assert!(v["measured"]["step_time_s"].as_f64().unwrap() > 0.0);
+    assert!(v["predicted"]["step_time_s"].as_f64().unwrap() > 0.0);
+    let mem = v["ratio"]["peak_memory"].as_f64().unwrap();
+    assert!(
+        (0.9..=1.1).contains(&mem),
+        "peak memory measured/predicted {mem}"
+    );
+    // At the peak (the end of forward) a plan without recomputation holds what the model
+    // description says forward keeps.
+    let (m_act, p_act) = (
+        v["measured"]["activation_bytes"].as_f64().unwrap(),
+        v["predicted"]["activation_bytes"].as_f64().unwrap(),
+    );
+    assert!(
+        (m_act / p_act - 1.0).abs() < 0.01,
+        "activations {m_act} vs {p_act}"
+    );
+
+    // The human table names each category.
+    let out = osdp()
+        .arg("validate")
+        .arg(&model)
+        .arg("--layout")
+        .arg(&path)
+        .arg("--plan")
+        .arg(&plan_file)
+        .args(["--warmup", "0", "--steps", "1"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    for row in [
+        "step time",
+        "optimizer",
+        "peak memory per rank",
+        "activations",
+    ] {
+        assert!(text.contains(row), "no {row:?} row in\n{text}");
+    }
+}
+
+#[test]
+fn validate_refuses_gpu_layouts_and_plans_of_other_models() {
+    let dir = tempfile::tempdir().unwrap();
+    let plan_file = dir.path().join("plan.json");
+    osdp()
+        .args([
+            "plan",
+            "sample-models/tiny-llama.json",
+            "--layout",
+            "layouts/cpu.json",
+            "--budget",
+            "4GiB",
+            "-o",
+        ])
+        .arg(&plan_file)
+        .assert()
+        .success();
+    let out = osdp()
+        .args([
+            "validate",
+            "sample-models/tiny-llama.json",
+            "--layout",
+            "layouts/h100-1x.json",
+            "--plan",
+        ])
+        .arg(&plan_file)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("GPU layout"));
+    let out = osdp()
+        .args([
+            "validate",
+            "sample-models/tiny-gpt2.json",
+            "--layout",
+            "layouts/cpu.json",
+            "--plan",
+        ])
+        .arg(&plan_file)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(!out.stderr.is_empty());
+}
