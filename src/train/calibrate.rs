@@ -10,9 +10,9 @@ use std::time::Instant;
 
 use tch::{Device, Kind, Tensor};
 
-use super::collective::{Collective, LocalGroup};
+use super::collective::Collective;
 use super::exec::{adamw_update, OptimConfig};
-use super::measure::{measure_plan, median, threads_per_rank};
+use super::measure::{measure_plan, median, on_rank_threads, threads_per_rank};
 use super::TrainError;
 use crate::cluster::calibration::{
     fit_ring, Calibration, CollectivePoint, CurvePoint, OptimizerCost,
@@ -254,37 +254,15 @@ fn fold_points(mut pts: Vec<CurvePoint>) -> Vec<CurvePoint> {
     out
 }
 
-/// Run `f` on every rank thread at once; returns rank 0's result.
+/// Run `f` on every rank thread at once; rank 0's result.
 fn on_ranks<T: Send>(
     ranks: usize,
     f: impl Fn(&dyn Collective) -> Result<T, TrainError> + Sync,
 ) -> Result<T, TrainError> {
-    tch::set_num_threads(threads_per_rank(ranks) as i32);
-    let groups = LocalGroup::new(ranks);
-    let mut results: Vec<Result<T, TrainError>> = std::thread::scope(|scope| {
-        let handles: Vec<_> = groups
-            .into_iter()
-            .map(|g| {
-                let f = &f;
-                scope.spawn(move || {
-                    let abort = g.abort_handle();
-                    let out = f(&g);
-                    if let Err(e) = &out {
-                        abort.abort(&e.to_string());
-                    }
-                    out
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| {
-                h.join()
-                    .unwrap_or_else(|_| Err(TrainError::Invalid("a rank thread panicked".into())))
-            })
-            .collect()
-    });
-    results.swap_remove(0)
+    on_rank_threads(ranks, |g| f(&g))?
+        .into_iter()
+        .next()
+        .ok_or_else(|| TrainError::Invalid("no rank ran".into()))
 }
 
 fn aborted(e: super::collective::Aborted) -> TrainError {
@@ -461,17 +439,7 @@ mod tests {
             .iter()
             .flat_map(|m| m.ops.iter().map(|o| o.kind))
             .collect();
-        for k in [
-            OpKind::Embedding,
-            OpKind::PositionalEmbedding,
-            OpKind::LayerNorm,
-            OpKind::RmsNorm,
-            OpKind::Linear,
-            OpKind::Attention,
-            OpKind::Activation,
-            OpKind::Add,
-            OpKind::CrossEntropy,
-        ] {
+        for k in OpKind::ALL {
             assert!(kinds.contains(&k), "{k:?} is not timed");
         }
     }

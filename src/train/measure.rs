@@ -33,65 +33,38 @@ pub fn threads_per_rank(ranks: usize) -> usize {
     (cores / ranks.max(1)).max(1)
 }
 
-/// Run `warmup` untimed and then `steps` timed steps of `plan` on `ranks` rank threads (random
-/// tokens: the data does not change the time), calling `progress` after each step.
-pub fn measure_plan(
-    model: &ModelSpec,
-    plan: &Plan,
+/// Run `f` on `ranks` rank threads of one [`LocalGroup`] at once, libtorch's threads shared
+/// out among them; every rank's result in rank order. A rank that fails releases the others,
+/// and the error reported is the one that failed for its own reason.
+pub fn on_rank_threads<T: Send>(
     ranks: usize,
-    warmup: usize,
-    steps: usize,
-    mut progress: impl FnMut(usize),
-) -> Result<Vec<StepSample>, TrainError> {
+    f: impl Fn(LocalGroup) -> Result<T, TrainError> + Sync,
+) -> Result<Vec<T>, TrainError> {
     if ranks == 0 {
         return Err(TrainError::Invalid("at least one rank is needed".into()));
     }
-    super::exec::check_runnable(model, plan).map_err(|e| TrainError::Invalid(e.to_string()))?;
     tch::set_num_threads(threads_per_rank(ranks) as i32);
-    let sampler = Sampler {
-        source: Source::Random,
-        seed: 0,
-        seq: model.config.seq_len as usize,
-        vocab: model.config.vocab_size,
-    };
-    let rows = plan.batch as usize;
-    let (tx, rx) = std::sync::mpsc::channel::<usize>();
-    let results: Vec<Result<RankSteps, TrainError>> = std::thread::scope(|scope| {
+    let results: Vec<Result<T, TrainError>> = std::thread::scope(|scope| {
         let handles: Vec<_> = LocalGroup::new(ranks)
             .into_iter()
             .map(|group| {
-                let tx = tx.clone();
-                let sampler = &sampler;
+                let f = &f;
                 scope.spawn(move || {
                     let abort = group.abort_handle();
                     let rank = group.rank();
-                    let out = rank_steps(
-                        model,
-                        plan,
-                        Box::new(group),
-                        sampler,
-                        rows,
-                        warmup + steps,
-                        &tx,
-                    );
-                    if let Err(e) = &out {
+                    f(group).map_err(|e| {
                         abort.abort(&e.to_string());
-                    }
-                    out.map(|v| v.into_iter().skip(warmup).collect())
-                        .map_err(|e| match e {
+                        match e {
                             TrainError::Rank { .. } => e,
                             other => TrainError::Rank {
                                 rank,
                                 message: other.to_string(),
                             },
-                        })
+                        }
+                    })
                 })
             })
             .collect();
-        drop(tx);
-        for done in rx {
-            progress(done);
-        }
         handles
             .into_iter()
             .map(|h| {
@@ -100,13 +73,12 @@ pub fn measure_plan(
             })
             .collect()
     });
-    // Report the rank that failed for its own reason, not one merely released by it.
     let aborted = |e: &TrainError| e.to_string().contains("collective aborted");
-    let mut per_rank: Vec<RankSteps> = Vec::with_capacity(ranks);
+    let mut out = Vec::with_capacity(ranks);
     let mut failure: Option<TrainError> = None;
     for r in results {
         match r {
-            Ok(v) => per_rank.push(v),
+            Ok(v) => out.push(v),
             Err(e) => {
                 if failure.as_ref().is_none_or(|f| aborted(f) && !aborted(&e)) {
                     failure = Some(e);
@@ -114,9 +86,48 @@ pub fn measure_plan(
             }
         }
     }
-    if let Some(e) = failure {
-        return Err(e);
+    match failure {
+        Some(e) => Err(e),
+        None => Ok(out),
     }
+}
+
+/// Run `warmup` untimed and then `steps` timed steps of `plan` on `ranks` rank threads (random
+/// tokens: the data does not change the time), calling `progress` after each of rank 0's steps.
+pub fn measure_plan(
+    model: &ModelSpec,
+    plan: &Plan,
+    ranks: usize,
+    warmup: usize,
+    steps: usize,
+    progress: impl FnMut(usize) + Send,
+) -> Result<Vec<StepSample>, TrainError> {
+    super::exec::check_runnable(model, plan).map_err(|e| TrainError::Invalid(e.to_string()))?;
+    let sampler = Sampler {
+        source: Source::Random,
+        seed: 0,
+        seq: model.config.seq_len as usize,
+        vocab: model.config.vocab_size,
+    };
+    let rows = plan.batch as usize;
+    let progress = std::sync::Mutex::new(progress);
+    let per_rank: Vec<RankSteps> = on_rank_threads(ranks, |group| {
+        let on_step = |done: usize| {
+            if let Ok(mut p) = progress.lock() {
+                p(done);
+            }
+        };
+        let steps = rank_steps(
+            model,
+            plan,
+            Box::new(group),
+            &sampler,
+            rows,
+            warmup + steps,
+            on_step,
+        )?;
+        Ok(steps.into_iter().skip(warmup).collect())
+    })?;
     Ok((0..steps)
         .map(|s| StepSample {
             step_s: per_rank.iter().map(|r| r[s].0).fold(0.0, f64::max),
@@ -133,7 +144,7 @@ fn rank_steps(
     sampler: &Sampler,
     rows: usize,
     steps: usize,
-    tx: &std::sync::mpsc::Sender<usize>,
+    on_step: impl Fn(usize),
 ) -> Result<RankSteps, TrainError> {
     let rank = group.rank();
     let err = |e: super::exec::ExecError| TrainError::Rank {
@@ -161,7 +172,7 @@ fn rank_steps(
         let profile = exec.profile.clone().unwrap_or_default();
         out.push((time_s, profile, exec.ledger.peak()));
         if rank == 0 {
-            let _ = tx.send(step + 1);
+            on_step(step + 1);
         }
     }
     Ok(out)

@@ -1,9 +1,19 @@
 //! `calibrate` and `validate` (feature `train`): a measured layout the planner prices with, and
 //! a report of predicted against measured step time and memory.
 
+use std::path::Path;
+
+use assert_cmd::Command;
 use osdp_tui::cluster::read_layout;
 
 use super::osdp;
+
+/// `osdp-tui SUB MODEL --layout LAYOUT`, more arguments to follow.
+fn on_layout(sub: &str, model: &Path, layout: &Path) -> Command {
+    let mut cmd = osdp();
+    cmd.arg(sub).arg(model).arg("--layout").arg(layout);
+    cmd
+}
 
 fn calibrate_quick(dir: &std::path::Path) -> std::path::PathBuf {
     let layout = dir.join("local-cpu.json");
@@ -65,11 +75,7 @@ fn calibrate_writes_a_layout_that_plan_and_validate_price_with() {
     // `plan` says its prices are the calibration's, in words and in JSON.
     let model = super::root().join("sample-models/tiny-gpt2.json");
     let plan_file = dir.path().join("plan.json");
-    let out = osdp()
-        .arg("plan")
-        .arg(&model)
-        .arg("--layout")
-        .arg(&path)
+    let out = on_layout("plan", &model, &path)
         .args(["--budget", "4GiB", "--batch", "2", "-o"])
         .arg(&plan_file)
         .output()
@@ -81,11 +87,7 @@ fn calibrate_writes_a_layout_that_plan_and_validate_price_with() {
     );
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("prices: calibrated"), "{text}");
-    let out = osdp()
-        .arg("plan")
-        .arg(&model)
-        .arg("--layout")
-        .arg(&path)
+    let out = on_layout("plan", &model, &path)
         .args(["--budget", "4GiB", "--json"])
         .output()
         .unwrap();
@@ -94,10 +96,8 @@ fn calibrate_writes_a_layout_that_plan_and_validate_price_with() {
         .as_str()
         .unwrap()
         .starts_with("calibrated"));
-    let datasheet = osdp()
-        .arg("plan")
-        .arg(&model)
-        .args(["--layout", "layouts/cpu.json", "--budget", "4GiB", "--json"])
+    let datasheet = on_layout("plan", &model, Path::new("layouts/cpu.json"))
+        .args(["--budget", "4GiB", "--json"])
         .output()
         .unwrap();
     let d: serde_json::Value = serde_json::from_slice(&datasheet.stdout).unwrap();
@@ -108,11 +108,7 @@ fn calibrate_writes_a_layout_that_plan_and_validate_price_with() {
 
     // `validate` runs the plan and sets measured figures beside the predicted ones. Memory is
     // the executor's own ledger, so it must agree with the prediction within 10 %.
-    let out = osdp()
-        .arg("validate")
-        .arg(&model)
-        .arg("--layout")
-        .arg(&path)
+    let out = on_layout("validate", &model, &path)
         .arg("--plan")
         .arg(&plan_file)
         .args(["--warmup", "1", "--steps", "2", "--repeat", "2", "--json"])
@@ -151,11 +147,7 @@ fn calibrate_writes_a_layout_that_plan_and_validate_price_with() {
     );
 
     // The human table names each category.
-    let out = osdp()
-        .arg("validate")
-        .arg(&model)
-        .arg("--layout")
-        .arg(&path)
+    let out = on_layout("validate", &model, &path)
         .arg("--plan")
         .arg(&plan_file)
         .args(["--warmup", "0", "--steps", "1"])
