@@ -158,7 +158,7 @@ pub fn calibrate(cfg: &CalibrateConfig, progress: Progress<'_>) -> Result<Layout
     layout.nodes = 1;
     layout.inter_node = None;
     layout.device.kind = DeviceKind::Cpu;
-    layout.device.model = device.clone();
+    layout.device.model = cpu_model();
     let best_linear = kernels
         .get("linear")
         .and_then(|pts| {

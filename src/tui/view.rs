@@ -122,6 +122,16 @@ fn draw_header(app: &App, f: &mut Frame, area: Rect) {
             app.layout.device.model
         )),
     ];
+    // Whether the time figures are this machine's measurements or datasheet rates.
+    if let Some(c) = &app.layout.calibration {
+        title.push(Span::styled(
+            format!(
+                " · calibrated {}",
+                c.measured_at.get(..10).unwrap_or_default()
+            ),
+            Style::new().fg(Color::Green),
+        ));
+    }
     if let Some(t) = &app.training {
         let state = t.state();
         let step = t

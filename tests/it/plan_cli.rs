@@ -294,3 +294,102 @@ fn every_sample_plans_at_least_as_well_as_the_baselines() {
     }
     assert!(checked >= 16 * 2 * 2, "{checked}");
 }
+
+/// layouts/cpu.json with a calibration section whose linear kernels take `linear_s` per GFLOP
+/// forward (twice that backward), written to `dir`.
+fn calibrated_cpu_layout(dir: &std::path::Path, linear_s: f64) -> std::path::PathBuf {
+    let mut layout: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(root().join("layouts/cpu.json")).unwrap())
+            .unwrap();
+    layout["calibration"] = serde_json::json!({
+        "measured_at": "2026-11-22T09:00:00Z",
+        "device": "test CPU",
+        "command": "hand-written for a test",
+        "ranks": 2,
+        "kernels": {
+            "linear": [
+                { "work": 1e6, "fwd_s": linear_s * 1e-3, "bwd_s": 2.0 * linear_s * 1e-3 },
+                { "work": 1e9, "fwd_s": linear_s, "bwd_s": 2.0 * linear_s }
+            ]
+        },
+        "optimizer": { "per_tensor_s": 1e-5, "per_param_s": 1e-9 },
+        "step_overhead_s": 0.001
+    });
+    let path = dir.join(format!("calibrated-{linear_s}.json"));
+    std::fs::write(&path, serde_json::to_string_pretty(&layout).unwrap()).unwrap();
+    path
+}
+
+#[test]
+fn a_calibrated_layout_prices_with_its_measurements_and_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let plan = |layout: &std::path::Path| {
+        let l = layout.to_str().unwrap();
+        run_json(&[
+            "plan",
+            "sample-models/tiny-gpt2.json",
+            "--layout",
+            l,
+            "--budget",
+            "8GiB",
+            "--batch",
+            "4",
+            "--json",
+        ])
+    };
+    let fast = plan(&calibrated_cpu_layout(dir.path(), 0.01));
+    let slow = plan(&calibrated_cpu_layout(dir.path(), 0.1));
+    let datasheet = plan(&root().join("layouts/cpu.json"));
+    assert!(fast["timing_source"]
+        .as_str()
+        .unwrap()
+        .starts_with("calibrated 2026-11-22T09:00:00Z on test CPU"));
+    assert!(datasheet["timing_source"]
+        .as_str()
+        .unwrap()
+        .contains("not calibrated"));
+    // Linears measured ten times slower make the step slower: the curves drive the prices.
+    let (f, s) = (
+        fast["step_time_s"].as_f64().unwrap(),
+        slow["step_time_s"].as_f64().unwrap(),
+    );
+    assert!(s > 2.0 * f, "slow linears {s} s vs fast {f} s");
+    assert_eq!(fast["prediction"]["step_overhead_s"], 0.001);
+    assert_eq!(datasheet["prediction"]["step_overhead_s"], 0.0);
+
+    // The dashboard's header says the prices are calibrated, and when.
+    let out = osdp()
+        .args(["sample-models/tiny-gpt2.json", "--once", "--layout"])
+        .arg(calibrated_cpu_layout(dir.path(), 0.01))
+        .output()
+        .unwrap();
+    let screen = String::from_utf8_lossy(&out.stdout);
+    assert!(screen.contains("calibrated 2026-11-22"), "{screen}");
+}
+
+#[test]
+fn a_layout_with_a_bad_calibration_is_refused_naming_the_field() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = calibrated_cpu_layout(dir.path(), 0.01);
+    let mut v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    v["calibration"]["kernels"]["linear"][1]["work"] = serde_json::json!(1e3);
+    std::fs::write(&path, v.to_string()).unwrap();
+    let out = osdp()
+        .args([
+            "plan",
+            "sample-models/tiny-gpt2.json",
+            "--budget",
+            "8GiB",
+            "--layout",
+        ])
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("calibration.kernels.linear") && err.contains("sorted"),
+        "{err}"
+    );
+}
