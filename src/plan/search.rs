@@ -78,6 +78,8 @@ struct Opt {
 
 struct BatchTable {
     batch: u64,
+    /// The ops' base facts at this batch, for pricing the plan found.
+    bases: Vec<OpBase>,
     arena: Arena,
     /// (transient cap, frontier of the whole model under it).
     caps: Vec<(u64, Frontier)>,
@@ -190,8 +192,8 @@ impl<'m> Planner<'m> {
         };
         let table = &self.tables[ti];
         let plan = self.reconstruct(table, point.node);
-        let bases = cost::op_bases(self.model, &self.machine, plan.batch);
-        let prediction = evaluate_with(self.model, &self.machine, &plan, &bases, &self.blocks);
+        let prediction =
+            evaluate_with(self.model, &self.machine, &plan, &table.bases, &self.blocks);
         Ok(Planned { plan, prediction })
     }
 
@@ -407,6 +409,7 @@ impl<'m> Planner<'m> {
         }
         BatchTable {
             batch,
+            bases,
             arena,
             caps: table_caps,
         }
