@@ -2,9 +2,6 @@
 //! can be recovered. The planner sums frontiers (Minkowski sum, then prune dominated points);
 //! identical groups are summed by doubling.
 
-use std::cmp::Reverse;
-use std::collections::BinaryHeap;
-
 use crate::cost::Choice;
 
 /// One non-dominated way to run a group: its memory, its time, and how to recover it.
@@ -65,73 +62,183 @@ pub fn prune(mut pts: Vec<Point>) -> Frontier {
 /// frontier stays small on large models, and a budget query loses at most `resolution` bytes of
 /// budget per sum. 0 keeps the exact frontier.
 ///
-/// Each point of the smaller frontier shifts the larger one, which stays sorted by memory, so
-/// the sum is a k-way merge of sorted runs: no sort, `O(n·k·log k)`.
-pub fn sum(a: &[Point], b: &[Point], resolution: u64, arena: &mut Arena) -> Frontier {
+/// Points above `limit` bytes are left out (the first point, the smallest memory, is always
+/// kept): memory only adds up, so a caller that will never ask above `limit` loses nothing.
+/// `u64::MAX` keeps everything.
+///
+/// Each point of the smaller frontier shifts the larger one into a sorted run; the runs are
+/// merged into the exact frontier one at a time (a linear merge each, pruning as it goes), then
+/// thinned to the resolution. Thinning the exact frontier keeps what thinning every point would:
+/// a dominated point never changes what is kept.
+pub fn sum(a: &[Point], b: &[Point], resolution: u64, limit: u64, arena: &mut Arena) -> Frontier {
     if a.is_empty() || b.is_empty() {
         return Vec::new();
     }
     let (big, small) = if a.len() >= b.len() { (a, b) } else { (b, a) };
-    let mut next = vec![0usize; small.len()];
-    // Times are non-negative, so their bit patterns order like the numbers.
-    let mut heap: BinaryHeap<Reverse<(u64, u64, usize)>> = small
-        .iter()
-        .enumerate()
-        .map(|(j, q)| Reverse((big[0].mem + q.mem, (big[0].time + q.time).to_bits(), j)))
-        .collect();
-    let mut out: Frontier = Vec::with_capacity(big.len() + small.len());
+    // Everything a resolution bucket starting at or below `limit` can hold, and the whole
+    // first bucket.
+    let cutoff = match resolution {
+        0 => limit,
+        r => limit
+            .saturating_add(r - 1)
+            .max((big[0].mem + small[0].mem).saturating_add(r - 1)),
+    };
+    let mut exact: Vec<Pair> = Vec::with_capacity(big.len() + small.len());
+    let mut scratch: Vec<Pair> = Vec::with_capacity(big.len() + small.len());
+    for (j, q) in small.iter().enumerate() {
+        merge_run(&exact, big, q, j as u32, cutoff, &mut scratch);
+        std::mem::swap(&mut exact, &mut scratch);
+    }
+    let mut kept: Vec<Pair> = Vec::with_capacity(exact.len());
     // Memory of the first point of the current resolution bucket.
     let mut anchor = 0u64;
-    while let Some(Reverse((mem, time_bits, j))) = heap.pop() {
-        let time = f64::from_bits(time_bits);
-        let i = next[j];
-        if out.last().is_none_or(|last| time < last.time) {
-            let node = arena.push(Node::Pair(big[i].node, small[j].node));
-            let point = Point { mem, time, node };
-            match out.last_mut() {
-                // A faster point less than `resolution` above the bucket's first replaces it.
-                Some(last) if resolution > 0 && mem < anchor.saturating_add(resolution) => {
-                    *last = point
-                }
-                _ => {
-                    anchor = mem;
-                    out.push(point);
-                }
+    for c in exact {
+        match kept.last_mut() {
+            // Everything still to come lies above `limit`, in a bucket of its own.
+            Some(_)
+                if c.mem > limit
+                    && (resolution == 0 || c.mem >= anchor.saturating_add(resolution)) =>
+            {
+                break
+            }
+            Some(last) if c.time >= last.time => {}
+            // A faster point less than `resolution` above the bucket's first replaces it.
+            Some(last) if resolution > 0 && c.mem < anchor.saturating_add(resolution) => *last = c,
+            _ => {
+                anchor = c.mem;
+                kept.push(c);
             }
         }
-        next[j] += 1;
-        if let Some(p) = big.get(i + 1) {
-            let q = &small[j];
-            heap.push(Reverse((p.mem + q.mem, (p.time + q.time).to_bits(), j)));
-        }
     }
-    out
+    kept.into_iter()
+        .map(|c| Point {
+            mem: c.mem,
+            time: c.time,
+            node: arena.push(Node::Pair(big[c.i as usize].node, small[c.j as usize].node)),
+        })
+        .collect()
 }
 
-/// The frontier of `count` independent copies of `f` (each copy may pick a different point).
+/// A point of a sum before it gets a node: `big[i]` + `small[j]`.
+#[derive(Debug, Clone, Copy)]
+struct Pair {
+    mem: u64,
+    time: f64,
+    i: u32,
+    j: u32,
+}
+
+/// Merge the run `big` shifted by `q` (run `j`) into the frontier `acc`, keeping the frontier
+/// (up to `cutoff`, and its first point) in `out`. Ties go to `acc` (the earlier runs), as the
+/// order (memory, time, run) would have it.
+fn merge_run(acc: &[Pair], big: &[Point], q: &Point, j: u32, cutoff: u64, out: &mut Vec<Pair>) {
+    out.clear();
+    let (mut ia, mut ib) = (0usize, 0usize);
+    let mut last = f64::INFINITY;
+    loop {
+        let from_acc = match (acc.get(ia), big.get(ib)) {
+            (None, None) => break,
+            (Some(_), None) => true,
+            (None, Some(_)) => false,
+            (Some(a), Some(p)) => {
+                let bm = p.mem + q.mem;
+                a.mem < bm || (a.mem == bm && a.time <= p.time + q.time)
+            }
+        };
+        let c = if from_acc {
+            acc[ia]
+        } else {
+            let p = &big[ib];
+            Pair {
+                mem: p.mem + q.mem,
+                time: p.time + q.time,
+                i: ib as u32,
+                j,
+            }
+        };
+        if c.mem > cutoff && !out.is_empty() {
+            break;
+        }
+        if c.time < last {
+            out.push(c);
+            last = c.time;
+            if from_acc {
+                ia += 1;
+            } else {
+                ib += 1;
+            }
+        } else if from_acc {
+            // Times fall along both streams and the kept ones only fall: skip every point no
+            // faster than the last kept.
+            ia = gallop(ia, acc.len(), |k| acc[k].time >= last);
+        } else {
+            ib = gallop(ib, big.len(), |k| big[k].time + q.time >= last);
+        }
+    }
+}
+
+/// The first index in `from..len` where `slower` fails, given that it holds at `from` and
+/// fails from some index on (rounding keeps sums of falling times in order): gallop, then
+/// bisect.
+fn gallop(from: usize, len: usize, slower: impl Fn(usize) -> bool) -> usize {
+    let (mut lo, mut step) = (from, 1usize);
+    loop {
+        let hi = lo + step;
+        if hi >= len || !slower(hi) {
+            // `slower` holds at `lo` and fails at `hi` (or the end).
+            let (mut a, mut b) = (lo + 1, hi.min(len));
+            while a < b {
+                let mid = a + (b - a) / 2;
+                if slower(mid) {
+                    a = mid + 1;
+                } else {
+                    b = mid;
+                }
+            }
+            return a;
+        }
+        lo = hi;
+        step *= 2;
+    }
+}
+
+/// The frontier of `count` independent copies of `f` (each copy may pick a different point),
+/// leaving out points above `limit` (the first is always kept). `floor`: a lower bound on the
+/// memory of one copy, so a partial sum of `t` copies may stop at `limit − (count − t)·floor`.
 /// Small frontiers are added one copy at a time (cheap merges); large ones by doubling.
-pub fn repeat(f: &[Point], count: u64, resolution: u64, arena: &mut Arena) -> Frontier {
+pub fn repeat(
+    f: &[Point],
+    count: u64,
+    resolution: u64,
+    limit: u64,
+    floor: u64,
+    arena: &mut Arena,
+) -> Frontier {
     let empty = arena.push(Node::Empty);
     let mut acc: Frontier = vec![Point {
         mem: 0,
         time: 0.0,
         node: empty,
     }];
+    let room = |left: u64| limit.saturating_sub(floor.saturating_mul(left));
     if f.len() <= 64 {
-        for _ in 0..count {
-            acc = sum(&acc, f, resolution, arena);
+        for t in 1..=count {
+            acc = sum(&acc, f, resolution, room(count - t), arena);
         }
         return acc;
     }
     let mut power: Frontier = f.to_vec();
-    let mut n = count;
+    let (mut n, mut done, mut size) = (count, 0u64, 1u64);
     while n > 0 {
         if n & 1 == 1 {
-            acc = sum(&acc, &power, resolution, arena);
+            done += size;
+            acc = sum(&acc, &power, resolution, room(count - done), arena);
         }
         n >>= 1;
         if n > 0 {
-            power = sum(&power, &power, resolution, arena);
+            size *= 2;
+            // `power` (size copies) will be added at most once more together with the rest.
+            power = sum(&power, &power, resolution, room(count - size), arena);
         }
     }
     acc
@@ -172,7 +279,7 @@ mod tests {
     fn repeat_equals_brute_force_sums() {
         let mut a = Arena::default();
         let f = pts(&mut a, &[(1, 10.0), (4, 6.0), (9, 1.0)]);
-        let got = repeat(&f, 3, 0, &mut a);
+        let got = repeat(&f, 3, 0, u64::MAX, 0, &mut a);
         // Brute force over all 27 triples.
         let mut all = Vec::new();
         for x in &f {
@@ -191,9 +298,55 @@ mod tests {
         assert_eq!(got, want);
         // Within 11 bytes, 1 + 1 + 9 (time 10 + 10 + 1) beats 1 + 4 + 4 (time 22).
         assert_eq!(
-            best_within(&repeat(&f, 3, 0, &mut a), 11).map(|p| p.time),
+            best_within(&repeat(&f, 3, 0, u64::MAX, 0, &mut a), 11).map(|p| p.time),
             Some(21.0)
         );
         assert!(best_within(&f, 0).is_none());
+    }
+
+    #[test]
+    fn sum_is_the_pruned_set_of_all_pairs_up_to_the_limit() {
+        let mut a = Arena::default();
+        // Two staircases with ties and near-ties in memory and time.
+        let mut seed = 7u64;
+        let mut rand = move || {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            seed >> 33
+        };
+        for _ in 0..20 {
+            let x: Vec<(u64, f64)> = (0..12)
+                .map(|_| (rand() % 50, (rand() % 40) as f64))
+                .collect();
+            let y: Vec<(u64, f64)> = (0..7)
+                .map(|_| (rand() % 30, (rand() % 25) as f64))
+                .collect();
+            let (f, g) = (prune(pts(&mut a, &x)), prune(pts(&mut a, &y)));
+            let mut all = Vec::new();
+            for p in &f {
+                for q in &g {
+                    all.push(Point {
+                        mem: p.mem + q.mem,
+                        time: p.time + q.time,
+                        node: 0,
+                    });
+                }
+            }
+            let want: Vec<(u64, f64)> = prune(all).iter().map(|p| (p.mem, p.time)).collect();
+            for limit in [0, 10, 35, u64::MAX] {
+                let got: Vec<(u64, f64)> = sum(&f, &g, 0, limit, &mut a)
+                    .iter()
+                    .map(|p| (p.mem, p.time))
+                    .collect();
+                let cut: Vec<(u64, f64)> = want
+                    .iter()
+                    .enumerate()
+                    .filter(|(k, p)| *k == 0 || p.0 <= limit)
+                    .map(|(_, p)| *p)
+                    .collect();
+                assert_eq!(got, cut, "limit {limit}");
+            }
+        }
     }
 }

@@ -78,6 +78,8 @@ struct Opt {
 
 struct BatchTable {
     batch: u64,
+    /// The ops' base facts at this batch, for pricing the plan found.
+    bases: Vec<OpBase>,
     arena: Arena,
     /// (transient cap, frontier of the whole model under it).
     caps: Vec<(u64, Frontier)>,
@@ -107,7 +109,8 @@ fn batch_ladder() -> impl Iterator<Item = u64> {
 }
 
 impl<'m> Planner<'m> {
-    /// Build every frontier needed to answer any budget up to `max_budget_bytes`.
+    /// Build every frontier needed to answer any budget up to `max_budget_bytes`. Plans that
+    /// cannot fit it are left out, so a larger budget may miss some.
     pub fn new(
         model: &'m ModelSpec,
         machine: Machine,
@@ -130,7 +133,7 @@ impl<'m> Planner<'m> {
             None => Box::new(batch_ladder()),
         };
         for batch in batches {
-            let table = planner.build_table(batch, &pins);
+            let table = planner.build_table(batch, &pins, max_budget_bytes);
             let cheapest = table.cheapest(planner.machine.overhead_bytes);
             let fits = cheapest.is_some_and(|c| c <= max_budget_bytes);
             let fixed = planner.options.batch.is_some();
@@ -189,8 +192,8 @@ impl<'m> Planner<'m> {
         };
         let table = &self.tables[ti];
         let plan = self.reconstruct(table, point.node);
-        let bases = cost::op_bases(self.model, &self.machine, plan.batch);
-        let prediction = evaluate_with(self.model, &self.machine, &plan, &bases, &self.blocks);
+        let prediction =
+            evaluate_with(self.model, &self.machine, &plan, &table.bases, &self.blocks);
         Ok(Planned { plan, prediction })
     }
 
@@ -220,7 +223,14 @@ impl<'m> Planner<'m> {
         out
     }
 
-    fn build_table(&self, batch: u64, pins: &HashMap<usize, Choice>) -> BatchTable {
+    /// Frontiers at micro-batch `batch`, without the plans that cannot fit `max_budget` (each
+    /// frontier keeps its smallest point, for [`NoFit`]).
+    fn build_table(
+        &self,
+        batch: u64,
+        pins: &HashMap<usize, Choice>,
+        max_budget: u64,
+    ) -> BatchTable {
         let m = &self.machine;
         let bases = cost::op_bases(self.model, m, batch);
         let opts: Vec<Vec<Opt>> = bases
@@ -275,6 +285,45 @@ impl<'m> Planner<'m> {
             caps = merged;
         }
 
+        // Least memory one instance of each class can hold, under any cap: what the rest of the
+        // model adds at the very least to a partial sum.
+        let floors: Vec<u64> = self
+            .classes
+            .iter()
+            .map(|class| {
+                let rep = &class.instances[0];
+                let min_of = |f: fn(&Opt) -> u64| -> u64 {
+                    rep.iter()
+                        .map(|&i| opts[i].iter().map(f).min().unwrap_or(0))
+                        .sum()
+                };
+                let plain = min_of(|o| o.held);
+                match class.blocks.as_ref() {
+                    Some(b) if self.options.recompute => plain.min(
+                        min_of(|o| o.held_r)
+                            + self
+                                .machine
+                                .activation_bytes(self.blocks.input_bytes_per_sample[b[0]])
+                                * batch,
+                    ),
+                    _ => plain,
+                }
+            })
+            .collect();
+        let class_floor: Vec<u64> = self
+            .classes
+            .iter()
+            .zip(&floors)
+            .map(|(c, f)| f.saturating_mul(c.instances.len() as u64))
+            .collect();
+        let all_floor: u64 = class_floor.iter().fold(0u64, |a, &b| a.saturating_add(b));
+        // Of the classes after each one.
+        let mut later_floor = vec![0u64; class_floor.len()];
+        for ci in (0..class_floor.len().saturating_sub(1)).rev() {
+            later_floor[ci] = later_floor[ci + 1].saturating_add(class_floor[ci + 1]);
+        }
+        let room = max_budget.saturating_sub(self.machine.overhead_bytes);
+
         let mut arena = Arena::default();
         let mut cache: HashMap<(usize, Vec<usize>), Frontier> = HashMap::new();
         let mut table_caps = Vec::with_capacity(caps.len());
@@ -303,6 +352,8 @@ impl<'m> Planner<'m> {
             if previous_keys.as_ref() == Some(&keys) {
                 continue;
             }
+            // Held memory any plan under this cap may use within `max_budget`.
+            let limit = room.saturating_sub(cap);
             let empty = arena.push(Node::Empty);
             let mut total: Frontier = vec![Point {
                 mem: 0,
@@ -313,6 +364,7 @@ impl<'m> Planner<'m> {
                 let rep = &class.instances[0];
                 let block = class.blocks.as_ref().map(|b| b[0]);
                 let key = key.clone();
+                // Caps rise, so a cached frontier was built under a looser limit: still whole.
                 let f = cache.entry((ci, key)).or_insert_with(|| {
                     let one = class_frontier(
                         ci as u32,
@@ -330,9 +382,23 @@ impl<'m> Planner<'m> {
                         &self.options,
                         &mut arena,
                     );
-                    frontier::repeat(&one, class.instances.len() as u64, res, &mut arena)
+                    let others = all_floor.saturating_sub(class_floor[ci]);
+                    frontier::repeat(
+                        &one,
+                        class.instances.len() as u64,
+                        res,
+                        limit.saturating_sub(others),
+                        floors[ci],
+                        &mut arena,
+                    )
                 });
-                total = frontier::sum(&total, f, res, &mut arena);
+                total = frontier::sum(
+                    &total,
+                    f,
+                    res,
+                    limit.saturating_sub(later_floor[ci]),
+                    &mut arena,
+                );
                 if total.is_empty() {
                     break;
                 }
@@ -344,6 +410,7 @@ impl<'m> Planner<'m> {
         }
         BatchTable {
             batch,
+            bases,
             arena,
             caps: table_caps,
         }
@@ -461,7 +528,7 @@ fn class_frontier(
                     Point { mem, time, node }
                 })
                 .collect();
-            f = frontier::sum(&f, &frontier::prune(pts), resolution, arena);
+            f = frontier::sum(&f, &frontier::prune(pts), resolution, u64::MAX, arena);
             if f.is_empty() {
                 break;
             }
