@@ -91,11 +91,11 @@ def main():
                 break
         if best:
             plans[f"planner's mix at {best[0] / 2**20:.0f} MiB"] = best[1]
-        for label, plan in plans.items():
+        for k, (label, plan) in enumerate(plans.items()):
             for op in plan["ops"]:
                 op.pop("memory_bytes", None)
                 op.pop("time_s", None)
-            path = os.path.join(out, "plan.json")
+            path = os.path.join(out, f"{name}-plan{k + 1}.json")
             with open(path, "w") as f:
                 json.dump(plan, f)
             v = json.loads(run("validate", model, "--layout", layout, "--plan", path,

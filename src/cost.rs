@@ -301,8 +301,9 @@ pub struct OpBase {
     /// Work at this micro-batch, the calibration curves' axis: FLOPs for linears and attention,
     /// bytes moved at the training precision for the others.
     pub work: f64,
-    /// Parameter tensors the op owns (each is one optimizer update).
-    pub tensors: u32,
+    /// Elements of the parameter tensors the op owns (each is one optimizer update): the
+    /// first (a linear's weight) and the rest together (its bias); 0 where absent.
+    pub tensor_params: [u64; 2],
 }
 
 impl OpBase {
@@ -355,7 +356,14 @@ impl OpBase {
                 * batch,
             output_bytes: m.activation_bytes(op.output_bytes_per_sample) * batch,
             work,
-            tensors: op.params.iter().filter(|p| p.tied_to.is_none()).count() as u32,
+            tensor_params: {
+                let mut sizes = op
+                    .params
+                    .iter()
+                    .filter(|p| p.tied_to.is_none())
+                    .map(|p| p.shape.iter().product::<i64>().max(0) as u64);
+                [sizes.next().unwrap_or(0), sizes.sum()]
+            },
         }
     }
 }
@@ -496,17 +504,33 @@ pub fn price(base: &OpBase, choice: Choice, m: &Machine) -> OpCost {
         exposed_comm_s: exposed,
         optimizer_s: match &m.calibration {
             _ if updated == 0 => 0.0,
-            Some(cal) => {
-                // A split op's weight is updated slice by slice.
-                let tensors = base.tensors + choice.split.saturating_sub(1);
-                f64::from(tensors) * cal.optimizer.per_tensor_s
-                    + updated as f64 * cal.optimizer.per_param_s
-            }
+            Some(cal) => calibrated_optimizer_s(cal, base, choice, n),
             None => {
                 (OPTIMIZER_BYTES_PER_PARAM * updated) as f64
                     / (m.memory_bytes_per_s * MEMORY_EFFICIENCY)
             }
         },
+    }
+}
+
+/// Measured optimizer time of one op's tensors on one rank, as the trainer holds them: whole
+/// (dp), this rank's share (zero1/2/3), a split weight slice by slice (sharded slices as
+/// shares, the others whole) with the bias following the majority of the slices.
+fn calibrated_optimizer_s(cal: &Calibration, base: &OpBase, choice: Choice, n: u64) -> f64 {
+    let [w, rest] = base.tensor_params;
+    let t = |x: u64| cal.optimizer_s(x);
+    let share = |x: u64| t(ceil_div(x, n));
+    match choice.strategy {
+        Strategy::None => 0.0,
+        Strategy::Dp => t(w) + t(rest),
+        Strategy::Zero1 | Strategy::Zero2 => share(w) + share(rest),
+        Strategy::Zero3 if base.splittable && choice.split > 1 => {
+            let (k, s) = (u64::from(choice.split), u64::from(choice.sharded));
+            let slice = w / k;
+            let bias = if s * 2 < k { t(rest) } else { share(rest) };
+            s as f64 * share(slice) + (k - s) as f64 * t(slice) + bias
+        }
+        Strategy::Zero3 => share(w) + share(rest),
     }
 }
 
@@ -621,7 +645,7 @@ mod tests {
             working_bytes: 0,
             output_bytes: 0,
             work: 1e9,
-            tensors: 1,
+            tensor_params: [params, 0],
         }
     }
 
@@ -740,7 +764,7 @@ mod tests {
     }
 
     fn calibrated(mut m: Machine) -> Machine {
-        use crate::cluster::calibration::{CurvePoint, OptimizerCost};
+        use crate::cluster::calibration::{CurvePoint, OptimizerPoint};
         let pt = |work: f64, fwd_s: f64, bwd_s: f64| CurvePoint { work, fwd_s, bwd_s };
         m.calibration = Some(Arc::new(Calibration {
             measured_at: "2026-11-22T09:00:00Z".into(),
@@ -752,10 +776,17 @@ mod tests {
                 "linear".to_string(),
                 vec![pt(1e6, 1e-3, 2e-3), pt(1e9, 1e-2, 2e-2)],
             )]),
-            optimizer: OptimizerCost {
-                per_tensor_s: 50e-6,
-                per_param_s: 1e-9,
-            },
+            // 50 µs for a tensor of up to 1,000 elements, 1 ns per element from 1M up.
+            optimizer: vec![
+                OptimizerPoint {
+                    params: 1e3,
+                    seconds: 50e-6,
+                },
+                OptimizerPoint {
+                    params: 1e6,
+                    seconds: 1e-3,
+                },
+            ],
             step_overhead_s: 2e-3,
             collectives: vec![],
         }));
@@ -780,12 +811,22 @@ mod tests {
         let four = price(&b, Choice::zero3(4, 4), &m).compute_s;
         assert!((one - 3e-2).abs() < 1e-12, "{one}");
         assert!((four - 4.0 * 3.0 * slice_fwd).abs() < 1e-9, "{four}");
-        // The optimizer: per tensor plus per parameter of the rank's share; four slices are
-        // four tensors.
+        // The optimizer follows its curve by tensor size: dp updates the 8M weight (1 ms per
+        // 1M beyond the curve's end), zero3 its 1M share, zero3/4:4 four shares of 250k, each
+        // log-log between the points: 50 µs · 20^(log(250)/log(1000)).
         let dp = price(&b, Choice::DP, &m).optimizer_s;
-        assert!((dp - (50e-6 + 8e6 * 1e-9)).abs() < 1e-12, "{dp}");
-        let z3 = price(&b, Choice::zero3(4, 4), &m).optimizer_s;
-        assert!((z3 - (4.0 * 50e-6 + 1e6 * 1e-9)).abs() < 1e-12, "{z3}");
+        assert!((dp - 8e-3).abs() < 1e-12, "{dp}");
+        let z3 = price(&b, Choice::zero3(1, 1), &m).optimizer_s;
+        assert!((z3 - 1e-3).abs() < 1e-12, "{z3}");
+        let quarter = 50e-6 * 20f64.powf(250f64.ln() / 1000f64.ln());
+        let z3_split = price(&b, Choice::zero3(4, 4), &m).optimizer_s;
+        assert!((z3_split - 4.0 * quarter).abs() < 1e-12, "{z3_split}");
+        // Two of four slices sharded: two shares and two whole slices of 2M.
+        let half = price(&b, Choice::zero3(4, 2), &m).optimizer_s;
+        assert!(
+            (half - (2.0 * quarter + 2.0 * 2e-3)).abs() < 1e-12,
+            "{half}"
+        );
         assert_eq!(m.step_overhead_s(), 2e-3);
         assert!(m.timing_source().starts_with("calibrated 2026-11-22"));
         assert!(machine(8).timing_source().contains("not calibrated"));

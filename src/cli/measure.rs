@@ -230,10 +230,11 @@ pub fn calibrate(args: CalibrateArgs) -> Result<(), Failure> {
             .map(|(k, pts)| format!("{k} ({})", pts.len()))
             .collect();
         println!("  kernel curves (points): {}", kinds.join(", "));
+        let opt = |n: u64| c.optimizer_s(n) * 1e6;
         println!(
-            "  optimizer: {:.1} µs per tensor + {:.2} ns per parameter; {:.2} ms other per step",
-            c.optimizer.per_tensor_s * 1e6,
-            c.optimizer.per_param_s * 1e9,
+            "  optimizer per tensor: {:.0} µs at 1k elements, {:.0} µs at 1M; {:.2} ms other per step",
+            opt(1 << 10),
+            opt(1 << 20),
             c.step_overhead_s * 1e3
         );
     }
@@ -295,6 +296,27 @@ pub fn validate(args: ValidateArgs) -> Result<(), Failure> {
     };
     let m_ops = cat(&|p| p.fwd_s.iter().chain(&p.bwd_s).sum::<f64>() + p.recompute_s + p.sync_s);
     let m_opt = cat(&|p| p.optimizer_s);
+    // Forward + backward compute per kernel kind: the cost model's figures against rank 0's
+    // op timings (which include the collectives of sharded weights).
+    let bases = crate::cost::op_bases(&model, &machine, plan.batch);
+    let mut by_kind: std::collections::BTreeMap<String, (f64, f64)> = Default::default();
+    for (i, op) in model.ops.iter().enumerate() {
+        let e = by_kind
+            .entry(crate::cost::kernel_key(&model, op))
+            .or_default();
+        e.0 += bases[i].fwd_s + bases[i].bwd_s;
+        e.1 += cat(&|p| p.fwd_s[i] + p.bwd_s[i]);
+    }
+    // Each rank's operator time: the ranks wait for the slowest at every collective.
+    let per_rank: Vec<f64> = (0..ranks)
+        .map(|r| {
+            let mut v: Vec<f64> = last
+                .iter()
+                .map(|s| s.profiles[r].fwd_s.iter().chain(&s.profiles[r].bwd_s).sum())
+                .collect();
+            median(&mut v)
+        })
+        .collect();
     let m_step = median(&mut medians.clone());
     let m_other = (m_step - m_ops - m_opt).max(0.0);
     let p_ops = predicted.compute_s + predicted.recompute_s + predicted.exposed_comm_s;
@@ -345,8 +367,13 @@ pub fn validate(args: ValidateArgs) -> Result<(), Failure> {
                 "states_bytes": m_states,
                 "activation_bytes": peak.activations,
                 "transient_bytes": m_transient,
+                "compute_s_per_rank": per_rank,
             },
             "ratio": { "step_time": ratio_time, "peak_memory": ratio_mem },
+            "compute_by_kind": by_kind
+                .iter()
+                .map(|(k, (p, m))| (k.clone(), serde_json::json!({ "predicted_s": p, "measured_s": m })))
+                .collect::<serde_json::Map<_, _>>(),
         }));
         return Ok(());
     }
@@ -387,6 +414,9 @@ pub fn validate(args: ValidateArgs) -> Result<(), Failure> {
         ms(m_ops),
         ratio(m_ops, p_ops),
     );
+    for (k, (p, m)) in &by_kind {
+        row(&format!("    {k}"), ms(*p), ms(*m), ratio(*m, *p));
+    }
     row(
         "  optimizer",
         ms(predicted.optimizer_s),

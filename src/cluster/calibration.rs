@@ -24,23 +24,25 @@ pub struct CurvePoint {
     pub bwd_s: f64,
 }
 
-/// AdamW, gradient clipping and gradient bookkeeping: `per_tensor_s` for every parameter tensor
-/// a rank updates (kernel launches, small-tensor overheads) plus `per_param_s` per element.
+/// What updating one parameter tensor of `params` elements costs a rank: its gradient buffer,
+/// its share of the global norm and the AdamW update. Small tensors pay fixed costs, large ones
+/// leave the caches: a curve, not a rate.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct OptimizerCost {
-    pub per_tensor_s: f64,
-    pub per_param_s: f64,
+pub struct OptimizerPoint {
+    pub params: f64,
+    pub seconds: f64,
 }
 
-/// A collective's measured times at one message size (bytes of the full tensor).
+/// Collectives as the trainer met them inside training steps, per message size (bytes of the
+/// full tensor): the median all-gather and reduce-scatter, waiting for the other ranks included.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CollectivePoint {
     pub bytes: f64,
-    pub all_gather_s: f64,
-    pub reduce_scatter_s: f64,
-    pub all_reduce_s: f64,
+    pub seconds: f64,
+    /// How many calls the median is of.
+    pub calls: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -59,7 +61,8 @@ pub struct Calibration {
     /// `layer_norm`, …) or kind and variant (`activation/gelu_tanh`, `activation/silu_gated`):
     /// see [`crate::cost::kernel_key`].
     pub kernels: BTreeMap<String, Vec<CurvePoint>>,
-    pub optimizer: OptimizerCost,
+    /// Optimizer cost per tensor against its elements, sorted by elements.
+    pub optimizer: Vec<OptimizerPoint>,
     /// What a step costs besides its operators, collectives and optimizer: data, loss
     /// reduction, bookkeeping.
     pub step_overhead_s: f64,
@@ -131,14 +134,22 @@ impl Calibration {
                 }
             }
         }
-        non_negative(
-            "calibration.optimizer.per_tensor_s",
-            self.optimizer.per_tensor_s,
-        )?;
-        non_negative(
-            "calibration.optimizer.per_param_s",
-            self.optimizer.per_param_s,
-        )?;
+        if self.optimizer.len() > MAX_POINTS {
+            return Err(Problem::field(
+                "calibration.optimizer",
+                format!("{} points; at most {MAX_POINTS}", self.optimizer.len()),
+            ));
+        }
+        for (i, p) in self.optimizer.iter().enumerate() {
+            positive(&format!("calibration.optimizer[{i}].params"), p.params)?;
+            non_negative(&format!("calibration.optimizer[{i}].seconds"), p.seconds)?;
+            if i > 0 && p.params <= self.optimizer[i - 1].params {
+                return Err(Problem::field(
+                    "calibration.optimizer",
+                    "points must be sorted by strictly increasing params",
+                ));
+            }
+        }
         non_negative("calibration.step_overhead_s", self.step_overhead_s)?;
         if self.collectives.len() > MAX_POINTS {
             return Err(Problem::field(
@@ -166,6 +177,19 @@ impl Calibration {
             .map(|pts| interpolate(pts, work))
     }
 
+    /// Seconds to update one tensor of `params` elements (0 for none, or without a curve).
+    pub fn optimizer_s(&self, params: u64) -> f64 {
+        if params == 0 {
+            return 0.0;
+        }
+        let pts: Vec<(f64, f64)> = self
+            .optimizer
+            .iter()
+            .map(|p| (p.params, p.seconds))
+            .collect();
+        interpolate_xy(&pts, params as f64)
+    }
+
     /// One line for `plan` output: where the prices come from.
     pub fn summary(&self) -> String {
         format!("calibrated {} on {}", self.measured_at, self.device)
@@ -181,34 +205,38 @@ pub fn kind_name(kind: OpKind) -> String {
 }
 
 /// Times at `work` from a sorted curve: log–log interpolation between neighbours (kernel
-/// efficiency changes smoothly with size); outside the measured range, the nearest end's rate
-/// (time proportional to work). An empty curve prices nothing.
+/// efficiency changes smoothly with size); above the measured range the largest point's rate
+/// (time proportional to work), below it the smallest point's time (small kernels cost their
+/// fixed overheads). An empty curve prices nothing.
 pub fn interpolate(points: &[CurvePoint], work: f64) -> (f64, f64) {
+    let fwd: Vec<(f64, f64)> = points.iter().map(|p| (p.work, p.fwd_s)).collect();
+    let bwd: Vec<(f64, f64)> = points.iter().map(|p| (p.work, p.bwd_s)).collect();
+    (interpolate_xy(&fwd, work), interpolate_xy(&bwd, work))
+}
+
+/// `y` at `x` on a curve of `(x, y)` points sorted by `x`, as [`interpolate`] describes.
+pub fn interpolate_xy(points: &[(f64, f64)], x: f64) -> f64 {
     let (Some(first), Some(last)) = (points.first(), points.last()) else {
-        return (0.0, 0.0);
+        return 0.0;
     };
-    if work <= 0.0 {
-        return (0.0, 0.0);
+    if x <= 0.0 {
+        return 0.0;
     }
-    let scale = |p: &CurvePoint| (p.fwd_s * work / p.work, p.bwd_s * work / p.work);
-    if work <= first.work {
-        return scale(first);
+    if x <= first.0 {
+        return first.1;
     }
-    if work >= last.work {
-        return scale(last);
+    if x >= last.0 {
+        return last.1 * x / last.0;
     }
-    // First point with work ≥ `work`; it has a predecessor because work > first.work.
-    let hi = points.partition_point(|p| p.work < work);
-    let (a, b) = (&points[hi - 1], &points[hi]);
-    let t = (work.ln() - a.work.ln()) / (b.work.ln() - a.work.ln());
-    let lerp = |x: f64, y: f64| {
-        if x > 0.0 && y > 0.0 {
-            (x.ln() + t * (y.ln() - x.ln())).exp()
-        } else {
-            x + t * (y - x)
-        }
-    };
-    (lerp(a.fwd_s, b.fwd_s), lerp(a.bwd_s, b.bwd_s))
+    // First point with x ≥ `x`; it has a predecessor because x > first.0.
+    let hi = points.partition_point(|p| p.0 < x);
+    let (a, b) = (points[hi - 1], points[hi]);
+    let t = (x.ln() - a.0.ln()) / (b.0.ln() - a.0.ln());
+    if a.1 > 0.0 && b.1 > 0.0 {
+        (a.1.ln() + t * (b.1.ln() - a.1.ln())).exp()
+    } else {
+        a.1 + t * (b.1 - a.1)
+    }
 }
 
 /// Fit the α–β ring model to measured all-gathers: `t = (n−1)·α + (n−1)/n · S / β`. Returns
@@ -244,7 +272,7 @@ mod tests {
     }
 
     #[test]
-    fn interpolation_is_log_log_between_points_and_constant_rate_outside() {
+    fn interpolation_is_log_log_between_points_and_flat_or_constant_rate_outside() {
         let c = [pt(1e6, 1e-4, 2e-4), pt(1e8, 1e-3, 3e-3)];
         // Ends are exact.
         assert_eq!(interpolate(&c, 1e6), (1e-4, 2e-4));
@@ -257,9 +285,9 @@ mod tests {
         // Beyond the largest point, time grows with work at the largest point's rate.
         let (f, _) = interpolate(&c, 4e8);
         assert!((f - 4e-3).abs() < 1e-12);
-        // Below the smallest, the smallest point's rate.
+        // Below the smallest, the smallest point's time: fixed costs do not shrink.
         let (f, _) = interpolate(&c, 5e5);
-        assert!((f - 5e-5).abs() < 1e-15);
+        assert_eq!(f, 1e-4);
         assert_eq!(interpolate(&[], 1.0), (0.0, 0.0));
     }
 
@@ -291,10 +319,16 @@ mod tests {
                     vec![pt(1e6, 1e-3, 2e-3)],
                 ),
             ]),
-            optimizer: OptimizerCost {
-                per_tensor_s: 1e-5,
-                per_param_s: 1e-9,
-            },
+            optimizer: vec![
+                OptimizerPoint {
+                    params: 1e3,
+                    seconds: 1e-5,
+                },
+                OptimizerPoint {
+                    params: 1e6,
+                    seconds: 1e-3,
+                },
+            ],
             step_overhead_s: 1e-3,
             collectives: vec![],
         }
@@ -308,6 +342,18 @@ mod tests {
         // Another activation borrows the measured one rather than falling back to datasheets.
         assert_eq!(c.kernel_s("activation/relu", 1e6), Some((1e-3, 2e-3)));
         assert_eq!(c.kernel_s("attention", 1e6), None);
+    }
+
+    #[test]
+    fn optimizer_cost_follows_its_curve_by_tensor_size() {
+        let c = calibration();
+        assert_eq!(c.optimizer_s(0), 0.0);
+        // A bias of 100 elements costs what the smallest measured tensor did.
+        assert_eq!(c.optimizer_s(100), 1e-5);
+        // Half-way in log size: the geometric mean.
+        assert!((c.optimizer_s(31_623) - 1e-4).abs() < 1e-8);
+        // Beyond the largest: its rate.
+        assert!((c.optimizer_s(4_000_000) - 4e-3).abs() < 1e-12);
     }
 
     #[test]
@@ -329,11 +375,14 @@ mod tests {
         c.kernels.insert("add".into(), vec![pt(1.0, f64::NAN, 1.0)]);
         assert!(c.validate().unwrap_err().to_string().contains("fwd_s"));
         let mut c = calibration();
-        c.optimizer.per_param_s = -1.0;
+        c.optimizer[1].seconds = -1.0;
         assert!(c
             .validate()
             .unwrap_err()
             .to_string()
-            .contains("per_param_s"));
+            .contains("optimizer[1].seconds"));
+        let mut c = calibration();
+        c.optimizer.swap(0, 1);
+        assert!(c.validate().unwrap_err().to_string().contains("sorted"));
     }
 }

@@ -568,7 +568,8 @@ fn classify(
             b.saved_bytes,
             b.working_bytes,
             b.output_bytes,
-            u64::from(b.tensors),
+            b.tensor_params[0],
+            b.tensor_params[1],
             pin,
         ]
     };

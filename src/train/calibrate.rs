@@ -15,7 +15,7 @@ use super::exec::{adamw_update, OptimConfig};
 use super::measure::{measure_plan, median, on_rank_threads, threads_per_rank};
 use super::TrainError;
 use crate::cluster::calibration::{
-    fit_ring, Calibration, CollectivePoint, CurvePoint, OptimizerCost,
+    fit_ring, Calibration, CollectivePoint, CurvePoint, OptimizerPoint,
 };
 use crate::cluster::{DeviceKind, Figure, Layout, LinkKind, LinkSpec};
 use crate::cost::{self, Machine, Strategy};
@@ -78,8 +78,9 @@ pub fn calibrate(cfg: &CalibrateConfig, progress: Progress<'_>) -> Result<Layout
     let ladder: Vec<u64> = std::iter::successors(Some(1u64), |b| Some(b * 2))
         .take_while(|&b| b <= cfg.max_batch.max(1))
         .collect();
-    // Work items for the progress bar: each (model, batch) pair, then four micro-benchmarks.
-    let total = (cfg.models.len() * ladder.len() + 4) as f64;
+    // Work items for the progress bar: each (model, batch) pair, the ZeRO-3 runs that time the
+    // collectives, then three micro-benchmarks.
+    let total = (cfg.models.len() * (ladder.len() + 1) + 3) as f64;
     let mut done = 0.0;
 
     let mut raw: BTreeMap<String, Vec<CurvePoint>> = BTreeMap::new();
@@ -95,30 +96,33 @@ pub fn calibrate(cfg: &CalibrateConfig, progress: Progress<'_>) -> Result<Layout
             let plan = crate::plan::uniform_plan(model, Strategy::Dp, batch);
             let samples = measure_plan(model, &plan, ranks, 1, cfg.steps, |_| {})?;
             let mut slowest = 0.0f64;
+            // Per op the slowest rank's median: the ranks meet at every collective, so a
+            // step goes at the pace of the slowest (one core of a VM is often slower).
+            let slowest_rank = |f: &dyn Fn(&crate::train::exec::Profile) -> f64| {
+                (0..ranks)
+                    .map(|r| {
+                        let mut v: Vec<f64> = samples.iter().map(|s| f(&s.profiles[r])).collect();
+                        median(&mut v)
+                    })
+                    .fold(0.0, f64::max)
+            };
             for (i, op) in model.ops.iter().enumerate() {
-                let mut fwd: Vec<f64> = samples
-                    .iter()
-                    .flat_map(|s| s.profiles.iter().map(move |p| p.fwd_s[i]))
-                    .collect();
-                let mut bwd: Vec<f64> = samples
-                    .iter()
-                    .flat_map(|s| s.profiles.iter().map(move |p| p.bwd_s[i]))
-                    .collect();
                 let work = cost::op_work(op, inputs[i], &machine, batch);
                 raw.entry(cost::kernel_key(model, op))
                     .or_default()
                     .push(CurvePoint {
                         work,
-                        fwd_s: median(&mut fwd),
-                        bwd_s: median(&mut bwd),
+                        fwd_s: slowest_rank(&|p| p.fwd_s[i]),
+                        bwd_s: slowest_rank(&|p| p.bwd_s[i]),
                     });
             }
             for s in &samples {
                 slowest = slowest.max(s.step_s);
-                for p in &s.profiles {
-                    let ops: f64 = p.fwd_s.iter().chain(&p.bwd_s).sum();
-                    others.push((p.step_s - ops - p.optimizer_s - p.sync_s).max(0.0));
-                }
+                // What the step (the slowest rank's) spends beyond rank 0's operators,
+                // collectives and optimizer: bookkeeping, and the ranks waiting for each other.
+                let p = &s.profiles[0];
+                let ops: f64 = p.fwd_s.iter().chain(&p.bwd_s).sum();
+                others.push((s.step_s - ops - p.optimizer_s - p.sync_s).max(0.0));
             }
             done += 1.0;
             if slowest > cfg.max_step_s {
@@ -136,13 +140,23 @@ pub fn calibrate(cfg: &CalibrateConfig, progress: Progress<'_>) -> Result<Layout
     progress(done / total, "memory bandwidth");
     let bandwidth = measure_bandwidth(ranks)?;
     done += 1.0;
-    progress(done / total, "collectives");
-    let collectives = if ranks > 1 {
-        measure_collectives(ranks)?
-    } else {
-        Vec::new()
-    };
-    done += 1.0;
+    let mut calls: Vec<(f64, f64)> = Vec::new();
+    for model in &cfg.models {
+        progress(
+            done / total,
+            &format!("collectives: {} under ZeRO-3", model.name),
+        );
+        if ranks > 1 {
+            let plan = crate::plan::uniform_plan(model, Strategy::Zero3, 1);
+            for s in measure_plan(model, &plan, ranks, 1, cfg.steps, |_| {})? {
+                for p in &s.profiles {
+                    calls.extend_from_slice(&p.collectives);
+                }
+            }
+        }
+        done += 1.0;
+    }
+    let collectives = bin_collectives(calls);
     progress(done / total, "writing the layout");
 
     let measured_at = now_utc();
@@ -184,20 +198,21 @@ pub fn calibrate(cfg: &CalibrateConfig, progress: Progress<'_>) -> Result<Layout
             };
         }
     }
-    let ag: Vec<(f64, f64)> = collectives
-        .iter()
-        .map(|c| (c.bytes, c.all_gather_s))
-        .collect();
-    if let Some((alpha, beta)) = fit_ring(ranks as u32, &ag) {
+    let timed: Vec<(f64, f64)> = collectives.iter().map(|c| (c.bytes, c.seconds)).collect();
+    if let Some((alpha, beta)) = fit_ring(ranks as u32, &timed) {
         layout.intra_node = LinkSpec {
             kind: LinkKind::SharedMemory,
             bus_bandwidth_gb_per_s: Figure {
                 value: beta / 1e9,
-                source: measured("all-gather between rank threads, α–β fit over message sizes"),
+                source: measured(
+                    "all-gathers and reduce-scatters inside ZeRO-3 training steps, α–β fit over message sizes",
+                ),
             },
             latency_us: Figure {
                 value: (alpha * 1e6).max(0.1),
-                source: measured("all-gather between rank threads, α–β fit over message sizes"),
+                source: measured(
+                    "all-gathers and reduce-scatters inside ZeRO-3 training steps, α–β fit over message sizes",
+                ),
             },
         };
     }
@@ -254,15 +269,12 @@ fn fold_points(mut pts: Vec<CurvePoint>) -> Vec<CurvePoint> {
     out
 }
 
-/// Run `f` on every rank thread at once; rank 0's result.
+/// Run `f` on every rank thread at once; every rank's result.
 fn on_ranks<T: Send>(
     ranks: usize,
     f: impl Fn(&dyn Collective) -> Result<T, TrainError> + Sync,
-) -> Result<T, TrainError> {
-    on_rank_threads(ranks, |g| f(&g))?
-        .into_iter()
-        .next()
-        .ok_or_else(|| TrainError::Invalid("no rank ran".into()))
+) -> Result<Vec<T>, TrainError> {
+    on_rank_threads(ranks, |g| f(&g))
 }
 
 fn aborted(e: super::collective::Aborted) -> TrainError {
@@ -286,41 +298,48 @@ fn timed(
     Ok(median(&mut times))
 }
 
-/// One parameter tensor's optimizer work as the executor does it: a zeroed gradient buffer,
-/// its square-sum for the global norm, and the AdamW update. Two sizes give the fixed and the
-/// per-element cost.
-fn measure_optimizer(ranks: usize) -> Result<OptimizerCost, TrainError> {
-    on_ranks(ranks, |comm| {
+/// One parameter tensor's optimizer work as the executor does it — a zeroed gradient buffer,
+/// its square-sum for the global norm, the AdamW update — at sizes from a bias to a large
+/// weight: small tensors pay fixed costs, large ones stream from memory.
+fn measure_optimizer(ranks: usize) -> Result<Vec<OptimizerPoint>, TrainError> {
+    let per_rank = on_ranks(ranks, |comm| {
         let o = OptimConfig::default();
-        let at = |n: i64, reps: usize| {
-            let opts = (Kind::Float, Device::Cpu);
+        let opts = (Kind::Float, Device::Cpu);
+        let mut out = Vec::new();
+        for n in [64i64, 1 << 10, 1 << 14, 1 << 17, 1 << 20, 1 << 22] {
             let mut p = Tensor::randn([n], opts);
             let g = Tensor::randn([n], opts);
             let mut m = Tensor::zeros([n], opts);
             let mut v = Tensor::zeros([n], opts);
-            timed(comm, reps, || {
+            let reps = if n >= 1 << 20 { 5 } else { 50 };
+            let seconds = timed(comm, reps, || {
                 let z = Tensor::zeros([n], opts);
                 let sq = g.square().sum(Kind::Double).double_value(&[]);
                 adamw_update(&mut p, &g, &mut m, &mut v, &o, 1e-3, 0.1, 1.0, (0.1, 0.001));
                 drop(z);
                 std::hint::black_box(sq);
                 Ok(())
-            })
-        };
-        let (small_n, large_n) = (256i64, 1i64 << 22);
-        let small = at(small_n, 200)?;
-        let large = at(large_n, 5)?;
-        let per_param = ((large - small) / (large_n - small_n) as f64).max(0.0);
-        Ok(OptimizerCost {
-            per_tensor_s: (small - per_param * small_n as f64).max(0.0),
-            per_param_s: per_param,
-        })
-    })
+            })?;
+            out.push(OptimizerPoint {
+                params: n as f64,
+                seconds,
+            });
+        }
+        Ok(out)
+    })?;
+    // The slowest rank's time per size.
+    let mut points = per_rank.first().cloned().unwrap_or_default();
+    for rank in &per_rank {
+        for (p, q) in points.iter_mut().zip(rank) {
+            p.seconds = p.seconds.max(q.seconds);
+        }
+    }
+    Ok(points)
 }
 
 /// Bytes per second one rank moves through memory (read + write) while every rank copies.
 fn measure_bandwidth(ranks: usize) -> Result<f64, TrainError> {
-    on_ranks(ranks, |comm| {
+    let per_rank = on_ranks(ranks, |comm| {
         let n = 1i64 << 24; // 64 MiB of fp32
         let src = Tensor::ones([n], (Kind::Float, Device::Cpu));
         let mut dst = Tensor::zeros([n], (Kind::Float, Device::Cpu));
@@ -329,37 +348,35 @@ fn measure_bandwidth(ranks: usize) -> Result<f64, TrainError> {
             Ok(())
         })?;
         Ok(2.0 * 4.0 * n as f64 / t)
-    })
+    })?;
+    // The slowest rank's.
+    Ok(per_rank.into_iter().fold(f64::INFINITY, f64::min))
 }
 
-/// All-gather, reduce-scatter and all-reduce times between the rank threads, 4 KiB to 16 MiB.
-fn measure_collectives(ranks: usize) -> Result<Vec<CollectivePoint>, TrainError> {
-    on_ranks(ranks, |comm| {
-        let world = comm.world() as i64;
-        let mut out = Vec::new();
-        for elems in [1i64 << 10, 1 << 14, 1 << 18, 1 << 22] {
-            let full_len = (elems + world - 1) / world * world;
-            let full = Tensor::ones([full_len], (Kind::Float, Device::Cpu));
-            let shard = Tensor::ones([full_len / world], (Kind::Float, Device::Cpu));
-            let reps = if elems >= 1 << 22 { 5 } else { 20 };
-            let ag = timed(comm, reps, || {
-                comm.all_gather(&shard).map(drop).map_err(aborted)
-            })?;
-            let rs = timed(comm, reps, || {
-                comm.reduce_scatter(&full).map(drop).map_err(aborted)
-            })?;
-            let ar = timed(comm, reps, || {
-                comm.all_reduce(&full).map(drop).map_err(aborted)
-            })?;
-            out.push(CollectivePoint {
-                bytes: 4.0 * full_len as f64,
-                all_gather_s: ag,
-                reduce_scatter_s: rs,
-                all_reduce_s: ar,
-            });
+/// Collective calls grouped by size (within a factor of 1.5), the median time of each group.
+fn bin_collectives(mut calls: Vec<(f64, f64)>) -> Vec<CollectivePoint> {
+    calls.retain(|c| c.0 > 0.0);
+    calls.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < calls.len() {
+        let start = calls[i].0;
+        let mut j = i;
+        while j < calls.len() && calls[j].0 <= start * 1.5 {
+            j += 1;
         }
-        Ok(out)
-    })
+        let group = &calls[i..j];
+        let mut secs: Vec<f64> = group.iter().map(|c| c.1).collect();
+        let mut bytes: Vec<f64> = group.iter().map(|c| c.0).collect();
+        out.push(CollectivePoint {
+            bytes: median(&mut bytes),
+            seconds: median(&mut secs),
+            calls: group.len() as u64,
+        });
+        i = j;
+    }
+    out.truncate(crate::cluster::calibration::MAX_POINTS);
+    out
 }
 
 /// Resident memory of this process now (Linux), in bytes.
@@ -429,6 +446,18 @@ mod tests {
         assert!((folded[1].work - 100.5).abs() < 1e-9);
         assert_eq!(folded[1].fwd_s, 4.0);
         assert_eq!(folded[1].bwd_s, 8.0);
+    }
+
+    #[test]
+    fn collective_calls_are_grouped_by_size() {
+        let calls = vec![(1000.0, 3.0), (1200.0, 1.0), (1100.0, 2.0), (1e6, 9.0)];
+        let pts = bin_collectives(calls);
+        assert_eq!(pts.len(), 2);
+        assert_eq!(
+            (pts[0].bytes, pts[0].seconds, pts[0].calls),
+            (1100.0, 2.0, 3)
+        );
+        assert_eq!((pts[1].bytes, pts[1].seconds, pts[1].calls), (1e6, 9.0, 1));
     }
 
     #[test]

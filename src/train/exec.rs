@@ -190,6 +190,9 @@ pub struct Profile {
     /// Gradient synchronisation and the re-gather of zero1/zero2 parameters.
     pub sync_s: f64,
     pub step_s: f64,
+    /// Every all-gather and reduce-scatter of a sharded weight or gradient inside the ops:
+    /// (bytes of the full tensor, seconds), waiting for the other ranks included.
+    pub collectives: Vec<(f64, f64)>,
 }
 
 /// What one training step measured on one rank.
@@ -540,10 +543,19 @@ impl Executor {
         if unit.class != Class::Zero3 {
             return Ok(unit.data.shallow_clone());
         }
+        let t0 = Instant::now();
         let full = self.comm.all_gather(&unit.data)?;
         let w = full.narrow(0, 0, unit.numel).reshape(unit.shape.as_slice());
+        self.record_collective(nbytes(&full), t0);
         self.ledger.add(Category::Gathered, nbytes(&full));
         Ok(w)
+    }
+
+    fn record_collective(&mut self, bytes: u64, t0: Instant) {
+        if let Some(p) = self.profile.as_mut() {
+            p.collectives
+                .push((bytes as f64, t0.elapsed().as_secs_f64()));
+        }
     }
 
     fn release(&mut self, u: usize, w: Tensor) {
@@ -568,7 +580,9 @@ impl Executor {
                 let padded = pad_flat(&g, unit.shard_len * world);
                 let bytes = nbytes(&padded);
                 self.ledger.add(Category::GradBuffers, bytes);
+                let t0 = Instant::now();
                 let shard = self.comm.reduce_scatter(&padded)?;
+                self.record_collective(bytes, t0);
                 drop(padded);
                 self.ledger.sub(Category::GradBuffers, bytes);
                 shard

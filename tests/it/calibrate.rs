@@ -65,7 +65,11 @@ fn calibrate_writes_a_layout_that_plan_and_validate_price_with() {
         );
     }
     assert!(cal.measured_at.starts_with("20") && cal.measured_at.ends_with('Z'));
-    assert!(cal.optimizer.per_param_s > 0.0);
+    assert!(cal.optimizer.len() >= 2 && cal.optimizer.iter().all(|p| p.seconds > 0.0));
+    assert!(
+        !cal.collectives.is_empty(),
+        "collectives timed inside training steps"
+    );
     assert!(layout
         .device
         .memory_bandwidth_gb_per_s

@@ -312,7 +312,7 @@ fn calibrated_cpu_layout(dir: &std::path::Path, linear_s: f64) -> std::path::Pat
                 { "work": 1e9, "fwd_s": linear_s, "bwd_s": 2.0 * linear_s }
             ]
         },
-        "optimizer": { "per_tensor_s": 1e-5, "per_param_s": 1e-9 },
+        "optimizer": [ { "params": 1e3, "seconds": 1e-5 }, { "params": 1e6, "seconds": 1e-3 } ],
         "step_overhead_s": 0.001
     });
     let path = dir.join(format!("calibrated-{linear_s}.json"));
