@@ -142,6 +142,16 @@ pub fn calibrate(args: CalibrateArgs) -> Result<(), Failure> {
     if args.device == DeviceArg::Cuda {
         return Err(no_cuda());
     }
+    // Say so before a minute of measuring, not after.
+    if let Some(dir) = args.output.parent().filter(|d| !d.as_os_str().is_empty()) {
+        if !dir.is_dir() {
+            return Err(Failure::input(format!(
+                "-o {}: the directory {} does not exist",
+                args.output.display(),
+                dir.display()
+            )));
+        }
+    }
     let base = match &args.base {
         Some(p) => crate::cluster::read_layout(p).map_err(Failure::input)?,
         None => crate::input::parse_strict(

@@ -212,3 +212,30 @@ fn validate_refuses_gpu_layouts_and_plans_of_other_models() {
     assert_eq!(out.status.code(), Some(2));
     assert!(!out.stderr.is_empty());
 }
+
+#[test]
+fn calibrate_checks_its_output_and_models_before_measuring() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = osdp()
+        .args(["calibrate", "-o"])
+        .arg(dir.path().join("no/such/dir/local.json"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("does not exist"));
+    // A model the trainer cannot run is refused by name.
+    let out = osdp()
+        .args([
+            "calibrate",
+            "--model",
+            "sample-models/bert-large-uncased.json",
+            "-o",
+        ])
+        .arg(dir.path().join("local.json"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("bert-large-uncased"), "{err}");
+    assert!(!dir.path().join("local.json").exists());
+}
