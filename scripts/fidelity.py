@@ -60,9 +60,9 @@ def main():
                 for o in plan["ops"] if o["strategy"] != "none"}
 
     results = []
-    print("| model | plan | predicted step | measured step (median; min–max of 3) | measured / predicted | "
-          "predicted peak | measured peak | measured / predicted |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|")
+    print(f"| model | plan | predicted step | measured step (median; min–max of {args.repeat}) | measured / predicted | "
+          "predicted peak | measured peak | measured / predicted | CPU steal |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
     for item in args.models.split(","):
         name, batch = item.split(":")
         model = os.path.join(ROOT, f"sample-models/{name}.json")
@@ -109,7 +109,7 @@ def main():
             print(f"| {name} (b={batch}) | {label} | {ms(p['step_time_s'])} | {ms(m['step_time_s'])} "
                   f"({ms(min(reps))}–{ms(max(reps))}) | {v['ratio']['step_time']:.3f} | "
                   f"{mib(p['peak_memory_bytes'])} | {mib(m['peak_memory_bytes'])} | "
-                  f"{v['ratio']['peak_memory']:.3f} |", flush=True)
+                  f"{v['ratio']['peak_memory']:.3f} | {100 * (v.get('cpu_steal_fraction') or 0):.1f} % |", flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)

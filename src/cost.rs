@@ -788,6 +788,7 @@ mod tests {
                 },
             ],
             step_overhead_s: 2e-3,
+            cpu_steal_fraction: None,
             collectives: vec![],
         }));
         m

@@ -196,12 +196,21 @@ pub fn calibrate(args: CalibrateArgs) -> Result<(), Failure> {
         command,
     };
     let mut bar = Bar::new();
+    let ticks_before = crate::train::measure::cpu_ticks();
     let result = calibrate::calibrate(&cfg, &mut |f, what| bar.show(f, what));
     bar.finish();
+    let steal =
+        crate::train::measure::steal_fraction(ticks_before, crate::train::measure::cpu_ticks());
+    if let Some(w) = crate::train::measure::steal_warning(steal) {
+        eprintln!("{w}");
+    }
     let mut layout = result.map_err(|e| Failure {
         code: 1,
         message: format!("calibration failed: {e}"),
     })?;
+    if let Some(c) = layout.calibration.as_mut() {
+        c.cpu_steal_fraction = steal;
+    }
     let when = layout
         .calibration
         .as_ref()
@@ -278,6 +287,7 @@ pub fn validate(args: ValidateArgs) -> Result<(), Failure> {
     let ranks = layout.world_size() as usize;
 
     let mut bar = Bar::new();
+    let ticks_before = crate::train::measure::cpu_ticks();
     let steps = args.steps as usize;
     let total = (args.repeat as usize * (args.warmup + steps)) as f64;
     let mut medians = Vec::new();
@@ -298,6 +308,11 @@ pub fn validate(args: ValidateArgs) -> Result<(), Failure> {
         last = samples;
     }
     bar.finish();
+    let steal =
+        crate::train::measure::steal_fraction(ticks_before, crate::train::measure::cpu_ticks());
+    if let Some(w) = crate::train::measure::steal_warning(steal) {
+        eprintln!("{w}");
+    }
 
     // Where the time went, per category (rank 0's profile, median over timed steps).
     let cat = |f: &dyn Fn(&crate::train::exec::Profile) -> f64| {
@@ -317,14 +332,21 @@ pub fn validate(args: ValidateArgs) -> Result<(), Failure> {
         e.0 += bases[i].fwd_s + bases[i].bwd_s;
         e.1 += cat(&|p| p.fwd_s[i] + p.bwd_s[i]);
     }
-    // Each rank's operator time: the ranks wait for the slowest at every collective.
-    let per_rank: Vec<f64> = (0..ranks)
+    // Each rank's own accounts (medians over the timed steps): the ranks wait for the slowest
+    // at every collective, so imbalance shows here.
+    let rank_median = |r: usize, f: &dyn Fn(&crate::train::exec::Profile) -> f64| {
+        let mut v: Vec<f64> = last.iter().map(|s| f(&s.profiles[r])).collect();
+        median(&mut v)
+    };
+    let per_rank: Vec<serde_json::Value> = (0..ranks)
         .map(|r| {
-            let mut v: Vec<f64> = last
-                .iter()
-                .map(|s| s.profiles[r].fwd_s.iter().chain(&s.profiles[r].bwd_s).sum())
-                .collect();
-            median(&mut v)
+            serde_json::json!({
+                "compute_s": rank_median(r, &|p| p.fwd_s.iter().chain(&p.bwd_s).sum::<f64>()),
+                "collectives_in_ops_s": rank_median(r, &|p| p.collectives.iter().map(|c| c.1).sum::<f64>()),
+                "sync_s": rank_median(r, &|p| p.sync_s),
+                "optimizer_s": rank_median(r, &|p| p.optimizer_s),
+                "step_s": rank_median(r, &|p| p.step_s),
+            })
         })
         .collect();
     let m_step = median(&mut medians.clone());
@@ -356,6 +378,7 @@ pub fn validate(args: ValidateArgs) -> Result<(), Failure> {
             "warmup_steps": args.warmup,
             "timed_steps": steps,
             "repeats": args.repeat,
+            "cpu_steal_fraction": steal,
             "predicted": {
                 "step_time_s": predicted.step_time_s,
                 "operators_s": p_ops,
@@ -377,7 +400,7 @@ pub fn validate(args: ValidateArgs) -> Result<(), Failure> {
                 "states_bytes": m_states,
                 "activation_bytes": peak.activations,
                 "transient_bytes": m_transient,
-                "compute_s_per_rank": per_rank,
+                "per_rank": per_rank,
             },
             "ratio": { "step_time": ratio_time, "peak_memory": ratio_mem },
             "compute_by_kind": by_kind
@@ -392,6 +415,12 @@ pub fn validate(args: ValidateArgs) -> Result<(), Failure> {
         model.name, layout.name, plan.batch, args.warmup, args.repeat
     );
     println!("  prices: {}", machine.timing_source());
+    if let Some(f) = steal {
+        println!(
+            "  CPU stolen by the hypervisor while measuring: {:.1} %",
+            f * 100.0
+        );
+    }
     println!(
         "  {:<34}{:>12}{:>12}{:>10}",
         "", "predicted", "measured", "ratio"

@@ -66,6 +66,10 @@ pub struct Calibration {
     /// What a step costs besides its operators, collectives and optimizer: data, loss
     /// reduction, bookkeeping.
     pub step_overhead_s: f64,
+    /// Share of CPU time the hypervisor stole while measuring (cloud VMs); above a few percent
+    /// the figures are suspect.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_steal_fraction: Option<f64>,
     /// Collective times per message size, from which the layout's link figures were fitted.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub collectives: Vec<CollectivePoint>,
@@ -330,6 +334,7 @@ mod tests {
                 },
             ],
             step_overhead_s: 1e-3,
+            cpu_steal_fraction: None,
             collectives: vec![],
         }
     }

@@ -225,6 +225,7 @@ pub fn calibrate(cfg: &CalibrateConfig, progress: Progress<'_>) -> Result<Layout
         kernels,
         optimizer,
         step_overhead_s: median(&mut other),
+        cpu_steal_fraction: None,
         collectives,
     });
     crate::cluster::validate_layout(&layout)

@@ -191,3 +191,48 @@ pub fn median(values: &mut [f64]) -> f64 {
         (values[n / 2 - 1] + values[n / 2]) / 2.0
     }
 }
+
+/// CPU time counters of the whole machine (Linux `/proc/stat`, in clock ticks): (total, steal).
+/// Steal is time the hypervisor gave this VM's CPUs to someone else.
+pub fn cpu_ticks() -> Option<(u64, u64)> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    let line = stat.lines().find(|l| l.starts_with("cpu "))?;
+    let fields: Vec<u64> = line
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|f| f.parse().ok())
+        .collect();
+    Some((fields.iter().sum(), fields.get(7).copied().unwrap_or(0)))
+}
+
+/// The share of CPU time stolen by the hypervisor between two [`cpu_ticks`] readings.
+pub fn steal_fraction(before: Option<(u64, u64)>, after: Option<(u64, u64)>) -> Option<f64> {
+    let ((t0, s0), (t1, s1)) = (before?, after?);
+    let total = t1.checked_sub(t0)?;
+    (total > 0).then(|| s1.saturating_sub(s0) as f64 / total as f64)
+}
+
+/// A warning when more than 5 % of the CPU was stolen: the timings then say more about the
+/// neighbours than about this machine.
+pub fn steal_warning(fraction: Option<f64>) -> Option<String> {
+    fraction.filter(|&f| f > 0.05).map(|f| {
+        format!(
+            "warning: the hypervisor took {:.0} % of the CPU time while measuring (steal); timings are not trustworthy, measure again when the machine is quieter",
+            f * 100.0
+        )
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn steal_is_the_stolen_share_of_the_ticks_between_readings() {
+        assert_eq!(steal_fraction(Some((100, 10)), Some((300, 60))), Some(0.25));
+        assert_eq!(steal_fraction(Some((100, 10)), Some((100, 10))), None);
+        assert_eq!(steal_fraction(None, Some((1, 1))), None);
+        assert!(steal_warning(Some(0.43)).unwrap().contains("43 %"));
+        assert_eq!(steal_warning(Some(0.01)), None);
+    }
+}

@@ -125,6 +125,10 @@ fn calibrate_writes_a_layout_that_plan_and_validate_price_with() {
     );
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["ranks"], 2);
+    // How much CPU the hypervisor took meanwhile (Linux reports it).
+    assert!(v["cpu_steal_fraction"]
+        .as_f64()
+        .is_some_and(|f| (0.0..=1.0).contains(&f)));
     assert_eq!(
         v["measured"]["step_time_s_per_repeat"]
             .as_array()
