@@ -371,17 +371,20 @@ impl OpBase {
 /// Which calibration curve prices `op`: its kind (`linear`), and for activations also the
 /// function and whether it is gated (`activation/gelu_tanh`, `activation/silu_gated`), whose
 /// kernels differ several-fold at the same bytes.
-pub fn kernel_key(model: &ModelSpec, op: &OpSpec) -> String {
-    let kind = crate::cluster::calibration::kind_name(op.kind);
-    if op.kind != OpKind::Activation {
-        return kind;
+pub fn kernel_key(model: &ModelSpec, op: &OpSpec) -> &'static str {
+    use crate::model::Activation::{Gelu, GeluTanh, Relu, Silu};
+    let gated = op.inputs.len() == 2;
+    match (op.kind, model.config.activation, gated) {
+        (OpKind::Activation, Gelu, false) => "activation/gelu",
+        (OpKind::Activation, Gelu, true) => "activation/gelu_gated",
+        (OpKind::Activation, GeluTanh, false) => "activation/gelu_tanh",
+        (OpKind::Activation, GeluTanh, true) => "activation/gelu_tanh_gated",
+        (OpKind::Activation, Relu, false) => "activation/relu",
+        (OpKind::Activation, Relu, true) => "activation/relu_gated",
+        (OpKind::Activation, Silu, false) => "activation/silu",
+        (OpKind::Activation, Silu, true) => "activation/silu_gated",
+        (kind, _, _) => kind.as_str(),
     }
-    let act = serde_json::to_value(model.config.activation)
-        .ok()
-        .and_then(|v| v.as_str().map(str::to_string))
-        .unwrap_or_default();
-    let gated = if op.inputs.len() == 2 { "_gated" } else { "" };
-    format!("{kind}/{act}{gated}")
 }
 
 /// The calibration curves' measure of an op's work at micro-batch `batch`: forward FLOPs for
@@ -602,7 +605,7 @@ pub fn op_bases(model: &ModelSpec, m: &Machine, batch: u64) -> Vec<OpBase> {
         .ops
         .iter()
         .enumerate()
-        .map(|(i, op)| OpBase::new(op, &kernel_key(model, op), inputs[i], m, batch, uses[i]))
+        .map(|(i, op)| OpBase::new(op, kernel_key(model, op), inputs[i], m, batch, uses[i]))
         .collect()
 }
 
@@ -842,6 +845,36 @@ mod tests {
         m.overlap = false;
         let c = price(&small, Choice::DP, &m);
         assert!((c.exposed_comm_s - 350e-6).abs() < 1e-12 && c.exposed_comm_s == c.comm_s);
+    }
+
+    #[test]
+    fn kernel_keys_name_the_kind_and_the_activation_as_model_json_does() {
+        use crate::model::Activation;
+        // tiny-llama's activations are gated, tiny-gpt2's plain.
+        for name in ["tiny-llama", "tiny-gpt2"] {
+            let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join(format!("sample-models/{name}.json"));
+            let mut model = crate::model::read_model(&path).unwrap();
+            for act in [
+                Activation::Gelu,
+                Activation::GeluTanh,
+                Activation::Relu,
+                Activation::Silu,
+            ] {
+                assert_eq!(serde_json::to_value(act).unwrap(), act.as_str());
+                model.config.activation = act;
+                for op in &model.ops {
+                    let want = match op.kind {
+                        OpKind::Activation if op.inputs.len() == 2 => {
+                            format!("activation/{}_gated", act.as_str())
+                        }
+                        OpKind::Activation => format!("activation/{}", act.as_str()),
+                        kind => serde_json::to_value(kind).unwrap().as_str().unwrap().into(),
+                    };
+                    assert_eq!(kernel_key(&model, op), want);
+                }
+            }
+        }
     }
 
     #[test]

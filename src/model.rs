@@ -141,6 +141,18 @@ pub enum Activation {
     Silu,
 }
 
+impl Activation {
+    /// The name model.json uses.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Activation::Gelu => "gelu",
+            Activation::GeluTanh => "gelu_tanh",
+            Activation::Relu => "relu",
+            Activation::Silu => "silu",
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Positional {

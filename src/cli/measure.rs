@@ -327,7 +327,7 @@ pub fn validate(args: ValidateArgs) -> Result<(), Failure> {
     let mut by_kind: std::collections::BTreeMap<String, (f64, f64)> = Default::default();
     for (i, op) in model.ops.iter().enumerate() {
         let e = by_kind
-            .entry(crate::cost::kernel_key(&model, op))
+            .entry(crate::cost::kernel_key(&model, op).to_string())
             .or_default();
         e.0 += bases[i].fwd_s + bases[i].bwd_s;
         e.1 += cat(&|p| p.fwd_s[i] + p.bwd_s[i]);

@@ -111,7 +111,7 @@ impl Calibration {
         for (key, points) in &self.kernels {
             let field = format!("calibration.kernels.{key}");
             let kind = key.split('/').next().unwrap_or_default();
-            if !OpKind::ALL.iter().any(|k| kind_name(*k) == kind) {
+            if !OpKind::ALL.iter().any(|k| k.as_str() == kind) {
                 return Err(Problem::field(
                     &field,
                     format!("{kind:?} is not an operator kind"),
@@ -167,15 +167,14 @@ impl Calibration {
     /// Forward and backward seconds of an op doing `work`, when measured: the curve of its
     /// exact `key`, else of its kind, else of another variant of its kind.
     pub fn kernel_s(&self, key: &str, work: f64) -> Option<(f64, f64)> {
-        let kind = key.split('/').next().unwrap_or(key);
-        let prefix = format!("{kind}/");
+        let kind = kind_of(key);
         self.kernels
             .get(key)
             .or_else(|| self.kernels.get(kind))
             .or_else(|| {
                 self.kernels
                     .iter()
-                    .find(|(k, _)| k.starts_with(&prefix))
+                    .find(|(k, _)| kind_of(k) == kind)
                     .map(|(_, v)| v)
             })
             .map(|pts| interpolate(pts, work))
@@ -186,12 +185,7 @@ impl Calibration {
         if params == 0 {
             return 0.0;
         }
-        let pts: Vec<(f64, f64)> = self
-            .optimizer
-            .iter()
-            .map(|p| (p.params, p.seconds))
-            .collect();
-        interpolate_xy(&pts, params as f64)
+        interpolate_by(&self.optimizer, params as f64, |p| (p.params, p.seconds))
     }
 
     /// One line for `plan` output: where the prices come from.
@@ -200,12 +194,9 @@ impl Calibration {
     }
 }
 
-/// `layer_norm` for [`OpKind::LayerNorm`]: the name model.json uses.
-pub fn kind_name(kind: OpKind) -> String {
-    serde_json::to_value(kind)
-        .ok()
-        .and_then(|v| v.as_str().map(str::to_string))
-        .unwrap_or_else(|| format!("{kind:?}"))
+/// The operator kind of a curve key: `activation` of `activation/gelu_tanh`.
+fn kind_of(key: &str) -> &str {
+    key.split('/').next().unwrap_or(key)
 }
 
 /// Times at `work` from a sorted curve: log–log interpolation between neighbours (kernel
@@ -213,14 +204,16 @@ pub fn kind_name(kind: OpKind) -> String {
 /// (time proportional to work), below it the smallest point's time (small kernels cost their
 /// fixed overheads). An empty curve prices nothing.
 pub fn interpolate(points: &[CurvePoint], work: f64) -> (f64, f64) {
-    let fwd: Vec<(f64, f64)> = points.iter().map(|p| (p.work, p.fwd_s)).collect();
-    let bwd: Vec<(f64, f64)> = points.iter().map(|p| (p.work, p.bwd_s)).collect();
-    (interpolate_xy(&fwd, work), interpolate_xy(&bwd, work))
+    (
+        interpolate_by(points, work, |p| (p.work, p.fwd_s)),
+        interpolate_by(points, work, |p| (p.work, p.bwd_s)),
+    )
 }
 
-/// `y` at `x` on a curve of `(x, y)` points sorted by `x`, as [`interpolate`] describes.
-pub fn interpolate_xy(points: &[(f64, f64)], x: f64) -> f64 {
-    let (Some(first), Some(last)) = (points.first(), points.last()) else {
+/// `y` at `x` on points sorted by `x`, `xy` reading each point's `(x, y)`, as [`interpolate`]
+/// describes. The cost model calls this per operator and choice: it allocates nothing.
+pub fn interpolate_by<T>(points: &[T], x: f64, xy: impl Fn(&T) -> (f64, f64)) -> f64 {
+    let (Some(first), Some(last)) = (points.first().map(&xy), points.last().map(&xy)) else {
         return 0.0;
     };
     if x <= 0.0 {
@@ -233,8 +226,8 @@ pub fn interpolate_xy(points: &[(f64, f64)], x: f64) -> f64 {
         return last.1 * x / last.0;
     }
     // First point with x ≥ `x`; it has a predecessor because x > first.0.
-    let hi = points.partition_point(|p| p.0 < x);
-    let (a, b) = (points[hi - 1], points[hi]);
+    let hi = points.partition_point(|p| xy(p).0 < x);
+    let (a, b) = (xy(&points[hi - 1]), xy(&points[hi]));
     let t = (x.ln() - a.0.ln()) / (b.0.ln() - a.0.ln());
     if a.1 > 0.0 && b.1 > 0.0 {
         (a.1.ln() + t * (b.1.ln() - a.1.ln())).exp()

@@ -108,7 +108,7 @@ pub fn calibrate(cfg: &CalibrateConfig, progress: Progress<'_>) -> Result<Layout
             };
             for (i, op) in model.ops.iter().enumerate() {
                 let work = cost::op_work(op, inputs[i], &machine, batch);
-                raw.entry(cost::kernel_key(model, op))
+                raw.entry(cost::kernel_key(model, op).to_string())
                     .or_default()
                     .push(CurvePoint {
                         work,
