@@ -154,7 +154,6 @@ pub fn run(
         data: cfg.source.label().to_string(),
         device: "cpu".into(),
     });
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     // Ranks on this machine share its cores.
     let local_ranks = std::env::var("LOCAL_WORLD_SIZE")
         .or_else(|_| std::env::var("SLURM_NTASKS_PER_NODE"))
@@ -162,7 +161,7 @@ pub fn run(
         .and_then(|v| v.parse::<usize>().ok())
         .unwrap_or(world)
         .max(1);
-    tch::set_num_threads((cores / local_ranks).max(1) as i32);
+    tch::set_num_threads(measure::threads_per_rank(local_ranks) as i32);
 
     let sampler = data::Sampler {
         source: cfg.source.clone(),
@@ -275,27 +274,11 @@ pub fn run(
             })
             .collect()
     });
-    // Report the first rank that failed for its own reason, not one that was merely aborted
-    // because another failed.
-    let mut ends = Vec::new();
-    let mut errors = Vec::new();
-    for r in results {
-        match r {
-            Ok(end) => ends.push(end),
-            Err(e) => errors.push(e),
-        }
-    }
-    let is_abort = |e: &TrainError| e.to_string().contains("collective aborted");
-    let first_err = match errors.iter().position(|e| !is_abort(e)) {
-        Some(i) => Some(errors.swap_remove(i)),
-        None => errors.into_iter().next(),
-    };
-    if let Some(e) = first_err {
+    let ends = collect_ranks(results).inspect_err(|e| {
         on_event(&WorkerEvent::Failed {
             message: e.to_string(),
-        });
-        return Err(e);
-    }
+        })
+    })?;
     let end = ends.into_iter().next().unwrap_or(RankEnd {
         last_step: first_step,
         by_signal: false,
@@ -407,6 +390,31 @@ fn rank_main(
         by_signal,
         params: if rank == 0 { params } else { Vec::new() },
     })
+}
+
+/// Every rank's result in rank order, or the error of the first rank that failed for its own
+/// reason rather than one merely released ("collective aborted") because another failed.
+pub(crate) fn collect_ranks<T>(results: Vec<Result<T, TrainError>>) -> Result<Vec<T>, TrainError> {
+    let is_abort = |e: &TrainError| e.to_string().contains("collective aborted");
+    let mut ends = Vec::with_capacity(results.len());
+    let mut failure: Option<TrainError> = None;
+    for r in results {
+        match r {
+            Ok(end) => ends.push(end),
+            Err(e) => {
+                if failure
+                    .as_ref()
+                    .is_none_or(|f| is_abort(f) && !is_abort(&e))
+                {
+                    failure = Some(e);
+                }
+            }
+        }
+    }
+    match failure {
+        Some(e) => Err(e),
+        None => Ok(ends),
+    }
 }
 
 /// Test hook: `OSDP_FAULT=kill-mid-checkpoint` ends the process after the rank files are

@@ -315,29 +315,26 @@ pub fn validate(args: ValidateArgs) -> Result<(), Failure> {
     }
 
     // Where the time went, per category (rank 0's profile, median over timed steps).
-    let cat = |f: &dyn Fn(&crate::train::exec::Profile) -> f64| {
-        let mut v: Vec<f64> = last.iter().map(|s| f(&s.profiles[0])).collect();
+    let rank_median = |r: usize, f: &dyn Fn(&crate::train::exec::Profile) -> f64| {
+        let mut v: Vec<f64> = last.iter().map(|s| f(&s.profiles[r])).collect();
         median(&mut v)
     };
+    let cat = |f: &dyn Fn(&crate::train::exec::Profile) -> f64| rank_median(0, f);
     let m_ops = cat(&|p| p.fwd_s.iter().chain(&p.bwd_s).sum::<f64>() + p.recompute_s + p.sync_s);
     let m_opt = cat(&|p| p.optimizer_s);
     // Forward + backward compute per kernel kind: the cost model's figures against rank 0's
     // op timings (which include the collectives of sharded weights).
     let bases = crate::cost::op_bases(&model, &machine, plan.batch);
-    let mut by_kind: std::collections::BTreeMap<String, (f64, f64)> = Default::default();
+    let mut by_kind: std::collections::BTreeMap<&str, (f64, f64)> = Default::default();
     for (i, op) in model.ops.iter().enumerate() {
         let e = by_kind
-            .entry(crate::cost::kernel_key(&model, op).to_string())
+            .entry(crate::cost::kernel_key(&model, op))
             .or_default();
         e.0 += bases[i].fwd_s + bases[i].bwd_s;
         e.1 += cat(&|p| p.fwd_s[i] + p.bwd_s[i]);
     }
     // Each rank's own accounts (medians over the timed steps): the ranks wait for the slowest
     // at every collective, so imbalance shows here.
-    let rank_median = |r: usize, f: &dyn Fn(&crate::train::exec::Profile) -> f64| {
-        let mut v: Vec<f64> = last.iter().map(|s| f(&s.profiles[r])).collect();
-        median(&mut v)
-    };
     let per_rank: Vec<serde_json::Value> = (0..ranks)
         .map(|r| {
             serde_json::json!({
@@ -405,7 +402,7 @@ pub fn validate(args: ValidateArgs) -> Result<(), Failure> {
             "ratio": { "step_time": ratio_time, "peak_memory": ratio_mem },
             "compute_by_kind": by_kind
                 .iter()
-                .map(|(k, (p, m))| (k.clone(), serde_json::json!({ "predicted_s": p, "measured_s": m })))
+                .map(|(k, (p, m))| (k.to_string(), serde_json::json!({ "predicted_s": p, "measured_s": m })))
                 .collect::<serde_json::Map<_, _>>(),
         }));
         return Ok(());

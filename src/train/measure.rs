@@ -73,23 +73,7 @@ pub fn on_rank_threads<T: Send>(
             })
             .collect()
     });
-    let aborted = |e: &TrainError| e.to_string().contains("collective aborted");
-    let mut out = Vec::with_capacity(ranks);
-    let mut failure: Option<TrainError> = None;
-    for r in results {
-        match r {
-            Ok(v) => out.push(v),
-            Err(e) => {
-                if failure.as_ref().is_none_or(|f| aborted(f) && !aborted(&e)) {
-                    failure = Some(e);
-                }
-            }
-        }
-    }
-    match failure {
-        Some(e) => Err(e),
-        None => Ok(out),
-    }
+    super::collect_ranks(results)
 }
 
 /// Run `warmup` untimed and then `steps` timed steps of `plan` on `ranks` rank threads (random
