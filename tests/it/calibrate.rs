@@ -6,7 +6,7 @@ use std::path::Path;
 use assert_cmd::Command;
 use osdp_tui::cluster::read_layout;
 
-use super::osdp;
+use super::{json_ok, osdp, stdout_ok};
 
 /// `osdp-tui SUB MODEL --layout LAYOUT`, more arguments to follow.
 fn on_layout(sub: &str, model: &Path, layout: &Path) -> Command {
@@ -17,17 +17,11 @@ fn on_layout(sub: &str, model: &Path, layout: &Path) -> Command {
 
 fn calibrate_quick(dir: &std::path::Path) -> std::path::PathBuf {
     let layout = dir.join("local-cpu.json");
-    let out = osdp()
-        .args(["calibrate", "--quick", "--ranks", "2", "-o"])
-        .arg(&layout)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "calibrate failed: {}",
-        String::from_utf8_lossy(&out.stderr)
+    let stdout = stdout_ok(
+        osdp()
+            .args(["calibrate", "--quick", "--ranks", "2", "-o"])
+            .arg(&layout),
     );
-    let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(stdout.contains("kernel curves"), "{stdout}");
     layout
 }
@@ -79,32 +73,21 @@ fn calibrate_writes_a_layout_that_plan_and_validate_price_with() {
     // `plan` says its prices are the calibration's, in words and in JSON.
     let model = super::root().join("sample-models/tiny-gpt2.json");
     let plan_file = dir.path().join("plan.json");
-    let out = on_layout("plan", &model, &path)
-        .args(["--budget", "4GiB", "--batch", "2", "-o"])
-        .arg(&plan_file)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let text = stdout_ok(
+        on_layout("plan", &model, &path)
+            .args(["--budget", "4GiB", "--batch", "2", "-o"])
+            .arg(&plan_file),
     );
-    let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("prices: calibrated"), "{text}");
-    let out = on_layout("plan", &model, &path)
-        .args(["--budget", "4GiB", "--json"])
-        .output()
-        .unwrap();
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let v = json_ok(on_layout("plan", &model, &path).args(["--budget", "4GiB", "--json"]));
     assert!(v["timing_source"]
         .as_str()
         .unwrap()
         .starts_with("calibrated"));
-    let datasheet = on_layout("plan", &model, Path::new("layouts/cpu.json"))
-        .args(["--budget", "4GiB", "--json"])
-        .output()
-        .unwrap();
-    let d: serde_json::Value = serde_json::from_slice(&datasheet.stdout).unwrap();
+    let d = json_ok(
+        on_layout("plan", &model, Path::new("layouts/cpu.json"))
+            .args(["--budget", "4GiB", "--json"]),
+    );
     assert!(d["timing_source"]
         .as_str()
         .unwrap()
@@ -112,18 +95,12 @@ fn calibrate_writes_a_layout_that_plan_and_validate_price_with() {
 
     // `validate` runs the plan and sets measured figures beside the predicted ones. Memory is
     // the executor's own ledger, so it must agree with the prediction within 10 %.
-    let out = on_layout("validate", &model, &path)
-        .arg("--plan")
-        .arg(&plan_file)
-        .args(["--warmup", "1", "--steps", "2", "--repeat", "2", "--json"])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let v = json_ok(
+        on_layout("validate", &model, &path)
+            .arg("--plan")
+            .arg(&plan_file)
+            .args(["--warmup", "1", "--steps", "2", "--repeat", "2", "--json"]),
     );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["ranks"], 2);
     // How much CPU the hypervisor took meanwhile (Linux reports it).
     assert!(v["cpu_steal_fraction"]

@@ -6,7 +6,7 @@ use osdp_tui::monitor::{GpuEvent, GpuSample};
 use osdp_tui::tui::app::{Action, App, Focus, Row};
 use osdp_tui::tui::render_text;
 
-use crate::{osdp, root};
+use crate::{osdp, root, stdout_ok};
 
 const GIB: u64 = 1 << 30;
 
@@ -28,23 +28,14 @@ fn throughput(a: &App) -> f64 {
 
 #[test]
 fn once_prints_the_screen_without_a_terminal() {
-    let out = osdp()
-        .args([
-            "sample-models/gpt2.json",
-            "--layout",
-            "layouts/a100-80gb-8x-nvlink.json",
-            "--budget",
-            "8GiB",
-            "--once",
-        ])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let screen = String::from_utf8(out.stdout).unwrap();
+    let screen = stdout_ok(osdp().args([
+        "sample-models/gpt2.json",
+        "--layout",
+        "layouts/a100-80gb-8x-nvlink.json",
+        "--budget",
+        "8GiB",
+        "--once",
+    ]));
     for needle in [
         "gpt2 (124.4 M params, 126 ops) on a100-80gb-8x-nvlink",
         "samples/s",

@@ -28,6 +28,22 @@ pub fn osdp() -> Command {
     cmd
 }
 
+/// Run `cmd`, failing the test with its stderr unless it succeeds; its stdout.
+pub fn stdout_ok(cmd: &mut Command) -> String {
+    let out = cmd.output().expect("runs");
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).expect("UTF-8 output")
+}
+
+/// [`stdout_ok`], parsed as JSON.
+pub fn json_ok(cmd: &mut Command) -> serde_json::Value {
+    serde_json::from_str(&stdout_ok(cmd)).expect("prints JSON")
+}
+
 /// Run `osdp-tui inspect PATH --json` and return the parsed summary.
 pub fn inspect_json(path: &Path) -> serde_json::Value {
     let out = osdp()

@@ -6,16 +6,10 @@ use osdp_tui::model::read_model;
 use osdp_tui::plan::{evaluate, PlanFile, PlanOptions};
 use osdp_tui::report::plan_with_baselines;
 
-use crate::{osdp, root};
+use crate::{json_ok, osdp, root, stdout_ok};
 
 fn run_json(args: &[&str]) -> serde_json::Value {
-    let out = osdp().args(args).output().unwrap();
-    assert!(
-        out.status.success(),
-        "{args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap()
+    json_ok(osdp().args(args))
 }
 
 /// `osdp-tui evaluate MODEL --layout <8×A100> --plan PLAN`.
@@ -34,16 +28,7 @@ fn evaluate_on_a100(model: &str, plan: &str) -> assert_cmd::Command {
 
 /// `evaluate … --budget BUDGET --json`, parsed; the command must succeed.
 fn evaluate_json(model: &str, plan: &str, budget: &str) -> serde_json::Value {
-    let out = evaluate_on_a100(model, plan)
-        .args(["--budget", budget, "--json"])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap()
+    json_ok(evaluate_on_a100(model, plan).args(["--budget", budget, "--json"]))
 }
 
 #[test]
@@ -358,12 +343,11 @@ fn a_calibrated_layout_prices_with_its_measurements_and_says_so() {
     assert_eq!(datasheet["prediction"]["step_overhead_s"], 0.0);
 
     // The dashboard's header says the prices are calibrated, and when.
-    let out = osdp()
-        .args(["sample-models/tiny-gpt2.json", "--once", "--layout"])
-        .arg(calibrated_cpu_layout(dir.path(), 0.01))
-        .output()
-        .unwrap();
-    let screen = String::from_utf8_lossy(&out.stdout);
+    let screen = stdout_ok(
+        osdp()
+            .args(["sample-models/tiny-gpt2.json", "--once", "--layout"])
+            .arg(calibrated_cpu_layout(dir.path(), 0.01)),
+    );
     assert!(screen.contains("calibrated 2026-11-22"), "{screen}");
 }
 
