@@ -9,5 +9,7 @@ fn main() {
     if let Ok(lib_dir) = std::env::var("DEP_TCH_LIBTORCH_LIB") {
         println!("cargo:rustc-link-arg=-Wl,--no-as-needed");
         println!("cargo:rustc-link-arg=-Wl,-rpath,{lib_dir}");
+        // Where the GPU build looks for pip's NCCL (beside this libtorch) when it must.
+        println!("cargo:rustc-env=OSDP_TORCH_LIB_DIR={lib_dir}");
     }
 }

@@ -5,6 +5,8 @@
 pub mod calibrate;
 pub mod checkpoint;
 pub mod collective;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 pub mod data;
 pub mod exec;
 pub mod measure;
@@ -17,13 +19,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::time::Instant;
 
-use tch::{Device, Tensor};
+use tch::Tensor;
 
 use crate::model::ModelSpec;
 use crate::plan::Plan;
 use crate::run::WorkerEvent;
 use collective::{Collective, LocalGroup};
-use exec::{Executor, Init, OptimConfig};
+use exec::{Executor, Init, OptimConfig, Target};
 
 #[derive(Debug, thiserror::Error)]
 pub enum TrainError {
@@ -46,6 +48,8 @@ pub struct TrainConfig {
     pub seed: u64,
     pub source: data::Source,
     pub optim: OptimConfig,
+    /// Device and precision of every rank (a CUDA rank computes on `cuda:LOCAL_RANK`).
+    pub target: Target,
     pub checkpoint_dir: Option<PathBuf>,
     /// Checkpoint every K steps (0: only when the run ends or stops).
     pub checkpoint_every: u64,
@@ -152,7 +156,7 @@ pub fn run(
         last_step,
         resumed_from: cfg.resume_from.as_ref().map(|p| p.display().to_string()),
         data: cfg.source.label().to_string(),
-        device: "cpu".into(),
+        device: device_label(cfg.target),
     });
     // Ranks on this machine share its cores.
     let local_ranks = std::env::var("LOCAL_WORLD_SIZE")
@@ -181,10 +185,7 @@ pub fn run(
                 (Box::new(g) as Box<dyn Collective>, Some(abort))
             })
             .collect(),
-        Some(m) => vec![(
-            Box::new(tcp::TcpGroup::join(m).map_err(TrainError::Invalid)?) as Box<dyn Collective>,
-            None,
-        )],
+        Some(m) => vec![(join_group(m, cfg.target.device)?, None)],
     };
     let (tx, rx) = mpsc::channel::<RankMsg>();
     let mut summary = TrainSummary {
@@ -294,6 +295,36 @@ pub fn run(
     Ok(summary)
 }
 
+/// This process's handle on a multi-process group: NCCL between GPUs, TCP between CPU ranks.
+fn join_group(m: &tcp::Membership, device: tch::Device) -> Result<Box<dyn Collective>, TrainError> {
+    if device.is_cuda() {
+        #[cfg(feature = "cuda")]
+        return Ok(Box::new(
+            cuda::NcclGroup::join(m, device).map_err(TrainError::Invalid)?,
+        ));
+        #[cfg(not(feature = "cuda"))]
+        return Err(TrainError::Invalid(
+            "this osdp-tui was built without the cuda feature".into(),
+        ));
+    }
+    Ok(Box::new(
+        tcp::TcpGroup::join(m).map_err(TrainError::Invalid)?,
+    ))
+}
+
+/// `cpu`, `cpu bf16 mixed`, `cuda bf16 mixed`: what the run computes on, as events report it.
+fn device_label(target: Target) -> String {
+    let device = if target.device.is_cuda() {
+        "cuda"
+    } else {
+        "cpu"
+    };
+    match target.numerics {
+        exec::Numerics::Fp32 if !target.device.is_cuda() => device.to_string(),
+        n => format!("{device} {}", n.name()),
+    }
+}
+
 fn rank_err(rank: usize) -> impl Fn(exec::ExecError) -> TrainError {
     move |e| TrainError::Rank {
         rank,
@@ -325,7 +356,7 @@ fn rank_main(
         None => Init::Fresh { seed: cfg.seed },
     };
     let mut exec =
-        Executor::new(&cfg.model, &cfg.plan, group, Device::Cpu, init, cfg.optim).map_err(&err)?;
+        Executor::new(&cfg.model, &cfg.plan, group, cfg.target, init, cfg.optim).map_err(&err)?;
     let last = if cfg.steps == 0 {
         u64::MAX
     } else {

@@ -14,6 +14,14 @@ pub enum DeviceArg {
     Cuda,
 }
 
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum PrecisionArg {
+    /// Everything in fp32.
+    Fp32,
+    /// bf16 compute, fp32 master weights and Adam moments (the planner's GPU accounting).
+    Bf16,
+}
+
 #[derive(Debug, Args)]
 pub struct TrainArgs {
     /// Model description (model.json): GPT-2, OPT or LLaMA family.
@@ -29,10 +37,13 @@ pub struct TrainArgs {
     /// Samples per step over all ranks [default: the plan's micro-batch × world size].
     #[arg(long, value_name = "N")]
     pub global_batch: Option<u64>,
-    /// Where the ranks compute: `cpu` (fp32). `cuda` needs the NCCL backend, which this build
-    /// does not have yet.
+    /// Where the ranks compute. `cuda`: one process per GPU (launched by torchrun, srun or the
+    /// dashboard), collectives over NCCL; needs a build with `--features cuda`.
     #[arg(long, value_enum, default_value_t = DeviceArg::Cpu)]
     pub device: DeviceArg,
+    /// Number format [default: fp32 on cpu, bf16 on cuda].
+    #[arg(long, value_enum)]
+    pub precision: Option<PrecisionArg>,
     /// Optimizer steps to run (after the resumed step, when resuming); 0 runs until stopped.
     #[arg(long, default_value_t = 100, value_name = "N")]
     pub steps: u64,
@@ -72,6 +83,52 @@ pub fn train(_args: TrainArgs) -> Result<(), Failure> {
         "this osdp-tui was built without the trainer; build it with \
          `. scripts/libtorch-env.sh && cargo build --release --features train`",
     ))
+}
+
+/// The device and number format of this process's rank(s), checked: a GPU rank needs the
+/// `cuda` build, a usable GPU for its `LOCAL_RANK`, NCCL, and one process per GPU.
+#[cfg(feature = "train")]
+fn target(
+    args: &TrainArgs,
+    membership: Option<&crate::train::tcp::Membership>,
+) -> Result<crate::train::exec::Target, Failure> {
+    use crate::train::exec::{Numerics, Target};
+    let numerics = match (args.precision, args.device) {
+        (Some(PrecisionArg::Fp32), _) | (None, DeviceArg::Cpu) => Numerics::Fp32,
+        (Some(PrecisionArg::Bf16), _) | (None, DeviceArg::Cuda) => Numerics::Bf16Mixed,
+    };
+    if args.device == DeviceArg::Cpu {
+        return Ok(Target {
+            device: tch::Device::Cpu,
+            numerics,
+        });
+    }
+    if membership.is_none() && args.world_size.is_some_and(|w| w > 1) {
+        return Err(Failure::input(
+            "--device cuda runs one process per GPU: launch N of them with \
+             `torchrun --nproc-per-node N --no-python osdp-tui train …` (or srun, or the \
+             dashboard) instead of --world-size",
+        ));
+    }
+    #[cfg(feature = "cuda")]
+    {
+        let local_rank = std::env::var("LOCAL_RANK")
+            .or_else(|_| std::env::var("SLURM_LOCALID"))
+            .ok()
+            .and_then(|v| v.parse::<usize>().ok())
+            .unwrap_or(0);
+        let device = crate::train::cuda::preflight(local_rank).map_err(Failure::input)?;
+        Ok(Target { device, numerics })
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        let _ = numerics;
+        Err(Failure::input(
+            "--device cuda: this osdp-tui was built without GPU support; build it with \
+             `. scripts/libtorch-env.sh && cargo build --release --features cuda`, or train on \
+             the CPU with --device cpu",
+        ))
+    }
 }
 
 /// Check the checkpoint directory against --resume before anything is written.
@@ -128,12 +185,12 @@ pub fn train(args: TrainArgs) -> Result<(), Failure> {
     let plan = crate::plan::read_plan(&args.plan, &model).map_err(Failure::input)?;
     crate::train::exec::check_runnable(&model, &plan)
         .map_err(|e| Failure::input(format!("{}: {e}", args.plan.display())))?;
-    if args.device == DeviceArg::Cuda {
-        return Err(Failure::input(
-            "--device cuda: GPU training needs the NCCL backend, which this build does not have yet; use --device cpu",
-        ));
+    let mut membership = crate::train::tcp::Membership::from_env().map_err(Failure::input)?;
+    let target = target(&args, membership.as_ref())?;
+    if target.device.is_cuda() && membership.is_none() {
+        // One GPU, one process: a group of one, still through NCCL.
+        membership = Some(crate::train::tcp::Membership::single());
     }
-    let membership = crate::train::tcp::Membership::from_env().map_err(Failure::input)?;
     let world_size = match (&membership, args.world_size) {
         (Some(m), Some(w)) if w != m.world => {
             return Err(Failure::input(format!(
@@ -197,6 +254,7 @@ pub fn train(args: TrainArgs) -> Result<(), Failure> {
             lr: args.lr,
             ..OptimConfig::default()
         },
+        target,
         checkpoint_dir: args.checkpoint_dir.clone(),
         checkpoint_every: args.checkpoint_every,
         resume_from,

@@ -27,6 +27,49 @@ pub enum ExecError {
 
 pub type Result<T> = std::result::Result<T, ExecError>;
 
+/// How the executor stores and computes numbers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Numerics {
+    /// Everything in fp32: parameters, gradients, activations, moments.
+    Fp32,
+    /// bf16 compute copies of the parameters, bf16 gradients and activations; an fp32 master
+    /// copy of what this rank updates and fp32 moments (the cost model's mixed precision: 2 + 2
+    /// + 12 bytes per parameter). The loss head keeps fp32 log-probabilities.
+    Bf16Mixed,
+}
+
+impl Numerics {
+    /// The kind parameters, activations and gradients are computed in.
+    pub fn compute_kind(self) -> Kind {
+        match self {
+            Numerics::Fp32 => Kind::Float,
+            Numerics::Bf16Mixed => Kind::BFloat16,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Numerics::Fp32 => "fp32",
+            Numerics::Bf16Mixed => "bf16 mixed",
+        }
+    }
+}
+
+/// Where one rank computes and in what precision.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Target {
+    pub device: Device,
+    pub numerics: Numerics,
+}
+
+impl Target {
+    /// The CPU in fp32: the trainer's default, and what calibration and validation time.
+    pub const CPU: Target = Target {
+        device: Device::Cpu,
+        numerics: Numerics::Fp32,
+    };
+}
+
 /// AdamW with global-norm gradient clipping and a linear warm-up.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct OptimConfig {
@@ -86,8 +129,11 @@ struct Unit {
     shard_len: i64,
     /// This rank's real (unpadded) share: `(start, len)` in the flat unit.
     region: (i64, i64),
-    /// Full unit (dp, zero1, zero2) or this rank's padded shard (zero3).
+    /// Full unit (dp, zero1, zero2) or this rank's padded shard (zero3), in the compute kind.
     data: Tensor,
+    /// Mixed precision only: the fp32 master of what this rank updates — the full unit (dp)
+    /// or its padded share (zero1, zero2, zero3). In fp32 `data` is its own master.
+    master: Option<Tensor>,
     /// Full gradient (dp, zero1) or this rank's padded shard (zero2, zero3), while held.
     grad: Option<Tensor>,
     /// AdamW moments: full (dp) or this rank's padded share.
@@ -290,11 +336,14 @@ impl Executor {
         model: &ModelSpec,
         plan: &Plan,
         comm: Box<dyn Collective>,
-        device: Device,
+        target: Target,
         init: Init<'_>,
         optim: OptimConfig,
     ) -> Result<Executor> {
         check_runnable(model, plan)?;
+        let device = target.device;
+        let kind = target.numerics.compute_kind();
+        let mixed = target.numerics == Numerics::Bf16Mixed;
         let c = &model.config;
         let n = model.ops.len();
         let index = model.op_index();
@@ -427,16 +476,22 @@ impl Executor {
                         }
                         share.to_device(device)
                     };
-                    let data = match class {
-                        Class::Zero3 => padded_share(&pv),
-                        _ => pv.to_kind(Kind::Float).to_device(device),
+                    let owned = match class {
+                        Class::Dp => pv.to_kind(Kind::Float).to_device(device),
+                        _ => padded_share(&pv),
                     };
+                    let data = match class {
+                        Class::Zero3 => owned.to_kind(kind),
+                        _ => pv.to_kind(kind).to_device(device),
+                    };
+                    let master = mixed.then_some(owned);
                     let (m, v) = match class {
                         Class::Dp => (mv.to_device(device), vv.to_device(device)),
                         _ => (padded_share(&mv), padded_share(&vv)),
                     };
                     ledger.add(Category::Params, nbytes(&data));
-                    ledger.add(Category::Optimizer, nbytes(&m) + nbytes(&v));
+                    let master_bytes = master.as_ref().map_or(0, nbytes);
+                    ledger.add(Category::Optimizer, nbytes(&m) + nbytes(&v) + master_bytes);
                     by_key.entry(key.clone()).or_default().push(units.len());
                     uses[i][p].push(units.len());
                     units.push(Unit {
@@ -448,6 +503,7 @@ impl Executor {
                         shard_len,
                         region: (start, len),
                         data,
+                        master,
                         grad: None,
                         m,
                         v,
@@ -494,7 +550,7 @@ impl Executor {
             model: model.clone(),
             comm,
             device,
-            kind: Kind::Float,
+            kind,
             units,
             uses,
             inputs,
@@ -573,7 +629,7 @@ impl Executor {
     fn add_param_grad(&mut self, u: usize, g: Tensor) -> Result<()> {
         let world = self.comm.world() as i64;
         let unit = &self.units[u];
-        let g = g.to_kind(Kind::Float);
+        let g = g.to_kind(self.kind);
         let contribution = match unit.class {
             Class::Dp | Class::Zero1 => g,
             Class::Zero2 | Class::Zero3 => {
@@ -602,7 +658,7 @@ impl Executor {
                 Class::Dp | Class::Zero1 => unit.shape.clone(),
                 Class::Zero2 | Class::Zero3 => vec![unit.shard_len],
             };
-            let g = Tensor::zeros(shape.as_slice(), (Kind::Float, self.device));
+            let g = Tensor::zeros(shape.as_slice(), (self.kind, self.device));
             self.ledger.add(Category::Grads, nbytes(&g));
             unit.grad = Some(g);
         }
@@ -760,9 +816,9 @@ impl Executor {
             }
             OpKind::Attention => {
                 let (q, k, v) = self.qkv(i);
-                let (out, lse) = ops::attention_fwd(&q, &k, &v, &self.attn, self.rope.as_ref());
+                let (out, saved) = ops::attention_fwd(&q, &k, &v, &self.attn, self.rope.as_ref());
                 if keep_extras {
-                    self.set_extras(i, vec![lse]);
+                    self.set_extras(i, saved);
                 }
                 out
             }
@@ -942,7 +998,7 @@ impl Executor {
                     &k,
                     &v,
                     &out,
-                    &self.extras[i][0],
+                    &self.extras[i],
                     &self.attn,
                     self.rope.as_ref(),
                 );
@@ -1112,15 +1168,19 @@ impl Executor {
             let Some(g) = g else { continue };
             let unit = &mut self.units[u];
             let (start, len) = unit.region;
+            let g = g.to_kind(Kind::Float);
             let (mut p, g, mut m, mut v) = match unit.class {
                 Class::Dp | Class::Zero3 => (
-                    unit.data.reshape([-1]),
+                    unit.master.as_ref().unwrap_or(&unit.data).reshape([-1]),
                     g.reshape([-1]),
                     unit.m.reshape([-1]),
                     unit.v.reshape([-1]),
                 ),
                 Class::Zero1 | Class::Zero2 => (
-                    unit.data.reshape([-1]).narrow(0, start, len),
+                    match &unit.master {
+                        Some(master) => master.narrow(0, 0, len),
+                        None => unit.data.reshape([-1]).narrow(0, start, len),
+                    },
                     g.narrow(0, 0, len),
                     unit.m.narrow(0, 0, len),
                     unit.v.narrow(0, 0, len),
@@ -1128,6 +1188,10 @@ impl Executor {
             };
             let decay = if unit.decay { o.weight_decay } else { 0.0 };
             adamw_update(&mut p, &g, &mut m, &mut v, &o, lr, decay, clip, (bc1, bc2));
+            // The compute copy follows the master (zero1/zero2 after the gather below).
+            if let (Some(master), Class::Dp | Class::Zero3) = (&unit.master, unit.class) {
+                unit.data.reshape([-1]).copy_(&master.reshape([-1]));
+            }
         }
         let update_s = t_update.elapsed().as_secs_f64();
         let t_gather = Instant::now();
@@ -1139,12 +1203,18 @@ impl Executor {
                 continue;
             }
             let (start, len) = unit.region;
-            let share = Tensor::zeros([unit.shard_len], (Kind::Float, self.device));
-            if len > 0 {
-                share
-                    .narrow(0, 0, len)
-                    .copy_(&unit.data.reshape([-1]).narrow(0, start, len));
-            }
+            let share = match &unit.master {
+                Some(master) => master.to_kind(self.kind),
+                None => {
+                    let share = Tensor::zeros([unit.shard_len], (self.kind, self.device));
+                    if len > 0 {
+                        share
+                            .narrow(0, 0, len)
+                            .copy_(&unit.data.reshape([-1]).narrow(0, start, len));
+                    }
+                    share
+                }
+            };
             let full = self.comm.all_gather(&share)?;
             let bytes = nbytes(&full);
             self.ledger.add(Category::GradBuffers, bytes);
@@ -1167,16 +1237,17 @@ impl Executor {
         let rank = self.comm.rank();
         let mut out = Vec::new();
         for unit in &self.units {
-            let (flat_start, len, data, m, v) = match unit.class {
-                Class::Dp if rank != 0 => continue,
-                Class::Dp => (
+            // The fp32 values this rank updates: the master in mixed precision.
+            let (flat_start, len, data, m, v) = match (unit.class, &unit.master) {
+                (Class::Dp, _) if rank != 0 => continue,
+                (Class::Dp, master) => (
                     0,
                     unit.numel,
-                    unit.data.reshape([-1]),
+                    master.as_ref().unwrap_or(&unit.data).reshape([-1]),
                     unit.m.reshape([-1]),
                     unit.v.reshape([-1]),
                 ),
-                Class::Zero1 | Class::Zero2 => {
+                (Class::Zero1 | Class::Zero2, None) => {
                     let (s, l) = unit.region;
                     (
                         s,
@@ -1186,12 +1257,12 @@ impl Executor {
                         unit.v.narrow(0, 0, l),
                     )
                 }
-                Class::Zero3 => {
+                (_, master) => {
                     let (s, l) = unit.region;
                     (
                         s,
                         l,
-                        unit.data.narrow(0, 0, l),
+                        master.as_ref().unwrap_or(&unit.data).narrow(0, 0, l),
                         unit.m.narrow(0, 0, l),
                         unit.v.narrow(0, 0, l),
                     )
@@ -1218,7 +1289,7 @@ impl Executor {
         let mut out: Vec<(String, Vec<Tensor>)> = Vec::new();
         for u in 0..self.units.len() {
             let w = self.weight(u)?;
-            let copy = w.to_device(Device::Cpu).copy();
+            let copy = w.to_device(Device::Cpu).to_kind(Kind::Float).copy();
             self.release(u, w);
             let key = &self.units[u].key;
             match out.last_mut() {

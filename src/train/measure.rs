@@ -3,8 +3,6 @@
 
 use std::time::Instant;
 
-use tch::Device;
-
 use super::collective::{Collective, LocalGroup};
 use super::data::{Sampler, Source};
 use super::exec::{Executor, Init, OptimConfig, Profile};
@@ -139,7 +137,7 @@ fn rank_steps(
         model,
         plan,
         group,
-        Device::Cpu,
+        super::exec::Target::CPU,
         Init::Fresh { seed: 0 },
         OptimConfig::default(),
     )

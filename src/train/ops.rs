@@ -221,16 +221,31 @@ fn prepare(
     (q, k, v)
 }
 
-/// Attention core on CPU with libtorch's fused kernel: `(out [b, s, heads·d], logsumexp)`.
+/// Attention core with libtorch's fused kernels: `(out [b, s, heads·d], what backward needs)`.
+/// On CPU the flash kernel (saves the log-sum-exp); on CUDA the memory-efficient kernel (saves
+/// the log-sum-exp and its random-number state).
 pub fn attention_fwd(
     q: &Tensor,
     k: &Tensor,
     v: &Tensor,
     a: &AttentionShape,
     rope_cs: Option<&(Tensor, Tensor)>,
-) -> (Tensor, Tensor) {
+) -> (Tensor, Vec<Tensor>) {
     let (q, k, v) = prepare(q, k, v, a, rope_cs);
     let scale = 1.0 / (a.head_dim as f64).sqrt();
+    if q.device().is_cuda() {
+        let (out, lse, seed, offset) = Tensor::internal_scaled_dot_product_efficient_attention(
+            &q,
+            &k,
+            &v,
+            None::<Tensor>,
+            true,
+            0.0,
+            a.causal,
+            scale,
+        );
+        return (heads_last(&out), vec![lse, seed, offset]);
+    }
     let (out, lse) = Tensor::internal_scaled_dot_product_flash_attention_for_cpu(
         &q,
         &k,
@@ -240,7 +255,7 @@ pub fn attention_fwd(
         None::<Tensor>,
         scale,
     );
-    (heads_last(&out), lse)
+    (heads_last(&out), vec![lse])
 }
 
 /// Gradients of [`attention_fwd`] with respect to `q`, `k`, `v` (in `[b, s, ·]` form).
@@ -251,7 +266,7 @@ pub fn attention_bwd(
     k: &Tensor,
     v: &Tensor,
     out: &Tensor,
-    lse: &Tensor,
+    saved: &[Tensor],
     a: &AttentionShape,
     rope_cs: Option<&(Tensor, Tensor)>,
 ) -> (Tensor, Tensor, Tensor) {
@@ -259,19 +274,47 @@ pub fn attention_bwd(
     let scale = 1.0 / (a.head_dim as f64).sqrt();
     let douth = heads_first(dout, a.heads, a.head_dim);
     let outh = heads_first(out, a.heads, a.head_dim);
-    let (mut dq, mut dk, mut dv) =
+    let (mut dq, mut dk, mut dv) = if let [lse, seed, offset] = saved {
+        // The efficient kernel works in [b, s, heads, d]: transposed views, as SDPA passes them.
+        let t = |x: &Tensor| x.transpose(1, 2);
+        let s = qh.size()[2];
+        let (dq, dk, dv, _) = Tensor::internal_efficient_attention_backward(
+            &t(&douth),
+            &t(&qh),
+            &t(&kh),
+            &t(&vh),
+            None::<Tensor>,
+            &t(&outh),
+            None::<Tensor>,
+            None::<Tensor>,
+            s,
+            s,
+            lse,
+            0.0,
+            seed,
+            offset,
+            i64::from(a.causal),
+            false,
+            scale,
+            None,
+            None,
+            false,
+        );
+        (t(&dq), t(&dk), t(&dv))
+    } else {
         Tensor::internal_scaled_dot_product_flash_attention_for_cpu_backward(
             &douth,
             &qh,
             &kh,
             &vh,
             &outh,
-            lse,
+            &saved[0],
             0.0,
             a.causal,
             None::<Tensor>,
             scale,
-        );
+        )
+    };
     if a.kv_heads != a.heads {
         let g = a.heads / a.kv_heads;
         let sz = dk.size();
@@ -459,9 +502,9 @@ mod tests {
         let reference = heads_last(&scores.softmax(-1, Kind::Double).matmul(&vh));
         (&reference * &dy).sum(Kind::Double).backward();
 
-        let (out, lse) = attention_fwd(&q, &k, &v, &a, rope_cs.as_ref());
+        let (out, saved) = attention_fwd(&q, &k, &v, &a, rope_cs.as_ref());
         assert!(close(&out, &reference.detach()));
-        let (dq, dk, dv) = attention_bwd(&dy, &q, &k, &v, &out, &lse, &a, rope_cs.as_ref());
+        let (dq, dk, dv) = attention_bwd(&dy, &q, &k, &v, &out, &saved, &a, rope_cs.as_ref());
         assert!(close(&dq, &grad_of(&ql)));
         assert!(close(&dk, &grad_of(&kl)));
         assert!(close(&dv, &grad_of(&vl)));

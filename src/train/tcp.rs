@@ -73,6 +73,19 @@ impl Membership {
     }
 }
 
+impl Membership {
+    /// A group of one (a single GPU process): rank 0 listening on an ephemeral loopback port
+    /// that nobody else joins.
+    pub fn single() -> Membership {
+        Membership {
+            rank: 0,
+            world: 1,
+            master: "127.0.0.1:0".into(),
+            join_timeout: Duration::from_secs(120),
+        }
+    }
+}
+
 /// One process's handle on the group.
 pub struct TcpGroup {
     rank: usize,
@@ -166,6 +179,12 @@ impl TcpGroup {
                 }
             }
         }
+    }
+
+    /// The connections to the other processes (rank 0: one per other rank; the others: one
+    /// to rank 0), for a backend that bootstraps over this group and then watches them.
+    pub fn into_streams(self) -> Vec<TcpStream> {
+        self.peers
     }
 
     /// Rank 0: every rank's tensor, in rank order (its own first). Others: send theirs.

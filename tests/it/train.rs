@@ -7,7 +7,8 @@ use std::sync::atomic::AtomicBool;
 use osdp_tui::cost::{self, Choice, Strategy};
 use osdp_tui::model::{self, ModelSpec, OpKind};
 use osdp_tui::plan::{Plan, PlanFile};
-use osdp_tui::train::{self, data, exec::OptimConfig, TrainConfig, TrainSummary};
+use osdp_tui::train::exec::{Numerics, OptimConfig, Target};
+use osdp_tui::train::{self, data, TrainConfig, TrainSummary};
 use tch::Tensor;
 
 use super::{osdp, root};
@@ -105,6 +106,7 @@ fn config(m: &ModelSpec, plan: Plan, world: usize, steps: u64) -> TrainConfig {
         seed: 3,
         source: data::Source::shakespeare(),
         optim: OptimConfig::default(),
+        target: Target::CPU,
         checkpoint_dir: None,
         checkpoint_every: 0,
         resume_from: None,
@@ -217,6 +219,79 @@ fn executor_memory_matches_the_planners_prediction_within_ten_percent() {
             "measured {measured} vs predicted {predicted}"
         );
     }
+}
+
+#[test]
+fn bf16_mixed_precision_follows_fp32_and_holds_what_the_planner_predicts_for_gpus() {
+    let m = tiny("tiny-gpt2");
+    let plan = mixed_plan(&m, 4);
+    let fp32 = train(&config(&m, plan.clone(), 2, 10));
+    let mut cfg = config(&m, plan.clone(), 2, 10);
+    cfg.target = Target {
+        numerics: Numerics::Bf16Mixed,
+        ..Target::CPU
+    };
+    let bf16 = train(&cfg);
+    // bf16 has 8 bits of mantissa: the losses agree to a few parts in a thousand, not 1e-5.
+    for (step, (a, b)) in fp32.losses.iter().zip(&bf16.losses).enumerate() {
+        let rel = (a - b).abs() / a.abs();
+        assert!(rel < 0.02, "step {}: fp32 {a} vs bf16 {b}", step + 1);
+    }
+    assert!(bf16.losses.last() < bf16.losses.first(), "bf16 learns");
+    assert_params_within(&fp32.final_params, &bf16.final_params, 0.05, "bf16 vs fp32");
+    // A GPU layout's accounting (2 + 2 + 12 bytes per parameter, bf16 activations) is what the
+    // bf16 executor holds.
+    let mut layout =
+        osdp_tui::cluster::read_layout(&root().join("layouts/h100-sxm-8x-nvlink.json")).unwrap();
+    layout.gpus_per_node = 2;
+    let machine = cost::Machine::new(&layout, &m);
+    let predicted = osdp_tui::plan::evaluate(&m, &machine, &plan);
+    let predicted = predicted.peak_memory_bytes - predicted.overhead_bytes;
+    let measured = bf16.memory_bytes.iter().flatten().copied().max().unwrap();
+    let ratio = measured as f64 / predicted as f64;
+    assert!(
+        (0.9..=1.1).contains(&ratio),
+        "bf16 measured {measured} vs GPU prediction {predicted}"
+    );
+    let fp32_peak = fp32.memory_bytes.iter().flatten().copied().max().unwrap();
+    assert!(measured < fp32_peak, "bf16 {measured} vs fp32 {fp32_peak}");
+}
+
+#[test]
+fn train_refuses_cuda_without_a_gpu_or_gpu_support() {
+    let m = tiny("tiny-gpt2");
+    let dir = tempfile::tempdir().unwrap();
+    let plan = write_plan(dir.path(), &m, &dp_plan(&m), "plan.json");
+    let out = osdp()
+        .arg("train")
+        .arg(sample("tiny-gpt2"))
+        .arg("--plan")
+        .arg(&plan)
+        .args(["--device", "cuda", "--steps", "1"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    // A build with the cuda feature finds no GPU here; one without says how to get it.
+    assert!(
+        err.contains("no CUDA device is usable here") || err.contains("built without GPU support"),
+        "{err}"
+    );
+    assert!(err.contains("--device cpu"), "{err}");
+    let out = osdp()
+        .arg("train")
+        .arg(sample("tiny-gpt2"))
+        .arg("--plan")
+        .arg(&plan)
+        .args(["--device", "cuda", "--world-size", "2"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("one process per GPU") && err.contains("torchrun"),
+        "{err}"
+    );
 }
 
 // ---- the CLI ----
