@@ -270,9 +270,20 @@ pub struct LaunchSpec {
     pub hang_after: Duration,
 }
 
+/// How a run's ranks are laid out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ranks {
+    /// One worker process, its ranks threads on the CPU.
+    CpuThreads,
+    /// One worker process per GPU of this machine (`--device cuda`, NCCL), joined over
+    /// loopback as torchrun would: `RANK`, `LOCAL_RANK`, `WORLD_SIZE`, `MASTER_ADDR/PORT`.
+    GpuProcesses,
+}
+
 /// One start of a worker: the plan and the shape of the run.
 pub struct Launch<'a> {
     pub plan_json: &'a str,
+    pub ranks: Ranks,
     pub world_size: usize,
     /// Samples per step over all ranks.
     pub global_batch: u64,
@@ -284,7 +295,8 @@ pub struct Supervisor {
     pub dir: RunDir,
     pub state: RunState,
     pub status: RunStatus,
-    child: Option<Child>,
+    /// The worker processes, rank 0 first (one for CPU threads, one per GPU otherwise).
+    children: Vec<Child>,
     read_offset: u64,
     partial: String,
     last_progress: Instant,
@@ -310,42 +322,81 @@ impl Supervisor {
         let metrics_len = std::fs::metadata(dir.metrics())
             .map(|m| m.len())
             .unwrap_or(0);
-        let mut cmd = Command::new(&spec.exe);
-        cmd.arg("train")
-            .arg(&spec.model)
-            .arg("--plan")
-            .arg(dir.plan())
-            .arg("--world-size")
-            .arg(launch.world_size.to_string())
-            .arg("--global-batch")
-            .arg(launch.global_batch.to_string())
-            .args(["--steps", "0"])
-            .arg("--metrics")
-            .arg(dir.metrics())
-            .arg("--checkpoint-dir")
-            .arg(dir.checkpoints())
-            .arg("--checkpoint-every")
-            .arg(spec.checkpoint_every.max(1).to_string());
-        if dir.has_checkpoint() {
-            cmd.arg("--resume");
+        let processes = match launch.ranks {
+            Ranks::CpuThreads => 1,
+            Ranks::GpuProcesses => launch.world_size.max(1),
+        };
+        let port = match launch.ranks {
+            Ranks::CpuThreads => 0,
+            Ranks::GpuProcesses => free_port()?,
+        };
+        let mut children: Vec<Child> = Vec::with_capacity(processes);
+        for rank in 0..processes {
+            let mut cmd = Command::new(&spec.exe);
+            cmd.arg("train")
+                .arg(&spec.model)
+                .arg("--plan")
+                .arg(dir.plan())
+                .arg("--global-batch")
+                .arg(launch.global_batch.to_string())
+                .args(["--steps", "0"])
+                .arg("--metrics")
+                .arg(dir.metrics())
+                .arg("--checkpoint-dir")
+                .arg(dir.checkpoints())
+                .arg("--checkpoint-every")
+                .arg(spec.checkpoint_every.max(1).to_string());
+            if dir.has_checkpoint() {
+                cmd.arg("--resume");
+            }
+            // Whatever launcher started the dashboard, its workers are laid out here.
+            for var in [
+                "RANK",
+                "WORLD_SIZE",
+                "SLURM_PROCID",
+                "SLURM_NTASKS",
+                "TORCHELASTIC_RUN_ID",
+            ] {
+                cmd.env_remove(var);
+            }
+            match launch.ranks {
+                Ranks::CpuThreads => {
+                    cmd.arg("--world-size").arg(launch.world_size.to_string());
+                }
+                Ranks::GpuProcesses => {
+                    let n = processes.to_string();
+                    cmd.args(["--device", "cuda"])
+                        .env("RANK", rank.to_string())
+                        .env("LOCAL_RANK", rank.to_string())
+                        .env("WORLD_SIZE", &n)
+                        .env("LOCAL_WORLD_SIZE", &n)
+                        .env("MASTER_ADDR", "127.0.0.1")
+                        .env("MASTER_PORT", port.to_string())
+                        .env_remove("OSDP_PORT");
+                }
+            }
+            cmd.stdin(Stdio::null())
+                .stdout(Stdio::from(log.try_clone()?))
+                .stderr(Stdio::from(log.try_clone()?));
+            stop_with_parent(&mut cmd);
+            match cmd.spawn() {
+                Ok(child) => children.push(child),
+                Err(e) => {
+                    for mut c in children {
+                        let _ = c.kill();
+                        let _ = c.wait();
+                    }
+                    return Err(e);
+                }
+            }
         }
-        // The dashboard's worker runs its ranks as threads, whatever launcher started the
-        // dashboard itself.
-        for var in ["RANK", "WORLD_SIZE", "SLURM_PROCID", "SLURM_NTASKS"] {
-            cmd.env_remove(var);
-        }
-        cmd.stdin(Stdio::null())
-            .stdout(Stdio::from(log.try_clone()?))
-            .stderr(Stdio::from(log));
-        stop_with_parent(&mut cmd);
-        let child = cmd.spawn()?;
         // Earlier segments' events give the loss curve its history.
         let earlier = std::fs::read_to_string(dir.metrics()).unwrap_or_default();
         Ok(Supervisor {
             status: RunStatus::from_text(&earlier),
             dir,
             state: RunState::Starting,
-            child: Some(child),
+            children,
             read_offset: metrics_len,
             partial: String::new(),
             last_progress: Instant::now(),
@@ -355,52 +406,78 @@ impl Supervisor {
         })
     }
 
+    /// Rank 0's process.
     pub fn pid(&self) -> Option<u32> {
-        self.child.as_ref().map(Child::id)
+        self.children.first().map(Child::id)
     }
 
     pub fn is_live(&self) -> bool {
-        self.child.is_some()
+        !self.children.is_empty()
     }
 
-    /// Read new events, notice an exit or a hang.
+    /// Read new events, notice an exit or a hang. The run has ended when every process has;
+    /// one process failing ends the others (their collectives could only wait for it).
     pub fn poll(&mut self) {
         self.read_events();
-        let Some(child) = self.child.as_mut() else {
+        if self.children.is_empty() {
             return;
-        };
-        match child.try_wait() {
-            Ok(Some(status)) => {
-                self.child = None;
-                self.read_events();
-                if status.success() && !self.status.failed {
-                    self.state = RunState::Idle;
-                } else {
-                    let why = match (status.code(), self.status.ended.clone()) {
-                        (_, Some(msg)) if self.status.failed => msg,
-                        (Some(c), _) => format!("the worker exited with status {c}"),
-                        (None, _) => {
-                            "the worker was killed (by a signal: out of memory, or from outside)"
-                                .to_string()
-                        }
-                    };
-                    self.fail(why);
+        }
+        let mut failure: Option<String> = None;
+        let mut i = 0;
+        while i < self.children.len() {
+            match self.children[i].try_wait() {
+                Ok(Some(status)) => {
+                    let _ = self.children.remove(i).wait(); // already reaped: returns its status
+                    if !status.success() && failure.is_none() {
+                        failure = Some(match status.code() {
+                            Some(c) => format!("the worker exited with status {c}"),
+                            None => "the worker was killed (by a signal: out of memory, or from outside)"
+                                .to_string(),
+                        });
+                    }
+                }
+                Ok(None) => i += 1,
+                Err(e) => {
+                    failure.get_or_insert(format!("cannot watch the worker: {e}"));
+                    i += 1;
                 }
             }
-            Ok(None) => {
-                if !matches!(self.state, RunState::Stopping)
-                    && self.last_progress.elapsed() > self.hang_after
-                {
-                    let secs = self.hang_after.as_secs();
-                    let _ = child.kill();
-                    let _ = child.wait();
-                    self.child = None;
-                    self.fail(format!(
-                        "no progress for {secs} s: the worker was hung and is stopped"
-                    ));
-                }
+        }
+        if let Some(why) = failure {
+            self.kill_all();
+            self.read_events();
+            let why = match self.status.ended.clone() {
+                Some(msg) if self.status.failed => msg,
+                _ => why,
+            };
+            self.fail(why);
+            return;
+        }
+        if self.children.is_empty() {
+            self.read_events();
+            if self.status.failed {
+                let why = self.status.ended.clone().unwrap_or_default();
+                self.fail(why);
+            } else {
+                self.state = RunState::Idle;
             }
-            Err(e) => self.fail(format!("cannot watch the worker: {e}")),
+            return;
+        }
+        if !matches!(self.state, RunState::Stopping)
+            && self.last_progress.elapsed() > self.hang_after
+        {
+            let secs = self.hang_after.as_secs();
+            self.kill_all();
+            self.fail(format!(
+                "no progress for {secs} s: the worker was hung and is stopped"
+            ));
+        }
+    }
+
+    fn kill_all(&mut self) {
+        for mut c in self.children.drain(..) {
+            let _ = c.kill();
+            let _ = c.wait();
         }
     }
 
@@ -432,7 +509,7 @@ impl Supervisor {
                 if matches!(ev, WorkerEvent::Checkpoint { .. }) {
                     self.last_checkpoint_at = Some(Instant::now());
                 }
-                if self.child.is_some() && self.state != RunState::Stopping {
+                if !self.children.is_empty() && self.state != RunState::Stopping {
                     self.state = match (&ev, self.status.checkpointing) {
                         (_, Some(_)) => RunState::Checkpointing,
                         (WorkerEvent::Started { .. }, _) => RunState::Starting,
@@ -446,38 +523,48 @@ impl Supervisor {
     /// Ask the worker to stop: the first call lets it finish the step and checkpoint
     /// (SIGTERM); a second call kills it.
     pub fn stop(&mut self) {
-        let Some(child) = self.child.as_mut() else {
+        if self.children.is_empty() {
             return;
-        };
+        }
         if self.term_sent {
-            let _ = child.kill();
+            for c in &mut self.children {
+                let _ = c.kill();
+            }
             return;
         }
         self.term_sent = true;
         self.state = RunState::Stopping;
-        terminate(child.id());
+        for c in &self.children {
+            terminate(c.id());
+        }
     }
 
     /// Stop and wait up to `limit` for the worker to exit (killing it after that).
     pub fn stop_and_wait(&mut self, limit: Duration) {
         self.stop();
         let deadline = Instant::now() + limit;
-        while self.child.is_some() && Instant::now() < deadline {
+        while !self.children.is_empty() && Instant::now() < deadline {
             self.poll();
             std::thread::sleep(Duration::from_millis(20));
         }
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
+        if !self.children.is_empty() {
+            self.kill_all();
             self.state = RunState::Idle;
         }
     }
 }
 
+/// A loopback port nobody listens on now, for a run's rank 0.
+fn free_port() -> std::io::Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
 impl Drop for Supervisor {
     fn drop(&mut self) {
         // Never leave a worker behind the dashboard: ask it to checkpoint and go.
-        if self.child.is_some() {
+        if !self.children.is_empty() {
             self.stop_and_wait(Duration::from_secs(30));
         }
     }

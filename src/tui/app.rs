@@ -301,15 +301,13 @@ impl App {
                 Some("a run is going: r restarts it with the plan on screen, x stops it".into());
             return;
         }
-        if self.layout.device.kind == crate::cluster::DeviceKind::Gpu {
-            // The trainer runs CPU ranks for now; a GPU layout's plan would run as a misleading
-            // CPU imitation.
-            self.message = Some(format!(
-                "layout {} is GPUs: the trainer runs CPU ranks until its NCCL backend lands; open the dashboard with --layout layouts/cpu.json to train",
-                self.layout.name
-            ));
-            return;
-        }
+        let ranks = match self.gpu_launch() {
+            Ok(r) => r,
+            Err(why) => {
+                self.message = Some(why);
+                return;
+            }
+        };
         let Some(planned) = self.planned().cloned() else {
             self.message = Some(match &self.plan {
                 Some(PlanReady {
@@ -355,6 +353,7 @@ impl App {
         };
         let launch = crate::run::Launch {
             plan_json: &json,
+            ranks,
             world_size: world,
             global_batch: planned.plan.batch * world as u64,
             predicted: Some(predicted),
@@ -372,6 +371,36 @@ impl App {
                 ))
             }
         }
+    }
+
+    /// How a run of this layout is launched from here: CPU layouts as threads of one worker;
+    /// a one-node GPU layout as one process per GPU, when this machine shows that many GPUs.
+    fn gpu_launch(&self) -> Result<crate::run::Ranks, String> {
+        if self.layout.device.kind != crate::cluster::DeviceKind::Gpu {
+            return Ok(crate::run::Ranks::CpuThreads);
+        }
+        let l = &self.layout;
+        if l.nodes > 1 {
+            return Err(format!(
+                "layout {} spans {} nodes: launch `osdp-tui train --device cuda` with torchrun or srun on each node (README: several nodes)",
+                l.name, l.nodes
+            ));
+        }
+        let here = match &self.gpus {
+            GpuView::Live(g) => g.len(),
+            GpuView::Unavailable(_) => 0,
+        };
+        if here < l.gpus_per_node as usize {
+            let shows = match &self.gpus {
+                GpuView::Unavailable(why) => format!("shows no GPU ({why})"),
+                GpuView::Live(_) => format!("has {here}"),
+            };
+            return Err(format!(
+                "layout {} trains on {} GPUs and this machine {shows}: open the dashboard with this machine's layout, or --layout layouts/cpu.json to train on the CPU",
+                l.name, l.gpus_per_node
+            ));
+        }
+        Ok(crate::run::Ranks::GpuProcesses)
     }
 
     fn stop_run(&mut self) {

@@ -237,7 +237,7 @@ fn failed_run(worker_lines: &[&str], tail: &str, hang_after_s: u64) -> (String, 
 const STARTED: &str = r#"{"event":"started","model":"gpt2","world_size":8,"global_batch":8,"first_step":0,"last_step":null,"data":"text","device":"cpu"}"#;
 
 #[test]
-fn a_gpu_layout_says_training_needs_the_cpu_layout_for_now() {
+fn a_gpu_layout_whose_gpus_are_not_here_starts_nothing_and_says_why() {
     let dir = tempfile::tempdir().unwrap();
     let launch = osdp_tui::run::LaunchSpec {
         exe: fake_worker(dir.path(), &[], "exit 0\n"),
@@ -253,11 +253,81 @@ fn a_gpu_layout_says_training_needs_the_cpu_layout_for_now() {
         a.training.as_ref().unwrap().run.is_none(),
         "nothing started"
     );
-    let screen = render_text(&a, 160, 40);
+    let message = a.message.clone().unwrap_or_default();
     assert!(
-        screen.contains("--layout layouts/cpu.json to train"),
-        "{screen}"
+        message.contains("trains on 8 GPUs and this machine")
+            && message.contains("--layout layouts/cpu.json"),
+        "{message}"
     );
+}
+
+/// A one-node GPU run is one worker process per GPU, joined as torchrun would join them; when
+/// one of them dies the others are stopped and the run shows the failure.
+#[test]
+fn gpu_ranks_are_one_process_each_and_one_failing_ends_the_run() {
+    use osdp_tui::run::{Launch, LaunchSpec, Ranks, RunDir, RunState, Supervisor};
+    let dir = tempfile::tempdir().unwrap();
+    let seen = dir.path().join("seen");
+    let tail = format!(
+        "echo \"$RANK $LOCAL_RANK $WORLD_SIZE $MASTER_ADDR:$MASTER_PORT $*\" >> {seen}\n\
+         if [ \"$RANK\" = 1 ]; then sleep 0.3; echo 'rank 1: NCCL error' >&2; exit 4; fi\n\
+         echo '{STARTED}' >> \"$metrics\"\nexec sleep 600\n",
+        seen = seen.display()
+    );
+    // The fake worker keeps its arguments for the record line.
+    let exe = fake_worker(dir.path(), &[], "");
+    let body = std::fs::read_to_string(&exe).unwrap().replace(
+        "while [ $# -gt 0 ]; do [ \"$1\" = --metrics ] && metrics=$2; shift; done\n",
+        "args=\"$*\"\nwhile [ $# -gt 0 ]; do [ \"$1\" = --metrics ] && metrics=$2; shift; done\nset -- $args\n",
+    );
+    std::fs::write(&exe, body + &tail).unwrap();
+    let spec = LaunchSpec {
+        exe,
+        model: root().join("sample-models/tiny-gpt2.json"),
+        checkpoint_every: 10,
+        hang_after: std::time::Duration::from_secs(60),
+    };
+    let launch = Launch {
+        plan_json: "{}",
+        ranks: Ranks::GpuProcesses,
+        world_size: 2,
+        global_batch: 8,
+        predicted: None,
+    };
+    let mut run = Supervisor::start(&spec, RunDir(dir.path().join("run")), &launch).unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while run.is_live() {
+        run.poll();
+        assert!(std::time::Instant::now() < deadline, "the run never ended");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    match &run.state {
+        RunState::Failed { why, log_tail } => {
+            assert_eq!(why, "the worker exited with status 4");
+            assert!(
+                log_tail.iter().any(|l| l.contains("rank 1: NCCL error")),
+                "{log_tail:?}"
+            );
+        }
+        other => panic!("expected a failure, got {other:?}"),
+    }
+    let seen = std::fs::read_to_string(&seen).unwrap();
+    let mut lines: Vec<&str> = seen.lines().collect();
+    lines.sort();
+    assert_eq!(lines.len(), 2, "{seen}");
+    let port = lines[0].split_whitespace().nth(3).unwrap();
+    for (rank, line) in lines.iter().enumerate() {
+        assert!(
+            line.starts_with(&format!("{rank} {rank} 2 127.0.0.1:")),
+            "{line}"
+        );
+        assert!(
+            line.contains(port),
+            "every rank meets at the same address: {seen}"
+        );
+        assert!(line.contains("--device cuda"), "{line}");
+        assert!(!line.contains("--world-size"), "{line}");
+    }
 }
 
 #[test]
