@@ -140,6 +140,12 @@ pub fn calibrate(args: CalibrateArgs) -> Result<(), Failure> {
     use crate::train::calibrate::{self, CalibrateConfig};
 
     if args.device == DeviceArg::Cuda {
+        if tch::Cuda::is_available() {
+            return Err(Failure::input(
+                "calibrate --device cuda: timing the GPU's kernels is not built yet (the GPU \
+                 layouts price with datasheet figures); calibrate the CPU with --device cpu",
+            ));
+        }
         return Err(no_cuda());
     }
     // Say so before a minute of measuring, not after.
