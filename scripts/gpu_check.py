@@ -68,7 +68,7 @@ def train(bin_, model, plan_file, steps, metrics):
     return read_steps(metrics)
 
 
-def summarise(steps, warmup, seq):
+def summarise(steps, warmup):
     timed = steps[warmup:] or steps
     step_s = statistics.median(s["step_time_s"] for s in timed)
     peak = max(max(s["memory_bytes"]) for s in steps)
@@ -205,7 +205,7 @@ def main():
         p = plan(args.bin, model, layout, budget, out / f"{name}.plan.json")
         steps = train(args.bin, model, out / f"{name}.plan.json", args.steps, out / f"{name}.jsonl")
         seq = json.loads(model.read_text())["config"]["seq_len"]
-        step_s, peak = summarise(steps, args.warmup, seq)
+        step_s, peak = summarise(steps, args.warmup)
         batch = p["batch_size"]
         tokens = batch * seq / step_s
         mfu = model_flops_per_sample(model) * batch / step_s / peak_bf16
@@ -232,7 +232,7 @@ def main():
         f = out / f"{name}.split{k}.plan.json"
         p = plan(args.bin, model, layout, budget, f, pins=[f"{linear['id']}=zero3/{k}:{k}"])
         steps = train(args.bin, model, f, args.steps, out / f"{name}.split{k}.jsonl")
-        step_s, peak = summarise(steps, args.warmup, 0)
+        step_s, peak = summarise(steps, args.warmup)
         split_rows.append({"split": k, "op": linear["id"], "batch": p["batch_size"],
                            "step_s": step_s, "peak_bytes": peak})
 

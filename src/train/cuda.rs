@@ -157,7 +157,7 @@ fn check(what: &str, r: nccl::ncclResult_t) -> Result<(), Aborted> {
 
 /// A communicator handle that may be aborted from the watchdog thread.
 struct Comm {
-    raw: Mutex<nccl::ncclComm_t>,
+    raw: nccl::ncclComm_t,
     aborted: AtomicBool,
     why: Mutex<String>,
 }
@@ -182,7 +182,7 @@ impl Comm {
     }
 
     fn raw(&self) -> nccl::ncclComm_t {
-        self.raw.lock().map(|c| *c).unwrap_or(std::ptr::null_mut())
+        self.raw
     }
 
     fn aborted(&self) -> Option<Aborted> {
@@ -244,7 +244,7 @@ impl NcclGroup {
         })
         .map_err(|e| e.0)?;
         let comm = Arc::new(Comm {
-            raw: Mutex::new(raw),
+            raw,
             aborted: AtomicBool::new(false),
             why: Mutex::new(String::new()),
         });
