@@ -233,10 +233,12 @@ impl<'m> Planner<'m> {
     ) -> BatchTable {
         let m = &self.machine;
         let bases = cost::op_bases(self.model, m, batch);
-        let opts: Vec<Vec<Opt>> = bases
-            .iter()
-            .enumerate()
-            .map(|(i, base)| {
+        // Options of each class's first instance: the other instances price the same (that is
+        // what makes them one class), so their lists stay empty and are never read.
+        let mut opts: Vec<Vec<Opt>> = vec![Vec::new(); bases.len()];
+        for class in &self.classes {
+            for &i in &class.instances[0] {
+                let base = &bases[i];
                 let choices = match pins.get(&i) {
                     Some(c) => vec![*c],
                     None => cost::choices(base, self.options.max_split),
@@ -246,9 +248,9 @@ impl<'m> Planner<'m> {
                     .map(|choice| option(base, choice, m))
                     .collect();
                 v.sort_by_key(|o| o.transient);
-                v
-            })
-            .collect();
+                opts[i] = v;
+            }
+        }
         // Transient the plan cannot avoid: every op's cheapest choice.
         let floor = opts
             .iter()
@@ -258,8 +260,8 @@ impl<'m> Planner<'m> {
         let remat = self.blocks.remat_at(&bases);
         let mut caps: Vec<u64> = opts.iter().flatten().map(|o| o.transient).collect();
         if self.options.recompute {
-            for members in &self.blocks.ops {
-                for &i in members {
+            for class in self.classes.iter().filter(|c| c.blocks.is_some()) {
+                for &i in &class.instances[0] {
                     caps.extend(opts[i].iter().map(|o| o.transient + remat[i]));
                 }
             }
@@ -565,6 +567,7 @@ fn classify(
             u64::from(b.splittable),
             b.fwd_s.to_bits(),
             b.bwd_s.to_bits(),
+            b.work.to_bits(),
             b.saved_bytes,
             b.working_bytes,
             b.output_bytes,
