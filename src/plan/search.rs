@@ -85,6 +85,23 @@ struct BatchTable {
     caps: Vec<(u64, Frontier)>,
 }
 
+/// A micro-batch's budget-free facts; see [`Planner::prepare`].
+struct Prepared {
+    batch: u64,
+    bases: Vec<OpBase>,
+    opts: Vec<Vec<Opt>>,
+    remat: Vec<u64>,
+    /// Least memory one instance of each class holds; times its instance count; the sum; the
+    /// sum over the classes after each.
+    floors: Vec<u64>,
+    class_floor: Vec<u64>,
+    all_floor: u64,
+    later_floor: Vec<u64>,
+    /// The transient caps worth a frontier, with what each leaves each class: per slot, how
+    /// many options fit (then, for blocks that may recompute, how many fit recomputed).
+    steps: Vec<(u64, Vec<Vec<usize>>)>,
+}
+
 pub struct Planner<'m> {
     model: &'m ModelSpec,
     machine: Machine,
@@ -92,6 +109,7 @@ pub struct Planner<'m> {
     options: PlanOptions,
     classes: Vec<Class>,
     tables: Vec<BatchTable>,
+    searched: Vec<u64>,
 }
 
 /// Micro-batch sizes tried by the automatic search: roughly 1.25–1.5× apart.
@@ -127,23 +145,57 @@ impl<'m> Planner<'m> {
             options,
             classes,
             tables: Vec::new(),
+            searched: Vec::new(),
         };
         let batches: Box<dyn Iterator<Item = u64>> = match planner.options.batch {
             Some(b) => Box::new(std::iter::once(b)),
             None => Box::new(batch_ladder()),
         };
+        let fixed = planner.options.batch.is_some();
+        let mut prepared: Vec<Prepared> = Vec::new();
         for batch in batches {
-            let table = planner.build_table(batch, &pins, max_budget_bytes);
-            let cheapest = table.cheapest(planner.machine.overhead_bytes);
-            let fits = cheapest.is_some_and(|c| c <= max_budget_bytes);
-            let fixed = planner.options.batch.is_some();
-            if fits || fixed || planner.tables.is_empty() {
-                planner.tables.push(table);
+            let prep = planner.prepare(batch, &pins);
+            let fits = planner.min_peak(&prep) <= max_budget_bytes;
+            if fits || fixed || prepared.is_empty() {
+                prepared.push(prep);
             }
             if !fits && !fixed {
                 break;
             }
         }
+        // Largest micro-batches first: their plans bound what a smaller one can still win. No
+        // plan at batch `b` beats `b / (its fastest ops' times + step overhead)`, so a plan
+        // already found that is faster than that, at peak `w`, makes every batch-`b` plan of
+        // peak `w` or more useless at every budget: batch `b` need only cover budgets below `w`.
+        planner.searched = prepared.iter().map(|p| p.batch).collect();
+        let step_overhead = planner.machine.step_overhead_s();
+        let mut witnesses: Vec<(u64, f64)> = Vec::new();
+        let mut tables: Vec<BatchTable> = Vec::with_capacity(prepared.len());
+        for prep in prepared.into_iter().rev() {
+            let bound = prep.batch as f64 / (planner.min_time(&prep) + step_overhead);
+            // A margin for rounding: sums in another order may differ in the last bits.
+            let beaten_at = witnesses
+                .get(witnesses.partition_point(|w| w.1 <= bound * (1.0 + 1e-9)))
+                .map(|w| w.0);
+            let cover = beaten_at.map_or(max_budget_bytes, |w| max_budget_bytes.min(w - 1));
+            if beaten_at.is_some() && cover < planner.min_peak(&prep) {
+                continue;
+            }
+            let table = planner.build(prep, cover);
+            witnesses.extend(table.caps.iter().flat_map(|(cap, f)| {
+                f.iter().map(move |p| {
+                    (
+                        planner.machine.overhead_bytes + p.mem + cap,
+                        table.batch as f64 / (p.time + step_overhead),
+                    )
+                })
+            }));
+            witnesses.sort_by(|a, b| a.0.cmp(&b.0).then(b.1.total_cmp(&a.1)));
+            witnesses.dedup_by(|later, kept| later.1 <= kept.1);
+            tables.push(table);
+        }
+        tables.reverse();
+        planner.tables = tables;
         planner
     }
 
@@ -151,9 +203,10 @@ impl<'m> Planner<'m> {
         &self.machine
     }
 
-    /// Micro-batch sizes with a frontier.
+    /// Micro-batch sizes searched: the ladder up to the last that fits the largest budget
+    /// (or the fixed one). Some may have no frontier: larger ones beat them at every budget.
     pub fn batches(&self) -> Vec<u64> {
-        self.tables.iter().map(|t| t.batch).collect()
+        self.searched.clone()
     }
 
     /// Largest throughput within `budget_bytes`.
@@ -223,14 +276,9 @@ impl<'m> Planner<'m> {
         out
     }
 
-    /// Frontiers at micro-batch `batch`, without the plans that cannot fit `max_budget` (each
-    /// frontier keeps its smallest point, for [`NoFit`]).
-    fn build_table(
-        &self,
-        batch: u64,
-        pins: &HashMap<usize, Choice>,
-        max_budget: u64,
-    ) -> BatchTable {
+    /// Everything about micro-batch `batch` that does not depend on the budget: the ops'
+    /// options, the transient caps worth a frontier and what each cap leaves each class.
+    fn prepare(&self, batch: u64, pins: &HashMap<usize, Choice>) -> Prepared {
         let m = &self.machine;
         let bases = cost::op_bases(self.model, m, batch);
         // Options of each class's first instance: the other instances price the same (that is
@@ -324,14 +372,10 @@ impl<'m> Planner<'m> {
         for ci in (0..class_floor.len().saturating_sub(1)).rev() {
             later_floor[ci] = later_floor[ci + 1].saturating_add(class_floor[ci + 1]);
         }
-        let room = max_budget.saturating_sub(self.machine.overhead_bytes);
-
-        let mut arena = Arena::default();
-        let mut cache: HashMap<(usize, Vec<usize>), Frontier> = HashMap::new();
-        let mut table_caps = Vec::with_capacity(caps.len());
         // Caps that leave every class the same feasible options give the same frontier: only
         // the smallest of them (the tightest peak for those plans) is worth a sum.
         let mut previous_keys: Option<Vec<Vec<usize>>> = None;
+        let mut steps: Vec<(u64, Vec<Vec<usize>>)> = Vec::new();
         for cap in caps {
             let keys: Vec<Vec<usize>> =
                 self.classes
@@ -354,6 +398,102 @@ impl<'m> Planner<'m> {
             if previous_keys.as_ref() == Some(&keys) {
                 continue;
             }
+            previous_keys = Some(keys.clone());
+            steps.push((cap, keys));
+        }
+        Prepared {
+            batch,
+            bases,
+            opts,
+            remat,
+            floors,
+            class_floor,
+            all_floor,
+            later_floor,
+            steps,
+        }
+    }
+
+    /// The smallest peak any plan at this micro-batch reaches (before frontiers are thinned).
+    fn min_peak(&self, prep: &Prepared) -> u64 {
+        let least = |slots: &[usize], key: &[usize], mem: fn(&Opt) -> u64| -> Option<u64> {
+            slots.iter().zip(key).try_fold(0u64, |acc, (&i, &k)| {
+                let m = prep.opts[i][..k].iter().map(mem).min()?;
+                Some(acc.saturating_add(m))
+            })
+        };
+        prep.steps
+            .iter()
+            .filter_map(|(cap, keys)| {
+                self.classes.iter().zip(keys).try_fold(
+                    self.machine.overhead_bytes.saturating_add(*cap),
+                    |acc, (class, key)| {
+                        let rep = &class.instances[0];
+                        let plain = least(rep, &key[..rep.len()], |o| o.held);
+                        let recomputed = class
+                            .blocks
+                            .as_ref()
+                            .filter(|_| self.options.recompute)
+                            .and_then(|b| {
+                                let kept = self
+                                    .machine
+                                    .activation_bytes(self.blocks.input_bytes_per_sample[b[0]])
+                                    * prep.batch;
+                                let held = least(rep, key.get(rep.len()..)?, |o| o.held_r)?;
+                                Some(held.saturating_add(kept))
+                            });
+                        let one = match (plain, recomputed) {
+                            (Some(a), Some(b)) => a.min(b),
+                            (a, b) => a.or(b)?,
+                        };
+                        Some(acc.saturating_add(one.saturating_mul(class.instances.len() as u64)))
+                    },
+                )
+            })
+            .min()
+            .unwrap_or(u64::MAX)
+    }
+
+    /// The step time of the fastest choice of every op, whatever its memory: no plan at this
+    /// micro-batch is faster.
+    fn min_time(&self, prep: &Prepared) -> f64 {
+        self.classes
+            .iter()
+            .map(|class| {
+                let one: f64 = class.instances[0]
+                    .iter()
+                    .map(|&i| {
+                        prep.opts[i]
+                            .iter()
+                            .map(|o| o.time)
+                            .fold(f64::INFINITY, f64::min)
+                    })
+                    .sum();
+                one * class.instances.len() as f64
+            })
+            .sum()
+    }
+
+    /// Frontiers at one micro-batch, without the plans that cannot fit `max_budget` (each
+    /// frontier keeps its smallest point, for [`NoFit`]).
+    fn build(&self, prep: Prepared, max_budget: u64) -> BatchTable {
+        let Prepared {
+            batch,
+            bases,
+            opts,
+            remat,
+            floors,
+            class_floor,
+            all_floor,
+            later_floor,
+            steps,
+        } = prep;
+        let res = self.options.resolution_bytes;
+        let room = max_budget.saturating_sub(self.machine.overhead_bytes);
+        let mut arena = Arena::default();
+        let mut cache: HashMap<(usize, Vec<usize>), Frontier> = HashMap::new();
+        let mut table_caps = Vec::with_capacity(steps.len());
+        for (cap, keys) in steps {
             // Held memory any plan under this cap may use within `max_budget`.
             let limit = room.saturating_sub(cap);
             let empty = arena.push(Node::Empty);
@@ -408,7 +548,6 @@ impl<'m> Planner<'m> {
             if !total.is_empty() {
                 table_caps.push((cap, total));
             }
-            previous_keys = Some(keys);
         }
         BatchTable {
             batch,

@@ -74,7 +74,7 @@ fn machine(layout: &str, model: &ModelSpec) -> Machine {
     Machine::new(&l, model)
 }
 
-/// Every plan over `batches`: all choices per op, all recompute flags; best throughput that fits.
+/// Best throughput that fits `budget` over every plan of `batches` (see [`all_plans`]).
 fn exhaustive(
     model: &ModelSpec,
     m: &Machine,
@@ -82,41 +82,11 @@ fn exhaustive(
     max_split: u32,
     budget: u64,
 ) -> Option<f64> {
-    let bases = cost::op_bases(model, m, 1);
-    let options: Vec<Vec<Choice>> = bases.iter().map(|b| cost::choices(b, max_split)).collect();
-    let layers = model.config.layers as usize;
-    let mut best: Option<f64> = None;
-    for &batch in batches {
-        let mut idx = vec![0usize; options.len()];
-        loop {
-            for flags in 0..(1u32 << layers) {
-                let plan = Plan {
-                    batch,
-                    choices: idx.iter().zip(&options).map(|(&i, o)| o[i]).collect(),
-                    recompute: (0..layers).map(|l| flags >> l & 1 == 1).collect(),
-                };
-                let p = evaluate(model, m, &plan);
-                if p.peak_memory_bytes <= budget {
-                    let t = p.throughput_samples_per_s;
-                    best = Some(best.map_or(t, |b: f64| b.max(t)));
-                }
-            }
-            // Next combination (odometer).
-            let mut k = 0;
-            while k < idx.len() {
-                idx[k] += 1;
-                if idx[k] < options[k].len() {
-                    break;
-                }
-                idx[k] = 0;
-                k += 1;
-            }
-            if k == idx.len() {
-                break;
-            }
-        }
-    }
-    best
+    all_plans(model, m, batches, max_split)
+        .into_iter()
+        .filter(|p| p.0 <= budget)
+        .map(|p| p.1)
+        .reduce(f64::max)
 }
 
 fn close(a: f64, b: f64) -> bool {
@@ -223,6 +193,68 @@ fn auto_batch_search_matches_exhaustive_over_the_ladder() {
         got.prediction.batch_size > 1,
         "a 2 GiB budget fits more than one sample of this model"
     );
+}
+
+/// Every plan over `batches` as (peak bytes, samples/s): all choices per op, all recompute flags.
+fn all_plans(model: &ModelSpec, m: &Machine, batches: &[u64], max_split: u32) -> Vec<(u64, f64)> {
+    let bases = cost::op_bases(model, m, 1);
+    let options: Vec<Vec<Choice>> = bases.iter().map(|b| cost::choices(b, max_split)).collect();
+    let layers = model.config.layers as usize;
+    let mut out = Vec::new();
+    for &batch in batches {
+        let mut idx = vec![0usize; options.len()];
+        'plans: loop {
+            for flags in 0..(1u32 << layers) {
+                let plan = Plan {
+                    batch,
+                    choices: idx.iter().zip(&options).map(|(&i, o)| o[i]).collect(),
+                    recompute: (0..layers).map(|l| flags >> l & 1 == 1).collect(),
+                };
+                let p = evaluate(model, m, &plan);
+                out.push((p.peak_memory_bytes, p.throughput_samples_per_s));
+            }
+            for k in 0..idx.len() {
+                idx[k] += 1;
+                if idx[k] < options[k].len() {
+                    continue 'plans;
+                }
+                idx[k] = 0;
+            }
+            break;
+        }
+    }
+    out
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(6))]
+
+    /// One planner built for the largest budget answers every smaller one exactly, over the
+    /// whole batch ladder: what larger micro-batches let it leave out of the smaller ones'
+    /// frontiers never costs a plan.
+    #[test]
+    fn one_planner_answers_every_budget_over_the_ladder(
+        hidden in prop::sample::select(vec![128u64, 512]),
+        seq in prop::sample::select(vec![64u64, 256]),
+        layout in prop::sample::select(vec!["a100-80gb-8x-nvlink", "osdp-paper-8x-titan-rtx-pcie3"]),
+        fracs in prop::collection::vec(0.0f64..1.0, 6),
+    ) {
+        let model = small_model(hidden, seq, 1000, 1, true);
+        let m = machine(layout, &model);
+        let max_budget = m.overhead_bytes + (1u64 << 30);
+        let options = PlanOptions { max_split: 2, ..Default::default() };
+        let planner = Planner::new(&model, m.clone(), options, max_budget);
+        let plans = all_plans(&model, &m, &planner.batches(), 2);
+        let least = plans.iter().map(|p| p.0).min().unwrap();
+        for f in fracs {
+            let budget = least + ((max_budget - least) as f64 * f * f) as u64;
+            let want = plans.iter().filter(|p| p.0 <= budget).map(|p| p.1).fold(0.0, f64::max);
+            let got = planner.best(budget).expect("the least plan fits");
+            prop_assert!(got.prediction.peak_memory_bytes <= budget);
+            prop_assert!(close(got.prediction.throughput_samples_per_s, want),
+                "budget {budget}: planner {} vs exhaustive {want}", got.prediction.throughput_samples_per_s);
+        }
+    }
 }
 
 #[test]
