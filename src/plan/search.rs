@@ -91,6 +91,8 @@ struct Prepared {
     bases: Vec<OpBase>,
     opts: Vec<Vec<Opt>>,
     remat: Vec<u64>,
+    /// The transient no plan avoids: the largest of the ops' least.
+    transient_floor: u64,
     /// Least memory one instance of each class holds; times its instance count; the sum; the
     /// sum over the classes after each.
     floors: Vec<u64>,
@@ -100,6 +102,23 @@ struct Prepared {
     /// The transient caps worth a frontier, with what each leaves each class: per slot, how
     /// many options fit (then, for blocks that may recompute, how many fit recomputed).
     steps: Vec<(u64, Vec<Vec<usize>>)>,
+}
+
+/// Lines `time ≥ g − λ·(peak − fixed)`; see [`Planner::time_bound`].
+struct TimeBound {
+    lines: Vec<(f64, f64)>,
+    fixed_bytes: u64,
+}
+
+impl TimeBound {
+    /// The least step time (without the step overhead) of a plan of peak `peak`.
+    fn at(&self, peak: u64) -> f64 {
+        let held = peak.saturating_sub(self.fixed_bytes) as f64;
+        self.lines
+            .iter()
+            .map(|&(g, lambda)| g - lambda * held)
+            .fold(0.0, f64::max)
+    }
 }
 
 pub struct Planner<'m> {
@@ -172,13 +191,30 @@ impl<'m> Planner<'m> {
         let mut witnesses: Vec<(u64, f64)> = Vec::new();
         let mut tables: Vec<BatchTable> = Vec::with_capacity(prepared.len());
         for prep in prepared.into_iter().rev() {
-            let bound = prep.batch as f64 / (planner.min_time(&prep) + step_overhead);
-            // A margin for rounding: sums in another order may differ in the last bits.
-            let beaten_at = witnesses
-                .get(witnesses.partition_point(|w| w.1 <= bound * (1.0 + 1e-9)))
-                .map(|w| w.0);
-            let cover = beaten_at.map_or(max_budget_bytes, |w| max_budget_bytes.min(w - 1));
-            if beaten_at.is_some() && cover < planner.min_peak(&prep) {
+            let bound = planner.time_bound(&prep);
+            // The best throughput a batch-`b` plan of peak `peak` could reach, with a margin
+            // for rounding (sums in another order may differ in the last bits).
+            let could_reach =
+                |peak: u64| prep.batch as f64 / (bound.at(peak) + step_overhead) * (1.0 + 1e-7);
+            // Witnesses are a staircase: throughput `w.1` from peak `w.0` on. Batch `b` must
+            // cover a budget only while it could match the witnesses' best within it; its bound
+            // rises with the peak, so each stair is decided at its top.
+            let mut cover = 0u64;
+            for k in (0..=witnesses.len()).rev() {
+                let bottom = if k == 0 { 0 } else { witnesses[k - 1].0 };
+                if bottom > max_budget_bytes {
+                    continue;
+                }
+                let top = witnesses.get(k).map_or(max_budget_bytes, |w| {
+                    max_budget_bytes.min(w.0.saturating_sub(1))
+                });
+                let best = if k == 0 { 0.0 } else { witnesses[k - 1].1 };
+                if could_reach(top) >= best {
+                    cover = top;
+                    break;
+                }
+            }
+            if cover < max_budget_bytes && cover < planner.min_peak(&prep) {
                 continue;
             }
             let table = planner.build(prep, cover);
@@ -406,6 +442,7 @@ impl<'m> Planner<'m> {
             bases,
             opts,
             remat,
+            transient_floor: floor,
             floors,
             class_floor,
             all_floor,
@@ -454,24 +491,89 @@ impl<'m> Planner<'m> {
             .unwrap_or(u64::MAX)
     }
 
-    /// The step time of the fastest choice of every op, whatever its memory: no plan at this
-    /// micro-batch is faster.
-    fn min_time(&self, prep: &Prepared) -> f64 {
-        self.classes
-            .iter()
-            .map(|class| {
-                let one: f64 = class.instances[0]
+    /// What a recomputed instance of `class` keeps (its block's input) at `batch`, when the
+    /// class is a block that may recompute.
+    fn kept_bytes(&self, class: &Class, batch: u64) -> Option<u64> {
+        let b = class.blocks.as_ref().filter(|_| self.options.recompute)?[0];
+        Some(
+            self.machine
+                .activation_bytes(self.blocks.input_bytes_per_sample[b])
+                * batch,
+        )
+    }
+
+    /// A lower bound on the step time of any plan at this micro-batch, by its peak.
+    ///
+    /// For any `λ ≥ 0` every plan has `time + λ·held ≥ g(λ)`, the sum over ops of their least
+    /// `time + λ·held` (per instance, recomputed or not). Held memory is at most the peak less
+    /// the overhead and the least transient, so `time ≥ g(λ) − λ·(peak − fixed)`; the bound is
+    /// the best of these lines over a spread of `λ` (the lower convex hull of the frontier,
+    /// sampled). `λ = 0` gives the fastest ops' time, whatever their memory.
+    fn time_bound(&self, prep: &Prepared) -> TimeBound {
+        let mut slopes: Vec<f64> = Vec::new();
+        for class in &self.classes {
+            for &i in &class.instances[0] {
+                for pick in [|o: &Opt| (o.held, o.time), |o: &Opt| (o.held_r, o.time_r)] {
+                    let mut pts: Vec<(u64, f64)> = prep.opts[i].iter().map(pick).collect();
+                    pts.sort_by(|a, b| a.0.cmp(&b.0).then(a.1.total_cmp(&b.1)));
+                    slopes.extend(pts.windows(2).filter_map(|w| {
+                        let s = (w[0].1 - w[1].1) / (w[1].0 - w[0].0) as f64;
+                        (s.is_finite() && s > 0.0).then_some(s)
+                    }));
+                }
+            }
+        }
+        let (lo, hi) = slopes.iter().fold((f64::INFINITY, 0.0f64), |(lo, hi), &s| {
+            (lo.min(s), hi.max(s))
+        });
+        let mut lambdas = vec![0.0];
+        if hi > 0.0 {
+            const SAMPLES: usize = 24;
+            let ratio = (hi / lo).powf(1.0 / (SAMPLES - 1) as f64);
+            lambdas.extend((0..SAMPLES).map(|k| lo * ratio.powi(k as i32)));
+        }
+        let least = |slots: &[usize], lambda: f64, pick: fn(&Opt) -> (u64, f64)| -> f64 {
+            slots
+                .iter()
+                .map(|&i| {
+                    prep.opts[i]
+                        .iter()
+                        .map(|o| {
+                            let (held, time) = pick(o);
+                            time + lambda * held as f64
+                        })
+                        .fold(f64::INFINITY, f64::min)
+                })
+                .sum()
+        };
+        let lines = lambdas
+            .into_iter()
+            .map(|lambda| {
+                let g: f64 = self
+                    .classes
                     .iter()
-                    .map(|&i| {
-                        prep.opts[i]
-                            .iter()
-                            .map(|o| o.time)
-                            .fold(f64::INFINITY, f64::min)
+                    .map(|class| {
+                        let rep = &class.instances[0];
+                        let plain = least(rep, lambda, |o| (o.held, o.time));
+                        let one = match self.kept_bytes(class, prep.batch) {
+                            Some(kept) => plain.min(
+                                least(rep, lambda, |o| (o.held_r, o.time_r)) + lambda * kept as f64,
+                            ),
+                            None => plain,
+                        };
+                        one * class.instances.len() as f64
                     })
                     .sum();
-                one * class.instances.len() as f64
+                (g, lambda)
             })
-            .sum()
+            .collect();
+        TimeBound {
+            lines,
+            fixed_bytes: self
+                .machine
+                .overhead_bytes
+                .saturating_add(prep.transient_floor),
+        }
     }
 
     /// Frontiers at one micro-batch, without the plans that cannot fit `max_budget` (each
@@ -482,6 +584,7 @@ impl<'m> Planner<'m> {
             bases,
             opts,
             remat,
+            transient_floor: _,
             floors,
             class_floor,
             all_floor,
