@@ -599,14 +599,43 @@ pub fn input_bytes_per_sample(model: &ModelSpec) -> Vec<u64> {
 
 /// The base facts of every op at micro-batch `batch`.
 pub fn op_bases(model: &ModelSpec, m: &Machine, batch: u64) -> Vec<OpBase> {
-    let uses = parameter_uses(model);
-    let inputs = input_bytes_per_sample(model);
-    model
-        .ops
-        .iter()
-        .enumerate()
-        .map(|(i, op)| OpBase::new(op, kernel_key(model, op), inputs[i], m, batch, uses[i]))
-        .collect()
+    OpGraph::of(model).bases(model, m, batch)
+}
+
+/// What the graph says of each op whatever the batch: who uses its parameters, what flows
+/// into it. Worth keeping when pricing many batch sizes (finding them means name lookups).
+#[derive(Debug, Clone)]
+pub struct OpGraph {
+    uses: Vec<u32>,
+    inputs: Vec<u64>,
+}
+
+impl OpGraph {
+    pub fn of(model: &ModelSpec) -> OpGraph {
+        OpGraph {
+            uses: parameter_uses(model),
+            inputs: input_bytes_per_sample(model),
+        }
+    }
+
+    /// The base facts of every op of `model` (the one this was made of) at `batch`.
+    pub fn bases(&self, model: &ModelSpec, m: &Machine, batch: u64) -> Vec<OpBase> {
+        model
+            .ops
+            .iter()
+            .enumerate()
+            .map(|(i, op)| {
+                OpBase::new(
+                    op,
+                    kernel_key(model, op),
+                    self.inputs[i],
+                    m,
+                    batch,
+                    self.uses[i],
+                )
+            })
+            .collect()
+    }
 }
 
 /// Whether the op owns parameters (and so has a sharding choice).

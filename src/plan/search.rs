@@ -93,12 +93,10 @@ struct Prepared {
     remat: Vec<u64>,
     /// The transient no plan avoids: the largest of the ops' least.
     transient_floor: u64,
-    /// Least memory one instance of each class holds; times its instance count; the sum; the
-    /// sum over the classes after each.
+    /// Least memory one instance of each class holds; times its instance count; the sum.
     floors: Vec<u64>,
     class_floor: Vec<u64>,
     all_floor: u64,
-    later_floor: Vec<u64>,
     /// The transient caps worth a frontier, with what each leaves each class: per slot, how
     /// many options fit (then, for blocks that may recompute, how many fit recomputed).
     steps: Vec<(u64, Vec<Vec<usize>>)>,
@@ -127,6 +125,7 @@ pub struct Planner<'m> {
     blocks: Blocks,
     options: PlanOptions,
     classes: Vec<Class>,
+    graph: cost::OpGraph,
     tables: Vec<BatchTable>,
     searched: Vec<u64>,
 }
@@ -156,13 +155,15 @@ impl<'m> Planner<'m> {
     ) -> Planner<'m> {
         let blocks = Blocks::of(model);
         let pins: HashMap<usize, Choice> = options.pins.iter().copied().collect();
-        let classes = classify(model, &machine, &blocks, &pins);
+        let graph = cost::OpGraph::of(model);
+        let classes = classify(&graph.bases(model, &machine, 1), &blocks, &pins);
         let mut planner = Planner {
             model,
             machine,
             blocks,
             options,
             classes,
+            graph,
             tables: Vec::new(),
             searched: Vec::new(),
         };
@@ -316,7 +317,7 @@ impl<'m> Planner<'m> {
     /// options, the transient caps worth a frontier and what each cap leaves each class.
     fn prepare(&self, batch: u64, pins: &HashMap<usize, Choice>) -> Prepared {
         let m = &self.machine;
-        let bases = cost::op_bases(self.model, m, batch);
+        let bases = self.graph.bases(self.model, m, batch);
         // Options of each class's first instance: the other instances price the same (that is
         // what makes them one class), so their lists stay empty and are never read.
         let mut opts: Vec<Vec<Opt>> = vec![Vec::new(); bases.len()];
@@ -384,15 +385,9 @@ impl<'m> Planner<'m> {
                         .sum()
                 };
                 let plain = min_of(|o| o.held);
-                match class.blocks.as_ref() {
-                    Some(b) if self.options.recompute => plain.min(
-                        min_of(|o| o.held_r)
-                            + self
-                                .machine
-                                .activation_bytes(self.blocks.input_bytes_per_sample[b[0]])
-                                * batch,
-                    ),
-                    _ => plain,
+                match self.kept_bytes(class, batch) {
+                    Some(kept) => plain.min(min_of(|o| o.held_r) + kept),
+                    None => plain,
                 }
             })
             .collect();
@@ -403,11 +398,6 @@ impl<'m> Planner<'m> {
             .map(|(c, f)| f.saturating_mul(c.instances.len() as u64))
             .collect();
         let all_floor: u64 = class_floor.iter().fold(0u64, |a, &b| a.saturating_add(b));
-        // Of the classes after each one.
-        let mut later_floor = vec![0u64; class_floor.len()];
-        for ci in (0..class_floor.len().saturating_sub(1)).rev() {
-            later_floor[ci] = later_floor[ci + 1].saturating_add(class_floor[ci + 1]);
-        }
         // Caps that leave every class the same feasible options give the same frontier: only
         // the smallest of them (the tightest peak for those plans) is worth a sum.
         let mut previous_keys: Option<Vec<Vec<usize>>> = None;
@@ -446,7 +436,6 @@ impl<'m> Planner<'m> {
             floors,
             class_floor,
             all_floor,
-            later_floor,
             steps,
         }
     }
@@ -467,18 +456,10 @@ impl<'m> Planner<'m> {
                     |acc, (class, key)| {
                         let rep = &class.instances[0];
                         let plain = least(rep, &key[..rep.len()], |o| o.held);
-                        let recomputed = class
-                            .blocks
-                            .as_ref()
-                            .filter(|_| self.options.recompute)
-                            .and_then(|b| {
-                                let kept = self
-                                    .machine
-                                    .activation_bytes(self.blocks.input_bytes_per_sample[b[0]])
-                                    * prep.batch;
-                                let held = least(rep, key.get(rep.len()..)?, |o| o.held_r)?;
-                                Some(held.saturating_add(kept))
-                            });
+                        let recomputed = self.kept_bytes(class, prep.batch).and_then(|kept| {
+                            let held = least(rep, key.get(rep.len()..)?, |o| o.held_r)?;
+                            Some(held.saturating_add(kept))
+                        });
                         let one = match (plain, recomputed) {
                             (Some(a), Some(b)) => a.min(b),
                             (a, b) => a.or(b)?,
@@ -588,7 +569,6 @@ impl<'m> Planner<'m> {
             floors,
             class_floor,
             all_floor,
-            later_floor,
             steps,
         } = prep;
         let res = self.options.resolution_bytes;
@@ -599,51 +579,52 @@ impl<'m> Planner<'m> {
         for (cap, keys) in steps {
             // Held memory any plan under this cap may use within `max_budget`.
             let limit = room.saturating_sub(cap);
+            for (ci, (class, key)) in self.classes.iter().zip(&keys).enumerate() {
+                if cache.contains_key(&(ci, key.clone())) {
+                    continue;
+                }
+                let rep = &class.instances[0];
+                let one = class_frontier(
+                    ci as u32,
+                    rep,
+                    &opts,
+                    cap,
+                    self.kept_bytes(class, batch)
+                        .map(|kept| (rep.iter().map(|&i| remat[i]).collect(), kept)),
+                    res,
+                    &mut arena,
+                );
+                let others = all_floor.saturating_sub(class_floor[ci]);
+                // Caps rise, so a cached frontier was built under a looser limit: still whole.
+                let f = frontier::repeat(
+                    &one,
+                    class.instances.len() as u64,
+                    res,
+                    limit.saturating_sub(others),
+                    floors[ci],
+                    &mut arena,
+                );
+                cache.insert((ci, key.clone()), f);
+            }
+            // Single points first (they add up to one point); adding one to a large frontier
+            // would copy it.
+            let mut parts: Vec<(usize, &Frontier)> = keys
+                .iter()
+                .enumerate()
+                .map(|(ci, key)| (ci, &cache[&(ci, key.clone())]))
+                .collect();
+            parts.sort_by_key(|(ci, f)| (f.len() > 1, *ci));
+            // What the classes still to add hold at the very least.
+            let mut later = all_floor;
             let empty = arena.push(Node::Empty);
             let mut total: Frontier = vec![Point {
                 mem: 0,
                 time: 0.0,
                 node: empty,
             }];
-            for (ci, (class, key)) in self.classes.iter().zip(keys.iter()).enumerate() {
-                let rep = &class.instances[0];
-                let block = class.blocks.as_ref().map(|b| b[0]);
-                let key = key.clone();
-                // Caps rise, so a cached frontier was built under a looser limit: still whole.
-                let f = cache.entry((ci, key)).or_insert_with(|| {
-                    let one = class_frontier(
-                        ci as u32,
-                        rep,
-                        &opts,
-                        cap,
-                        block.map(|b| {
-                            (
-                                rep.iter().map(|&i| remat[i]).collect::<Vec<u64>>(),
-                                self.machine
-                                    .activation_bytes(self.blocks.input_bytes_per_sample[b])
-                                    * batch,
-                            )
-                        }),
-                        &self.options,
-                        &mut arena,
-                    );
-                    let others = all_floor.saturating_sub(class_floor[ci]);
-                    frontier::repeat(
-                        &one,
-                        class.instances.len() as u64,
-                        res,
-                        limit.saturating_sub(others),
-                        floors[ci],
-                        &mut arena,
-                    )
-                });
-                total = frontier::sum(
-                    &total,
-                    f,
-                    res,
-                    limit.saturating_sub(later_floor[ci]),
-                    &mut arena,
-                );
+            for (ci, f) in parts {
+                later = later.saturating_sub(class_floor[ci]);
+                total = frontier::sum(&total, f, res, limit.saturating_sub(later), &mut arena);
                 if total.is_empty() {
                     break;
                 }
@@ -729,22 +710,21 @@ fn option(base: &OpBase, choice: Choice, m: &Machine) -> Opt {
     }
 }
 
-/// Frontier of one instance of a class under transient cap `cap`, with and (for blocks, when
-/// allowed) without recomputation. `block`: (per slot, the bytes rematerialised while it runs
-/// backward; kept input bytes).
+/// Frontier of one instance of a class under transient cap `cap`, with and (for blocks that
+/// may recompute) without recomputation. `recompute`: (per slot, the bytes rematerialised while
+/// it runs backward; kept input bytes).
 fn class_frontier(
     class: u32,
     slots: &[usize],
     opts: &[Vec<Opt>],
     cap: u64,
-    block: Option<(Vec<u64>, u64)>,
-    options: &PlanOptions,
+    recompute: Option<(Vec<u64>, u64)>,
+    resolution: u64,
     arena: &mut Arena,
 ) -> Frontier {
-    let (allow_recompute, resolution) = (options.recompute, options.resolution_bytes);
     let none = vec![0; slots.len()];
     let mut variants: Vec<(bool, Vec<u64>, u64)> = vec![(false, none, 0)];
-    if let (Some((remat, kept)), true) = (block, allow_recompute) {
+    if let Some((remat, kept)) = recompute {
         variants.push((true, remat, kept));
     }
     let mut all = Vec::new();
@@ -790,14 +770,8 @@ fn class_frontier(
 }
 
 /// Group ops into classes of identical instances.
-fn classify(
-    model: &ModelSpec,
-    m: &Machine,
-    blocks: &Blocks,
-    pins: &HashMap<usize, Choice>,
-) -> Vec<Class> {
-    // Signatures use batch-1 facts: identical at batch 1 means identical at any batch.
-    let bases = cost::op_bases(model, m, 1);
+/// `bases`: the ops' facts at batch 1 (identical at batch 1 means identical at any batch).
+fn classify(bases: &[OpBase], blocks: &Blocks, pins: &HashMap<usize, Choice>) -> Vec<Class> {
     let sig = |i: usize| -> Vec<u64> {
         let b = &bases[i];
         let pin = pins.get(&i).map_or(u64::MAX, |c| {
