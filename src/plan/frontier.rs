@@ -23,6 +23,11 @@ pub enum Node {
         recompute: bool,
         inner: u32,
     },
+    /// Every instance of group class `class`: under `inner`, for each of its slots one `Op`
+    /// per instance, and one `Way` per instance.
+    Dealt { class: u32, inner: u32 },
+    /// One instance recomputes its block (`true`) or keeps its activations.
+    Way(bool),
     /// Both parts.
     Pair(u32, u32),
     /// Nothing (the identity of the sum).

@@ -93,8 +93,7 @@ struct Prepared {
     remat: Vec<u64>,
     /// The transient no plan avoids: the largest of the ops' least.
     transient_floor: u64,
-    /// Least memory one instance of each class holds; times its instance count; the sum.
-    floors: Vec<u64>,
+    /// Least memory each class holds (all its instances); the sum.
     class_floor: Vec<u64>,
     all_floor: u64,
     /// The transient caps worth a frontier, with what each leaves each class: per slot, how
@@ -433,7 +432,6 @@ impl<'m> Planner<'m> {
             opts,
             remat,
             transient_floor: floor,
-            floors,
             class_floor,
             all_floor,
             steps,
@@ -566,7 +564,6 @@ impl<'m> Planner<'m> {
             opts,
             remat,
             transient_floor: _,
-            floors,
             class_floor,
             all_floor,
             steps,
@@ -576,6 +573,11 @@ impl<'m> Planner<'m> {
         let mut arena = Arena::default();
         let mut cache: HashMap<(usize, Vec<usize>), Frontier> = HashMap::new();
         let mut table_caps = Vec::with_capacity(steps.len());
+        let remat_of: Vec<Vec<u64>> = self
+            .classes
+            .iter()
+            .map(|c| c.instances[0].iter().map(|&i| remat[i]).collect())
+            .collect();
         for (cap, keys) in steps {
             // Held memory any plan under this cap may use within `max_budget`.
             let limit = room.saturating_sub(cap);
@@ -584,51 +586,30 @@ impl<'m> Planner<'m> {
                     continue;
                 }
                 let rep = &class.instances[0];
-                let one = class_frontier(
-                    ci as u32,
-                    rep,
-                    &opts,
-                    cap,
-                    self.kept_bytes(class, batch)
-                        .map(|kept| (rep.iter().map(|&i| remat[i]).collect(), kept)),
-                    res,
-                    &mut arena,
-                );
                 let others = all_floor.saturating_sub(class_floor[ci]);
                 // Caps rise, so a cached frontier was built under a looser limit: still whole.
-                let f = frontier::repeat(
-                    &one,
+                let f = class_total(
+                    ci as u32,
+                    rep,
                     class.instances.len() as u64,
+                    &opts,
+                    cap,
+                    self.kept_bytes(class, batch).map(|kept| Recompute {
+                        remat: &remat_of[ci],
+                        kept,
+                    }),
                     res,
                     limit.saturating_sub(others),
-                    floors[ci],
                     &mut arena,
                 );
                 cache.insert((ci, key.clone()), f);
             }
-            // Single points first (they add up to one point); adding one to a large frontier
-            // would copy it.
-            let mut parts: Vec<(usize, &Frontier)> = keys
+            let parts = keys
                 .iter()
                 .enumerate()
-                .map(|(ci, key)| (ci, &cache[&(ci, key.clone())]))
+                .map(|(ci, key)| (cache[&(ci, key.clone())].as_slice(), class_floor[ci]))
                 .collect();
-            parts.sort_by_key(|(ci, f)| (f.len() > 1, *ci));
-            // What the classes still to add hold at the very least.
-            let mut later = all_floor;
-            let empty = arena.push(Node::Empty);
-            let mut total: Frontier = vec![Point {
-                mem: 0,
-                time: 0.0,
-                node: empty,
-            }];
-            for (ci, f) in parts {
-                later = later.saturating_sub(class_floor[ci]);
-                total = frontier::sum(&total, f, res, limit.saturating_sub(later), &mut arena);
-                if total.is_empty() {
-                    break;
-                }
-            }
+            let total = sum_parts(parts, 0, res, limit, &mut arena);
             if !total.is_empty() {
                 table_caps.push((cap, total));
             }
@@ -648,10 +629,37 @@ impl<'m> Planner<'m> {
         let mut stack = vec![root];
         while let Some(n) = stack.pop() {
             match table.arena.nodes[n as usize] {
-                Node::Empty | Node::Op { .. } => {}
+                Node::Empty | Node::Op { .. } | Node::Way(_) => {}
                 Node::Pair(a, b) => {
                     stack.push(a);
                     stack.push(b);
+                }
+                Node::Dealt { class, inner } => {
+                    // Each slot's choices and the ways, one per instance, dealt out in order.
+                    let class = &self.classes[class as usize];
+                    let mut dealt = vec![0usize; class.instances[0].len()];
+                    let mut ways = 0usize;
+                    let mut inner_stack = vec![inner];
+                    while let Some(x) = inner_stack.pop() {
+                        match table.arena.nodes[x as usize] {
+                            Node::Op { slot, choice } => {
+                                let slot = slot as usize;
+                                choices[class.instances[dealt[slot]][slot]] = choice;
+                                dealt[slot] += 1;
+                            }
+                            Node::Way(r) => {
+                                if let Some(blocks) = &class.blocks {
+                                    recompute[blocks[ways]] = r;
+                                }
+                                ways += 1;
+                            }
+                            Node::Pair(a, b) => {
+                                inner_stack.push(a);
+                                inner_stack.push(b);
+                            }
+                            _ => {}
+                        }
+                    }
                 }
                 Node::Instance {
                     class,
@@ -710,40 +718,28 @@ fn option(base: &OpBase, choice: Choice, m: &Machine) -> Opt {
     }
 }
 
-/// Frontier of one instance of a class under transient cap `cap`, with and (for blocks that
-/// may recompute) without recomputation. `recompute`: (per slot, the bytes rematerialised while
-/// it runs backward; kept input bytes).
-fn class_frontier(
-    class: u32,
+/// One instance of a class run one way (recomputed or not) under transient cap `cap`: the
+/// frontier of each slot's options, or `None` when a slot has none under the cap. `remat`: per
+/// slot, the bytes rematerialised while it runs backward, for the recomputed way.
+fn slot_frontiers(
     slots: &[usize],
     opts: &[Vec<Opt>],
     cap: u64,
-    recompute: Option<(Vec<u64>, u64)>,
-    resolution: u64,
+    remat: Option<&[u64]>,
     arena: &mut Arena,
-) -> Frontier {
-    let none = vec![0; slots.len()];
-    let mut variants: Vec<(bool, Vec<u64>, u64)> = vec![(false, none, 0)];
-    if let Some((remat, kept)) = recompute {
-        variants.push((true, remat, kept));
-    }
-    let mut all = Vec::new();
-    for (recompute, extra_transient, kept) in variants {
-        let empty = arena.push(Node::Empty);
-        let mut f: Frontier = vec![Point {
-            mem: kept,
-            time: 0.0,
-            node: empty,
-        }];
-        for (slot, &i) in slots.iter().enumerate() {
+) -> Option<Vec<Frontier>> {
+    slots
+        .iter()
+        .enumerate()
+        .map(|(slot, &i)| {
+            let extra = remat.map_or(0, |r| r[slot]);
             let pts: Vec<Point> = opts[i]
                 .iter()
-                .filter(|o| o.transient + extra_transient[slot] <= cap)
+                .filter(|o| o.transient + extra <= cap)
                 .map(|o| {
-                    let (mem, time) = if recompute {
-                        (o.held_r, o.time_r)
-                    } else {
-                        (o.held, o.time)
+                    let (mem, time) = match remat {
+                        Some(_) => (o.held_r, o.time_r),
+                        None => (o.held, o.time),
                     };
                     let node = arena.push(Node::Op {
                         slot: slot as u32,
@@ -752,21 +748,189 @@ fn class_frontier(
                     Point { mem, time, node }
                 })
                 .collect();
-            f = frontier::sum(&f, &frontier::prune(pts), resolution, u64::MAX, arena);
-            if f.is_empty() {
-                break;
-            }
-        }
-        for p in f {
-            let node = arena.push(Node::Instance {
-                class,
-                recompute,
-                inner: p.node,
-            });
-            all.push(Point { node, ..p });
+            (!pts.is_empty()).then(|| frontier::prune(pts))
+        })
+        .collect()
+}
+
+/// The sum of `parts`, each with the least memory it adds, starting from `start` (memory
+/// already held): nothing above `limit` but the first point. Single points go first (they
+/// add up to one point; adding one to a large frontier would copy it).
+fn sum_parts(
+    mut parts: Vec<(&[Point], u64)>,
+    start: u64,
+    resolution: u64,
+    limit: u64,
+    arena: &mut Arena,
+) -> Frontier {
+    parts.sort_by_key(|(f, _)| f.len() > 1);
+    let mut later: u64 = parts.iter().fold(0, |a, p| a.saturating_add(p.1));
+    let mut total: Frontier = vec![Point {
+        mem: start,
+        time: 0.0,
+        node: arena.push(Node::Empty),
+    }];
+    for (f, floor) in parts {
+        later = later.saturating_sub(floor);
+        total = frontier::sum(&total, f, resolution, limit.saturating_sub(later), arena);
+        if total.is_empty() {
+            break;
         }
     }
-    frontier::prune(all)
+    total
+}
+
+/// How a block instance may run: its ops' options under the cap, and what recomputing
+/// changes.
+struct Recompute<'a> {
+    /// Per slot, the bytes rematerialised while it runs backward.
+    remat: &'a [u64],
+    /// The block input a recomputed instance keeps.
+    kept: u64,
+}
+
+/// The frontier of all `class`'s instances under transient cap `cap`, within `limit` bytes
+/// held.
+///
+/// An instance's memory and time add up over its slots, plus what its way of running adds:
+/// kept activations and nothing, or its kept input and the forward run again. When both ways
+/// admit the same options (or only one way is open, or one is never worse), the instances'
+/// sum is a sum of independent parts — each slot's options repeated, and the ways repeated —
+/// since `n × (a ⊕ b) = n × a ⊕ n × b`: a few short frontiers instead of `n` sums of a long
+/// one. Otherwise instances are repeated whole, each run its own way.
+#[allow(clippy::too_many_arguments)]
+fn class_total(
+    class: u32,
+    slots: &[usize],
+    count: u64,
+    opts: &[Vec<Opt>],
+    cap: u64,
+    recompute: Option<Recompute>,
+    resolution: u64,
+    limit: u64,
+    arena: &mut Arena,
+) -> Frontier {
+    let admitted = |extra: &dyn Fn(usize) -> u64| -> Vec<usize> {
+        slots
+            .iter()
+            .enumerate()
+            .map(|(s, &i)| opts[i].partition_point(|o| o.transient + extra(s) <= cap))
+            .collect()
+    };
+    let plain_n = admitted(&|_| 0);
+    let plain_ok = plain_n.iter().all(|&n| n > 0);
+    let recompute = recompute.filter(|r| admitted(&|s| r.remat[s]).iter().all(|&n| n > 0));
+    // Each way's (memory, time) over the slots' own: kept activations, or the kept input and
+    // the forward again.
+    let saved: u64 = slots
+        .iter()
+        .map(|&i| opts[i][0].held - opts[i][0].held_r)
+        .sum();
+    let mut ways: Vec<(bool, u64)> = Vec::new();
+    if plain_ok {
+        ways.push((false, saved));
+    }
+    if let Some(r) = &recompute {
+        ways.push((true, r.kept));
+    }
+    let separable = match &recompute {
+        Some(r) => !plain_ok || admitted(&|s| r.remat[s]) == plain_n,
+        None => true,
+    };
+    if ways.is_empty() {
+        return Vec::new();
+    }
+    if count > 1 && separable {
+        // Slots priced as recomputed (no kept activations, the forward again) under the
+        // admitted options; the plain way then gives back the forward and holds `saved`.
+        let fwd: Vec<f64> = slots
+            .iter()
+            .map(|&i| opts[i][0].time_r - opts[i][0].time)
+            .collect();
+        let remat = recompute.as_ref().map(|r| r.remat);
+        let limit_of = |s: usize| -> u64 { remat.map_or(0, |r| r[s]) };
+        let only_recompute = !plain_ok;
+        let mut parts: Vec<Frontier> = Vec::with_capacity(slots.len() + 1);
+        for (s, &i) in slots.iter().enumerate() {
+            let extra = if only_recompute { limit_of(s) } else { 0 };
+            let pts: Vec<Point> = opts[i]
+                .iter()
+                .filter(|o| o.transient + extra <= cap)
+                .map(|o| Point {
+                    mem: o.held_r,
+                    time: o.time,
+                    node: arena.push(Node::Op {
+                        slot: s as u32,
+                        choice: o.choice,
+                    }),
+                })
+                .collect();
+            parts.push(frontier::prune(pts));
+        }
+        let total_fwd: f64 = fwd.iter().sum();
+        let way_points: Vec<Point> = ways
+            .iter()
+            .map(|&(r, mem)| Point {
+                mem,
+                time: if r { total_fwd } else { 0.0 },
+                node: arena.push(Node::Way(r)),
+            })
+            .collect();
+        parts.push(frontier::prune(way_points));
+        let least: u64 = parts.iter().map(|f| f[0].mem * count).sum();
+        let repeated: Vec<Frontier> = parts
+            .iter()
+            .map(|f| {
+                let others = least - f[0].mem * count;
+                frontier::repeat(
+                    f,
+                    count,
+                    resolution,
+                    limit.saturating_sub(others),
+                    f[0].mem,
+                    arena,
+                )
+            })
+            .collect();
+        let parts = repeated.iter().map(|f| (f.as_slice(), f[0].mem)).collect();
+        return sum_parts(parts, 0, resolution, limit, arena)
+            .into_iter()
+            .map(|p| Point {
+                node: arena.push(Node::Dealt {
+                    class,
+                    inner: p.node,
+                }),
+                ..p
+            })
+            .collect();
+    }
+    // Instances whole: each way's one-instance frontier, pruned together, repeated.
+    let mut all: Vec<Point> = Vec::new();
+    for &(r, kept) in &ways {
+        let remat = if r {
+            recompute.as_ref().map(|x| x.remat)
+        } else {
+            None
+        };
+        let Some(fs) = slot_frontiers(slots, opts, cap, remat, arena) else {
+            continue;
+        };
+        let parts = fs.iter().map(|f| (f.as_slice(), f[0].mem)).collect();
+        let start = if r { kept } else { 0 };
+        for p in sum_parts(parts, start, resolution, u64::MAX, arena) {
+            all.push(Point {
+                node: arena.push(Node::Instance {
+                    class,
+                    recompute: r,
+                    inner: p.node,
+                }),
+                ..p
+            });
+        }
+    }
+    let one = frontier::prune(all);
+    let floor = one.first().map_or(0, |p| p.mem);
+    frontier::repeat(&one, count, resolution, limit, floor, arena)
 }
 
 /// Group ops into classes of identical instances.
