@@ -28,6 +28,8 @@ pub enum Node {
     Dealt { class: u32, inner: u32 },
     /// One instance recomputes its block (`true`) or keeps its activations.
     Way(bool),
+    /// `count` copies of a node.
+    Times { node: u32, count: u32 },
     /// Both parts.
     Pair(u32, u32),
     /// Nothing (the identity of the sum).
@@ -226,6 +228,17 @@ pub fn repeat(
         node: empty,
     }];
     let room = |left: u64| limit.saturating_sub(floor.saturating_mul(left));
+    if let ([p], Ok(n)) = (f, u32::try_from(count)) {
+        // One way to run each copy: the copies of it.
+        return vec![Point {
+            mem: p.mem.saturating_mul(count),
+            time: p.time * count as f64,
+            node: arena.push(Node::Times {
+                node: p.node,
+                count: n,
+            }),
+        }];
+    }
     if f.len() <= 64 {
         for t in 1..=count {
             acc = sum(&acc, f, resolution, room(count - t), arena);

@@ -634,6 +634,7 @@ impl<'m> Planner<'m> {
                     stack.push(a);
                     stack.push(b);
                 }
+                Node::Times { node, count } => stack.extend((0..count).map(|_| node)),
                 Node::Dealt { class, inner } => {
                     // Each slot's choices and the ways, one per instance, dealt out in order.
                     let class = &self.classes[class as usize];
@@ -656,6 +657,9 @@ impl<'m> Planner<'m> {
                             Node::Pair(a, b) => {
                                 inner_stack.push(a);
                                 inner_stack.push(b);
+                            }
+                            Node::Times { node, count } => {
+                                inner_stack.extend((0..count).map(|_| node))
                             }
                             _ => {}
                         }
@@ -681,6 +685,9 @@ impl<'m> Planner<'m> {
                             Node::Pair(a, b) => {
                                 inner_stack.push(a);
                                 inner_stack.push(b);
+                            }
+                            Node::Times { node, count } => {
+                                inner_stack.extend((0..count).map(|_| node))
                             }
                             _ => {}
                         }
