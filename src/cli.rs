@@ -279,6 +279,8 @@ impl Failure {
 }
 
 pub fn main() -> ExitCode {
+    #[cfg(feature = "train")]
+    crate::train::keep_freed_memory();
     let cli = Cli::parse();
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,

@@ -482,11 +482,13 @@ pub fn price(base: &OpBase, choice: Choice, m: &Machine) -> OpCost {
         }
     };
     // A split op runs its matmuls slice by slice: k smaller matmuls instead of one, forward and
-    // backward. Measured curves price the k slices; otherwise each costs a launch.
+    // backward. A calibration prices the k slices from its `linear/split` curve (slices timed
+    // as the trainer runs them, narrowing and summing included) or, without one, from the plain
+    // linear curve; otherwise each slice costs a launch.
     let split_s = match m.calibration.as_ref().filter(|_| base.splittable) {
         Some(cal) if choice.split > 1 => {
             let k = f64::from(choice.split);
-            cal.kernel_s("linear", base.work / k)
+            cal.kernel_s("linear/split", base.work / k)
                 .map_or((1.0 + LINEAR_BWD_FACTOR) * split_launches, |(f, b)| {
                     (k * (f + b) - base.fwd_s - base.bwd_s).max(0.0)
                 })
@@ -860,6 +862,25 @@ mod tests {
             (half - (2.0 * quarter + 2.0 * 2e-3)).abs() < 1e-12,
             "{half}"
         );
+        // A `linear/split` curve (slices timed as the trainer runs them) prices the slices
+        // instead of the plain linear curve: 4 slices of 250 MFLOP at 4 ms + 8 ms each.
+        let mut ms = m.clone();
+        if let Some(c) = ms.calibration.as_mut().map(std::sync::Arc::make_mut) {
+            c.kernels.insert(
+                "linear/split".into(),
+                vec![crate::cluster::calibration::CurvePoint {
+                    work: 1e8,
+                    fwd_s: 1e-3,
+                    bwd_s: 2e-3,
+                }],
+            );
+        }
+        let four = price(&b, Choice::zero3(4, 4), &ms).compute_s;
+        assert!(
+            (four - 4.0 * (1e-3 * 2.5 + 2e-3 * 2.5)).abs() < 1e-12,
+            "{four}"
+        );
+        assert_eq!(price(&b, Choice::zero3(1, 1), &ms).compute_s, one);
         assert_eq!(m.step_overhead_s(), 2e-3);
         assert!(m.timing_source().starts_with("calibrated 2026-11-22"));
         assert!(machine(8).timing_source().contains("not calibrated"));

@@ -27,6 +27,29 @@ use crate::run::WorkerEvent;
 use collective::{Collective, LocalGroup};
 use exec::{Executor, Init, OptimConfig, Target};
 
+/// Keep freed tensor memory inside the process rather than handing it back to the kernel after
+/// every op. The CPU trainer allocates and frees the same buffers (gathered weights, padded
+/// gradients, activations) hundreds of times a step; with glibc's defaults each large one is a
+/// fresh `mmap` or a trimmed heap whose pages fault in again, which made ZeRO-3 steps of small
+/// models ~20 % slower than their kernels (measured: tiny-gpt2, 2 ranks, 75 → 61 ms). Allocations
+/// below 32 MiB come from the heap, and up to 256 MiB freed at its top is kept (64 MiB grown
+/// ahead). A parameter the user set through glibc's own `MALLOC_*` variable is left alone. Call
+/// before any thread starts; a no-op off glibc.
+pub fn keep_freed_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    for (param, value, var) in [
+        (libc::M_MMAP_THRESHOLD, 32 << 20, "MALLOC_MMAP_THRESHOLD_"),
+        (libc::M_TRIM_THRESHOLD, 256 << 20, "MALLOC_TRIM_THRESHOLD_"),
+        (libc::M_TOP_PAD, 64 << 20, "MALLOC_TOP_PAD_"),
+    ] {
+        if std::env::var_os(var).is_none() {
+            // SAFETY: mallopt only changes glibc's allocator tunables; it is called from the
+            // main thread before the ranks start.
+            unsafe { libc::mallopt(param, value) };
+        }
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum TrainError {
     #[error("{0}")]

@@ -328,17 +328,25 @@ pub fn validate(args: ValidateArgs) -> Result<(), Failure> {
     let cat = |f: &dyn Fn(&crate::train::exec::Profile) -> f64| rank_median(0, f);
     let m_ops = cat(&|p| p.fwd_s.iter().chain(&p.bwd_s).sum::<f64>() + p.recompute_s + p.sync_s);
     let m_opt = cat(&|p| p.optimizer_s);
-    // Forward + backward compute per kernel kind: the cost model's figures against rank 0's
-    // op timings (which include the collectives of sharded weights).
+    // Forward + backward compute per kernel kind (a split linear's slices included): the cost
+    // model's figures against rank 0's op timings less the collectives inside them, which are
+    // compared as one more row.
     let bases = crate::cost::op_bases(&model, &machine, plan.batch);
     let mut by_kind: std::collections::BTreeMap<&str, (f64, f64)> = Default::default();
     for (i, op) in model.ops.iter().enumerate() {
         let e = by_kind
             .entry(crate::cost::kernel_key(&model, op))
             .or_default();
-        e.0 += bases[i].fwd_s + bases[i].bwd_s;
-        e.1 += cat(&|p| p.fwd_s[i] + p.bwd_s[i]);
+        e.0 += crate::cost::price(&bases[i], plan.choices[i], &machine).compute_s;
+        e.1 += cat(&|p| p.fwd_s[i] + p.bwd_s[i] - p.fwd_coll_s[i] - p.bwd_coll_s[i]);
     }
+    by_kind.insert(
+        "collectives (exposed)",
+        (
+            predicted.exposed_comm_s,
+            cat(&|p| p.fwd_coll_s.iter().chain(&p.bwd_coll_s).sum::<f64>()),
+        ),
+    );
     // Each rank's own accounts (medians over the timed steps): the ranks wait for the slowest
     // at every collective, so imbalance shows here.
     let per_rank: Vec<serde_json::Value> = (0..ranks)
@@ -346,6 +354,7 @@ pub fn validate(args: ValidateArgs) -> Result<(), Failure> {
             serde_json::json!({
                 "compute_s": rank_median(r, &|p| p.fwd_s.iter().chain(&p.bwd_s).sum::<f64>()),
                 "collectives_in_ops_s": rank_median(r, &|p| p.collectives.iter().map(|c| c.1).sum::<f64>()),
+                "collective_calls": rank_median(r, &|p| p.collectives.len() as f64),
                 "sync_s": rank_median(r, &|p| p.sync_s),
                 "optimizer_s": rank_median(r, &|p| p.optimizer_s),
                 "step_s": rank_median(r, &|p| p.step_s),

@@ -11,8 +11,9 @@ use std::time::Instant;
 use tch::{Device, Kind, Tensor};
 
 use super::collective::Collective;
+use super::exec::Profile;
 use super::exec::{adamw_update, OptimConfig};
-use super::measure::{measure_plan, median, on_rank_threads, threads_per_rank};
+use super::measure::{measure_plan, median, on_rank_threads, threads_per_rank, StepSample};
 use super::TrainError;
 use crate::cluster::calibration::{
     fit_ring, Calibration, CollectivePoint, CurvePoint, OptimizerPoint,
@@ -79,8 +80,8 @@ pub fn calibrate(cfg: &CalibrateConfig, progress: Progress<'_>) -> Result<Layout
         .take_while(|&b| b <= cfg.max_batch.max(1))
         .collect();
     // Work items for the progress bar: each (model, batch) pair, the ZeRO-3 runs that time the
-    // collectives, then three micro-benchmarks.
-    let total = (cfg.models.len() * (ladder.len() + 1) + 3) as f64;
+    // collectives, the split-linear runs, then three micro-benchmarks.
+    let total = (cfg.models.len() * (ladder.len() + 2) + 3) as f64;
     let mut done = 0.0;
 
     let mut raw: BTreeMap<String, Vec<CurvePoint>> = BTreeMap::new();
@@ -96,16 +97,7 @@ pub fn calibrate(cfg: &CalibrateConfig, progress: Progress<'_>) -> Result<Layout
             let plan = crate::plan::uniform_plan(model, Strategy::Dp, batch);
             let samples = measure_plan(model, &plan, ranks, 1, cfg.steps, |_| {})?;
             let mut slowest = 0.0f64;
-            // Per op the slowest rank's median: the ranks meet at every collective, so a
-            // step goes at the pace of the slowest (one core of a VM is often slower).
-            let slowest_rank = |f: &dyn Fn(&crate::train::exec::Profile) -> f64| {
-                (0..ranks)
-                    .map(|r| {
-                        let mut v: Vec<f64> = samples.iter().map(|s| f(&s.profiles[r])).collect();
-                        median(&mut v)
-                    })
-                    .fold(0.0, f64::max)
-            };
+            let slowest_rank = |f: &dyn Fn(&Profile) -> f64| slowest_rank_median(&samples, f);
             for (i, op) in model.ops.iter().enumerate() {
                 let work = cost::op_work(op, inputs[i], &machine, batch);
                 raw.entry(cost::kernel_key(model, op).to_string())
@@ -131,9 +123,6 @@ pub fn calibrate(cfg: &CalibrateConfig, progress: Progress<'_>) -> Result<Layout
             }
         }
     }
-    let kernels: BTreeMap<String, Vec<CurvePoint>> =
-        raw.into_iter().map(|(k, v)| (k, fold_points(v))).collect();
-
     progress(done / total, "optimizer");
     let optimizer = measure_optimizer(ranks)?;
     done += 1.0;
@@ -155,7 +144,20 @@ pub fn calibrate(cfg: &CalibrateConfig, progress: Progress<'_>) -> Result<Layout
             }
         }
         done += 1.0;
+        progress(
+            done / total,
+            &format!(
+                "split linears: {} under ZeRO-3 in {SPLIT} slices",
+                model.name
+            ),
+        );
+        for (key, pts) in time_split_linears(model, &cfg.base, ranks, &ladder, cfg)? {
+            raw.entry(key).or_default().extend(pts);
+        }
+        done += 1.0;
     }
+    let kernels: BTreeMap<String, Vec<CurvePoint>> =
+        raw.into_iter().map(|(k, v)| (k, fold_points(v))).collect();
     let collectives = bin_collectives(calls);
     progress(done / total, "writing the layout");
 
@@ -235,6 +237,78 @@ pub fn calibrate(cfg: &CalibrateConfig, progress: Progress<'_>) -> Result<Layout
         &format!("done in {:.0} s", started.elapsed().as_secs_f64()),
     );
     Ok(layout)
+}
+
+/// Per rank the median over `samples` of `f`, and the largest of those: the ranks meet at every
+/// collective, so a step goes at the pace of the slowest (one core of a VM is often slower).
+fn slowest_rank_median(samples: &[StepSample], f: &dyn Fn(&Profile) -> f64) -> f64 {
+    let ranks = samples.first().map_or(0, |s| s.profiles.len());
+    (0..ranks)
+        .map(|r| {
+            let mut v: Vec<f64> = samples.iter().map(|s| f(&s.profiles[r])).collect();
+            median(&mut v)
+        })
+        .fold(0.0, f64::max)
+}
+
+/// Slices a split linear is cut into while calibrating.
+const SPLIT: u32 = 4;
+
+/// Per-slice times of linears split in [`SPLIT`] column slices under ZeRO-3, as the trainer
+/// runs them (a narrowed input, a partial product added into the output, the input gradient
+/// put back together): the `linear/split` curve, by each slice's work, with the slices'
+/// collectives taken out (they are priced as collectives). Micro-batches 1, 4, 16 of the
+/// ladder, stopping early as the kernel runs do; nothing when no linear can be split.
+fn time_split_linears(
+    model: &ModelSpec,
+    base: &Layout,
+    ranks: usize,
+    ladder: &[u64],
+    cfg: &CalibrateConfig,
+) -> Result<Vec<(String, Vec<CurvePoint>)>, TrainError> {
+    let machine = Machine::new(base, model);
+    let inputs = cost::input_bytes_per_sample(model);
+    let uses = cost::parameter_uses(model);
+    let split: Vec<bool> = model
+        .ops
+        .iter()
+        .enumerate()
+        .map(|(i, op)| {
+            op.kind == crate::model::OpKind::Linear
+                && uses[i] == 1
+                && op.params.iter().all(|p| p.tied_to.is_none())
+        })
+        .collect();
+    let mut points = Vec::new();
+    for &batch in ladder.iter().filter(|b| [1, 4, 16].contains(*b)) {
+        let mut plan = crate::plan::uniform_plan(model, Strategy::Zero3, batch);
+        for (i, &s) in split.iter().enumerate() {
+            if s {
+                plan.choices[i] = cost::Choice::zero3(SPLIT, SPLIT);
+            }
+        }
+        if super::exec::check_runnable(model, &plan).is_err() {
+            break;
+        }
+        let samples = measure_plan(model, &plan, ranks, 1, cfg.steps, |_| {})?;
+        let k = f64::from(SPLIT);
+        let slowest = |f: &dyn Fn(&Profile) -> f64| slowest_rank_median(&samples, f);
+        for (i, op) in model.ops.iter().enumerate().filter(|(i, _)| split[*i]) {
+            points.push(CurvePoint {
+                work: cost::op_work(op, inputs[i], &machine, batch) / k,
+                fwd_s: slowest(&|p| (p.fwd_s[i] - p.fwd_coll_s[i]).max(0.0)) / k,
+                bwd_s: slowest(&|p| (p.bwd_s[i] - p.bwd_coll_s[i]).max(0.0)) / k,
+            });
+        }
+        if samples.iter().any(|s| s.step_s > cfg.max_step_s) {
+            break;
+        }
+    }
+    Ok(if points.is_empty() {
+        Vec::new()
+    } else {
+        vec![("linear/split".to_string(), points)]
+    })
 }
 
 /// Sort by work and merge points within 2 % of each other's work (the same kernel size met in

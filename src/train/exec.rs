@@ -229,6 +229,10 @@ pub struct Profile {
     /// Per op: forward and backward seconds, collectives of the op included.
     pub fwd_s: Vec<f64>,
     pub bwd_s: Vec<f64>,
+    /// Per op: seconds of `fwd_s` and `bwd_s` spent in the op's collectives (gathering its
+    /// sharded weights, reduce-scattering its gradients), so compute can be told apart.
+    pub fwd_coll_s: Vec<f64>,
+    pub bwd_coll_s: Vec<f64>,
     /// Recomputed forwards.
     pub recompute_s: f64,
     /// Gradient buffers, norm and AdamW.
@@ -239,6 +243,15 @@ pub struct Profile {
     /// Every all-gather and reduce-scatter of a sharded weight or gradient inside the ops:
     /// (bytes of the full tensor, seconds), waiting for the other ranks included.
     pub collectives: Vec<(f64, f64)>,
+}
+
+impl Profile {
+    /// Seconds of the collectives recorded after the first `from`.
+    fn collective_s_since(&self, from: usize) -> f64 {
+        self.collectives
+            .get(from..)
+            .map_or(0.0, |c| c.iter().map(|x| x.1).sum())
+    }
 }
 
 /// What one training step measured on one rank.
@@ -607,6 +620,11 @@ impl Executor {
         Ok(w)
     }
 
+    /// How many collectives the profile holds (0 when not profiling).
+    fn collectives_so_far(&self) -> usize {
+        self.profile.as_ref().map_or(0, |p| p.collectives.len())
+    }
+
     fn record_collective(&mut self, bytes: u64, t0: Instant) {
         if let Some(p) = self.profile.as_mut() {
             p.collectives
@@ -862,11 +880,13 @@ impl Executor {
             }
             let keep_extras = !full_pass || self.recomputed_block[i].is_none();
             let t0 = self.profile.is_some().then(Instant::now);
+            let c0 = self.collectives_so_far();
             let y = self.forward_op(i, keep_extras)?;
             if let (Some(p), Some(t0)) = (self.profile.as_mut(), t0) {
                 let dt = t0.elapsed().as_secs_f64();
                 if full_pass {
                     p.fwd_s[i] += dt;
+                    p.fwd_coll_s[i] += p.collective_s_since(c0);
                 } else {
                     p.recompute_s += dt;
                 }
@@ -1055,6 +1075,8 @@ impl Executor {
             *p = Profile {
                 fwd_s: vec![0.0; n],
                 bwd_s: vec![0.0; n],
+                fwd_coll_s: vec![0.0; n],
+                bwd_coll_s: vec![0.0; n],
                 ..Profile::default()
             };
         }
@@ -1085,9 +1107,11 @@ impl Executor {
                     self.ledger.sub(Category::Working, nbytes(&g));
                 }
                 let t0 = Instant::now();
+                let c0 = self.collectives_so_far();
                 self.backward_op(i, &g)?;
                 if let Some(p) = self.profile.as_mut() {
                     p.bwd_s[i] += t0.elapsed().as_secs_f64();
+                    p.bwd_coll_s[i] += p.collective_s_since(c0);
                 }
             }
             self.drop_extras(i);

@@ -48,6 +48,7 @@ fn calibrate_writes_a_layout_that_plan_and_validate_price_with() {
         "cross_entropy",
         "activation/gelu_tanh",
         "activation/silu_gated",
+        "linear/split",
     ] {
         let pts = cal
             .kernels
@@ -58,6 +59,9 @@ fn calibrate_writes_a_layout_that_plan_and_validate_price_with() {
             "{key}: {pts:?}"
         );
     }
+    // Split slices are timed at a quarter of the linears' work, below the plain curve.
+    let smallest = |key: &str| cal.kernels[key].first().map_or(0.0, |p| p.work);
+    assert!(smallest("linear/split") < smallest("linear"));
     assert!(cal.measured_at.starts_with("20") && cal.measured_at.ends_with('Z'));
     assert!(cal.optimizer.len() >= 2 && cal.optimizer.iter().all(|p| p.seconds > 0.0));
     assert!(
@@ -130,6 +134,29 @@ fn calibrate_writes_a_layout_that_plan_and_validate_price_with() {
         (m_act / p_act - 1.0).abs() < 0.01,
         "activations {m_act} vs {p_act}"
     );
+
+    // A sharded, split op's collectives are told apart from its compute: counted per rank and
+    // compared as a row of their own.
+    let split_plan = dir.path().join("split.json");
+    stdout_ok(
+        on_layout("plan", &model, &path)
+            .args(["--budget", "4GiB", "--batch", "2"])
+            .args(["--pin", "h0.mlp.c_fc=zero3/4:4", "-o"])
+            .arg(&split_plan),
+    );
+    let v = json_ok(
+        on_layout("validate", &model, &path)
+            .arg("--plan")
+            .arg(&split_plan)
+            .args(["--warmup", "0", "--steps", "1", "--json"]),
+    );
+    for rank in v["measured"]["per_rank"].as_array().unwrap() {
+        // Forward gathers 4 slices, backward gathers and reduce-scatters each again.
+        assert!(rank["collective_calls"].as_f64().unwrap() >= 12.0, "{rank}");
+    }
+    let coll = &v["compute_by_kind"]["collectives (exposed)"];
+    assert!(coll["measured_s"].as_f64().unwrap() > 0.0, "{coll}");
+    assert!(coll["predicted_s"].as_f64().unwrap() > 0.0, "{coll}");
 
     // The human table names each category.
     let out = on_layout("validate", &model, &path)

@@ -147,9 +147,27 @@ fn assert_params_within(a: &[(String, Tensor)], b: &[(String, Tensor)], tol: f64
     }
 }
 
-/// `param_tol`: 1e-5, except for ReLU models, where a pre-activation within rounding of zero
-/// can take the other side in another summation order and switch its unit's gradient off.
-fn check_equivalence(name: &str, param_tol: f64) {
+/// For ReLU models: a pre-activation within rounding of zero can take the other side in
+/// another summation order (which the CPU's BLAS picks) and switch its unit's gradient off for
+/// a step; AdamW then moves weights whose gradients are near zero by up to about one step, and
+/// the difference spreads. Measured (tiny-opt, 4 ranks, 20 steps, AMD EPYC): largest 1.1e-4,
+/// mean 1.1e-6. A wrong gradient or shard moves whole tensors by ~lr (1e-3) per step, so: none
+/// beyond 1e-3, and the mean over every element under 1e-5.
+fn assert_params_relu(a: &[(String, Tensor)], b: &[(String, Tensor)], what: &str) {
+    assert_params_within(a, b, 1e-3, what);
+    let (mut sum, mut total) = (0.0, 0i64);
+    for ((_, ta), (_, tb)) in a.iter().zip(b) {
+        sum += (ta - tb).abs().sum(tch::Kind::Double).double_value(&[]);
+        total += ta.numel() as i64;
+    }
+    let mean = sum / total as f64;
+    assert!(
+        mean < 1e-5,
+        "{what}: parameters differ by {mean:e} on average"
+    );
+}
+
+fn check_equivalence(name: &str, relu: bool) {
     let m = tiny(name);
     let reference = train(&config(&m, dp_plan(&m), 1, 20));
     assert!(
@@ -162,23 +180,27 @@ fn check_equivalence(name: &str, param_tol: f64) {
         let run = train(&config(&m, mixed_plan(&m, per_rank), world, 20));
         let what = format!("{name}, {world} ranks, mixed plan");
         assert_same_losses(&reference.losses, &run.losses, &what);
-        assert_params_within(&reference.final_params, &run.final_params, param_tol, &what);
+        if relu {
+            assert_params_relu(&reference.final_params, &run.final_params, &what);
+        } else {
+            assert_same_params(&reference.final_params, &run.final_params, &what);
+        }
     }
 }
 
 #[test]
 fn mixed_plans_on_two_and_four_ranks_train_exactly_like_one_dp_rank_gpt2() {
-    check_equivalence("tiny-gpt2", 1e-5);
+    check_equivalence("tiny-gpt2", false);
 }
 
 #[test]
 fn mixed_plans_on_two_and_four_ranks_train_exactly_like_one_dp_rank_llama() {
-    check_equivalence("tiny-llama", 1e-5);
+    check_equivalence("tiny-llama", false);
 }
 
 #[test]
 fn mixed_plans_on_two_and_four_ranks_train_exactly_like_one_dp_rank_opt() {
-    check_equivalence("tiny-opt", 1e-4);
+    check_equivalence("tiny-opt", true);
 }
 
 #[test]
