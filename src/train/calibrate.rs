@@ -97,15 +97,14 @@ pub fn calibrate(cfg: &CalibrateConfig, progress: Progress<'_>) -> Result<Layout
             let plan = crate::plan::uniform_plan(model, Strategy::Dp, batch);
             let samples = measure_plan(model, &plan, ranks, 1, cfg.steps, |_| {})?;
             let mut slowest = 0.0f64;
-            let slowest_rank = |f: &dyn Fn(&Profile) -> f64| slowest_rank_median(&samples, f);
             for (i, op) in model.ops.iter().enumerate() {
                 let work = cost::op_work(op, inputs[i], &machine, batch);
                 raw.entry(cost::kernel_key(model, op).to_string())
                     .or_default()
                     .push(CurvePoint {
                         work,
-                        fwd_s: slowest_rank(&|p| p.fwd_s[i]),
-                        bwd_s: slowest_rank(&|p| p.bwd_s[i]),
+                        fwd_s: slowest_rank_median(&samples, &|p| p.fwd_s[i]),
+                        bwd_s: slowest_rank_median(&samples, &|p| p.bwd_s[i]),
                     });
             }
             for s in &samples {
@@ -151,8 +150,11 @@ pub fn calibrate(cfg: &CalibrateConfig, progress: Progress<'_>) -> Result<Layout
                 model.name
             ),
         );
-        for (key, pts) in time_split_linears(model, &cfg.base, ranks, &ladder, cfg)? {
-            raw.entry(key).or_default().extend(pts);
+        let slices = time_split_linears(model, &cfg.base, ranks, &ladder, cfg)?;
+        if !slices.is_empty() {
+            raw.entry("linear/split".to_string())
+                .or_default()
+                .extend(slices);
         }
         done += 1.0;
     }
@@ -256,59 +258,49 @@ const SPLIT: u32 = 4;
 
 /// Per-slice times of linears split in [`SPLIT`] column slices under ZeRO-3, as the trainer
 /// runs them (a narrowed input, a partial product added into the output, the input gradient
-/// put back together): the `linear/split` curve, by each slice's work, with the slices'
-/// collectives taken out (they are priced as collectives). Micro-batches 1, 4, 16 of the
-/// ladder, stopping early as the kernel runs do; nothing when no linear can be split.
+/// put back together), by each slice's work, with the slices' collectives taken out (they are
+/// priced as collectives): the `linear/split` curve. Every op the planner may split so is
+/// split; micro-batches 1, 4, 16 of the ladder, stopping early as the kernel runs do; no points
+/// when the trainer cannot run that plan.
 fn time_split_linears(
     model: &ModelSpec,
     base: &Layout,
     ranks: usize,
     ladder: &[u64],
     cfg: &CalibrateConfig,
-) -> Result<Vec<(String, Vec<CurvePoint>)>, TrainError> {
+) -> Result<Vec<CurvePoint>, TrainError> {
     let machine = Machine::new(base, model);
-    let inputs = cost::input_bytes_per_sample(model);
-    let uses = cost::parameter_uses(model);
-    let split: Vec<bool> = model
-        .ops
-        .iter()
-        .enumerate()
-        .map(|(i, op)| {
-            op.kind == crate::model::OpKind::Linear
-                && uses[i] == 1
-                && op.params.iter().all(|p| p.tied_to.is_none())
-        })
-        .collect();
+    let graph = cost::OpGraph::of(model);
+    let split = cost::Choice::zero3(SPLIT, SPLIT);
+    let k = f64::from(SPLIT);
     let mut points = Vec::new();
     for &batch in ladder.iter().filter(|b| [1, 4, 16].contains(*b)) {
+        let bases = graph.bases(model, &machine, batch);
         let mut plan = crate::plan::uniform_plan(model, Strategy::Zero3, batch);
-        for (i, &s) in split.iter().enumerate() {
-            if s {
-                plan.choices[i] = cost::Choice::zero3(SPLIT, SPLIT);
-            }
+        let splits: Vec<usize> = (0..bases.len())
+            .filter(|&i| cost::choices(&bases[i], SPLIT).contains(&split))
+            .collect();
+        for &i in &splits {
+            plan.choices[i] = split;
         }
         if super::exec::check_runnable(model, &plan).is_err() {
             break;
         }
         let samples = measure_plan(model, &plan, ranks, 1, cfg.steps, |_| {})?;
-        let k = f64::from(SPLIT);
-        let slowest = |f: &dyn Fn(&Profile) -> f64| slowest_rank_median(&samples, f);
-        for (i, op) in model.ops.iter().enumerate().filter(|(i, _)| split[*i]) {
+        for &i in &splits {
             points.push(CurvePoint {
-                work: cost::op_work(op, inputs[i], &machine, batch) / k,
-                fwd_s: slowest(&|p| (p.fwd_s[i] - p.fwd_coll_s[i]).max(0.0)) / k,
-                bwd_s: slowest(&|p| (p.bwd_s[i] - p.bwd_coll_s[i]).max(0.0)) / k,
+                work: bases[i].work / k,
+                fwd_s: slowest_rank_median(&samples, &|p| (p.fwd_s[i] - p.fwd_coll_s[i]).max(0.0))
+                    / k,
+                bwd_s: slowest_rank_median(&samples, &|p| (p.bwd_s[i] - p.bwd_coll_s[i]).max(0.0))
+                    / k,
             });
         }
         if samples.iter().any(|s| s.step_s > cfg.max_step_s) {
             break;
         }
     }
-    Ok(if points.is_empty() {
-        Vec::new()
-    } else {
-        vec![("linear/split".to_string(), points)]
-    })
+    Ok(points)
 }
 
 /// Sort by work and merge points within 2 % of each other's work (the same kernel size met in
