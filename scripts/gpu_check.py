@@ -1,19 +1,24 @@
 #!/usr/bin/env python3
-"""The GPU check: run osdp-tui's trainer on this machine's GPU and print what docs/benchmarks.md
-records. Run it through scripts/gpu-check.sh, which puts this machine's PyTorch libraries on the
-library path first.
+"""The GPU check: run osdp-tui's trainer on this machine's GPU and record what docs/benchmarks.md
+and docs/fidelity.md report. Run it through scripts/gpu-check.sh, which finds this machine's
+PyTorch libraries and puts them on the library path first.
 
-For each model (default gpt2-medium, gpt2-xl, tinyllama-1.1b), at world size 1 over NCCL:
-  - the planner's plan for this GPU (layouts/h100-1x.json or h200-1x.json, the GPU's memory as
-    the budget), then `osdp-tui train --device cuda` for --steps steps of random tokens;
-  - tokens/s (median step after --warmup), MFU against the layout's dense bf16 peak, measured
-    vs predicted step time and peak memory;
-  - the same model in plain PyTorch eager (bf16 autocast, fp32 AdamW, SDPA attention) at the
-    same micro-batch, and the ratio.
-Then operator splitting on the largest Linear (split 1, 4, 8: step time and peak memory), and
-the losses of the tiny model on the GPU (bf16) against the CPU reference run (fp32).
+Steps, each on its own so that one failure does not lose the others' figures:
+  1. smoke: tiny-gpt2 and tiny-llama, --smoke-steps steps on the CPU (fp32) and on the GPU
+     (bf16) with the same seed and data; the losses must agree to bf16 tolerance. If the GPU
+     cannot train at all, the check stops here with the trainer's own message.
+  2. per model (default gpt2-medium, gpt2-xl, tinyllama-1.1b), world size 1: the planner's plan
+     for this GPU under --budget (default 70 % of the GPU's memory), `osdp-tui train --device
+     cuda` for --steps steps of random tokens; tokens/s (median after --warmup), MFU against the
+     layout's dense bf16 peak, measured vs predicted step time and peak memory (the executor's
+     ledger, the CUDA allocator's reserved peak, NVML's figure for the process); then the same
+     model in plain PyTorch eager (bf16 autocast, fused AdamW, SDPA) at the same micro-batch, in
+     a child process, halving the batch on out-of-memory and saying which batch it used.
+  3. operator splitting of the largest untied Linear of the first model (split 1, 4, 8).
 
-Everything lands in runs/gpu-check/ (JSON per measurement, summary.json, table.md).
+This process never initialises CUDA itself: every GPU user is a child process, so the runs have
+the GPU to themselves. Everything lands in --out (default runs/gpu-check/): JSON per
+measurement, summary.json and table.md, written after every step.
 """
 
 import argparse
@@ -24,14 +29,29 @@ import statistics
 import subprocess
 import sys
 import time
+import traceback
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+GIB = 2**30
 
 
-def sh(args, **kw):
-    print("+", " ".join(str(a) for a in args), file=sys.stderr, flush=True)
-    return subprocess.run([str(a) for a in args], check=True, **kw)
+def log(msg):
+    print(f"[gpu-check {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+class StepFailed(Exception):
+    """A command of the check failed; the message is its own last words."""
+
+
+def run(args, **kw):
+    args = [str(a) for a in args]
+    log("+ " + " ".join(args))
+    res = subprocess.run(args, capture_output=True, text=True, **kw)
+    if res.returncode != 0:
+        last = (res.stderr.strip() or res.stdout.strip() or f"exit {res.returncode}").splitlines()
+        raise StepFailed(f"{Path(args[0]).name} {args[1]}: exit {res.returncode}: {last[-1]}")
+    return res
 
 
 def read_steps(metrics):
@@ -46,33 +66,64 @@ def read_steps(metrics):
     return out
 
 
-def layout_for_gpu():
-    import torch
+# ---- the GPU, asked in a child so this process never holds a CUDA context ----
 
-    name = torch.cuda.get_device_name(0)
-    layout = "h200-1x" if "H200" in name else "h100-1x"
-    return name, ROOT / "layouts" / f"{layout}.json"
+GPU_QUERY = """
+import json, torch
+if not torch.cuda.is_available():
+    print(json.dumps({"error": "PyTorch sees no CUDA GPU (torch.cuda.is_available() is False)"}))
+else:
+    p = torch.cuda.get_device_properties(0)
+    print(json.dumps({"name": p.name, "total_bytes": p.total_memory, "torch": torch.__version__}))
+"""
 
 
-def plan(bin_, model, layout, budget, out, pins=()):
-    args = [bin_, "plan", model, "--layout", layout, "--budget", budget, "--json", "-o", out]
-    for p in pins:
-        args += ["--pin", p]
-    res = sh(args, capture_output=True, text=True)
+def query_gpu(py):
+    res = subprocess.run([py, "-c", GPU_QUERY], capture_output=True, text=True)
+    try:
+        return json.loads(res.stdout.strip().splitlines()[-1])
+    except (IndexError, json.JSONDecodeError):
+        return {"error": f"cannot ask PyTorch about the GPU: {res.stderr.strip()[-300:]}"}
+
+
+def layout_for(gpu_name):
+    return ROOT / "layouts" / ("h200-1x.json" if "H200" in gpu_name else "h100-1x.json")
+
+
+# ---- osdp-tui ----
+
+def plan(bin_, model, layout, budget, out, extra=()):
+    res = run([bin_, "plan", model, "--layout", layout, "--budget", budget, "--json", "-o", out,
+               *extra])
     return json.loads(res.stdout)
 
 
-def train(bin_, model, plan_file, steps, metrics):
-    sh([bin_, "train", model, "--plan", plan_file, "--device", "cuda", "--data", "random",
-        "--steps", steps, "--metrics", metrics])
+def train(bin_, model, plan_file, steps, metrics, device, extra=()):
+    Path(metrics).unlink(missing_ok=True)
+    run([bin_, "train", model, "--plan", plan_file, "--device", device, "--steps", steps,
+         "--metrics", metrics, *extra])
     return read_steps(metrics)
 
 
 def summarise(steps, warmup):
     timed = steps[warmup:] or steps
     step_s = statistics.median(s["step_time_s"] for s in timed)
-    peak = max(max(s["memory_bytes"]) for s in steps)
-    return step_s, peak
+    ledger = max(max(s["memory_bytes"]) for s in steps)
+    dev = [d for s in steps for d in (s.get("device_memory") or [])]
+
+    def top(key):
+        vals = [d[key] for d in dev if d.get(key) is not None]
+        return max(vals) if vals else None
+
+    return {"step_s": step_s, "ledger_peak_bytes": ledger,
+            "allocated_peak_bytes": top("allocated_peak_bytes"),
+            "reserved_peak_bytes": top("reserved_peak_bytes"),
+            "process_bytes": top("process_bytes")}
+
+
+def model_flops_per_sample(model_json):
+    ops = json.loads(Path(model_json).read_text())["ops"]
+    return 3 * sum(o.get("fwd_flops_per_sample", 0) for o in ops)
 
 
 # ---- the PyTorch eager reference: the same shapes, written the usual way ----
@@ -149,7 +200,8 @@ def eager_model(cfg):
     return Model()
 
 
-def eager(model_json, batch, steps, warmup):
+def eager_child(model_json, batch, steps, warmup):
+    """Runs in its own process (`--eager-child`); prints one JSON line."""
     import torch
     import torch.nn.functional as F
 
@@ -160,120 +212,233 @@ def eager(model_json, batch, steps, warmup):
     seq, vocab = cfg["seq_len"], cfg["vocab_size"]
     torch.cuda.reset_peak_memory_stats()
     times = []
-    for _ in range(steps):
-        ids = torch.randint(0, vocab, (batch, seq + 1), device="cuda")
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            logits = model(ids[:, :-1])
-        loss = F.cross_entropy(logits.float().view(-1, vocab), ids[:, 1:].reshape(-1))
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        torch.cuda.synchronize()
-        times.append(time.perf_counter() - t0)
-    peak = torch.cuda.max_memory_allocated()
-    del model, opt
-    torch.cuda.empty_cache()
-    return statistics.median(times[warmup:] or times), peak
+    try:
+        for _ in range(steps):
+            ids = torch.randint(0, vocab, (batch, seq + 1), device="cuda")
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                logits = model(ids[:, :-1])
+            loss = F.cross_entropy(logits.float().view(-1, vocab), ids[:, 1:].reshape(-1))
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            torch.cuda.synchronize()
+            times.append(time.perf_counter() - t0)
+    except torch.cuda.OutOfMemoryError:
+        print(json.dumps({"oom": True}))
+        return
+    print(json.dumps({"step_s": statistics.median(times[warmup:] or times),
+                      "allocated_peak_bytes": torch.cuda.max_memory_allocated(),
+                      "reserved_peak_bytes": torch.cuda.max_memory_reserved()}))
 
 
-def model_flops_per_sample(model_json):
-    ops = json.loads(Path(model_json).read_text())["ops"]
-    return 3 * sum(o.get("fwd_flops_per_sample", 0) for o in ops)
+def eager(py, model_json, batch, steps, warmup):
+    """PyTorch eager at `batch`, halving it on out-of-memory; `batch` in the result is the one
+    it ran at."""
+    while batch >= 1:
+        res = subprocess.run([py, __file__, "--eager-child", str(model_json), str(batch),
+                              str(steps), str(warmup)], capture_output=True, text=True)
+        try:
+            out = json.loads(res.stdout.strip().splitlines()[-1])
+        except (IndexError, json.JSONDecodeError):
+            raise StepFailed(f"PyTorch eager failed: {res.stderr.strip()[-400:]}")
+        if not out.get("oom"):
+            out["batch"] = batch
+            return out
+        log(f"eager: out of memory at micro-batch {batch}; trying {batch // 2}")
+        batch //= 2
+    raise StepFailed("PyTorch eager is out of memory even at micro-batch 1")
+
+
+# ---- the check ----
+
+def smoke(args, out, summary):
+    """Tiny models on the CPU (fp32) and the GPU (bf16): same seed, same data, same plan."""
+    rows = []
+    for name in ("tiny-gpt2", "tiny-llama"):
+        model = ROOT / "sample-models" / f"{name}.json"
+        plan_file = out / f"smoke.{name}.plan.json"
+        run([args.bin, "plan", model, "--layout", ROOT / "layouts/cpu.json", "--budget", "1GiB",
+             "--batch", "8", "-o", plan_file])
+        cpu = train(args.bin, model, plan_file, args.smoke_steps, out / f"smoke.{name}.cpu.jsonl",
+                    "cpu", ["--data", "shakespeare"])
+        log(f"smoke {name}: CPU done ({len(cpu)} steps); now the GPU")
+        gpu = train(args.bin, model, plan_file, args.smoke_steps,
+                    out / f"smoke.{name}.cuda.jsonl", "cuda", ["--data", "shakespeare"])
+        diffs = [abs(a["loss"] - b["loss"]) / abs(a["loss"]) for a, b in zip(cpu, gpu)]
+        row = {"model": name, "steps": len(gpu), "max_rel_loss_diff": max(diffs),
+               "first_loss": gpu[0]["loss"], "last_loss": gpu[-1]["loss"],
+               # bf16 keeps 8 bits of mantissa: a few parts in a hundred over 20 steps.
+               "within_bf16_tolerance": max(diffs) < 0.02}
+        log(f"smoke {name}: GPU bf16 vs CPU fp32 losses differ by at most "
+            f"{100 * row['max_rel_loss_diff']:.2f} %")
+        rows.append(row)
+    summary["smoke"] = rows
+
+
+def measure_model(args, out, name, layout, peak_bf16, gpu):
+    model = ROOT / "sample-models" / f"{name}.json"
+    plan_file = out / f"{name}.plan.json"
+    p = plan(args.bin, model, layout, args.budget, plan_file)
+    log(f"{name}: plan micro-batch {p['batch_size']}, predicted step "
+        f"{1e3 * p['step_time_s']:.0f} ms, peak {p['peak_memory_bytes'] / GIB:.1f} GiB")
+    steps = train(args.bin, model, plan_file, args.steps, out / f"{name}.jsonl", "cuda",
+                  ["--data", "random"])
+    seq = json.loads(model.read_text())["config"]["seq_len"]
+    m = summarise(steps, args.warmup)
+    batch = p["batch_size"]
+    row = {"model": name, "gpu": gpu, "batch": batch,
+           "tokens_per_s": batch * seq / m["step_s"],
+           "mfu": model_flops_per_sample(model) * batch / m["step_s"] / peak_bf16,
+           "predicted_step_s": p["step_time_s"],
+           "predicted_peak_bytes": p["peak_memory_bytes"],
+           "predicted_overhead_bytes": p["prediction"]["overhead_bytes"], **m}
+    log(f"{name}: {row['tokens_per_s']:.0f} tokens/s, MFU {100 * row['mfu']:.1f} %, step "
+        f"{1e3 * m['step_s']:.0f} ms (predicted {1e3 * p['step_time_s']:.0f})")
+    if not args.skip_eager:
+        try:
+            e = eager(args.python, model, batch, args.steps, args.warmup)
+            row.update(eager_batch=e["batch"], eager_tokens_per_s=e["batch"] * seq / e["step_s"],
+                       eager_reserved_peak_bytes=e["reserved_peak_bytes"])
+            log(f"{name}: eager {row['eager_tokens_per_s']:.0f} tokens/s at micro-batch "
+                f"{e['batch']}")
+        except StepFailed as err:
+            row["eager_error"] = str(err)
+    (out / f"{name}.json").write_text(json.dumps(row, indent=2))
+    return row
+
+
+def split_study(args, out, name, layout):
+    model = ROOT / "sample-models" / f"{name}.json"
+    ops = json.loads(model.read_text())["ops"]
+    # A tied weight (GPT-2's lm_head) lives with its embedding: the planner refuses to pin it.
+    untied = [o for o in ops if o["kind"] == "linear" and o["params"]
+              and not any(q.get("tied_to") for q in o["params"])]
+    linear = max(untied, key=lambda o: math.prod(o["params"][0]["shape"]))
+    rows = []
+    for k in (1, 4, 8):
+        f = out / f"{name}.split{k}.plan.json"
+        p = plan(args.bin, model, layout, args.budget, f, ["--pin", f"{linear['id']}=zero3/{k}:{k}"])
+        steps = train(args.bin, model, f, args.steps, out / f"{name}.split{k}.jsonl", "cuda",
+                      ["--data", "random"])
+        m = summarise(steps, args.warmup)
+        rows.append({"split": k, "op": linear["id"], "batch": p["batch_size"], **m})
+    return rows
+
+
+def fmt_bytes(b):
+    return "-" if b is None else f"{b / GIB:.1f}"
+
+
+def write_report(out, summary, args):
+    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    lines = [f"GPU: {summary.get('gpu', '?')} · layout {summary.get('layout', '?')} · "
+             f"{summary['date']} · {args.steps} steps, median after {args.warmup} · budget "
+             f"{args.budget}", ""]
+    if summary.get("smoke"):
+        lines += ["| smoke | steps | GPU bf16 vs CPU fp32 loss, max rel. diff | within bf16 |",
+                  "|---|---|---|---|"]
+        for s in summary["smoke"]:
+            lines.append(f"| {s['model']} | {s['steps']} | {100 * s['max_rel_loss_diff']:.2f} % | "
+                         f"{'yes' if s['within_bf16_tolerance'] else 'NO'} |")
+        lines.append("")
+    if summary.get("models"):
+        lines += ["| model | batch | tokens/s | MFU | eager tokens/s (batch) | ratio | "
+                  "step meas/pred | peak GiB: ledger / alloc. reserved / NVML / predicted |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for r in summary["models"]:
+            et = r.get("eager_tokens_per_s")
+            eager_s = f"{et:.0f} ({r['eager_batch']})" if et else r.get("eager_error", "-")
+            ratio = f"{r['tokens_per_s'] / et:.2f}" if et else "-"
+            lines.append(
+                f"| {r['model']} | {r['batch']} | {r['tokens_per_s']:.0f} | "
+                f"{100 * r['mfu']:.1f} % | {eager_s} | {ratio} | "
+                f"{r['step_s'] * 1e3:.0f}/{r['predicted_step_s'] * 1e3:.0f} ms | "
+                f"{fmt_bytes(r['ledger_peak_bytes'])} / {fmt_bytes(r['reserved_peak_bytes'])} / "
+                f"{fmt_bytes(r['process_bytes'])} / {fmt_bytes(r['predicted_peak_bytes'])} |")
+        lines.append("")
+    if summary.get("split"):
+        lines += [f"Splitting {summary['split'][0]['op']}:", "",
+                  "| split | step | ledger peak | reserved peak |", "|---|---|---|---|"]
+        for s in summary["split"]:
+            lines.append(f"| {s['split']} | {s['step_s'] * 1e3:.1f} ms | "
+                         f"{fmt_bytes(s['ledger_peak_bytes'])} GiB | "
+                         f"{fmt_bytes(s['reserved_peak_bytes'])} GiB |")
+        lines.append("")
+    for f in summary["failures"]:
+        lines.append(f"FAILED {f['step']}: {f['error']}")
+    (out / "table.md").write_text("\n".join(lines) + "\n")
+    return lines
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--bin", default=str(ROOT / "target/release/osdp-tui"))
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--bin", default=os.environ.get("OSDP_BIN", str(ROOT / "target/release/osdp-tui")))
+    ap.add_argument("--python", default=sys.executable,
+                    help="the Python whose PyTorch runs the eager reference")
     ap.add_argument("--models", default="gpt2-medium,gpt2-xl,tinyllama-1.1b")
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--smoke-steps", type=int, default=20)
+    ap.add_argument("--budget", default=None,
+                    help="per-GPU memory budget for the plans (default: 70 %% of the GPU)")
     ap.add_argument("--out", default=str(ROOT / "runs/gpu-check"))
     ap.add_argument("--skip-eager", action="store_true")
+    ap.add_argument("--skip-split", action="store_true")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    gpu, layout = layout_for_gpu()
+    summary = {"date": time.strftime("%Y-%m-%d"), "failures": [], "models": [], "split": []}
+
+    def attempt(step, fn):
+        try:
+            return fn()
+        except Exception as err:  # noqa: BLE001 - every failure is recorded and the check goes on
+            msg = str(err) if isinstance(err, StepFailed) else traceback.format_exc().strip().splitlines()[-1]
+            log(f"FAILED {step}: {msg}")
+            summary["failures"].append({"step": step, "error": msg})
+            return None
+        finally:
+            write_report(out, summary, args)
+
+    gpu = query_gpu(args.python)
+    if "error" in gpu:
+        log(f"no GPU: {gpu['error']}; running the smoke test anyway to reach the CUDA step")
+        summary["gpu"] = "none"
+    else:
+        summary.update(gpu=gpu["name"], torch=gpu["torch"])
+        log(f"GPU: {gpu['name']}, {gpu['total_bytes'] / GIB:.1f} GiB, PyTorch {gpu['torch']}")
+    if args.budget is None:
+        total = gpu.get("total_bytes", 80 * GIB)
+        args.budget = f"{int(0.7 * total) // 2**20}MiB"
+    layout = layout_for(gpu.get("name", ""))
+    summary["layout"] = layout.name
     peak_bf16 = json.loads(layout.read_text())["device"]["dense_tflops"]["bf16"]["value"] * 1e12
-    import torch
 
-    budget = f"{torch.cuda.get_device_properties(0).total_memory // 2**20}MiB"
-    rows = []
-    for name in args.models.split(","):
-        model = ROOT / "sample-models" / f"{name}.json"
-        p = plan(args.bin, model, layout, budget, out / f"{name}.plan.json")
-        steps = train(args.bin, model, out / f"{name}.plan.json", args.steps, out / f"{name}.jsonl")
-        seq = json.loads(model.read_text())["config"]["seq_len"]
-        step_s, peak = summarise(steps, args.warmup)
-        batch = p["batch_size"]
-        tokens = batch * seq / step_s
-        mfu = model_flops_per_sample(model) * batch / step_s / peak_bf16
-        row = {
-            "model": name, "gpu": gpu, "batch": batch, "tokens_per_s": tokens, "mfu": mfu,
-            "step_s": step_s, "predicted_step_s": p["step_time_s"],
-            "peak_bytes": peak,
-            "predicted_peak_bytes": p["peak_memory_bytes"] - p["prediction"]["overhead_bytes"],
-        }
-        if not args.skip_eager:
-            e_step, e_peak = eager(model, batch, args.steps, args.warmup)
-            row.update(eager_tokens_per_s=batch * seq / e_step, eager_peak_bytes=e_peak)
-        rows.append(row)
-        (out / f"{name}.json").write_text(json.dumps(row, indent=2))
-
-    # Operator splitting on the largest Linear of the first model.
-    name = args.models.split(",")[0]
-    model = ROOT / "sample-models" / f"{name}.json"
-    ops = json.loads(model.read_text())["ops"]
-    linear = max((o for o in ops if o["kind"] == "linear" and o["params"]),
-                 key=lambda o: math.prod(o["params"][0]["shape"]))
-    split_rows = []
-    for k in (1, 4, 8):
-        f = out / f"{name}.split{k}.plan.json"
-        p = plan(args.bin, model, layout, budget, f, pins=[f"{linear['id']}=zero3/{k}:{k}"])
-        steps = train(args.bin, model, f, args.steps, out / f"{name}.split{k}.jsonl")
-        step_s, peak = summarise(steps, args.warmup)
-        split_rows.append({"split": k, "op": linear["id"], "batch": p["batch_size"],
-                           "step_s": step_s, "peak_bytes": peak})
-
-    # Losses: the tiny model on the GPU (bf16) against the CPU (fp32), same seed and data.
-    tiny = ROOT / "sample-models/tiny-gpt2.json"
-    tp = out / "tiny.plan.json"
-    sh([args.bin, "plan", tiny, "--layout", ROOT / "layouts/cpu.json", "--budget", "1GiB",
-        "--batch", "8", "-o", tp], capture_output=True)
-    sh([args.bin, "train", tiny, "--plan", tp, "--steps", 30, "--metrics", out / "tiny.cpu.jsonl"])
-    sh([args.bin, "train", tiny, "--plan", tp, "--steps", 30, "--device", "cuda",
-        "--metrics", out / "tiny.cuda.jsonl"])
-    cpu = [s["loss"] for s in read_steps(out / "tiny.cpu.jsonl")]
-    gpu_l = [s["loss"] for s in read_steps(out / "tiny.cuda.jsonl")]
-    worst = max(abs(a - b) / abs(a) for a, b in zip(cpu, gpu_l))
-
-    summary = {"gpu": gpu, "layout": layout.name, "date": time.strftime("%Y-%m-%d"),
-               "models": rows, "split": split_rows, "tiny_loss_max_rel_diff": worst}
-    (out / "summary.json").write_text(json.dumps(summary, indent=2))
-    gib = 2**30
-    lines = [f"GPU: {gpu} · layout {layout.name} · {summary['date']} · {args.steps} steps, "
-             f"median after {args.warmup}", "",
-             "| model | batch | tokens/s | MFU | eager tokens/s | ratio | step meas/pred | "
-             "peak meas/pred |", "|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        et = r.get("eager_tokens_per_s")
-        eager_s = f"{et:.0f}" if et else "-"
-        ratio = f"{r['tokens_per_s'] / et:.2f}" if et else "-"
-        lines.append(
-            f"| {r['model']} | {r['batch']} | {r['tokens_per_s']:.0f} | {100 * r['mfu']:.1f} % | "
-            f"{eager_s} | {ratio} | "
-            f"{r['step_s'] * 1e3:.0f}/{r['predicted_step_s'] * 1e3:.0f} ms | "
-            f"{r['peak_bytes'] / gib:.1f}/{r['predicted_peak_bytes'] / gib:.1f} GiB |")
-    lines += ["", f"Splitting {split_rows[0]['op']} of {name}:", "",
-              "| split | step | peak |", "|---|---|---|"]
-    for s in split_rows:
-        lines.append(f"| {s['split']} | {s['step_s'] * 1e3:.1f} ms | {s['peak_bytes'] / gib:.2f} GiB |")
-    lines += ["", f"tiny-gpt2, 30 steps: GPU bf16 vs CPU fp32 losses differ by at most "
-              f"{100 * worst:.2f} %"]
-    (out / "table.md").write_text("\n".join(lines) + "\n")
+    attempt("smoke", lambda: smoke(args, out, summary))
+    if summary["failures"]:
+        lines = write_report(out, summary, args)
+        print("\n".join(lines))
+        log("the GPU cannot train the smoke models; stopping before the expensive ones")
+        return 1
+    models = [m for m in args.models.split(",") if m]
+    for name in models:
+        row = attempt(name, lambda name=name: measure_model(args, out, name, layout, peak_bf16,
+                                                            summary["gpu"]))
+        if row:
+            summary["models"].append(row)
+    if models and not args.skip_split:
+        rows = attempt("split", lambda: split_study(args, out, models[0], layout))
+        summary["split"] = rows or []
+    lines = write_report(out, summary, args)
     print("\n".join(lines))
+    return 1 if summary["failures"] else 0
 
 
 if __name__ == "__main__":
-    main()
+    if len(sys.argv) == 6 and sys.argv[1] == "--eager-child":
+        eager_child(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]))
+        sys.exit(0)
+    sys.exit(main())

@@ -35,6 +35,25 @@ impl MemoryBreakdown {
     }
 }
 
+/// One GPU rank's memory over a step from outside the executor's ledger; `None`: not
+/// available (a build without the allocator shim, or no NVML).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DeviceMemory {
+    /// Peak bytes the CUDA caching allocator handed out during the step.
+    pub allocated_peak_bytes: Option<u64>,
+    /// Peak bytes the allocator reserved from the driver (handed out plus cached).
+    pub reserved_peak_bytes: Option<u64>,
+    /// NVML's memory of the rank's process after the step: the reserve plus the CUDA context,
+    /// NCCL's buffers and library workspaces.
+    pub process_bytes: Option<u64>,
+}
+
+/// A number, or `null` (what serde_json writes for NaN and infinities) as NaN.
+fn number_or_nan<'de, D: serde::Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+    Ok(Option::<f64>::deserialize(d)?.unwrap_or(f64::NAN))
+}
+
 /// One line of a worker's metrics stream.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "event", rename_all = "snake_case")]
@@ -55,7 +74,11 @@ pub enum WorkerEvent {
     Step {
         /// Optimizer steps completed.
         step: u64,
+        /// NaN or infinite when training diverged: JSON has no such numbers, so they are
+        /// written as `null` and read back as NaN.
+        #[serde(deserialize_with = "number_or_nan")]
         loss: f64,
+        #[serde(deserialize_with = "number_or_nan")]
         grad_norm: f64,
         lr: f64,
         step_time_s: f64,
@@ -65,6 +88,9 @@ pub enum WorkerEvent {
         memory_bytes: Vec<u64>,
         /// Rank 0's peak by category.
         memory_breakdown: MemoryBreakdown,
+        /// On GPUs, each rank's memory as the CUDA allocator and NVML see it (absent on CPUs).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        device_memory: Option<Vec<DeviceMemory>>,
     },
     /// A checkpoint of `step` is being written.
     Checkpointing {
@@ -630,5 +656,30 @@ mod tests {
         assert_eq!(s.steps.iter().map(|p| p.step).collect::<Vec<_>>(), vec![1]);
         assert_eq!(s.last_checkpoint.as_ref().map(|c| c.0), Some(1));
         assert!(!s.failed, "the restart cleared the failure");
+    }
+
+    #[test]
+    fn a_diverged_step_is_written_and_read_back_as_nan() {
+        let step = WorkerEvent::Step {
+            step: 3,
+            loss: f64::NAN,
+            grad_norm: f64::INFINITY,
+            lr: 0.1,
+            step_time_s: 0.1,
+            samples_per_s: 80.0,
+            tokens_per_s: 1.0,
+            memory_bytes: vec![1],
+            memory_breakdown: MemoryBreakdown::default(),
+            device_memory: None,
+        };
+        let line = serde_json::to_string(&step).unwrap();
+        assert!(line.contains(r#""loss":null"#), "{line}");
+        let s = RunStatus::from_text(&line);
+        assert_eq!(
+            s.steps.len(),
+            1,
+            "the step is read, not skipped as a broken line"
+        );
+        assert!(s.steps[0].loss.is_nan());
     }
 }

@@ -8,6 +8,7 @@ pub mod collective;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod data;
+pub mod device_memory;
 pub mod exec;
 pub mod measure;
 pub mod memory;
@@ -109,6 +110,8 @@ enum RankMsg {
         /// Each rank's peak bytes.
         memory_bytes: Vec<u64>,
         peak: memory::Breakdown,
+        /// Each rank's allocator and NVML figures (empty on the CPU).
+        device_memory: Vec<device_memory::DeviceMemory>,
     },
     Checkpointing {
         step: u64,
@@ -260,6 +263,7 @@ pub fn run(
                     time_s,
                     memory_bytes,
                     peak,
+                    device_memory,
                 } => {
                     let samples_per_s = cfg.global_batch as f64 / time_s.max(1e-9);
                     summary.losses.push(loss);
@@ -275,6 +279,10 @@ pub fn run(
                         tokens_per_s: samples_per_s * cfg.model.config.seq_len as f64,
                         memory_bytes,
                         memory_breakdown: peak,
+                        device_memory: device_memory
+                            .iter()
+                            .any(|d| !d.is_empty())
+                            .then(|| device_memory.iter().map(|&d| d.into()).collect()),
                     });
                 }
                 RankMsg::Checkpointing { step } => on_event(&WorkerEvent::Checkpointing { step }),
@@ -335,6 +343,17 @@ fn join_group(m: &tcp::Membership, device: tch::Device) -> Result<Box<dyn Collec
     ))
 }
 
+/// The GPU ordinal of local rank `local_rank` when this process sees `count` GPUs: its own
+/// when it sees them all, the only one when a launcher gives each process one GPU
+/// (`CUDA_VISIBLE_DEVICES` per rank, where `LOCAL_RANK` counts GPUs it cannot see).
+pub fn device_ordinal(local_rank: usize, count: usize) -> Option<usize> {
+    match count {
+        0 => None,
+        1 => Some(0),
+        _ => (local_rank < count).then_some(local_rank),
+    }
+}
+
 /// `cpu`, `cpu bf16 mixed`, `cuda bf16 mixed`: what the run computes on, as events report it.
 fn device_label(target: Target) -> String {
     let device = if target.device.is_cuda() {
@@ -389,15 +408,16 @@ fn rank_main(
     let mut saved_at = first_step;
     let mut by_signal = false;
     while step < last {
-        // Rank 0 decides for everyone, so all ranks stop after the same step.
-        let flag = if rank == 0 && stop.load(Ordering::SeqCst) {
+        // A stop asked of any rank (a signal may reach one process of a multi-process run)
+        // stops them all after the same step.
+        let flag = if stop.load(Ordering::SeqCst) {
             1.0
         } else {
             0.0
         };
         let stop_now = exec
             .comm()
-            .broadcast(&Tensor::from(flag), 0)
+            .all_reduce(&Tensor::from(flag))
             .map_err(|e| err(e.into()))?
             .double_value(&[])
             > 0.5;
@@ -406,24 +426,32 @@ fn rank_main(
             break;
         }
         let batch = sampler.batch(step, rank * rows, rows);
+        device_memory::reset_peak(cfg.target.device);
         let t0 = Instant::now();
         let out = exec.train_step(&batch).map_err(&err)?;
         let time_s = t0.elapsed().as_secs_f64();
         step += 1;
         let lr = exec.optim.lr_at(step);
-        // Every rank's peak and step time, so rank 0 reports them all.
-        let mine = Tensor::from_slice(&[exec.ledger.peak().total() as f64, time_s]);
+        // Every rank's peak, step time and device figures, so rank 0 reports them all.
+        const PER_RANK: usize = 5;
+        let mut mine = vec![exec.ledger.peak().total() as f64, time_s];
+        mine.extend(device_memory::read(cfg.target.device).to_wire());
+        let mine = Tensor::from_slice(&mine);
         let all = exec.comm().all_gather(&mine).map_err(|e| err(e.into()))?;
-        let all = Vec::<f64>::try_from(all).unwrap_or_default();
+        let all = Vec::<f64>::try_from(all.to_device(tch::Device::Cpu)).unwrap_or_default();
         if rank == 0 {
             let _ = tx.send(RankMsg::Step {
                 step,
                 loss: out.loss,
                 grad_norm: out.grad_norm,
                 lr,
-                time_s: all.chunks(2).map(|c| c[1]).fold(0.0, f64::max),
-                memory_bytes: all.chunks(2).map(|c| c[0] as u64).collect(),
+                time_s: all.chunks(PER_RANK).map(|c| c[1]).fold(0.0, f64::max),
+                memory_bytes: all.chunks(PER_RANK).map(|c| c[0] as u64).collect(),
                 peak: exec.ledger.peak(),
+                device_memory: all
+                    .chunks(PER_RANK)
+                    .map(|c| device_memory::DeviceMemory::from_wire(&c[2..]))
+                    .collect(),
             });
         }
         if cfg.checkpoint_every > 0 && step % cfg.checkpoint_every == 0 && step < last {

@@ -1,5 +1,5 @@
 //! `osdp-tui train`: run a plan with the libtorch trainer, headless. Progress on the terminal,
-//! one JSON line per event in the metrics file, SIGINT/SIGTERM finish the step, checkpoint and
+//! one JSON line per event in the metrics file, SIGINT/SIGTERM/SIGHUP finish the step, checkpoint and
 //! exit 0.
 
 use std::path::PathBuf;
@@ -187,9 +187,10 @@ pub fn train(args: TrainArgs) -> Result<(), Failure> {
         .map_err(|e| Failure::input(format!("{}: {e}", args.plan.display())))?;
     let mut membership = crate::train::tcp::Membership::from_env().map_err(Failure::input)?;
     let target = target(&args, membership.as_ref())?;
-    if target.device.is_cuda() && membership.is_none() {
-        // One GPU, one process: a group of one, still through NCCL.
-        membership = Some(crate::train::tcp::Membership::single());
+    if membership.as_ref().is_some_and(|m| m.world == 1) {
+        // A group of one (torchrun with one process): nothing to exchange, so no TCP
+        // rendezvous and no NCCL; the in-process group runs the one rank.
+        membership = None;
     }
     let world_size = match (&membership, args.world_size) {
         (Some(m), Some(w)) if w != m.world => {
@@ -238,7 +239,12 @@ pub fn train(args: TrainArgs) -> Result<(), Failure> {
     };
 
     let stop = Arc::new(AtomicBool::new(false));
-    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+    // SIGHUP: the terminal that started the run closed; the run still ends with a checkpoint.
+    for sig in [
+        signal_hook::consts::SIGINT,
+        signal_hook::consts::SIGTERM,
+        signal_hook::consts::SIGHUP,
+    ] {
         signal_hook::flag::register(sig, Arc::clone(&stop))
             .map_err(|e| Failure::input(format!("cannot install the signal handler: {e}")))?;
     }
@@ -386,5 +392,57 @@ fn open_metrics(path: &std::path::Path, append: bool) -> Result<std::fs::File, F
     } else {
         o.write(true).truncate(true);
     }
-    o.open(path).map_err(|e| Failure::output(path, e))
+    let mut f = o.open(path).map_err(|e| Failure::output(path, e))?;
+    // A run killed mid-line leaves a cut line: end it, so the next event starts on a line of
+    // its own instead of being swallowed by the broken one.
+    if append {
+        use std::io::{Read, Seek, SeekFrom, Write};
+        let mut last = [0u8; 1];
+        let cut = std::fs::File::open(path)
+            .and_then(|mut r| {
+                if r.seek(SeekFrom::End(0))? == 0 {
+                    return Ok(false);
+                }
+                r.seek(SeekFrom::End(-1))?;
+                r.read_exact(&mut last)?;
+                Ok(last[0] != b'\n')
+            })
+            .unwrap_or(false);
+        if cut {
+            f.write_all(b"\n").map_err(|e| Failure::output(path, e))?;
+        }
+    }
+    Ok(f)
+}
+
+#[cfg(all(test, feature = "train"))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn appending_after_a_cut_line_starts_the_next_event_on_its_own_line() {
+        use std::io::Write;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("metrics.jsonl");
+        std::fs::write(
+            &path,
+            "{\"event\":\"checkpointing\",\"step\":1}\n{\"event\":\"ste",
+        )
+        .unwrap();
+        let Ok(mut f) = open_metrics(&path, true) else {
+            panic!("cannot open {}", path.display())
+        };
+        writeln!(f, "{{\"event\":\"checkpointing\",\"step\":2}}").unwrap();
+        drop(f);
+        let status = crate::run::RunStatus::from_text(&std::fs::read_to_string(&path).unwrap());
+        assert_eq!(
+            status.checkpointing,
+            Some(2),
+            "the event after the cut line is read"
+        );
+        // A whole file gains nothing.
+        let before = std::fs::read_to_string(&path).unwrap();
+        assert!(open_metrics(&path, true).is_ok());
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), before);
+    }
 }

@@ -1,9 +1,10 @@
 //! GPU ranks (cargo feature `cuda`): one process per GPU, collectives over NCCL on the tensors
 //! libtorch allocates.
 //!
-//! - NCCL comes through `cudarc` with dynamic loading, so the crate builds on machines without
-//!   CUDA and a missing library is a message, not a panic: every entry point checks
-//!   `is_culib_present()` first.
+//! - NCCL is opened by path at run time (pip's `libnccl.so.2` beside libtorch, or
+//!   `OSDP_NCCL_LIB`), so the crate builds on machines without CUDA and a missing library is a
+//!   message, not a panic. The driver comes through `cudarc`, checked with
+//!   `is_culib_present()` before first use. A world of one never opens NCCL.
 //! - Collectives run on the device's legacy default stream, the stream libtorch's kernels use:
 //!   they are ordered after the kernels that produced their inputs and before the kernels that
 //!   read their outputs without any extra synchronisation.
@@ -18,7 +19,7 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use cudarc::driver::CudaContext;
 use cudarc::nccl::sys as nccl;
@@ -27,29 +28,25 @@ use tch::{Device, Kind, Tensor};
 use super::collective::{Aborted, Collective};
 use super::tcp::{Membership, TcpGroup};
 
-/// The library name cudarc's loader asks for; pip's `nvidia-nccl` wheels ship only the
-/// versioned `libnccl.so.2`.
+/// The library pip's `nvidia-nccl` wheels and the distributions ship.
 const NCCL_SONAME: &str = "libnccl.so.2";
-const REEXEC_GUARD: &str = "OSDP_NCCL_REEXEC";
 
-/// Checks that this process can compute on GPU `local_rank` with NCCL, and returns its device.
+/// Checks that this process can compute on a GPU with NCCL, and returns its device: GPU
+/// `local_rank`, or the one GPU visible when a launcher gives each process its own
+/// (`CUDA_VISIBLE_DEVICES` per rank, where `LOCAL_RANK` counts GPUs this process cannot see).
 /// Fails with a message saying what is missing and what to do.
 pub fn preflight(local_rank: usize) -> Result<Device, String> {
     if !tch::Cuda::is_available() {
-        return Err(
-            "--device cuda: no CUDA device is usable here (libtorch sees none: no NVIDIA \
-                    driver, no GPU, or a CPU-only libtorch); train on the CPU with --device cpu"
-                .into(),
-        );
+        return Err(no_cuda_reason());
     }
     let count = tch::Cuda::device_count() as usize;
-    if local_rank >= count {
-        return Err(format!(
-            "--device cuda: LOCAL_RANK {local_rank} but this machine has {count} GPU(s); start \
+    let ordinal = super::device_ordinal(local_rank, count).ok_or_else(|| {
+        format!(
+            "--device cuda: LOCAL_RANK {local_rank} but this process sees {count} GPU(s); start \
              at most one rank per GPU"
-        ));
-    }
-    // SAFETY: only tries to open the shared libraries.
+        )
+    })?;
+    // SAFETY: only tries to open the shared library.
     if !unsafe { cudarc::driver::sys::is_culib_present() } {
         return Err(
             "--device cuda: libtorch sees a GPU but libcuda.so (the driver API) cannot \
@@ -57,56 +54,146 @@ pub fn preflight(local_rank: usize) -> Result<Device, String> {
                 .into(),
         );
     }
-    ensure_nccl_loadable()?;
-    Ok(Device::Cuda(local_rank))
+    Ok(Device::Cuda(ordinal))
 }
 
-/// cudarc opens `libnccl.so`; where only `libnccl.so.2` exists (pip's NCCL, next to libtorch),
-/// link it under the name cudarc asks for in a private directory and run this program again
-/// with that directory on `LD_LIBRARY_PATH` (the loader reads the variable only at start-up).
-fn ensure_nccl_loadable() -> Result<(), String> {
+/// Why libtorch sees no GPU: a binary built without libtorch's CUDA library can never see
+/// one, whatever the machine has; one built with it lacks a driver or a visible device.
+fn no_cuda_reason() -> String {
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap_or_default();
+    if !maps.contains("libtorch_cuda.so") {
+        return "--device cuda: this osdp-tui is not linked against libtorch_cuda.so (it was \
+                built against a CPU-only libtorch); rebuild it against PyTorch's CUDA wheel with \
+                `. scripts/libtorch-env.sh && cargo build --release --features cuda`"
+            .into();
+    }
     // SAFETY: only tries to open the shared library.
-    if unsafe { nccl::is_culib_present() } {
-        return Ok(());
+    let driver = unsafe { cudarc::driver::sys::is_culib_present() };
+    if !driver {
+        return "--device cuda: libtorch's CUDA library is loaded but the NVIDIA driver \
+                (libcuda.so.1) is not: install the driver, or train on the CPU with --device cpu"
+            .into();
     }
-    let hint = "install NCCL (pip install nvidia-nccl-cu13, or the distribution's libnccl2) or \
-                name the library with OSDP_NCCL_LIB=/path/to/libnccl.so.2";
-    if std::env::var_os(REEXEC_GUARD).is_some() {
-        return Err(format!(
-            "--device cuda: NCCL still cannot be loaded after linking libnccl.so; {hint}"
-        ));
-    }
-    let found = find_nccl().ok_or_else(|| {
-        format!("--device cuda: NCCL not found (looked for libnccl.so and {NCCL_SONAME}); {hint}")
-    })?;
-    let dir = std::env::temp_dir().join(format!("osdp-tui-nccl-{}", unsafe { libc::getuid() }));
-    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-    let link = dir.join("libnccl.so");
-    let _ = std::fs::remove_file(&link);
-    std::os::unix::fs::symlink(&found, &link)
-        .map_err(|e| format!("cannot link {}: {e}", link.display()))?;
-    let mut path = std::ffi::OsString::from(&dir);
-    if let Some(old) = std::env::var_os("LD_LIBRARY_PATH") {
-        path.push(":");
-        path.push(old);
-    }
-    let exe = std::env::current_exe().map_err(|e| format!("cannot find this program: {e}"))?;
-    let err = std::os::unix::process::CommandExt::exec(
-        std::process::Command::new(exe)
-            .args(std::env::args_os().skip(1))
-            .env("LD_LIBRARY_PATH", path)
-            .env(REEXEC_GUARD, "1"),
-    );
-    Err(format!(
-        "cannot restart with NCCL on the library path: {err}"
-    ))
+    let visible = std::env::var("CUDA_VISIBLE_DEVICES")
+        .map(|v| format!(" (CUDA_VISIBLE_DEVICES={v:?})"))
+        .unwrap_or_default();
+    format!(
+        "--device cuda: the NVIDIA driver is loaded but no GPU is visible{visible}; check \
+         `nvidia-smi`, or train on the CPU with --device cpu"
+    )
 }
 
-/// `OSDP_NCCL_LIB`, else `libnccl.so.2` in a directory of `LD_LIBRARY_PATH` or of the libtorch
-/// this program was built against, or in the `nvidia/nccl/lib` beside such a libtorch.
-fn find_nccl() -> Option<PathBuf> {
+/// The NCCL entry points this backend calls, from a library opened by path. cudarc's own
+/// loader asks only for `libnccl.so` and numbered names that are not NCCL's, so the library
+/// is opened here (no symlinks, nothing written, nothing shared between local ranks).
+struct NcclLib {
+    get_unique_id: unsafe extern "C" fn(*mut nccl::ncclUniqueId) -> nccl::ncclResult_t,
+    comm_init_rank: unsafe extern "C" fn(
+        *mut nccl::ncclComm_t,
+        i32,
+        nccl::ncclUniqueId,
+        i32,
+    ) -> nccl::ncclResult_t,
+    comm_abort: unsafe extern "C" fn(nccl::ncclComm_t) -> nccl::ncclResult_t,
+    comm_destroy: unsafe extern "C" fn(nccl::ncclComm_t) -> nccl::ncclResult_t,
+    get_error_string: unsafe extern "C" fn(nccl::ncclResult_t) -> *const std::ffi::c_char,
+    all_gather: unsafe extern "C" fn(
+        *const std::ffi::c_void,
+        *mut std::ffi::c_void,
+        usize,
+        nccl::ncclDataType_t,
+        nccl::ncclComm_t,
+        nccl::cudaStream_t,
+    ) -> nccl::ncclResult_t,
+    reduce_scatter: unsafe extern "C" fn(
+        *const std::ffi::c_void,
+        *mut std::ffi::c_void,
+        usize,
+        nccl::ncclDataType_t,
+        nccl::ncclRedOp_t,
+        nccl::ncclComm_t,
+        nccl::cudaStream_t,
+    ) -> nccl::ncclResult_t,
+    all_reduce: unsafe extern "C" fn(
+        *const std::ffi::c_void,
+        *mut std::ffi::c_void,
+        usize,
+        nccl::ncclDataType_t,
+        nccl::ncclRedOp_t,
+        nccl::ncclComm_t,
+        nccl::cudaStream_t,
+    ) -> nccl::ncclResult_t,
+    broadcast: unsafe extern "C" fn(
+        *const std::ffi::c_void,
+        *mut std::ffi::c_void,
+        usize,
+        nccl::ncclDataType_t,
+        i32,
+        nccl::ncclComm_t,
+        nccl::cudaStream_t,
+    ) -> nccl::ncclResult_t,
+    /// Keeps the functions above valid.
+    _lib: libloading::Library,
+}
+
+impl NcclLib {
+    /// The process's NCCL, opened on first use.
+    fn get() -> Result<&'static NcclLib, String> {
+        static LIB: OnceLock<Result<NcclLib, String>> = OnceLock::new();
+        LIB.get_or_init(NcclLib::open)
+            .as_ref()
+            .map_err(Clone::clone)
+    }
+
+    fn open() -> Result<NcclLib, String> {
+        let hint = "install NCCL (pip install nvidia-nccl-cu13, or the distribution's libnccl2) \
+                    or name the library with OSDP_NCCL_LIB=/path/to/libnccl.so.2";
+        let candidates = nccl_candidates();
+        let mut last = String::new();
+        for path in &candidates {
+            // SAFETY: NCCL's initialisers have no preconditions.
+            match unsafe { libloading::Library::new(path) } {
+                Ok(lib) => {
+                    return NcclLib::bind(lib).map_err(|e| format!("{}: {e}", path.display()))
+                }
+                Err(e) => last = e.to_string(),
+            }
+        }
+        Err(format!(
+            "--device cuda: NCCL cannot be opened (tried {}: {last}); {hint}",
+            candidates
+                .iter()
+                .map(|p| p.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ))
+    }
+
+    fn bind(lib: libloading::Library) -> Result<NcclLib, libloading::Error> {
+        // SAFETY: each symbol is NCCL's C function of the signature given (nccl.h, 2.x).
+        unsafe {
+            Ok(NcclLib {
+                get_unique_id: *lib.get(b"ncclGetUniqueId\0")?,
+                comm_init_rank: *lib.get(b"ncclCommInitRank\0")?,
+                comm_abort: *lib.get(b"ncclCommAbort\0")?,
+                comm_destroy: *lib.get(b"ncclCommDestroy\0")?,
+                get_error_string: *lib.get(b"ncclGetErrorString\0")?,
+                all_gather: *lib.get(b"ncclAllGather\0")?,
+                reduce_scatter: *lib.get(b"ncclReduceScatter\0")?,
+                all_reduce: *lib.get(b"ncclAllReduce\0")?,
+                broadcast: *lib.get(b"ncclBroadcast\0")?,
+                _lib: lib,
+            })
+        }
+    }
+}
+
+/// Where NCCL may be: `OSDP_NCCL_LIB`; else `libnccl.so.2` in each directory of
+/// `LD_LIBRARY_PATH` and beside the libtorch this program was built against (pip puts it in
+/// `nvidia/nccl/lib` next to `torch/lib`); last the bare name, for the loader's own search.
+fn nccl_candidates() -> Vec<PathBuf> {
     if let Some(p) = std::env::var_os("OSDP_NCCL_LIB") {
-        return Some(PathBuf::from(p)).filter(|p| p.exists());
+        return vec![PathBuf::from(p)];
     }
     let mut dirs: Vec<PathBuf> = std::env::var_os("LD_LIBRARY_PATH")
         .map(|v| std::env::split_paths(&v).collect())
@@ -114,14 +201,18 @@ fn find_nccl() -> Option<PathBuf> {
     if let Some(built) = option_env!("OSDP_TORCH_LIB_DIR") {
         dirs.push(PathBuf::from(built));
     }
-    dirs.iter()
+    let mut out: Vec<PathBuf> = dirs
+        .iter()
         .flat_map(|d| {
             [
                 d.join(NCCL_SONAME),
                 d.join("../../nvidia/nccl/lib").join(NCCL_SONAME),
             ]
         })
-        .find(|p| p.exists())
+        .filter(|p| p.exists())
+        .collect();
+    out.push(PathBuf::from(NCCL_SONAME));
+    out
 }
 
 fn dtype(kind: Kind) -> Result<nccl::ncclDataType_t, Aborted> {
@@ -139,13 +230,13 @@ fn dtype(kind: Kind) -> Result<nccl::ncclDataType_t, Aborted> {
     })
 }
 
-fn check(what: &str, r: nccl::ncclResult_t) -> Result<(), Aborted> {
+fn check(lib: &NcclLib, what: &str, r: nccl::ncclResult_t) -> Result<(), Aborted> {
     if r == nccl::ncclResult_t::ncclSuccess {
         return Ok(());
     }
     // SAFETY: NCCL returns a static string for every result code.
     let text = unsafe {
-        let p = nccl::ncclGetErrorString(r);
+        let p = (lib.get_error_string)(r);
         if p.is_null() {
             String::new()
         } else {
@@ -157,6 +248,7 @@ fn check(what: &str, r: nccl::ncclResult_t) -> Result<(), Aborted> {
 
 /// A communicator handle that may be aborted from the watchdog thread.
 struct Comm {
+    lib: &'static NcclLib,
     raw: nccl::ncclComm_t,
     aborted: AtomicBool,
     why: Mutex<String>,
@@ -177,7 +269,7 @@ impl Comm {
         }
         // SAFETY: ncclCommAbort unblocks collectives in flight on another thread.
         unsafe {
-            nccl::ncclCommAbort(self.raw());
+            (self.lib.comm_abort)(self.raw());
         }
     }
 
@@ -216,12 +308,16 @@ impl NcclGroup {
         let Device::Cuda(ordinal) = device else {
             return Err("the NCCL group needs a CUDA device".into());
         };
+        let lib = NcclLib::get()?;
         let ctx = CudaContext::new(ordinal).map_err(|e| format!("cuda:{ordinal}: {e:?}"))?;
         let tcp = TcpGroup::join(m)?;
         let mut id = nccl::ncclUniqueId { internal: [0; 128] };
         if m.rank == 0 {
             // SAFETY: writes the 128-byte id.
-            check("ncclGetUniqueId", unsafe { nccl::ncclGetUniqueId(&mut id) }).map_err(|e| e.0)?;
+            check(lib, "ncclGetUniqueId", unsafe {
+                (lib.get_unique_id)(&mut id)
+            })
+            .map_err(|e| e.0)?;
         }
         let words: Vec<i64> = id
             .internal
@@ -239,11 +335,12 @@ impl NcclGroup {
         }
         let mut raw: nccl::ncclComm_t = std::ptr::null_mut();
         // SAFETY: every rank calls this once with the same id; it blocks until all have.
-        check("ncclCommInitRank", unsafe {
-            nccl::ncclCommInitRank(&mut raw, m.world as i32, id, m.rank as i32)
+        check(lib, "ncclCommInitRank", unsafe {
+            (lib.comm_init_rank)(&mut raw, m.world as i32, id, m.rank as i32)
         })
         .map_err(|e| e.0)?;
         let comm = Arc::new(Comm {
+            lib,
             raw,
             aborted: AtomicBool::new(false),
             why: Mutex::new(String::new()),
@@ -281,6 +378,7 @@ impl NcclGroup {
         t: &Tensor,
         out_numel: i64,
         f: impl FnOnce(
+            &NcclLib,
             *const std::ffi::c_void,
             *mut std::ffi::c_void,
             nccl::ncclDataType_t,
@@ -297,8 +395,15 @@ impl NcclGroup {
         let out = Tensor::empty([out_numel], (t.kind(), self.device));
         let dt = dtype(t.kind())?;
         check(
+            self.comm.lib,
             what,
-            f(input.data_ptr(), out.data_ptr(), dt, self.comm.raw()),
+            f(
+                self.comm.lib,
+                input.data_ptr(),
+                out.data_ptr(),
+                dt,
+                self.comm.raw(),
+            ),
         )?;
         if let Some(a) = self.comm.aborted() {
             return Err(a);
@@ -327,29 +432,29 @@ impl Collective for NcclGroup {
             "all-gather",
             shard,
             (n * self.world) as i64,
-            |s, r, d, c| unsafe { nccl::ncclAllGather(s, r, n, d, c, stream()) },
+            |l, s, r, d, c| unsafe { (l.all_gather)(s, r, n, d, c, stream()) },
         )
     }
 
     fn reduce_scatter(&self, full: &Tensor) -> Result<Tensor, Aborted> {
         let n = full.numel() / self.world;
-        self.call("reduce-scatter", full, n as i64, |s, r, d, c| unsafe {
-            nccl::ncclReduceScatter(s, r, n, d, nccl::ncclRedOp_t::ncclSum, c, stream())
+        self.call("reduce-scatter", full, n as i64, |l, s, r, d, c| unsafe {
+            (l.reduce_scatter)(s, r, n, d, nccl::ncclRedOp_t::ncclSum, c, stream())
         })
     }
 
     fn all_reduce(&self, t: &Tensor) -> Result<Tensor, Aborted> {
         let n = t.numel();
-        let out = self.call("all-reduce", t, n as i64, |s, r, d, c| unsafe {
-            nccl::ncclAllReduce(s, r, n, d, nccl::ncclRedOp_t::ncclSum, c, stream())
+        let out = self.call("all-reduce", t, n as i64, |l, s, r, d, c| unsafe {
+            (l.all_reduce)(s, r, n, d, nccl::ncclRedOp_t::ncclSum, c, stream())
         })?;
         Ok(out.reshape(t.size()))
     }
 
     fn broadcast(&self, t: &Tensor, root: usize) -> Result<Tensor, Aborted> {
         let n = t.numel();
-        let out = self.call("broadcast", t, n as i64, |s, r, d, c| unsafe {
-            nccl::ncclBroadcast(s, r, n, d, root as i32, c, stream())
+        let out = self.call("broadcast", t, n as i64, |l, s, r, d, c| unsafe {
+            (l.broadcast)(s, r, n, d, root as i32, c, stream())
         })?;
         Ok(out.reshape(t.size()))
     }
@@ -377,8 +482,28 @@ impl Drop for NcclGroup {
         if !self.comm.aborted.swap(true, Ordering::SeqCst) {
             // SAFETY: no collective is in flight once the rank's group is dropped.
             unsafe {
-                nccl::ncclCommDestroy(self.comm.raw());
+                (self.comm.lib.comm_destroy)(self.comm.raw());
             }
         }
     }
+}
+
+/// The PCI bus id (`0000:18:00.0`) of CUDA device `ordinal`, the key NVML finds it by.
+pub fn pci_bus_id(ordinal: usize) -> Option<String> {
+    use cudarc::driver::{result, sys};
+    // SAFETY: only tries to open the shared library.
+    if !unsafe { sys::is_culib_present() } {
+        return None;
+    }
+    result::init().ok()?;
+    let dev = result::device::get(ordinal as i32).ok()?;
+    let mut buf = [0 as std::ffi::c_char; 32];
+    // SAFETY: the buffer holds the 13 characters and the terminator the driver writes.
+    let r = unsafe { sys::cuDeviceGetPCIBusId(buf.as_mut_ptr(), buf.len() as i32, dev) };
+    if r != sys::CUresult::CUDA_SUCCESS {
+        return None;
+    }
+    // SAFETY: the driver wrote a terminated string into `buf`.
+    let id = unsafe { CStr::from_ptr(buf.as_ptr()) };
+    id.to_str().ok().map(str::to_string)
 }

@@ -942,8 +942,21 @@ impl Executor {
             OpKind::CrossEntropy => {
                 let labels = self.labels()?;
                 let scale = g.double_value(&[]);
-                let d = ops::cross_entropy_bwd(scale, &self.extras[i][0], &labels, self.kind);
-                self.add_act_grad(self.inputs[i][0], d);
+                let logp = std::mem::take(&mut self.extras[i])
+                    .pop()
+                    .ok_or_else(|| ExecError::Unsupported("the loss kept nothing".into()))?;
+                let (kept, in_place) = (nbytes(&logp), logp.kind() == self.kind);
+                let d = ops::cross_entropy_bwd(scale, logp, &labels, self.kind);
+                // The gradient is the log-probabilities' buffer itself when the compute dtype
+                // is theirs (fp32); otherwise a copy in the compute dtype that exists beside
+                // them until they are freed here.
+                if in_place {
+                    self.ledger.sub(Category::Activations, kept);
+                    self.add_act_grad(self.inputs[i][0], d);
+                } else {
+                    self.add_act_grad(self.inputs[i][0], d);
+                    self.ledger.sub(Category::Activations, kept);
+                }
             }
             OpKind::Embedding | OpKind::PositionalEmbedding => {
                 let u = self.uses[i][0][0];
@@ -1163,18 +1176,17 @@ impl Executor {
         let mut sync_s = t_sync.elapsed().as_secs_f64();
         let t_update = Instant::now();
         // 2. Global norm: replicated gradients counted once (by rank 0), shards by their owner.
-        let mut local_sq = 0.0;
+        // Summed on the device and read once: a read per tensor would wait for the device
+        // hundreds of times a step.
+        let mut local_sq = Tensor::zeros([], (Kind::Double, self.device));
         for (u, g) in shards.iter().enumerate() {
             if let Some(g) = g {
                 if self.units[u].class != Class::Dp || rank == 0 {
-                    local_sq += g.square().sum(Kind::Double).double_value(&[]);
+                    local_sq += g.square().sum(Kind::Double);
                 }
             }
         }
-        let total_sq = self
-            .comm
-            .all_reduce(&Tensor::from(local_sq))?
-            .double_value(&[]);
+        let total_sq = self.comm.all_reduce(&local_sq)?.double_value(&[]);
         let norm = total_sq.sqrt();
         let o = self.optim;
         let clip = if o.clip_norm > 0.0 && norm > o.clip_norm {

@@ -37,7 +37,18 @@ pub fn layer_norm_fwd(
     x.native_layer_norm([width], Some(w), b, eps)
 }
 
-/// Gradients of [`layer_norm_fwd`]: `(dx, dw, db)`.
+/// The precision a norm's backward computes in: fp32 for 16-bit inputs, else their own.
+fn accumulation_kind(kind: Kind) -> Kind {
+    match kind {
+        Kind::BFloat16 | Kind::Half => Kind::Float,
+        k => k,
+    }
+}
+
+/// Gradients of [`layer_norm_fwd`]: `(dx, dw, db)`, all in `dy`'s dtype. The statistics may
+/// come in another precision than the activations (on CUDA, `native_layer_norm` returns fp32
+/// mean and rstd for bf16 input; on the CPU, bf16): the arithmetic runs in fp32 for 16-bit
+/// inputs either way, so the next op never meets mixed dtypes.
 pub fn layer_norm_bwd(
     dy: &Tensor,
     x: &Tensor,
@@ -45,14 +56,23 @@ pub fn layer_norm_bwd(
     rstd: &Tensor,
     w: &Tensor,
 ) -> (Tensor, Tensor, Tensor) {
-    let xhat = (x - mean) * rstd;
-    let dxhat = dy * w;
-    let c1 = dxhat.mean_dim(-1, true, dxhat.kind());
-    let c2 = (&dxhat * &xhat).mean_dim(-1, true, dxhat.kind());
-    let dx = (dxhat - c1 - &xhat * c2) * rstd;
-    let dw = bias_grad(&(dy * xhat));
-    let db = bias_grad(dy);
-    (dx, dw, db)
+    let out = dy.kind();
+    let acc = accumulation_kind(out);
+    let (dy, x, mean, rstd, w) = (
+        dy.to_kind(acc),
+        x.to_kind(acc),
+        mean.to_kind(acc),
+        rstd.to_kind(acc),
+        w.to_kind(acc),
+    );
+    let xhat = (&x - &mean) * &rstd;
+    let dxhat = &dy * &w;
+    let c1 = dxhat.mean_dim(-1, true, acc);
+    let c2 = (&dxhat * &xhat).mean_dim(-1, true, acc);
+    let dx = (dxhat - c1 - &xhat * c2) * &rstd;
+    let dw = bias_grad(&(&dy * xhat));
+    let db = bias_grad(&dy);
+    (dx.to_kind(out), dw.to_kind(out), db.to_kind(out))
 }
 
 /// RMS norm over the last dimension: `(y, rstd)`.
@@ -62,14 +82,23 @@ pub fn rms_norm_fwd(x: &Tensor, w: &Tensor, eps: f64) -> (Tensor, Tensor) {
     (y, rstd)
 }
 
-/// Gradients of [`rms_norm_fwd`]: `(dx, dw)`.
+/// Gradients of [`rms_norm_fwd`]: `(dx, dw)` in `dy`'s dtype, computed in fp32 for 16-bit
+/// inputs as [`layer_norm_bwd`] is.
 pub fn rms_norm_bwd(dy: &Tensor, x: &Tensor, rstd: &Tensor, w: &Tensor) -> (Tensor, Tensor) {
-    let xhat = x * rstd;
-    let dxhat = dy * w;
-    let c = (&dxhat * &xhat).mean_dim(-1, true, dxhat.kind());
-    let dx = (dxhat - &xhat * c) * rstd;
-    let dw = bias_grad(&(dy * xhat));
-    (dx, dw)
+    let out = dy.kind();
+    let acc = accumulation_kind(out);
+    let (dy, x, rstd, w) = (
+        dy.to_kind(acc),
+        x.to_kind(acc),
+        rstd.to_kind(acc),
+        w.to_kind(acc),
+    );
+    let xhat = &x * &rstd;
+    let dxhat = &dy * &w;
+    let c = (&dxhat * &xhat).mean_dim(-1, true, acc);
+    let dx = (dxhat - &xhat * c) * &rstd;
+    let dw = bias_grad(&(&dy * xhat));
+    (dx.to_kind(out), dw.to_kind(out))
 }
 
 /// The model's activation function.
@@ -329,23 +358,48 @@ pub fn attention_bwd(
     (heads_last(&dq), heads_last(&dk), heads_last(&dv))
 }
 
+/// Logits turned into fp32 log-probabilities at a time (32 MiB of fp32): bounds the forward's
+/// temporaries (`exp` of a chunk for its log-sum-exp) whatever the vocabulary.
+pub const CE_CHUNK_ELEMENTS: i64 = 8 << 20;
+
 /// Mean token cross-entropy: `(loss, log-probabilities kept for backward)`.
+///
+/// The log-probabilities are one fp32 `[tokens, vocab]` buffer, filled chunk by chunk in place:
+/// `log_softmax(.., Float)` of bf16 logits would first make a whole fp32 copy of the logits,
+/// and a large vocabulary makes that the step's largest tensor. What remains is the kept
+/// buffer plus [`CE_CHUNK_ELEMENTS`] of temporaries.
 pub fn cross_entropy_fwd(logits: &Tensor, labels: &Tensor) -> (Tensor, Tensor) {
     let vocab = *logits.size().last().unwrap_or(&1);
-    let logp = logits.reshape([-1, vocab]).log_softmax(-1, Kind::Float);
+    let logits = logits.reshape([-1, vocab]);
+    let rows = logits.size()[0];
+    let acc = accumulation_kind(logits.kind());
+    let logp = Tensor::empty([rows, vocab], (acc, logits.device()));
+    let chunk_rows = (CE_CHUNK_ELEMENTS / vocab.max(1)).max(1);
+    let mut start = 0;
+    while start < rows {
+        let n = chunk_rows.min(rows - start);
+        let mut chunk = logp.narrow(0, start, n);
+        chunk.copy_(&logits.narrow(0, start, n));
+        let lse = chunk.logsumexp([-1], true);
+        chunk -= lse;
+        start += n;
+    }
     let picked = logp.gather(1, &labels.reshape([-1, 1]), false);
-    let loss = picked.mean(Kind::Float).neg();
+    let loss = picked.mean(acc).neg();
     (loss, logp)
 }
 
-/// Gradient of `scale · loss` with respect to the logits (`[b, s, vocab]`).
-pub fn cross_entropy_bwd(scale: f64, logp: &Tensor, labels: &Tensor, kind: Kind) -> Tensor {
+/// Gradient of `scale · loss` with respect to the logits (`[b, s, vocab]`, in `kind`),
+/// computed in place on the log-probabilities the forward kept (consumed here): no second
+/// `[tokens, vocab]` fp32 buffer, only the gradient in the compute dtype.
+pub fn cross_entropy_bwd(scale: f64, logp: Tensor, labels: &Tensor, kind: Kind) -> Tensor {
     let rows = logp.size()[0];
     let flat = labels.reshape([-1, 1]);
-    let mut grad = logp.exp();
-    let minus_one = Tensor::full([rows, 1], -1.0, (Kind::Float, logp.device()));
-    grad = grad.scatter_add(1, &flat, &minus_one);
-    let grad = grad * (scale / rows as f64);
+    let mut grad = logp;
+    let _ = grad.exp_();
+    let minus_one = Tensor::full([rows, 1], -1.0, (grad.kind(), grad.device()));
+    let _ = grad.scatter_add_(1, &flat, &minus_one);
+    let _ = grad.g_mul_scalar_(scale / rows as f64);
     let sz = labels.size();
     grad.reshape([sz[0], sz[1], -1]).to_kind(kind)
 }
@@ -564,9 +618,93 @@ mod tests {
         (&reference * 0.5).backward();
         let (loss, logp) = cross_entropy_fwd(&logits, &labels);
         assert!((loss.double_value(&[]) - reference.double_value(&[])).abs() < 1e-6);
-        let d = cross_entropy_bwd(0.5, &logp, &labels, Kind::Double);
-        // The loss is computed in fp32, so compare at fp32 precision.
+        let d = cross_entropy_bwd(0.5, logp, &labels, Kind::Double);
+        // tch's cross_entropy_for_logits takes its log-softmax in fp32: compare at fp32.
         let diff = (d - grad_of(&ll)).abs().max().double_value(&[]);
         assert!(diff < 1e-6, "{diff}");
+    }
+
+    #[test]
+    fn cross_entropy_of_bf16_logits_keeps_fp32_log_probs_over_chunk_boundaries() {
+        // More rows than one chunk, so the chunked fill is exercised at its seams.
+        let vocab = 1 << 19;
+        let rows = 2 * (CE_CHUNK_ELEMENTS / vocab) + 3;
+        let logits = rand(&[1, rows, vocab], 61).to_kind(Kind::BFloat16);
+        tch::manual_seed(62);
+        let labels = Tensor::randint(vocab, [1, rows], (Kind::Int64, tch::Device::Cpu));
+        let (loss, logp) = cross_entropy_fwd(&logits, &labels);
+        assert_eq!(
+            logp.kind(),
+            Kind::Float,
+            "log-probabilities are kept in fp32"
+        );
+        let reference = logits.reshape([-1, vocab]).log_softmax(-1, Kind::Float);
+        let diff = (&logp - &reference).abs().max().double_value(&[]);
+        // Log-probabilities near −ln(2¹⁹) ≈ −13 carry fp32's ~1e-7 relative rounding.
+        assert!(diff < 1e-4, "chunked log-softmax differs by {diff}");
+        let ref_loss = reference
+            .gather(1, &labels.reshape([-1, 1]), false)
+            .mean(Kind::Float)
+            .neg();
+        assert!((loss.double_value(&[]) - ref_loss.double_value(&[])).abs() < 1e-5);
+        let d = cross_entropy_bwd(1.0, logp, &labels, Kind::BFloat16);
+        assert_eq!(
+            d.kind(),
+            Kind::BFloat16,
+            "the gradient is in the compute dtype"
+        );
+        assert_eq!(d.size(), vec![1, rows, vocab]);
+    }
+
+    #[test]
+    fn norm_backwards_take_fp32_statistics_with_bf16_activations() {
+        // What CUDA's native_layer_norm returns for bf16 input: fp32 mean and rstd.
+        let (x, w, dy) = (
+            rand(&[2, 3, 16], 63),
+            rand(&[16], 64),
+            rand(&[2, 3, 16], 65),
+        );
+        let (xb, wb, dyb) = (
+            x.to_kind(Kind::BFloat16),
+            w.to_kind(Kind::BFloat16),
+            dy.to_kind(Kind::BFloat16),
+        );
+        let (_, mean, rstd) =
+            layer_norm_fwd(&x.to_kind(Kind::Float), &w.to_kind(Kind::Float), None, 1e-5);
+        assert_eq!(mean.kind(), Kind::Float);
+        let (dx, dw, db) = layer_norm_bwd(&dyb, &xb, &mean, &rstd, &wb);
+        for g in [&dx, &dw, &db] {
+            assert_eq!(g.kind(), Kind::BFloat16, "gradients come in dy's dtype");
+        }
+        // The next linear's backward takes dx as it comes: no mixed-dtype matmul.
+        let x_prev = rand(&[2, 3, 8], 66).to_kind(Kind::BFloat16);
+        let w_prev = rand(&[16, 8], 67).to_kind(Kind::BFloat16);
+        let (dx_prev, dw_prev) = linear_bwd(&dx, &x_prev, &w_prev);
+        assert_eq!(
+            (dx_prev.kind(), dw_prev.kind()),
+            (Kind::BFloat16, Kind::BFloat16)
+        );
+        // And they agree with the fp64 gradients to bf16 precision.
+        let (xl, wl) = (leaf(&x), leaf(&w));
+        (xl.layer_norm([16], Some(&wl), None::<&Tensor>, 1e-5, false) * &dy)
+            .sum(Kind::Double)
+            .backward();
+        let rel = |a: &Tensor, b: &Tensor| {
+            (a.to_kind(Kind::Double) - b).abs().max().double_value(&[])
+                / b.abs().max().double_value(&[]).max(1.0)
+        };
+        assert!(
+            rel(&dx, &grad_of(&xl)) < 2e-2,
+            "dx off by {}",
+            rel(&dx, &grad_of(&xl))
+        );
+        assert!(
+            rel(&dw, &grad_of(&wl)) < 2e-2,
+            "dw off by {}",
+            rel(&dw, &grad_of(&wl))
+        );
+        let (_, rstd) = rms_norm_fwd(&x.to_kind(Kind::Float), &w.to_kind(Kind::Float), 1e-5);
+        let (dx, dw) = rms_norm_bwd(&dyb, &xb, &rstd, &wb);
+        assert_eq!((dx.kind(), dw.kind()), (Kind::BFloat16, Kind::BFloat16));
     }
 }

@@ -73,19 +73,6 @@ impl Membership {
     }
 }
 
-impl Membership {
-    /// A group of one (a single GPU process): rank 0 listening on an ephemeral loopback port
-    /// that nobody else joins.
-    pub fn single() -> Membership {
-        Membership {
-            rank: 0,
-            world: 1,
-            master: "127.0.0.1:0".into(),
-            join_timeout: Duration::from_secs(120),
-        }
-    }
-}
-
 /// One process's handle on the group.
 pub struct TcpGroup {
     rank: usize,

@@ -6,6 +6,8 @@ mod calibrate;
 mod dashboard;
 #[cfg(feature = "train")]
 mod dashboard_train;
+#[cfg(feature = "train")]
+mod gpu_check;
 mod import;
 mod plan_cli;
 mod planner;

@@ -11,7 +11,7 @@ use osdp_tui::train::exec::{Numerics, OptimConfig, Target};
 use osdp_tui::train::{self, data, TrainConfig, TrainSummary};
 use tch::Tensor;
 
-use super::{osdp, root};
+use super::{osdp, root, stdout_ok};
 
 const GLOBAL_BATCH: u64 = 8;
 
@@ -297,7 +297,10 @@ fn train_refuses_cuda_without_a_gpu_or_gpu_support() {
     let err = String::from_utf8_lossy(&out.stderr);
     // A build with the cuda feature finds no GPU here; one without says how to get it.
     assert!(
-        err.contains("no CUDA device is usable here") || err.contains("built without GPU support"),
+        err.contains("NVIDIA driver")
+            || err.contains("no GPU is visible")
+            || err.contains("not linked against libtorch_cuda.so")
+            || err.contains("built without GPU support"),
         "{err}"
     );
     assert!(err.contains("--device cpu"), "{err}");
@@ -681,4 +684,103 @@ fn a_rank_that_never_joins_ends_the_run_with_a_message() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("rank 1 could not reach rank 0"), "{err}");
+}
+
+/// Peak resident memory of `osdp-tui ARGS` (the child's own, from `wait4`) and the largest
+/// ledger peak its metrics report.
+#[allow(
+    clippy::zombie_processes,
+    reason = "reaped by wait4, which also gives its rusage"
+)]
+fn peak_rss_and_ledger(args: &[&std::ffi::OsStr], metrics: &Path) -> (u64, u64) {
+    let log = metrics.with_extension("log");
+    let child = std::process::Command::new(env!("CARGO_BIN_EXE_osdp-tui"))
+        .args(args)
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let mut status = 0;
+    // SAFETY: an all-zero rusage is valid; wait4 fills it for our own child.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    let pid = child.id() as libc::pid_t;
+    let rc = unsafe { libc::wait4(pid, &mut status, 0, &mut usage) };
+    assert_eq!(rc, pid);
+    assert!(
+        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+        "train failed: {}",
+        std::fs::read_to_string(&log).unwrap_or_default()
+    );
+    let ledger = step_lines(metrics)
+        .iter()
+        .flat_map(|s| s["memory_bytes"].as_array().unwrap().clone())
+        .filter_map(|v| v.as_u64())
+        .max()
+        .unwrap();
+    (usage.ru_maxrss as u64 * 1024, ledger)
+}
+
+/// The loss of a large vocabulary: what the process really holds grows with the vocabulary as
+/// the executor's ledger says (the kept fp32 log-probabilities, the bf16 gradient), not by the
+/// two or three further fp32 `[tokens, vocab]` temporaries a plain log-softmax and its
+/// backward would add — the memory a planner cannot see is memory that runs out.
+#[test]
+fn a_large_vocabulary_costs_what_the_ledger_counts() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = |vocab: u64| {
+        let hf = dir.path().join(format!("v{vocab}.hf.json"));
+        let config = std::fs::read_to_string(root().join("sample-models/hf/tiny-gpt2.json"))
+            .unwrap()
+            .replace("\"vocab_size\": 256", &format!("\"vocab_size\": {vocab}"))
+            .replace("\"n_layer\": 4", "\"n_layer\": 1");
+        std::fs::write(&hf, config).unwrap();
+        let model = dir.path().join(format!("v{vocab}.json"));
+        stdout_ok(osdp().arg("import-hf").arg(&hf).arg("-o").arg(&model));
+        let plan = dir.path().join(format!("v{vocab}.plan.json"));
+        stdout_ok(
+            osdp()
+                .arg("plan")
+                .arg(&model)
+                .args([
+                    "--layout",
+                    "layouts/cpu.json",
+                    "--budget",
+                    "16GiB",
+                    "--batch",
+                    "8",
+                ])
+                .arg("-o")
+                .arg(&plan),
+        );
+        let metrics = dir.path().join(format!("v{vocab}.jsonl"));
+        let args: Vec<std::ffi::OsString> = vec![
+            "train".into(),
+            model.into(),
+            "--plan".into(),
+            plan.into(),
+            "--precision".into(),
+            "bf16".into(),
+            "--data".into(),
+            "random".into(),
+            "--steps".into(),
+            "2".into(),
+            "--metrics".into(),
+            metrics.clone().into(),
+        ];
+        let args: Vec<&std::ffi::OsStr> = args.iter().map(|a| a.as_os_str()).collect();
+        peak_rss_and_ledger(&args, &metrics)
+    };
+    let (rss_small, ledger_small) = run(256);
+    let (rss_large, ledger_large) = run(65536);
+    let (rss, ledger) = (
+        rss_large.saturating_sub(rss_small),
+        ledger_large - ledger_small,
+    );
+    // 1,024 tokens × 65,536 words: 256 MiB per fp32 copy. Allow the bounded chunk
+    // temporaries and allocator slack, not another copy.
+    assert!(
+        rss <= ledger + ledger / 4 + (64 << 20),
+        "resident memory grew by {} MiB for {} MiB the ledger counts",
+        rss >> 20,
+        ledger >> 20
+    );
 }
