@@ -627,7 +627,7 @@ fn dashboard(args: DashboardArgs) -> Result<(), Failure> {
     let run_dir = args
         .run_dir
         .clone()
-        .unwrap_or_else(|| PathBuf::from("runs").join(&spec.name));
+        .unwrap_or_else(|| crate::run::RunDir::default_for(&spec.name).0);
     let mut app = App::new(spec, layout, budgets, args.max_split);
     app.notice = notice;
     app.batch = args.batch;

@@ -1,6 +1,8 @@
 //! Every kind of bad input exits 2 with one message that names the file and the place, and
 //! never panics.
 
+use std::path::Path;
+
 use crate::osdp;
 
 /// (fixture under tests/data/bad, what the message must contain)
@@ -234,4 +236,68 @@ fn calibrate_for_cuda_without_a_gpu_says_so() {
         "{err}"
     );
     assert!(!target.exists(), "nothing is written");
+}
+
+/// Issue 21: a model names itself, and the dashboard keeps its runs in `runs/NAME`; a name such
+/// as `../../x` or `/etc/x` must not choose where files are written.
+#[test]
+fn issue_21_a_model_name_cannot_pick_where_runs_are_written() {
+    use osdp_tui::run::RunDir;
+    use std::path::Component;
+    for hostile in [
+        "../../escaped",
+        "/etc/escaped",
+        "..",
+        ".",
+        "",
+        "a/../../b",
+        "\u{1b}]0;x\u{7}",
+    ] {
+        let dir = RunDir::default_for(hostile).0;
+        let parts: Vec<Component> = dir.components().collect();
+        assert_eq!(parts.len(), 2, "{hostile:?} gave {}", dir.display());
+        assert_eq!(parts[0], Component::Normal("runs".as_ref()));
+        let Component::Normal(name) = parts[1] else {
+            panic!("{hostile:?} gave {}", dir.display());
+        };
+        let name = name.to_str().unwrap();
+        assert!(!name.starts_with('.'), "{hostile:?} gave {name:?}");
+        assert!(
+            name.chars()
+                .all(|c| c.is_ascii_alphanumeric() || "._-".contains(c)),
+            "{hostile:?} gave {name:?}"
+        );
+    }
+    assert_eq!(RunDir::default_for("gpt2-xl").0, Path::new("runs/gpt2-xl"));
+
+    // Starting a run from the dashboard writes only inside the run directory.
+    let tmp = tempfile::tempdir().unwrap();
+    let work = tmp.path().join("work");
+    let mut model: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(crate::root().join("sample-models/tiny-gpt2.json")).unwrap(),
+    )
+    .unwrap();
+    model["name"] = "../../escaped".into();
+    let model_path = tmp.path().join("model.json");
+    std::fs::write(&model_path, model.to_string()).unwrap();
+    let spec = osdp_tui::model::read_model(&model_path).unwrap();
+    let layout = osdp_tui::cluster::read_layout(&crate::root().join("layouts/cpu.json")).unwrap();
+    let run_dir = work.join(RunDir::default_for(&spec.name).0);
+    let launch = osdp_tui::run::LaunchSpec {
+        exe: assert_cmd::cargo::cargo_bin("osdp-tui"),
+        model: model_path,
+        checkpoint_every: 3,
+        hang_after: std::time::Duration::from_secs(20),
+    };
+    let mut app = osdp_tui::tui::app::App::new(spec, layout, vec![1 << 30; 2], 8)
+        .with_training(osdp_tui::tui::app::Training::new(launch, run_dir.clone()));
+    app.replan();
+    app.update(osdp_tui::tui::app::Action::StartRun);
+    if let Some(run) = app.training.as_mut().and_then(|t| t.run.as_mut()) {
+        run.stop_and_wait(std::time::Duration::from_secs(20));
+    }
+    assert!(run_dir.join("plan.json").is_file(), "{:?}", app.message);
+    assert_eq!(run_dir.parent(), Some(work.join("runs").as_path()));
+    assert!(!tmp.path().join("escaped").exists());
+    assert!(!work.join("escaped").exists());
 }

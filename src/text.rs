@@ -1,0 +1,47 @@
+//! User-supplied names (model names, op ids) made safe where they leave the program: as a file
+//! name, they must not climb out of the directory they are joined to.
+
+/// Longest name [`file_component`] returns: well under the 255 bytes file systems allow, so a
+/// long model name still gives a directory that can be created.
+const MAX_COMPONENT_BYTES: usize = 100;
+
+/// `name` as one plain path component: characters other than `[A-Za-z0-9._-]` become `_`, a
+/// leading dot becomes `_` (no `..`, no hidden directory), empty becomes `model`. A model file
+/// names itself, so `"../../x"` or `"/etc/cron.d/x"` must not pick where the dashboard writes.
+pub fn file_component(name: &str) -> String {
+    let mut out: String = name
+        .chars()
+        .map(|c| match c {
+            'A'..='Z' | 'a'..='z' | '0'..='9' | '.' | '_' | '-' => c,
+            _ => '_',
+        })
+        .take(MAX_COMPONENT_BYTES)
+        .collect();
+    if out.starts_with('.') {
+        out.replace_range(..1, "_");
+    }
+    if out.is_empty() {
+        out.push_str("model");
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_file_component_never_leaves_its_directory() {
+        assert_eq!(file_component("gpt2-xl"), "gpt2-xl");
+        assert_eq!(file_component("llama_3.8b"), "llama_3.8b");
+        assert_eq!(file_component("../../x"), "_._.._x");
+        assert_eq!(file_component(".."), "_.");
+        assert_eq!(file_component(".hidden"), "_hidden");
+        assert_eq!(file_component("/etc/passwd"), "_etc_passwd");
+        assert_eq!(file_component("a\\b"), "a_b");
+        assert_eq!(file_component(""), "model");
+        assert_eq!(file_component("\u{1b}[2J"), "__2J");
+        assert_eq!(file_component("ü"), "_");
+        assert_eq!(file_component(&"x".repeat(1000)).len(), MAX_COMPONENT_BYTES);
+    }
+}
