@@ -154,7 +154,19 @@ pub fn write_json_atomically<T: serde::Serialize>(path: &Path, value: &T) -> std
     write_atomically(path, text.as_bytes())
 }
 
+/// Write `bytes` to `path` so that a reader sees the old file or the new one, never half.
+///
+/// A regular file (or none) is replaced by rename from a temp file beside it. A character
+/// device (`-o /dev/null`, `/dev/stdout` on a terminal) is written in place: renaming over it
+/// would replace the device node itself. Directories, FIFOs (a write would block until someone
+/// reads), sockets and block devices are refused.
 pub fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    match std::fs::metadata(path) {
+        Ok(meta) if meta.is_file() => {}
+        Ok(meta) => return write_special(path, &meta.file_type(), bytes),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
     let dir = match path.parent() {
         Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
         _ => std::path::PathBuf::from("."),
@@ -162,19 +174,87 @@ pub fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     let file_name = path
         .file_name()
         .ok_or_else(|| std::io::Error::other("output path has no file name"))?;
-    let tmp = dir.join(format!(
-        ".{}.tmp-{}",
-        file_name.to_string_lossy(),
-        std::process::id()
-    ));
+    let (tmp, mut f) = create_temp_beside(&dir, &file_name.to_string_lossy())?;
     let result = (|| {
-        let mut f = std::fs::File::create(&tmp)?;
         f.write_all(bytes)?;
         f.sync_all()?;
+        drop(f);
         std::fs::rename(&tmp, path)
     })();
     if result.is_err() {
         let _ = std::fs::remove_file(&tmp);
     }
     result
+}
+
+/// A target that exists and is not a regular file.
+fn write_special(path: &Path, kind: &std::fs::FileType, bytes: &[u8]) -> std::io::Result<()> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::FileTypeExt;
+        if kind.is_char_device() {
+            // No truncate: devices have no length, and /dev/stdout may be a file the shell
+            // opened for appending.
+            let mut f = std::fs::OpenOptions::new().write(true).open(path)?;
+            return f.write_all(bytes);
+        }
+        let what = if kind.is_fifo() {
+            "a FIFO"
+        } else if kind.is_socket() {
+            "a socket"
+        } else if kind.is_block_device() {
+            "a block device"
+        } else if kind.is_dir() {
+            "a directory"
+        } else {
+            "not a regular file"
+        };
+        Err(std::io::Error::other(format!(
+            "it is {what}; give a file name"
+        )))
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = bytes;
+        let what = if kind.is_dir() {
+            "a directory"
+        } else {
+            "not a regular file"
+        };
+        Err(std::io::Error::other(format!(
+            "it is {what}; give a file name"
+        )))
+    }
+}
+
+/// Create a fresh temp file in `dir` for `file_name`. The name is hard to guess and the open
+/// refuses an existing entry and symlinks (`O_EXCL | O_NOFOLLOW`), so a link planted at the
+/// temp name cannot redirect the write.
+fn create_temp_beside(dir: &Path, file_name: &str) -> std::io::Result<(PathBuf, std::fs::File)> {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let mut last_err = None;
+    for _ in 0..16 {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
+        let tmp = dir.join(format!(
+            ".{file_name}.tmp-{}-{}-{nanos:09}",
+            std::process::id(),
+            COUNTER.fetch_add(1, Ordering::Relaxed)
+        ));
+        let mut options = std::fs::OpenOptions::new();
+        options.write(true).create_new(true);
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::OpenOptionsExt;
+            options.custom_flags(libc::O_NOFOLLOW);
+        }
+        match options.open(&tmp) {
+            Ok(f) => return Ok((tmp, f)),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => last_err = Some(e),
+            Err(e) => return Err(e),
+        }
+    }
+    Err(last_err.unwrap_or_else(|| std::io::Error::other("no free temp file name")))
 }

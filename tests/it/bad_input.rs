@@ -301,3 +301,113 @@ fn issue_21_a_model_name_cannot_pick_where_runs_are_written() {
     assert!(!tmp.path().join("escaped").exists());
     assert!(!work.join("escaped").exists());
 }
+
+fn plan_to(output: &Path) -> assert_cmd::Command {
+    let mut cmd = crate::osdp_bounded();
+    cmd.args([
+        "plan",
+        "sample-models/tiny-gpt2.json",
+        "--layout",
+        "layouts/cpu.json",
+        "--budget",
+        "1GiB",
+        "-o",
+    ])
+    .arg(output);
+    cmd
+}
+
+/// Issue 21: `-o /dev/null` renamed a regular file over the device (as root, replacing
+/// /dev/null for everyone). A character device is written in place.
+#[test]
+fn issue_21_output_to_a_character_device_keeps_the_device() {
+    use std::os::unix::fs::FileTypeExt;
+    // As root, a private copy of /dev/null (1, 3) shows the fix without risking the real one;
+    // where nodes cannot be made or opened (not root, a nodev mount), /dev/null is safe to use
+    // because an unprivileged process cannot replace it.
+    let tmp = tempfile::tempdir().unwrap();
+    let private = tmp.path().join("null");
+    let c_path = std::ffi::CString::new(private.to_str().unwrap()).unwrap();
+    // SAFETY: a valid C string; mknod only creates a node.
+    let made = unsafe { libc::mknod(c_path.as_ptr(), libc::S_IFCHR | 0o666, libc::makedev(1, 3)) }
+        == 0
+        && std::fs::OpenOptions::new()
+            .write(true)
+            .open(&private)
+            .is_ok();
+    let device = if made {
+        private
+    } else {
+        Path::new("/dev/null").to_path_buf()
+    };
+    let out = plan_to(&device).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let meta = std::fs::metadata(&device).unwrap();
+    assert!(
+        meta.file_type().is_char_device(),
+        "{} was replaced",
+        device.display()
+    );
+    let leftovers: Vec<_> = std::fs::read_dir(tmp.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .filter(|n| n != "null")
+        .collect();
+    assert!(leftovers.is_empty(), "temp files left: {leftovers:?}");
+}
+
+/// Issue 21: a FIFO or a directory as `-o` is refused (exit 1, the path named), not replaced
+/// or waited on.
+#[test]
+fn issue_21_output_to_a_fifo_or_directory_is_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let fifo = tmp.path().join("pipe");
+    let c_path = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: a valid C string.
+    assert_eq!(unsafe { libc::mkfifo(c_path.as_ptr(), 0o644) }, 0);
+    crate::refused(
+        &mut plan_to(&fifo),
+        1,
+        &[fifo.to_str().unwrap(), "cannot write", "a FIFO"],
+    );
+    use std::os::unix::fs::FileTypeExt;
+    assert!(std::fs::metadata(&fifo).unwrap().file_type().is_fifo());
+
+    let dir = tmp.path().join("d");
+    std::fs::create_dir(&dir).unwrap();
+    crate::refused(
+        &mut plan_to(&dir),
+        1,
+        &[dir.to_str().unwrap(), "cannot write", "a directory"],
+    );
+    assert!(dir.is_dir());
+    assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0);
+}
+
+/// Issue 21: the temp file was `.NAME.tmp-PID`, created by following a symlink planted there.
+/// A link at the old name (this process's pid, as a caller of the library) is left alone, and
+/// what it points to is untouched.
+#[test]
+fn issue_21_a_symlink_at_the_temp_name_is_not_followed() {
+    let tmp = tempfile::tempdir().unwrap();
+    let victim = tmp.path().join("victim");
+    std::fs::write(&victim, "keep me").unwrap();
+    let target = tmp.path().join("out.json");
+    let planted = tmp
+        .path()
+        .join(format!(".out.json.tmp-{}", std::process::id()));
+    std::os::unix::fs::symlink(&victim, &planted).unwrap();
+    osdp_tui::input::write_atomically(&target, b"new\n").unwrap();
+    assert_eq!(std::fs::read_to_string(&victim).unwrap(), "keep me");
+    assert_eq!(std::fs::read_to_string(&target).unwrap(), "new\n");
+    assert!(std::fs::symlink_metadata(&planted).unwrap().is_symlink());
+    assert_eq!(
+        std::fs::read_dir(tmp.path()).unwrap().count(),
+        3,
+        "no temp file left"
+    );
+}
