@@ -44,12 +44,8 @@ pub enum InputError {
         #[source]
         source: std::io::Error,
     },
-    #[error("{}: file is {bytes} bytes; inputs over {limit} bytes are refused", path.display())]
-    TooLarge {
-        path: PathBuf,
-        bytes: u64,
-        limit: u64,
-    },
+    #[error("{}: larger than {limit} bytes; inputs over that are refused", path.display())]
+    TooLarge { path: PathBuf, limit: u64 },
     /// The JSON does not parse into the format: truncated, wrong type, unknown or missing field.
     #[error("{}:{line}:{column}: {field}: {message}", path.display())]
     Syntax {
@@ -107,20 +103,81 @@ pub fn read_strict<T: serde::de::DeserializeOwned>(
     path: &Path,
     supported: u32,
 ) -> Result<T, InputError> {
+    let text = read_text(path, MAX_INPUT_BYTES)?;
+    parse_strict(path, &text, supported)
+}
+
+/// The text of a regular file of at most `limit` bytes. Anything else is refused before it is
+/// read: a FIFO would block until someone writes, `/dev/zero` never ends, and a file's length
+/// may change between looking and reading, so the read itself stops at `limit + 1` bytes.
+pub fn read_text(path: &Path, limit: u64) -> Result<String, InputError> {
     let io_err = |source| InputError::Io {
         path: path.to_path_buf(),
         source,
     };
-    let bytes = std::fs::metadata(path).map_err(io_err)?.len();
-    if bytes > MAX_INPUT_BYTES {
+    let not_regular = |meta: &std::fs::Metadata| {
+        (!meta.is_file()).then(|| {
+            io_err(std::io::Error::other(format!(
+                "it is {}, not a regular file",
+                file_kind(&meta.file_type())
+            )))
+        })
+    };
+    if let Some(e) = not_regular(&std::fs::metadata(path).map_err(io_err)?) {
+        return Err(e);
+    }
+    let mut options = std::fs::OpenOptions::new();
+    options.read(true);
+    // Should the path become a FIFO after the check, opening it must not wait for a writer.
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        options.custom_flags(libc::O_NONBLOCK);
+    }
+    let file = options.open(path).map_err(io_err)?;
+    if let Some(e) = not_regular(&file.metadata().map_err(io_err)?) {
+        return Err(e);
+    }
+    let mut bytes = Vec::new();
+    std::io::Read::read_to_end(&mut std::io::Read::take(file, limit + 1), &mut bytes)
+        .map_err(io_err)?;
+    if bytes.len() as u64 > limit {
         return Err(InputError::TooLarge {
             path: path.to_path_buf(),
-            bytes,
-            limit: MAX_INPUT_BYTES,
+            limit,
         });
     }
-    let text = std::fs::read_to_string(path).map_err(io_err)?;
-    parse_strict(path, &text, supported)
+    String::from_utf8(bytes).map_err(|e| {
+        io_err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!(
+                "stream did not contain valid UTF-8 (byte {})",
+                e.utf8_error().valid_up_to()
+            ),
+        ))
+    })
+}
+
+/// `a directory`, `a FIFO`: what a path that is not a regular file is, for messages.
+fn file_kind(kind: &std::fs::FileType) -> &'static str {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::FileTypeExt;
+        if kind.is_fifo() {
+            return "a FIFO";
+        } else if kind.is_socket() {
+            return "a socket";
+        } else if kind.is_block_device() {
+            return "a block device";
+        } else if kind.is_char_device() {
+            return "a character device";
+        }
+    }
+    if kind.is_dir() {
+        "a directory"
+    } else {
+        "not a regular file"
+    }
 }
 
 /// [`read_strict`] on text in memory; `path` is only used in messages.
@@ -198,33 +255,12 @@ fn write_special(path: &Path, kind: &std::fs::FileType, bytes: &[u8]) -> std::io
             let mut f = std::fs::OpenOptions::new().write(true).open(path)?;
             return f.write_all(bytes);
         }
-        let what = if kind.is_fifo() {
-            "a FIFO"
-        } else if kind.is_socket() {
-            "a socket"
-        } else if kind.is_block_device() {
-            "a block device"
-        } else if kind.is_dir() {
-            "a directory"
-        } else {
-            "not a regular file"
-        };
-        Err(std::io::Error::other(format!(
-            "it is {what}; give a file name"
-        )))
     }
-    #[cfg(not(unix))]
-    {
-        let _ = bytes;
-        let what = if kind.is_dir() {
-            "a directory"
-        } else {
-            "not a regular file"
-        };
-        Err(std::io::Error::other(format!(
-            "it is {what}; give a file name"
-        )))
-    }
+    let _ = (path, bytes);
+    Err(std::io::Error::other(format!(
+        "it is {}; give a file name",
+        file_kind(kind)
+    )))
 }
 
 /// Create a fresh temp file in `dir` for `file_name`. The name is hard to guess and the open

@@ -29,14 +29,15 @@ pub const SUPPORTED_ARCHITECTURES: [&str; 6] = [
 /// by default. `--seq-len` overrides.
 pub const DEFAULT_MAX_SEQ_LEN: u64 = 8192;
 
+/// Largest config.json read: real ones are a few kilobytes, and the whole file becomes a
+/// `serde_json::Value` (several times its size in memory).
+pub const MAX_CONFIG_BYTES: u64 = 1 << 20;
+
 #[derive(Debug, thiserror::Error)]
 pub enum ImportError {
-    #[error("{}: cannot read: {source}", path.display())]
-    Io {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    /// Unreadable, not a regular file, or too large.
+    #[error(transparent)]
+    Read(#[from] crate::input::InputError),
     #[error("{}:{line}:{column}: not valid JSON: {message}", path.display())]
     Json {
         path: PathBuf,
@@ -71,10 +72,7 @@ pub struct ImportOptions {
 
 /// Read `path` and import it.
 pub fn import_file(path: &Path, opts: &ImportOptions) -> Result<ModelSpec, ImportError> {
-    let text = std::fs::read_to_string(path).map_err(|source| ImportError::Io {
-        path: path.to_path_buf(),
-        source,
-    })?;
+    let text = crate::input::read_text(path, MAX_CONFIG_BYTES)?;
     import_str(path, &text, opts)
 }
 

@@ -411,3 +411,70 @@ fn issue_21_a_symlink_at_the_temp_name_is_not_followed() {
         "no temp file left"
     );
 }
+
+/// Issue 21: inputs were read whole, whatever they were: `/dev/zero` until memory ran out, a
+/// FIFO forever. Only regular files are read, and at most up to the size limit.
+#[test]
+fn issue_21_inputs_that_never_end_are_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let fifo = tmp.path().join("model.json");
+    let c_path = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: a valid C string.
+    assert_eq!(unsafe { libc::mkfifo(c_path.as_ptr(), 0o644) }, 0);
+    let fifo = fifo.to_str().unwrap();
+    let cases: &[(&[&str], &[&str])] = &[
+        (
+            &["inspect", "/dev/zero"],
+            &["/dev/zero", "a character device"],
+        ),
+        (&["inspect", fifo], &[fifo, "a FIFO"]),
+        (&["inspect", "/tmp"], &["/tmp", "a directory"]),
+        (
+            &["import-hf", "/dev/zero", "-o", "/tmp/never-written.json"],
+            &["/dev/zero", "a character device"],
+        ),
+        (
+            &["plan", "sample-models/gpt2.json", "--layout", fifo],
+            &[fifo, "a FIFO"],
+        ),
+        (
+            &[
+                "evaluate",
+                "sample-models/gpt2.json",
+                "--layout",
+                "layouts/cpu.json",
+                "--plan",
+                "/dev/zero",
+            ],
+            &["/dev/zero", "not a regular file"],
+        ),
+    ];
+    for (args, needles) in cases {
+        crate::refused(crate::osdp_bounded().args(*args), 2, needles);
+    }
+    assert!(!Path::new("/tmp/never-written.json").exists());
+
+    // Sizes: a sparse 300 MB model file, a 2 MB config.
+    let big = tmp.path().join("big.json");
+    std::fs::File::create(&big)
+        .unwrap()
+        .set_len(300 << 20)
+        .unwrap();
+    crate::refused(
+        crate::osdp_bounded().arg("inspect").arg(&big),
+        2,
+        &["big.json", "larger than 268435456 bytes"],
+    );
+    let config = tmp.path().join("config.json");
+    let padding = " ".repeat(2 << 20);
+    std::fs::write(&config, format!("{{\"model_type\": \"gpt2\"{padding}}}")).unwrap();
+    crate::refused(
+        crate::osdp_bounded()
+            .arg("import-hf")
+            .arg(&config)
+            .arg("-o")
+            .arg(tmp.path().join("m.json")),
+        2,
+        &["config.json", "larger than 1048576 bytes"],
+    );
+}
