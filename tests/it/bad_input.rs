@@ -478,3 +478,135 @@ fn issue_21_inputs_that_never_end_are_refused() {
         &["config.json", "larger than 1048576 bytes"],
     );
 }
+
+/// `import-hf CONFIG -o OUT` on `config` (JSON text), under the refusal limits.
+fn import_config(dir: &Path, config: &serde_json::Value, extra: &[&str]) -> assert_cmd::Command {
+    let path = dir.join("config.json");
+    std::fs::write(&path, config.to_string()).unwrap();
+    let mut cmd = crate::osdp_bounded();
+    cmd.arg("import-hf")
+        .arg(&path)
+        .args(extra)
+        .arg("-o")
+        .arg(dir.join("out.json"));
+    cmd
+}
+
+/// Issue 21: a config (any family) or `--layers` asking for 10^6–10^12 layers hung building the
+/// graph; 2^31 layers in model.json passed and then aborted on a 51 GB allocation.
+#[test]
+fn issue_21_layer_counts_are_bounded() {
+    let tmp = tempfile::tempdir().unwrap();
+    for (arch, field) in [
+        ("GPT2LMHeadModel", "n_layer"),
+        ("OPTForCausalLM", "num_hidden_layers"),
+        ("LlamaForCausalLM", "num_hidden_layers"),
+        ("BertForMaskedLM", "num_hidden_layers"),
+    ] {
+        for layers in [1_000_000u64, 1_000_000_000_000] {
+            let config = serde_json::json!({"architectures": [arch], field: layers});
+            crate::refused(
+                &mut import_config(tmp.path(), &config, &[]),
+                2,
+                &[&format!(
+                    "field `{field}`: {layers} is too large (at most 10000)"
+                )],
+            );
+        }
+    }
+    crate::refused(
+        &mut import_config(
+            tmp.path(),
+            &serde_json::json!({"model_type": "gpt2"}),
+            &["--layers", "1000000"],
+        ),
+        2,
+        &["--layers", "1000000 layers are too many (at most 10000)"],
+    );
+    assert!(!tmp.path().join("out.json").exists());
+
+    let mut model: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(crate::root().join("sample-models/tiny-gpt2.json")).unwrap(),
+    )
+    .unwrap();
+    model["config"]["layers"] = (1u64 << 31).into();
+    let path = tmp.path().join("deep.json");
+    std::fs::write(&path, model.to_string()).unwrap();
+    let needles = [
+        "deep.json",
+        "config.layers",
+        "2147483648 layers are too many (at most 10000)",
+    ];
+    crate::refused(crate::osdp_bounded().arg("inspect").arg(&path), 2, &needles);
+    crate::refused(
+        crate::osdp_bounded()
+            .arg("plan")
+            .arg(&path)
+            .args(["--layout", "layouts/cpu.json"]),
+        2,
+        &needles,
+    );
+}
+
+/// Issue 21: config dimensions were multiplied unchecked (a vocabulary of 2^64−1 panicked on
+/// overflow). Each is bounded, and a config at every bound at once is refused by the size
+/// check, never by a panic or a wrapped (small) figure.
+#[test]
+fn issue_21_config_dimensions_are_bounded() {
+    let tmp = tempfile::tempdir().unwrap();
+    let max = u64::MAX;
+    for (config, needle) in [
+        (
+            serde_json::json!({"model_type": "gpt2", "vocab_size": max}),
+            format!("field `vocab_size`: {max} is too large (at most 4194304)"),
+        ),
+        (
+            serde_json::json!({"model_type": "gpt2", "n_inner": max}),
+            format!("field `n_inner`: {max} is too large (at most 1048576)"),
+        ),
+        (
+            serde_json::json!({"model_type": "llama", "num_attention_heads": 1024, "head_dim": 1 << 20}),
+            "1024 heads of 1048576 make attention 1073741824 wide (at most 1048576)".to_string(),
+        ),
+    ] {
+        crate::refused(&mut import_config(tmp.path(), &config, &[]), 2, &[&needle]);
+    }
+    crate::refused(
+        &mut import_config(
+            tmp.path(),
+            &serde_json::json!({"model_type": "gpt2", "n_positions": 1u64 << 31}),
+            &["--seq-len", "2000000"],
+        ),
+        2,
+        &["--seq-len", "2000000 tokens are too many (at most 1048576)"],
+    );
+    let (wide, vocab, positions) = (1u64 << 20, 1u64 << 22, 1u64 << 31);
+    for config in [
+        serde_json::json!({"architectures": ["GPT2LMHeadModel"], "vocab_size": vocab,
+            "n_embd": wide, "n_layer": 10000, "n_head": wide, "n_positions": positions,
+            "n_inner": wide}),
+        serde_json::json!({"architectures": ["OPTForCausalLM"], "vocab_size": vocab,
+            "hidden_size": wide, "num_hidden_layers": 10000, "num_attention_heads": wide,
+            "max_position_embeddings": positions, "ffn_dim": wide, "word_embed_proj_dim": wide}),
+        serde_json::json!({"architectures": ["LlamaForCausalLM"], "vocab_size": vocab,
+            "hidden_size": wide, "num_hidden_layers": 10000, "num_attention_heads": wide,
+            "num_key_value_heads": wide, "max_position_embeddings": positions,
+            "intermediate_size": wide}),
+        serde_json::json!({"architectures": ["BertForMaskedLM"], "vocab_size": vocab,
+            "hidden_size": wide, "num_hidden_layers": 10000, "num_attention_heads": wide,
+            "max_position_embeddings": positions, "intermediate_size": wide,
+            "type_vocab_size": vocab}),
+    ] {
+        for extra in [
+            &[][..],
+            &["--seq-len", "1048576", "--attention", "eager"][..],
+        ] {
+            crate::refused(
+                &mut import_config(tmp.path(), &config, extra),
+                2,
+                &["the imported model is not valid", "overflows"],
+            );
+        }
+    }
+    assert!(!tmp.path().join("out.json").exists());
+}
