@@ -26,6 +26,26 @@ pub fn file_component(name: &str) -> String {
     out
 }
 
+/// `name` as it may be printed to a terminal: control characters (escape sequences that move
+/// the cursor, retitle the window or clear the screen) and the bidirectional overrides that
+/// reorder text are shown escaped, `\u{1b}`, rather than obeyed.
+pub fn printable(name: &str) -> std::borrow::Cow<'_, str> {
+    let hostile =
+        |c: char| c.is_control() || matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}');
+    if !name.chars().any(hostile) {
+        return std::borrow::Cow::Borrowed(name);
+    }
+    let mut out = String::with_capacity(name.len() + 8);
+    for c in name.chars() {
+        if hostile(c) {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    std::borrow::Cow::Owned(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -43,5 +63,15 @@ mod tests {
         assert_eq!(file_component("\u{1b}[2J"), "__2J");
         assert_eq!(file_component("ü"), "_");
         assert_eq!(file_component(&"x".repeat(1000)).len(), MAX_COMPONENT_BYTES);
+    }
+
+    #[test]
+    fn printable_escapes_what_a_terminal_would_obey() {
+        assert_eq!(printable("h0.attn.c_attn"), "h0.attn.c_attn");
+        assert_eq!(printable("gpt2 ü 模型"), "gpt2 ü 模型");
+        assert_eq!(printable("a\u{1b}[2Jb"), "a\\u{1b}[2Jb");
+        assert_eq!(printable("x\ny\r\t"), "x\\ny\\r\\t");
+        assert_eq!(printable("\u{9b}31m"), "\\u{9b}31m");
+        assert_eq!(printable("abc\u{202e}def"), "abc\\u{202e}def");
     }
 }

@@ -108,9 +108,8 @@ impl PlanFile {
                 ),
             ));
         }
-        if self.batch_size == 0 {
-            return Err(Problem::field("batch_size", "must be at least 1"));
-        }
+        super::check_batch(model, self.batch_size)
+            .map_err(|why| Problem::field("batch_size", why))?;
         let blocks = Blocks::of(model);
         let index = model.op_index();
         let mut choices: Vec<Option<Choice>> = vec![None; model.ops.len()];

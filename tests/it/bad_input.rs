@@ -610,3 +610,148 @@ fn issue_21_config_dimensions_are_bounded() {
     }
     assert!(!tmp.path().join("out.json").exists());
 }
+
+/// Issue 21: `--budget 16EiB` climbed the micro-batch ladder until it aborted after 5 GB, and
+/// `--batch 2^62` overflowed into "fits in 313.9 MiB". Budgets stop at 1 PiB per GPU and
+/// micro-batches at 2^20, wherever they come from.
+#[test]
+fn issue_21_budgets_and_batches_are_bounded() {
+    let plan = |extra: &[&str]| {
+        let mut cmd = crate::osdp_bounded();
+        cmd.args([
+            "plan",
+            "sample-models/tiny-gpt2.json",
+            "--layout",
+            "layouts/cpu.json",
+        ])
+        .args(extra);
+        cmd
+    };
+    crate::refused(
+        &mut plan(&["--budget", "16EiB"]),
+        2,
+        &["'16EiB'", "--budget", "at most 1.0 PiB per GPU"],
+    );
+    crate::refused(
+        &mut plan(&["--budget-per-gpu", "1GiB,2EiB"]),
+        2,
+        &["'2EiB'", "at most 1.0 PiB per GPU"],
+    );
+    let huge = (1u64 << 62).to_string();
+    crate::refused(
+        &mut plan(&["--batch", &huge]),
+        2,
+        &[&format!("{huge} is too large: at most 1048576")],
+    );
+    crate::refused(
+        crate::osdp_bounded().args([
+            "sample-models/tiny-gpt2.json",
+            "--layout",
+            "layouts/cpu.json",
+            "--once",
+            "--batch",
+            &huge,
+        ]),
+        2,
+        &[&format!("{huge} is too large: at most 1048576")],
+    );
+
+    // The largest budget with the micro-batch searched: answered, within the limits.
+    let out = plan(&["--budget", "1PiB", "--json"]).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let batch = json["plan"]["batch_size"]
+        .as_u64()
+        .or_else(|| json["batch_size"].as_u64())
+        .expect("a batch size in the JSON");
+    assert!((1..=1 << 20).contains(&batch), "{batch}");
+
+    // A hand-edited plan file and a layout are held to the same bounds.
+    let tmp = tempfile::tempdir().unwrap();
+    let plan_path = tmp.path().join("plan.json");
+    crate::stdout_ok(
+        plan(&["-o", plan_path.to_str().unwrap()])
+            .arg("--budget")
+            .arg("1GiB"),
+    );
+    let mut file: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&plan_path).unwrap()).unwrap();
+    file["batch_size"] = (1u64 << 62).into();
+    std::fs::write(&plan_path, file.to_string()).unwrap();
+    crate::refused(
+        crate::osdp_bounded()
+            .args([
+                "evaluate",
+                "sample-models/tiny-gpt2.json",
+                "--layout",
+                "layouts/cpu.json",
+            ])
+            .arg("--plan")
+            .arg(&plan_path),
+        2,
+        &[
+            "plan.json",
+            "batch_size",
+            &format!("micro-batch {} is too large (at most 1048576", 1u64 << 62),
+        ],
+    );
+    let mut layout: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(crate::root().join("layouts/cpu.json")).unwrap(),
+    )
+    .unwrap();
+    layout["device"]["memory_gib"]["value"] = 1e30.into();
+    let layout_path = tmp.path().join("layout.json");
+    std::fs::write(&layout_path, layout.to_string()).unwrap();
+    crate::refused(
+        crate::osdp_bounded()
+            .args(["plan", "sample-models/tiny-gpt2.json", "--layout"])
+            .arg(&layout_path),
+        2,
+        &["device.memory_gib", "1.0 PiB per GPU", "give --budget"],
+    );
+}
+
+/// Issue 21: `train --world-size 100000` and `--global-batch 1000000000` crashed the trainer,
+/// and `--lr NaN|inf|-1` was accepted. Refused as arguments, before anything is read.
+#[test]
+fn issue_21_training_arguments_are_bounded() {
+    let train = |extra: &[&str]| {
+        let mut cmd = crate::osdp_bounded();
+        cmd.args([
+            "train",
+            "sample-models/tiny-gpt2.json",
+            "--plan",
+            "no-such-plan.json",
+        ])
+        .args(extra);
+        cmd
+    };
+    crate::refused(
+        &mut train(&["--world-size", "100000"]),
+        2,
+        &[
+            "'100000'",
+            "--world-size",
+            "100000 ranks are too many (at most 65536)",
+        ],
+    );
+    crate::refused(
+        &mut train(&["--global-batch", "1000000000"]),
+        2,
+        &[
+            "--global-batch 1000000000",
+            "1000000000 samples per rank (at most 1048576)",
+        ],
+    );
+    for lr in ["NaN", "inf", "-1", "0"] {
+        crate::refused(
+            &mut train(&["--lr", lr]),
+            2,
+            &[&format!("'{lr}'"), "--lr", "not a learning rate"],
+        );
+    }
+}
