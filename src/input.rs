@@ -186,6 +186,22 @@ pub fn parse_strict<T: serde::de::DeserializeOwned>(
     text: &str,
     supported: u32,
 ) -> Result<T, InputError> {
+    // serde reads a struct from a JSON array too (fields by position): `[{...}]` or `[1, "x", …]`
+    // would then pass as a model. Every format here is an object.
+    if !text.trim_start().starts_with('{') {
+        let (line, column) = text
+            .lines()
+            .enumerate()
+            .find_map(|(l, s)| s.find(|c: char| !c.is_whitespace()).map(|c| (l + 1, c + 1)))
+            .unwrap_or((1, 1));
+        return Err(InputError::Syntax {
+            path: path.to_path_buf(),
+            line,
+            column,
+            field: "(top level)".into(),
+            message: "expected a JSON object `{...}`".into(),
+        });
+    }
     #[derive(serde::Deserialize)]
     struct VersionOnly {
         version: u32,

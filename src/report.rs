@@ -271,6 +271,17 @@ pub fn plan(req: PlanRequest) -> Result<(), Failure> {
         .map(|p| parse_pin(&spec, p))
         .collect::<Result<Vec<_>, _>>()
         .map_err(Failure::input)?;
+    // Two pins of one op: which should win is the user's call, not the order of flags.
+    for (k, (i, _)) in pins.iter().enumerate() {
+        if let Some(first) = pins[..k].iter().position(|(j, _)| j == i) {
+            return Err(Failure::input(format!(
+                "--pin {:?} and --pin {:?} pin the same op {:?}: give one",
+                crate::text::printable(&req.pins[first]),
+                crate::text::printable(&req.pins[k]),
+                crate::text::printable(&spec.ops[*i].id)
+            )));
+        }
+    }
     if let Some(b) = req.batch {
         crate::plan::check_batch(&spec, b).map_err(|e| Failure::input(format!("--batch: {e}")))?;
     }

@@ -200,6 +200,22 @@ pub fn check_choice(model: &ModelSpec, i: usize, c: Choice) -> Result<(), String
                     op.kind.as_str()
                 ));
             }
+            // The trainer slices a split linear's weight by input features: each slice needs
+            // at least one.
+            let in_features = op
+                .params
+                .iter()
+                .find(|p| p.name == "weight")
+                .and_then(|w| w.shape.get(1))
+                .map_or(1, |&d| d.max(1) as u64);
+            if u64::from(c.split) > in_features {
+                return Err(format!(
+                    "op {:?} has {in_features} input features: it cannot be split into {} slices \
+                     (at most {in_features})",
+                    crate::text::printable(&op.id),
+                    c.split
+                ));
+            }
             if c.sharded == 0 || c.sharded > c.split {
                 return Err(format!(
                     "sharded_slices must be 1..={} for split {}, got {}",

@@ -755,3 +755,72 @@ fn issue_21_training_arguments_are_bounded() {
         );
     }
 }
+
+/// Issue 21: serde read a model or layout written as a JSON array (`[{...}]`, or the fields by
+/// position); a second `--pin` of one op silently replaced the first; `zero3/1024:1` was
+/// accepted on a linear of 128 input features.
+#[test]
+fn issue_21_strict_parsing_gaps() {
+    let tmp = tempfile::tempdir().unwrap();
+    for (sample, command) in [
+        ("sample-models/tiny-gpt2.json", "inspect"),
+        ("layouts/cpu.json", "layout"),
+    ] {
+        let value: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(crate::root().join(sample)).unwrap())
+                .unwrap();
+        let by_position: Vec<serde_json::Value> =
+            value.as_object().unwrap().values().cloned().collect();
+        for (name, text) in [
+            ("wrapped.json", serde_json::json!([value]).to_string()),
+            (
+                "positional.json",
+                serde_json::Value::from(by_position).to_string(),
+            ),
+        ] {
+            let path = tmp.path().join(name);
+            std::fs::write(&path, text).unwrap();
+            crate::refused(
+                crate::osdp_bounded().arg(command).arg(&path),
+                2,
+                &[
+                    &format!("{name}:1:1"),
+                    "(top level)",
+                    "expected a JSON object",
+                ],
+            );
+        }
+    }
+    let plan = |pins: &[&str]| {
+        let mut cmd = crate::osdp_bounded();
+        cmd.args([
+            "plan",
+            "sample-models/tiny-gpt2.json",
+            "--layout",
+            "layouts/cpu.json",
+        ]);
+        for p in pins {
+            cmd.args(["--pin", p]);
+        }
+        cmd
+    };
+    crate::refused(
+        &mut plan(&["h0.mlp.c_fc=zero3", "h0.attn.c_proj=dp", "h0.mlp.c_fc=dp"]),
+        2,
+        &[
+            "\"h0.mlp.c_fc=zero3\"",
+            "\"h0.mlp.c_fc=dp\"",
+            "the same op \"h0.mlp.c_fc\"",
+        ],
+    );
+    crate::refused(
+        &mut plan(&["h0.mlp.c_fc=zero3/1024:1"]),
+        2,
+        &[
+            "zero3/1024:1",
+            "128 input features",
+            "cannot be split into 1024 slices",
+        ],
+    );
+    crate::stdout_ok(&mut plan(&["h0.mlp.c_fc=zero3/64:1"]));
+}
