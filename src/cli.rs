@@ -39,10 +39,10 @@ pub struct Cli {
     #[arg(long)]
     layout: Option<PathBuf>,
     /// Memory budget per GPU [default: the layout's memory].
-    #[arg(long, value_parser = parse_size)]
+    #[arg(long, value_parser = parse_budget)]
     budget: Option<u64>,
     /// One budget per GPU, comma-separated.
-    #[arg(long, value_delimiter = ',', value_parser = parse_size, conflicts_with = "budget")]
+    #[arg(long, value_delimiter = ',', value_parser = parse_budget, conflicts_with = "budget")]
     budget_per_gpu: Vec<u64>,
     /// Largest operator split to start with.
     #[arg(long, default_value_t = 8, value_parser = parse_split)]
@@ -51,7 +51,7 @@ pub struct Cli {
     #[arg(long)]
     once: bool,
     /// Fix the micro-batch per GPU instead of searching it (b cycles it in the dashboard).
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, value_name = "N", value_parser = parse_fixed_batch)]
     batch: Option<u64>,
     /// Where training runs started with `s` keep their plan, metrics, checkpoints and log
     /// [default: runs/MODEL-NAME].
@@ -123,7 +123,7 @@ enum Command {
         #[arg(long)]
         json: bool,
         /// Budget to check the plan against [default: the device's memory].
-        #[arg(long, value_parser = parse_size)]
+        #[arg(long, value_parser = parse_budget)]
         budget: Option<u64>,
     },
     /// Train with a plan: libtorch executor, local ranks, checkpoints that survive a change
@@ -180,10 +180,10 @@ struct PlanArgs {
     #[arg(long)]
     layout: PathBuf,
     /// Memory budget per GPU: 24GiB, 8000MiB, 80GB [default: the device's memory].
-    #[arg(long, value_parser = parse_size)]
+    #[arg(long, value_parser = parse_budget)]
     budget: Option<u64>,
     /// One budget per GPU, comma-separated; the plan must fit the tightest.
-    #[arg(long, value_delimiter = ',', value_parser = parse_size, conflicts_with = "budget")]
+    #[arg(long, value_delimiter = ',', value_parser = parse_budget, conflicts_with = "budget")]
     budget_per_gpu: Vec<u64>,
     /// Micro-batch size per GPU, or `auto` to search it.
     #[arg(long, default_value = "auto", value_parser = parse_batch)]
@@ -219,10 +219,32 @@ fn parse_batch(s: &str) -> Result<BatchArg, String> {
     if s == "auto" {
         return Ok(BatchArg::Auto);
     }
-    match s.parse::<u64>() {
-        Ok(n) if n > 0 => Ok(BatchArg::Fixed(n)),
-        _ => Err(format!("expected a positive integer or `auto`, got {s:?}")),
+    parse_fixed_batch(s)
+        .map(BatchArg::Fixed)
+        .map_err(|e| format!("{e}, or `auto`"))
+}
+
+/// A micro-batch from 1 to [`crate::plan::MAX_BATCH`].
+fn parse_fixed_batch(s: &str) -> Result<u64, String> {
+    use crate::plan::MAX_BATCH;
+    match s.trim().parse::<u64>() {
+        Ok(n) if (1..=MAX_BATCH).contains(&n) => Ok(n),
+        Ok(n) if n > MAX_BATCH => Err(format!("{n} is too large: at most {MAX_BATCH}")),
+        _ => Err(format!("expected a positive integer, got {s:?}")),
     }
+}
+
+/// A per-GPU budget: a size (see [`parse_size`]) of at most [`crate::plan::MAX_BUDGET_BYTES`].
+fn parse_budget(s: &str) -> Result<u64, String> {
+    use crate::plan::MAX_BUDGET_BYTES;
+    let bytes = parse_size(s)?;
+    if bytes > MAX_BUDGET_BYTES {
+        return Err(format!(
+            "{s} is more memory than a GPU has: at most {} per GPU",
+            units::bytes(MAX_BUDGET_BYTES)
+        ));
+    }
+    Ok(bytes)
 }
 
 fn parse_split(s: &str) -> Result<u32, String> {
@@ -281,7 +303,17 @@ impl Failure {
 pub fn main() -> ExitCode {
     #[cfg(feature = "train")]
     crate::train::keep_freed_memory();
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        // A value our own parsers refused: one line, as every other bad input (clap adds a
+        // blank line and a --help hint).
+        Err(e) if e.kind() == clap::error::ErrorKind::ValueValidation => {
+            let text = e.render().to_string();
+            eprintln!("{}", text.lines().next().unwrap_or("error: invalid value"));
+            return ExitCode::from(2);
+        }
+        Err(e) => e.exit(),
+    };
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(f) => {
@@ -627,7 +659,10 @@ fn dashboard(args: DashboardArgs) -> Result<(), Failure> {
     let run_dir = args
         .run_dir
         .clone()
-        .unwrap_or_else(|| PathBuf::from("runs").join(&spec.name));
+        .unwrap_or_else(|| crate::run::RunDir::default_for(&spec.name).0);
+    if let Some(b) = args.batch {
+        crate::plan::check_batch(&spec, b).map_err(|e| Failure::input(format!("--batch: {e}")))?;
+    }
     let mut app = App::new(spec, layout, budgets, args.max_split);
     app.notice = notice;
     app.batch = args.batch;

@@ -44,12 +44,8 @@ pub enum InputError {
         #[source]
         source: std::io::Error,
     },
-    #[error("{}: file is {bytes} bytes; inputs over {limit} bytes are refused", path.display())]
-    TooLarge {
-        path: PathBuf,
-        bytes: u64,
-        limit: u64,
-    },
+    #[error("{}: larger than {limit} bytes; inputs over that are refused", path.display())]
+    TooLarge { path: PathBuf, limit: u64 },
     /// The JSON does not parse into the format: truncated, wrong type, unknown or missing field.
     #[error("{}:{line}:{column}: {field}: {message}", path.display())]
     Syntax {
@@ -107,20 +103,81 @@ pub fn read_strict<T: serde::de::DeserializeOwned>(
     path: &Path,
     supported: u32,
 ) -> Result<T, InputError> {
+    let text = read_text(path, MAX_INPUT_BYTES)?;
+    parse_strict(path, &text, supported)
+}
+
+/// The text of a regular file of at most `limit` bytes. Anything else is refused before it is
+/// read: a FIFO would block until someone writes, `/dev/zero` never ends, and a file's length
+/// may change between looking and reading, so the read itself stops at `limit + 1` bytes.
+pub fn read_text(path: &Path, limit: u64) -> Result<String, InputError> {
     let io_err = |source| InputError::Io {
         path: path.to_path_buf(),
         source,
     };
-    let bytes = std::fs::metadata(path).map_err(io_err)?.len();
-    if bytes > MAX_INPUT_BYTES {
+    let not_regular = |meta: &std::fs::Metadata| {
+        (!meta.is_file()).then(|| {
+            io_err(std::io::Error::other(format!(
+                "it is {}, not a regular file",
+                file_kind(&meta.file_type())
+            )))
+        })
+    };
+    if let Some(e) = not_regular(&std::fs::metadata(path).map_err(io_err)?) {
+        return Err(e);
+    }
+    let mut options = std::fs::OpenOptions::new();
+    options.read(true);
+    // Should the path become a FIFO after the check, opening it must not wait for a writer.
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        options.custom_flags(libc::O_NONBLOCK);
+    }
+    let file = options.open(path).map_err(io_err)?;
+    if let Some(e) = not_regular(&file.metadata().map_err(io_err)?) {
+        return Err(e);
+    }
+    let mut bytes = Vec::new();
+    std::io::Read::read_to_end(&mut std::io::Read::take(file, limit + 1), &mut bytes)
+        .map_err(io_err)?;
+    if bytes.len() as u64 > limit {
         return Err(InputError::TooLarge {
             path: path.to_path_buf(),
-            bytes,
-            limit: MAX_INPUT_BYTES,
+            limit,
         });
     }
-    let text = std::fs::read_to_string(path).map_err(io_err)?;
-    parse_strict(path, &text, supported)
+    String::from_utf8(bytes).map_err(|e| {
+        io_err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!(
+                "stream did not contain valid UTF-8 (byte {})",
+                e.utf8_error().valid_up_to()
+            ),
+        ))
+    })
+}
+
+/// `a directory`, `a FIFO`: what a path that is not a regular file is, for messages.
+fn file_kind(kind: &std::fs::FileType) -> &'static str {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::FileTypeExt;
+        if kind.is_fifo() {
+            return "a FIFO";
+        } else if kind.is_socket() {
+            return "a socket";
+        } else if kind.is_block_device() {
+            return "a block device";
+        } else if kind.is_char_device() {
+            return "a character device";
+        }
+    }
+    if kind.is_dir() {
+        "a directory"
+    } else {
+        "not a regular file"
+    }
 }
 
 /// [`read_strict`] on text in memory; `path` is only used in messages.
@@ -129,6 +186,22 @@ pub fn parse_strict<T: serde::de::DeserializeOwned>(
     text: &str,
     supported: u32,
 ) -> Result<T, InputError> {
+    // serde reads a struct from a JSON array too (fields by position): `[{...}]` or `[1, "x", …]`
+    // would then pass as a model. Every format here is an object.
+    if !text.trim_start().starts_with('{') {
+        let (line, column) = text
+            .lines()
+            .enumerate()
+            .find_map(|(l, s)| s.find(|c: char| !c.is_whitespace()).map(|c| (l + 1, c + 1)))
+            .unwrap_or((1, 1));
+        return Err(InputError::Syntax {
+            path: path.to_path_buf(),
+            line,
+            column,
+            field: "(top level)".into(),
+            message: "expected a JSON object `{...}`".into(),
+        });
+    }
     #[derive(serde::Deserialize)]
     struct VersionOnly {
         version: u32,
@@ -154,7 +227,19 @@ pub fn write_json_atomically<T: serde::Serialize>(path: &Path, value: &T) -> std
     write_atomically(path, text.as_bytes())
 }
 
+/// Write `bytes` to `path` so that a reader sees the old file or the new one, never half.
+///
+/// A regular file (or none) is replaced by rename from a temp file beside it. A character
+/// device (`-o /dev/null`, `/dev/stdout` on a terminal) is written in place: renaming over it
+/// would replace the device node itself. Directories, FIFOs (a write would block until someone
+/// reads), sockets and block devices are refused.
 pub fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    match std::fs::metadata(path) {
+        Ok(meta) if meta.is_file() => {}
+        Ok(meta) => return write_special(path, &meta.file_type(), bytes),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
     let dir = match path.parent() {
         Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
         _ => std::path::PathBuf::from("."),
@@ -162,19 +247,66 @@ pub fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     let file_name = path
         .file_name()
         .ok_or_else(|| std::io::Error::other("output path has no file name"))?;
-    let tmp = dir.join(format!(
-        ".{}.tmp-{}",
-        file_name.to_string_lossy(),
-        std::process::id()
-    ));
+    let (tmp, mut f) = create_temp_beside(&dir, &file_name.to_string_lossy())?;
     let result = (|| {
-        let mut f = std::fs::File::create(&tmp)?;
         f.write_all(bytes)?;
         f.sync_all()?;
+        drop(f);
         std::fs::rename(&tmp, path)
     })();
     if result.is_err() {
         let _ = std::fs::remove_file(&tmp);
     }
     result
+}
+
+/// A target that exists and is not a regular file.
+fn write_special(path: &Path, kind: &std::fs::FileType, bytes: &[u8]) -> std::io::Result<()> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::FileTypeExt;
+        if kind.is_char_device() {
+            // No truncate: devices have no length, and /dev/stdout may be a file the shell
+            // opened for appending.
+            let mut f = std::fs::OpenOptions::new().write(true).open(path)?;
+            return f.write_all(bytes);
+        }
+    }
+    let _ = (path, bytes);
+    Err(std::io::Error::other(format!(
+        "it is {}; give a file name",
+        file_kind(kind)
+    )))
+}
+
+/// Create a fresh temp file in `dir` for `file_name`. The name is hard to guess and the open
+/// refuses an existing entry and symlinks (`O_EXCL | O_NOFOLLOW`), so a link planted at the
+/// temp name cannot redirect the write.
+fn create_temp_beside(dir: &Path, file_name: &str) -> std::io::Result<(PathBuf, std::fs::File)> {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let mut last_err = None;
+    for _ in 0..16 {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
+        let tmp = dir.join(format!(
+            ".{file_name}.tmp-{}-{}-{nanos:09}",
+            std::process::id(),
+            COUNTER.fetch_add(1, Ordering::Relaxed)
+        ));
+        let mut options = std::fs::OpenOptions::new();
+        options.write(true).create_new(true);
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::OpenOptionsExt;
+            options.custom_flags(libc::O_NOFOLLOW);
+        }
+        match options.open(&tmp) {
+            Ok(f) => return Ok((tmp, f)),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => last_err = Some(e),
+            Err(e) => return Err(e),
+        }
+    }
+    Err(last_err.unwrap_or_else(|| std::io::Error::other("no free temp file name")))
 }

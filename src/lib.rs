@@ -12,6 +12,7 @@ pub mod monitor;
 pub mod plan;
 pub mod report;
 pub mod run;
+pub mod text;
 #[cfg(feature = "train")]
 pub mod train;
 pub mod tui;

@@ -20,6 +20,11 @@ use serde::{Deserialize, Serialize};
 /// The `version` this build reads and writes.
 pub const MODEL_FORMAT_VERSION: u32 = 1;
 
+/// Most transformer layers a description may have. The deepest trained models have about a
+/// hundred; the planner and the dashboard size per-layer tables by this, so a small file
+/// claiming 2^31 layers must not reach them.
+pub const MAX_LAYERS: u64 = 10_000;
+
 /// A whole model description, as stored in `model.json`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

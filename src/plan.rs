@@ -14,6 +14,43 @@ use serde::Serialize;
 use crate::cost::{self, Choice, Machine, OpBase, OpCost, Strategy};
 use crate::model::ModelSpec;
 
+/// Largest micro-batch per GPU the planner searches or accepts: far beyond any that trains
+/// well, and small enough that per-sample figures times the batch stay far from overflowing.
+pub const MAX_BATCH: u64 = 1 << 20;
+
+/// Largest memory budget per GPU (1 PiB): budgets are summed with held memory and overheads,
+/// and the automatic micro-batch search climbs until a plan no longer fits.
+pub const MAX_BUDGET_BYTES: u64 = 1 << 50;
+
+/// Largest figure of a micro-batch's ops that the planner adds up (2^58 bytes): sums of many
+/// of them, plus budgets and overheads, stay within 64 bits.
+const MAX_BATCH_FIGURE: u64 = 1 << 58;
+
+/// The largest micro-batch of `model`: [`MAX_BATCH`], or less when its per-sample activations
+/// are so large that a batch of them would pass [`MAX_BATCH_FIGURE`]. At least 1.
+pub fn max_batch(model: &ModelSpec) -> u64 {
+    // Kept and output bytes per sample, twice over for gradient buffers, twice again for
+    // fp32 (bf16 figures double on CPUs).
+    let per_sample = model.ops.iter().fold(0u64, |n, op| {
+        n.saturating_add(op.saved_bytes_per_sample)
+            .saturating_add(op.output_bytes_per_sample)
+    });
+    (MAX_BATCH_FIGURE / per_sample.saturating_mul(4).max(1)).clamp(1, MAX_BATCH)
+}
+
+/// A fixed micro-batch `batch` of `model`, checked against [`max_batch`].
+pub fn check_batch(model: &ModelSpec, batch: u64) -> Result<u64, String> {
+    let most = max_batch(model);
+    match batch {
+        0 => Err("a micro-batch must be at least 1".into()),
+        b if b > most => Err(format!(
+            "micro-batch {b} is too large (at most {most} for {})",
+            crate::text::printable(&model.name)
+        )),
+        b => Ok(b),
+    }
+}
+
 /// A complete plan for one model.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Plan {

@@ -56,10 +56,20 @@ pub fn per_gpu_budgets(
         }
         return Ok(per_gpu.to_vec());
     }
+    let memory = layout.memory_bytes();
     Ok(match (budget, fallback) {
         (Some(b), _) => vec![b; ranks],
         (None, Some(f)) if f.len() == ranks => f,
-        _ => vec![layout.memory_bytes(); ranks],
+        _ if memory > crate::plan::MAX_BUDGET_BYTES => {
+            return Err(Failure::input(format!(
+                "layout {:?}: device.memory_gib {} is more than the {} per GPU the planner \
+                 takes; give --budget",
+                crate::text::printable(&layout.name),
+                layout.device.memory_gib.value,
+                units::bytes(crate::plan::MAX_BUDGET_BYTES)
+            )))
+        }
+        _ => vec![memory; ranks],
     })
 }
 
@@ -261,6 +271,20 @@ pub fn plan(req: PlanRequest) -> Result<(), Failure> {
         .map(|p| parse_pin(&spec, p))
         .collect::<Result<Vec<_>, _>>()
         .map_err(Failure::input)?;
+    // Two pins of one op: which should win is the user's call, not the order of flags.
+    for (k, (i, _)) in pins.iter().enumerate() {
+        if let Some(first) = pins[..k].iter().position(|(j, _)| j == i) {
+            return Err(Failure::input(format!(
+                "--pin {:?} and --pin {:?} pin the same op {:?}: give one",
+                crate::text::printable(&req.pins[first]),
+                crate::text::printable(&req.pins[k]),
+                crate::text::printable(&spec.ops[*i].id)
+            )));
+        }
+    }
+    if let Some(b) = req.batch {
+        crate::plan::check_batch(&spec, b).map_err(|e| Failure::input(format!("--batch: {e}")))?;
+    }
     let options = PlanOptions {
         batch: req.batch,
         max_split: req.max_split,

@@ -116,6 +116,12 @@ pub enum WorkerEvent {
 pub struct RunDir(pub PathBuf);
 
 impl RunDir {
+    /// Where the dashboard keeps a model's runs unless told: `runs/NAME`, with the name made a
+    /// single plain directory name (it comes from the model file, which anyone may write).
+    pub fn default_for(model_name: &str) -> RunDir {
+        RunDir(PathBuf::from("runs").join(crate::text::file_component(model_name)))
+    }
+
     pub fn plan(&self) -> PathBuf {
         self.0.join("plan.json")
     }

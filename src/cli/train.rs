@@ -32,10 +32,10 @@ pub struct TrainArgs {
     /// Data-parallel ranks, as threads of this process [default: 1]. Under torchrun or Slurm
     /// (`WORLD_SIZE`, `RANK`, `MASTER_ADDR`, `MASTER_PORT` set) this process is one rank and
     /// the world size is `WORLD_SIZE`.
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", value_parser = parse_world_size)]
     pub world_size: Option<usize>,
     /// Samples per step over all ranks [default: the plan's micro-batch × world size].
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", value_parser = parse_global_batch)]
     pub global_batch: Option<u64>,
     /// Where the ranks compute. `cuda`: one process per GPU (launched by torchrun, srun or the
     /// dashboard), collectives over NCCL; needs a build with `--features cuda`.
@@ -55,7 +55,7 @@ pub struct TrainArgs {
     #[arg(long, default_value = "shakespeare", value_name = "SOURCE")]
     pub data: String,
     /// Peak learning rate (AdamW, linear warm-up over the first 10 steps).
-    #[arg(long, default_value_t = 1e-3)]
+    #[arg(long, default_value_t = 1e-3, value_parser = parse_lr, allow_negative_numbers = true)]
     pub lr: f64,
     /// Write one JSON line per event (started, step, checkpoint, stopped, failed) here.
     #[arg(long, value_name = "FILE.jsonl")]
@@ -77,8 +77,65 @@ pub struct TrainArgs {
     pub json: bool,
 }
 
+/// Most ranks a run may have: more GPUs than the largest clusters hold, few enough that
+/// per-rank tables stay small.
+pub const MAX_WORLD_SIZE: usize = 1 << 16;
+
+fn parse_world_size(s: &str) -> Result<usize, String> {
+    match s.trim().parse::<usize>() {
+        Ok(n) if (1..=MAX_WORLD_SIZE).contains(&n) => Ok(n),
+        Ok(n) if n > MAX_WORLD_SIZE => {
+            Err(format!("{n} ranks are too many (at most {MAX_WORLD_SIZE})"))
+        }
+        _ => Err(format!("expected a positive integer, got {s:?}")),
+    }
+}
+
+/// Samples per step: at most a full micro-batch on every rank of the largest world.
+fn parse_global_batch(s: &str) -> Result<u64, String> {
+    let most = crate::plan::MAX_BATCH * MAX_WORLD_SIZE as u64;
+    match s.trim().parse::<u64>() {
+        Ok(n) if (1..=most).contains(&n) => Ok(n),
+        Ok(n) if n > most => Err(format!(
+            "{n} samples per step are too many (at most {most})"
+        )),
+        _ => Err(format!("expected a positive integer, got {s:?}")),
+    }
+}
+
+/// A learning rate: a finite number above zero (NaN, inf and negative rates train nothing).
+fn parse_lr(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(lr) if lr.is_finite() && lr > 0.0 => Ok(lr),
+        Ok(lr) => Err(format!(
+            "{lr} is not a learning rate: expected a finite number above 0"
+        )),
+        Err(_) => Err(format!("expected a number, got {s:?}")),
+    }
+}
+
+impl TrainArgs {
+    /// What the parsers cannot check alone: each rank's share of the global batch is a
+    /// micro-batch the planner would accept.
+    fn check(&self) -> Result<(), Failure> {
+        let (Some(global), world) = (self.global_batch, self.world_size.unwrap_or(1)) else {
+            return Ok(());
+        };
+        let per_rank = global.div_ceil(world as u64);
+        if per_rank > crate::plan::MAX_BATCH {
+            return Err(Failure::input(format!(
+                "--global-batch {global} over {world} rank(s) is {per_rank} samples per rank \
+                 (at most {})",
+                crate::plan::MAX_BATCH
+            )));
+        }
+        Ok(())
+    }
+}
+
 #[cfg(not(feature = "train"))]
-pub fn train(_args: TrainArgs) -> Result<(), Failure> {
+pub fn train(args: TrainArgs) -> Result<(), Failure> {
+    args.check()?;
     Err(Failure::input(
         "this osdp-tui was built without the trainer; build it with \
          `. scripts/libtorch-env.sh && cargo build --release --features train`",
@@ -181,6 +238,7 @@ pub fn train(args: TrainArgs) -> Result<(), Failure> {
     use crate::run::WorkerEvent;
     use crate::train::{self, data, exec::OptimConfig, TrainConfig};
 
+    args.check()?;
     let model = crate::model::read_model(&args.model).map_err(Failure::input)?;
     let plan = crate::plan::read_plan(&args.plan, &model).map_err(Failure::input)?;
     crate::train::exec::check_runnable(&model, &plan)

@@ -25,6 +25,8 @@ const LAYER_NORM_FLOPS_PER_ELEM: u64 = 7;
 const RMS_NORM_FLOPS_PER_ELEM: u64 = 4;
 const SOFTMAX_XENT_FLOPS_PER_ELEM: u64 = 4;
 
+/// Figures saturate rather than wrap: a config whose sizes do not fit in 64 bits gives a
+/// description that `validate` refuses (it checks the totals), never a panic or a small number.
 pub struct GraphBuilder {
     config: ModelConfig,
     ops: Vec<OpSpec>,
@@ -69,13 +71,13 @@ impl GraphBuilder {
     }
 
     fn numel(shape: &[i64]) -> u64 {
-        shape.iter().map(|&d| d as u64).product()
+        shape.iter().fold(1u64, |n, &d| n.saturating_mul(d as u64))
     }
 
     /// Bytes to keep `id`'s output for backward, or 0 when another op already keeps it.
     fn keep(&mut self, id: &str) -> u64 {
         if self.kept.insert(id.to_string()) {
-            Self::numel(self.shape(id)) * self.act_bytes()
+            Self::numel(self.shape(id)).saturating_mul(self.act_bytes())
         } else {
             0
         }
@@ -105,7 +107,7 @@ impl GraphBuilder {
         let output_bytes = if kind == OpKind::CrossEntropy {
             DType::F32.bytes()
         } else {
-            Self::numel(&output_shape) * self.act_bytes()
+            Self::numel(&output_shape).saturating_mul(self.act_bytes())
         };
         self.shapes.insert(id.to_string(), output_shape.clone());
         self.ops.push(OpSpec {
@@ -178,7 +180,7 @@ impl GraphBuilder {
         let n = Self::numel(&shape);
         let mut saved = self.keep(input);
         if dropout_after && self.config.dropout > 0.0 {
-            saved += n;
+            saved = saved.saturating_add(n);
         }
         self.push(
             id,
@@ -187,7 +189,7 @@ impl GraphBuilder {
             &[input],
             params,
             shape,
-            flops_per_elem * n,
+            flops_per_elem.saturating_mul(n),
             saved,
         )
     }
@@ -218,7 +220,8 @@ impl GraphBuilder {
             &[input],
             params,
             shape,
-            2 * rows * in_features * out_features,
+            rows.saturating_mul(2 * in_features)
+                .saturating_mul(out_features),
             saved,
         )
     }
@@ -229,23 +232,27 @@ impl GraphBuilder {
         let (s, heads, hd) = (c.seq_len, c.heads, c.head_dim);
         let attention_dropout = c.attention_dropout > 0.0;
         let imp = c.attention;
-        let mut saved: u64 = inputs.iter().map(|i| self.keep(i)).sum();
-        let scores = heads * s * s;
+        let mut saved: u64 = inputs
+            .iter()
+            .fold(0u64, |n, i| n.saturating_add(self.keep(i)));
+        let scores = heads.saturating_mul(s).saturating_mul(s);
         let a = self.act_bytes();
         match imp {
             AttentionImpl::Eager => {
-                saved += scores * a;
+                saved = saved.saturating_add(scores.saturating_mul(a));
                 if attention_dropout {
-                    saved += scores + scores * a;
+                    saved = saved.saturating_add(scores.saturating_mul(a + 1));
                 }
             }
             AttentionImpl::Flash => {
                 // Output (kept by the kernel itself) and one fp32 log-sum-exp per row and head.
-                saved += s * heads * hd * a + heads * s * 4;
+                saved = saved
+                    .saturating_add(s.saturating_mul(heads * hd).saturating_mul(a))
+                    .saturating_add(heads.saturating_mul(s).saturating_mul(4));
                 self.kept.insert(id.to_string());
             }
         }
-        let flops = 4 * s * s * heads * hd;
+        let flops = scores.saturating_mul(4 * hd);
         self.push(
             id,
             name,
@@ -271,9 +278,11 @@ impl GraphBuilder {
         let saved = if act == Activation::Relu && inputs.len() == 1 {
             // ReLU keeps its output, which the next linear also reads.
             self.kept.insert(id.to_string());
-            n * self.act_bytes()
+            n.saturating_mul(self.act_bytes())
         } else {
-            inputs.iter().map(|i| self.keep(i)).sum()
+            inputs
+                .iter()
+                .fold(0u64, |n, i| n.saturating_add(self.keep(i)))
         };
         self.push(
             id,
@@ -282,7 +291,7 @@ impl GraphBuilder {
             inputs,
             Vec::new(),
             shape,
-            per_elem * n,
+            n.saturating_mul(per_elem),
             saved,
         )
     }
@@ -309,7 +318,7 @@ impl GraphBuilder {
             inputs,
             Vec::new(),
             shape,
-            (inputs.len() as u64 - 1) * n,
+            n.saturating_mul(inputs.len() as u64 - 1),
             saved,
         )
     }
@@ -324,8 +333,8 @@ impl GraphBuilder {
             &[logits],
             Vec::new(),
             vec![1],
-            SOFTMAX_XENT_FLOPS_PER_ELEM * n,
-            n * DType::F32.bytes(),
+            n.saturating_mul(SOFTMAX_XENT_FLOPS_PER_ELEM),
+            n.saturating_mul(DType::F32.bytes()),
         )
     }
 

@@ -12,7 +12,7 @@ use serde_json::{Map, Value};
 
 use super::{
     Activation, AttentionImpl, Biases, DType, Family, GraphBuilder, ModelConfig, ModelSpec,
-    NormKind, NormPosition, Positional, Problem,
+    NormKind, NormPosition, Positional, Problem, MAX_LAYERS,
 };
 
 /// Architectures `import-hf` understands (the first entry of `architectures`).
@@ -29,14 +29,35 @@ pub const SUPPORTED_ARCHITECTURES: [&str; 6] = [
 /// by default. `--seq-len` overrides.
 pub const DEFAULT_MAX_SEQ_LEN: u64 = 8192;
 
+/// Largest width a config may give (hidden, FFN, heads, head size; the widest models have a
+/// few tens of thousands), and the longest sequence `--seq-len` may ask for. With these
+/// bounds every figure the graph builder multiplies out fits in 64 bits.
+pub const MAX_WIDTH: u64 = 1 << 20;
+/// Largest vocabulary (real ones reach a few hundred thousand).
+pub const MAX_VOCAB: u64 = 1 << 22;
+/// Largest position table; only `--seq-len` of it is priced, so it may be longer than
+/// [`MAX_WIDTH`] (the model format's own bound on a dimension).
+pub const MAX_POSITIONS: u64 = 1 << 31;
+
+/// The bound [`Cfg::uint`] holds a field to.
+fn largest(field: &str) -> u64 {
+    match field {
+        "vocab_size" | "type_vocab_size" => MAX_VOCAB,
+        "n_positions" | "max_position_embeddings" => MAX_POSITIONS,
+        "n_layer" | "num_hidden_layers" => MAX_LAYERS,
+        _ => MAX_WIDTH,
+    }
+}
+
+/// Largest config.json read: real ones are a few kilobytes, and the whole file becomes a
+/// `serde_json::Value` (several times its size in memory).
+pub const MAX_CONFIG_BYTES: u64 = 1 << 20;
+
 #[derive(Debug, thiserror::Error)]
 pub enum ImportError {
-    #[error("{}: cannot read: {source}", path.display())]
-    Io {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    /// Unreadable, not a regular file, or too large.
+    #[error(transparent)]
+    Read(#[from] crate::input::InputError),
     #[error("{}:{line}:{column}: not valid JSON: {message}", path.display())]
     Json {
         path: PathBuf,
@@ -71,10 +92,7 @@ pub struct ImportOptions {
 
 /// Read `path` and import it.
 pub fn import_file(path: &Path, opts: &ImportOptions) -> Result<ModelSpec, ImportError> {
-    let text = std::fs::read_to_string(path).map_err(|source| ImportError::Io {
-        path: path.to_path_buf(),
-        source,
-    })?;
+    let text = crate::input::read_text(path, MAX_CONFIG_BYTES)?;
     import_str(path, &text, opts)
 }
 
@@ -185,6 +203,10 @@ impl Cfg<'_> {
         match self.obj.get(field) {
             None | Some(Value::Null) => default.ok_or_else(|| self.bad(field, "missing")),
             Some(v) => match v.as_u64() {
+                Some(n) if n > largest(field) => Err(self.bad(
+                    field,
+                    format!("{n} is too large (at most {})", largest(field)),
+                )),
                 Some(n) if n > 0 => Ok(n),
                 _ => Err(self.bad(field, format!("expected a positive integer, found {v}"))),
             },
@@ -240,6 +262,10 @@ impl Cfg<'_> {
     fn seq_len(&self, opts: &ImportOptions, max_positions: u64) -> Result<u64, ImportError> {
         match opts.seq_len {
             Some(0) => Err(self.bad("--seq-len", "must be at least 1")),
+            Some(s) if s > MAX_WIDTH => Err(self.bad(
+                "--seq-len",
+                format!("{s} tokens are too many (at most {MAX_WIDTH})"),
+            )),
             Some(s) if s > max_positions => Err(self.bad(
                 "--seq-len",
                 format!("{s} is longer than the model's {max_positions} positions"),
@@ -253,6 +279,10 @@ impl Cfg<'_> {
         let n = self.uint(field, Some(default))?;
         match opts.layers {
             Some(0) => Err(self.bad("--layers", "must be at least 1")),
+            Some(l) if l > MAX_LAYERS => Err(self.bad(
+                "--layers",
+                format!("{l} layers are too many (at most {MAX_LAYERS})"),
+            )),
             Some(l) => Ok(l),
             None => Ok(n),
         }
@@ -632,6 +662,18 @@ fn llama(cfg: &Cfg, opts: &ImportOptions, arch: &str) -> Result<GraphBuilder, Im
         Some(d) => d,
         None => cfg.heads_divide(common.hidden, common.heads, "num_attention_heads")?,
     };
+    // An explicit head_dim makes the attention width heads × head_dim, not hidden.
+    if c.heads * c.head_dim > MAX_WIDTH {
+        return Err(cfg.bad(
+            "head_dim",
+            format!(
+                "{} heads of {} make attention {} wide (at most {MAX_WIDTH})",
+                c.heads,
+                c.head_dim,
+                c.heads * c.head_dim
+            ),
+        ));
+    }
     if c.heads % c.kv_heads != 0 {
         return Err(cfg.bad(
             "num_key_value_heads",

@@ -8,7 +8,7 @@
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
 
-use super::{ModelSpec, OpKind, OpSpec, MODEL_FORMAT_VERSION};
+use super::{ModelSpec, OpKind, OpSpec, MAX_LAYERS, MODEL_FORMAT_VERSION};
 use crate::input::{self, InputError, Problem};
 
 /// Bytes of training state per parameter (bf16 params + grads, fp32 master + Adam m, v): every
@@ -114,6 +114,12 @@ fn check_config(m: &ModelSpec) -> Result<(), Problem> {
                 format!("{v} is too large (at most 2^31)"),
             ));
         }
+    }
+    if c.layers > MAX_LAYERS {
+        return Err(Problem::field(
+            "config.layers",
+            format!("{} layers are too many (at most {MAX_LAYERS})", c.layers),
+        ));
     }
     if c.heads % c.kv_heads != 0 {
         return Err(Problem::field(

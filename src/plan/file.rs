@@ -108,9 +108,8 @@ impl PlanFile {
                 ),
             ));
         }
-        if self.batch_size == 0 {
-            return Err(Problem::field("batch_size", "must be at least 1"));
-        }
+        super::check_batch(model, self.batch_size)
+            .map_err(|why| Problem::field("batch_size", why))?;
         let blocks = Blocks::of(model);
         let index = model.op_index();
         let mut choices: Vec<Option<Choice>> = vec![None; model.ops.len()];
@@ -199,6 +198,22 @@ pub fn check_choice(model: &ModelSpec, i: usize, c: Choice) -> Result<(), String
                     "only linear ops can be split; {:?} is {}",
                     op.id,
                     op.kind.as_str()
+                ));
+            }
+            // The trainer slices a split linear's weight by input features: each slice needs
+            // at least one.
+            let in_features = op
+                .params
+                .iter()
+                .find(|p| p.name == "weight")
+                .and_then(|w| w.shape.get(1))
+                .map_or(1, |&d| d.max(1) as u64);
+            if u64::from(c.split) > in_features {
+                return Err(format!(
+                    "op {:?} has {in_features} input features: it cannot be split into {} slices \
+                     (at most {in_features})",
+                    crate::text::printable(&op.id),
+                    c.split
                 ));
             }
             if c.sharded == 0 || c.sharded > c.split {

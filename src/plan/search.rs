@@ -166,9 +166,13 @@ impl<'m> Planner<'m> {
             tables: Vec::new(),
             searched: Vec::new(),
         };
+        let most = super::max_batch(model);
         let batches: Box<dyn Iterator<Item = u64>> = match planner.options.batch {
-            Some(b) => Box::new(std::iter::once(b)),
-            None => Box::new(batch_ladder()),
+            // Callers check a fixed batch (`check_batch`); a larger one is clamped, not priced
+            // with figures that overflow.
+            Some(b) => Box::new(std::iter::once(b.clamp(1, most))),
+            // A tiny model under a huge budget fits every batch: stop at the largest.
+            None => Box::new(batch_ladder().take_while(move |&b| b <= most)),
         };
         let fixed = planner.options.batch.is_some();
         let mut prepared: Vec<Prepared> = Vec::new();

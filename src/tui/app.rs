@@ -502,7 +502,7 @@ impl App {
                 const FINE: u64 = 16 << 20;
                 let step = |b: u64| match (up, b < GIB) {
                     (true, true) => (b + FINE).min(GIB),
-                    (true, false) => b.saturating_add(GIB),
+                    (true, false) => b.saturating_add(GIB).min(crate::plan::MAX_BUDGET_BYTES),
                     (false, true) => b.saturating_sub(FINE).max(FINE),
                     (false, false) if b == GIB => GIB - FINE,
                     (false, false) => b.saturating_sub(GIB).max(GIB),

@@ -30,6 +30,67 @@ pub fn osdp() -> Command {
     cmd
 }
 
+/// Most memory a refusal of bad input may take (address space, as `prlimit --as`).
+pub const REFUSAL_MEMORY_BYTES: u64 = 1_000_000_000;
+
+/// `osdp-tui` as a hostile input meets it: at most [`REFUSAL_MEMORY_BYTES`] of address space
+/// (an allocation beyond fails, which a Rust program reports by aborting) and killed after 20 s,
+/// generous for a command that should answer in well under a second.
+pub fn osdp_bounded() -> Command {
+    use std::os::unix::process::CommandExt;
+    let mut cmd = std::process::Command::new(assert_cmd::cargo::cargo_bin("osdp-tui"));
+    cmd.current_dir(root());
+    // SAFETY: setrlimit is async-signal-safe, and the closure allocates nothing.
+    unsafe {
+        cmd.pre_exec(|| {
+            let limit = libc::rlimit {
+                rlim_cur: REFUSAL_MEMORY_BYTES as libc::rlim_t,
+                rlim_max: REFUSAL_MEMORY_BYTES as libc::rlim_t,
+            };
+            if libc::setrlimit(libc::RLIMIT_AS, &limit) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let mut cmd = Command::from_std(cmd);
+    cmd.timeout(std::time::Duration::from_secs(20));
+    cmd
+}
+
+/// Run `cmd` and check that it failed the way a user should see: exit `code`, nothing on
+/// stdout, one line `error: …` on stderr containing each of `needles`; that line.
+pub fn refused(cmd: &mut Command, code: i32, needles: &[&str]) -> String {
+    let out = cmd.output().expect("runs");
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    let killed = if out.status.code().is_none() {
+        " (killed: past the time limit, or aborted at the memory limit)"
+    } else {
+        ""
+    };
+    assert_eq!(
+        out.status.code(),
+        Some(code),
+        "{cmd:?}: {}{killed}; stderr: {stderr}",
+        out.status
+    );
+    assert!(!stderr.contains("panicked"), "{cmd:?} panicked: {stderr}");
+    assert!(stderr.starts_with("error: "), "{cmd:?}: {stderr}");
+    assert_eq!(
+        stderr.trim_end().lines().count(),
+        1,
+        "{cmd:?}: one line: {stderr}"
+    );
+    for needle in needles {
+        assert!(
+            stderr.contains(needle),
+            "{cmd:?}: expected {needle:?} in: {stderr}"
+        );
+    }
+    assert!(out.stdout.is_empty(), "{cmd:?}: nothing on stdout");
+    stderr
+}
+
 /// Run `cmd`, failing the test with its stderr unless it succeeds; its stdout.
 pub fn stdout_ok(cmd: &mut Command) -> String {
     let out = cmd.output().expect("runs");
