@@ -1,5 +1,6 @@
-//! Planner latency: a full re-plan (every micro-batch size, every transient cap, plus the three
-//! baselines) and a budget-only change (a lookup in the frontiers already built).
+//! Planner latency: a full re-plan (every micro-batch size, every transient cap, plus the six
+//! baselines) and a budget-only change (a lookup in the frontiers already built), at any batch
+//! and at a fixed global batch (every micro-batch × accumulation that makes it).
 //!
 //! Run: `cargo bench --bench planner`.
 
@@ -10,8 +11,8 @@ use criterion::{criterion_group, criterion_main, Criterion};
 use osdp_tui::cluster::read_layout;
 use osdp_tui::cost::Machine;
 use osdp_tui::model::{hf, read_model, ModelSpec};
+use osdp_tui::plan::plan_with_baselines;
 use osdp_tui::plan::{PlanOptions, Planner};
-use osdp_tui::report::plan_with_baselines;
 
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -55,13 +56,32 @@ fn bench(c: &mut Criterion) {
             40 << 30,
         ),
     ];
-    let options = PlanOptions {
+    let any_batch = PlanOptions {
         resolution_bytes: 1 << 20,
         ..Default::default()
     };
+    // 512 samples of 1,024 tokens per step: GPT-3's 0.5 M-token batch for models of this size.
+    let fixed = PlanOptions {
+        global_batch: Some(512),
+        ..any_batch.clone()
+    };
     let mut group = c.benchmark_group("planner");
     group.sample_size(10);
-    for (name, model, layout, budget) in &cases {
+    let gpt2_xl = &cases[0];
+    let runs = cases
+        .iter()
+        .map(|(name, model, layout, budget)| {
+            (name.to_string(), model, *layout, *budget, &any_batch)
+        })
+        .chain(std::iter::once((
+            format!("{} at global batch 512", gpt2_xl.0),
+            &gpt2_xl.1,
+            gpt2_xl.2,
+            gpt2_xl.3,
+            &fixed,
+        )));
+    for (name, model, layout, budget, options) in runs {
+        let budget = &budget;
         let (m, device) = machine(layout, model);
         group.bench_function(format!("full re-plan: {name}"), |b| {
             b.iter(|| {

@@ -53,6 +53,13 @@ pub struct Cli {
     /// Fix the micro-batch per GPU instead of searching it (b cycles it in the dashboard).
     #[arg(long, value_name = "N", value_parser = parse_fixed_batch)]
     batch: Option<u64>,
+    /// Samples per optimizer step over all GPUs: plan micro-batch × accumulation for it
+    /// (B cycles it in the dashboard). Without it, the highest samples/s at any batch.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    global_batch: Option<u64>,
+    /// The global batch in tokens (a multiple of the model's sequence length).
+    #[arg(long, value_name = "T", value_parser = clap::value_parser!(u64).range(1..), conflicts_with = "global_batch")]
+    tokens_per_step: Option<u64>,
     /// Where training runs started with `s` keep their plan, metrics, checkpoints and log
     /// [default: runs/MODEL-NAME].
     #[arg(long, value_name = "DIR")]
@@ -188,6 +195,14 @@ struct PlanArgs {
     /// Micro-batch size per GPU, or `auto` to search it.
     #[arg(long, default_value = "auto", value_parser = parse_batch)]
     batch: BatchArg,
+    /// Samples per optimizer step over all GPUs, as the training recipe fixes it: the planner
+    /// picks the micro-batch and gradient accumulation (micro-batch × accumulation × GPUs =
+    /// N) that run it fastest. Without it, the plan of highest samples/s at any batch.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    global_batch: Option<u64>,
+    /// The global batch in tokens (a multiple of the model's sequence length).
+    #[arg(long, value_name = "T", value_parser = clap::value_parser!(u64).range(1..), conflicts_with = "global_batch")]
+    tokens_per_step: Option<u64>,
     /// Largest operator split (1, 2, 4, 8, ...; 1 disables splitting).
     #[arg(long, default_value_t = 8, value_parser = parse_split)]
     max_split: u32,
@@ -381,6 +396,8 @@ fn run(cli: Cli) -> Result<(), Failure> {
             max_split: cli.max_split,
             once: cli.once,
             batch: cli.batch,
+            global_batch: cli.global_batch,
+            tokens_per_step: cli.tokens_per_step,
             run_dir: cli.run_dir,
             checkpoint_every: cli.checkpoint_every,
             hang_after: cli.hang_after,
@@ -521,6 +538,8 @@ impl PlanArgs {
                 BatchArg::Auto => None,
                 BatchArg::Fixed(b) => Some(b),
             },
+            global_batch: self.global_batch,
+            tokens_per_step: self.tokens_per_step,
             max_split: self.max_split,
             recompute: !self.no_recompute,
             pins: self.pin,
@@ -539,6 +558,8 @@ struct DashboardArgs {
     max_split: u32,
     once: bool,
     batch: Option<u64>,
+    global_batch: Option<u64>,
+    tokens_per_step: Option<u64>,
     run_dir: Option<PathBuf>,
     checkpoint_every: u64,
     hang_after: u64,
@@ -663,9 +684,19 @@ fn dashboard(args: DashboardArgs) -> Result<(), Failure> {
     if let Some(b) = args.batch {
         crate::plan::check_batch(&spec, b).map_err(|e| Failure::input(format!("--batch: {e}")))?;
     }
+    let global_batch = crate::plan::global_batch_of(&spec, args.global_batch, args.tokens_per_step)
+        .map_err(Failure::input)?;
+    let batch_options = crate::plan::PlanOptions {
+        batch: args.batch,
+        global_batch,
+        ..Default::default()
+    };
+    crate::plan::batch_options(&batch_options, layout.world_size())
+        .map_err(|e| Failure::input(e.to_string()))?;
     let mut app = App::new(spec, layout, budgets, args.max_split);
     app.notice = notice;
     app.batch = args.batch;
+    app.global_batch = global_batch;
     if let Ok(exe) = std::env::current_exe() {
         let launch = crate::run::LaunchSpec {
             exe,

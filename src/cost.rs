@@ -304,6 +304,9 @@ pub struct OpBase {
     /// Elements of the parameter tensors the op owns (each is one optimizer update): the
     /// first (a linear's weight) and the rest together (its bias); 0 where absent.
     pub tensor_params: [u64; 2],
+    /// Micro-batches per optimizer step (gradient accumulation): the op's compute, and the
+    /// collectives a strategy repeats per micro-batch, run this many times a step.
+    pub accumulation: u32,
 }
 
 impl OpBase {
@@ -364,7 +367,13 @@ impl OpBase {
                     .map(|p| p.shape.iter().product::<i64>().max(0) as u64);
                 [sizes.next().unwrap_or(0), sizes.sum()]
             },
+            accumulation: 1,
         }
+    }
+
+    /// Forward time of the op over a whole step (every micro-batch): what recomputing it adds.
+    pub fn recompute_s(&self) -> f64 {
+        self.fwd_s * f64::from(self.accumulation.max(1))
     }
 }
 
@@ -435,27 +444,40 @@ pub fn price(base: &OpBase, choice: Choice, m: &Machine) -> OpCost {
     let split_launches = f64::from(choice.split.saturating_sub(1)) * m.launch_s;
     let pr = m.precision;
     let (pb, gb, ob) = (pr.param_bytes, pr.grad_bytes, pr.optimizer_bytes);
-    let (persistent, param_transient, fwd_comm, bwd_comm, updated) = match choice.strategy {
-        Strategy::None => (0, 0, 0.0, 0.0, 0),
+    // Collectives as the executor runs them under gradient accumulation: DDP and ZeRO-1 sync
+    // gradients once a step (the last micro-batch's backward), ZeRO-1/2 gather the updated
+    // parameters once (before the first forward), ZeRO-2 reduce-scatters every micro-batch's
+    // gradients, ZeRO-3 gathers and reduce-scatters for every micro-batch.
+    let none = Comm::default();
+    let (persistent, param_transient, comm, updated) = match choice.strategy {
+        Strategy::None => (0, 0, none, 0),
         Strategy::Dp => (
             STATE_BYTES_PER_PARAM * p,
             0,
-            0.0,
-            m.all_reduce_s((gb * p) as f64),
+            Comm {
+                step_bwd: m.all_reduce_s((gb * p) as f64),
+                ..none
+            },
             p,
         ),
         Strategy::Zero1 => (
             (pb + gb) * p + ceil_div(ob * p, n),
             0,
-            m.all_gather_s((pb * p) as f64),
-            m.reduce_scatter_s((gb * p) as f64),
+            Comm {
+                step_fwd: m.all_gather_s((pb * p) as f64),
+                step_bwd: m.reduce_scatter_s((gb * p) as f64),
+                ..none
+            },
             ceil_div(p, n),
         ),
         Strategy::Zero2 => (
             pb * p + ceil_div((gb + ob) * p, n),
             gb * p,
-            m.all_gather_s((pb * p) as f64),
-            m.reduce_scatter_s((gb * p) as f64),
+            Comm {
+                step_fwd: m.all_gather_s((pb * p) as f64),
+                micro_bwd: m.reduce_scatter_s((gb * p) as f64),
+                ..none
+            },
             ceil_div(p, n),
         ),
         Strategy::Zero3 => {
@@ -464,19 +486,23 @@ pub fn price(base: &OpBase, choice: Choice, m: &Machine) -> OpCost {
             let replicated_p = p - sharded_p;
             let slice = (pb * p) as f64 / k as f64;
             let slices = s as f64;
-            let fwd = extra_gathers * slices * m.all_gather_s(slice);
-            let mut bwd =
-                slices * (extra_gathers * m.all_gather_s(slice) + m.reduce_scatter_s(slice));
-            if replicated_p > 0 {
-                bwd += m.all_reduce_s((gb * replicated_p) as f64);
-            }
+            let step_bwd = if replicated_p > 0 {
+                m.all_reduce_s((gb * replicated_p) as f64)
+            } else {
+                0.0
+            };
             (
                 STATE_BYTES_PER_PARAM * replicated_p
                     + ceil_div(STATE_BYTES_PER_PARAM * sharded_p, n),
                 // One slice's gathered parameters and its full gradient.
                 ceil_div((pb + gb) * p, k),
-                fwd,
-                bwd,
+                Comm {
+                    micro_fwd: extra_gathers * slices * m.all_gather_s(slice),
+                    micro_bwd: slices
+                        * (extra_gathers * m.all_gather_s(slice) + m.reduce_scatter_s(slice)),
+                    step_bwd,
+                    ..none
+                },
                 replicated_p + ceil_div(sharded_p, n),
             )
         }
@@ -495,17 +521,24 @@ pub fn price(base: &OpBase, choice: Choice, m: &Machine) -> OpCost {
         }
         _ => (1.0 + LINEAR_BWD_FACTOR) * split_launches,
     };
-    let compute = base.fwd_s + base.bwd_s + split_s;
+    let a = f64::from(base.accumulation.max(1));
+    let compute = a * (base.fwd_s + base.bwd_s + split_s);
+    // Each micro-batch's collectives overlap its own compute; the once-a-step ones overlap
+    // the first forward (gathers) or the last backward (gradient syncs) beside that
+    // micro-batch's own. With one micro-batch this is the plain per-op overlap.
     let exposed = if m.overlap {
-        (fwd_comm - base.fwd_s).max(0.0) + (bwd_comm - base.bwd_s).max(0.0)
+        let hidden = |comm: f64, compute: f64| (comm - compute).max(0.0);
+        (a - 1.0) * (hidden(comm.micro_fwd, base.fwd_s) + hidden(comm.micro_bwd, base.bwd_s))
+            + hidden(comm.micro_fwd + comm.step_fwd, base.fwd_s)
+            + hidden(comm.micro_bwd + comm.step_bwd, base.bwd_s)
     } else {
-        fwd_comm + bwd_comm
+        comm.total(a)
     };
     OpCost {
         persistent_bytes: persistent,
         transient_bytes: param_transient + base.working_bytes,
         compute_s: compute,
-        comm_s: fwd_comm + bwd_comm,
+        comm_s: comm.total(a),
         exposed_comm_s: exposed,
         optimizer_s: match &m.calibration {
             _ if updated == 0 => 0.0,
@@ -515,6 +548,23 @@ pub fn price(base: &OpBase, choice: Choice, m: &Machine) -> OpCost {
                     / (m.memory_bytes_per_s * MEMORY_EFFICIENCY)
             }
         },
+    }
+}
+
+/// One op's collective time in a step, split by phase and by how often it runs.
+#[derive(Debug, Clone, Copy, Default)]
+struct Comm {
+    /// Per micro-batch, in its forward / backward.
+    micro_fwd: f64,
+    micro_bwd: f64,
+    /// Once a step: before the first forward / after the last backward.
+    step_fwd: f64,
+    step_bwd: f64,
+}
+
+impl Comm {
+    fn total(&self, accumulation: f64) -> f64 {
+        accumulation * (self.micro_fwd + self.micro_bwd) + self.step_fwd + self.step_bwd
     }
 }
 
@@ -640,6 +690,14 @@ impl OpGraph {
     }
 }
 
+/// Price `bases` for `accumulation` micro-batches per optimizer step.
+pub fn set_accumulation(bases: &mut [OpBase], accumulation: u64) {
+    let a = u32::try_from(accumulation.max(1)).unwrap_or(u32::MAX);
+    for b in bases {
+        b.accumulation = a;
+    }
+}
+
 /// Whether the op owns parameters (and so has a sharding choice).
 pub fn owns_params(op: &OpSpec) -> bool {
     ModelSpec::op_param_count(op) > 0
@@ -680,7 +738,63 @@ mod tests {
             output_bytes: 0,
             work: 1e9,
             tensor_params: [params, 0],
+            accumulation: 1,
         }
+    }
+
+    #[test]
+    fn accumulation_repeats_compute_and_the_per_micro_batch_collectives_only() {
+        let mut m = machine(8);
+        m.overlap = false;
+        let one = linear_base(50_000_000);
+        let four = OpBase {
+            accumulation: 4,
+            ..one.clone()
+        };
+        for strategy in [
+            Strategy::Dp,
+            Strategy::Zero1,
+            Strategy::Zero2,
+            Strategy::Zero3,
+        ] {
+            let (c1, c4) = (
+                price(&one, Choice::plain(strategy), &m),
+                price(&four, Choice::plain(strategy), &m),
+            );
+            assert!(
+                (c4.compute_s - 4.0 * c1.compute_s).abs() < 1e-15,
+                "{strategy:?}"
+            );
+            assert_eq!(c4.persistent_bytes, c1.persistent_bytes, "{strategy:?}");
+            assert_eq!(
+                c4.optimizer_s, c1.optimizer_s,
+                "the optimizer runs once a step"
+            );
+            let (rs, ag, ar) = (
+                m.reduce_scatter_s(2.0 * 50e6),
+                m.all_gather_s(2.0 * 50e6),
+                m.all_reduce_s(2.0 * 50e6),
+            );
+            let want = match strategy {
+                // Gradients synced once a step, after the last micro-batch.
+                Strategy::Dp => ar,
+                Strategy::Zero1 => ag + rs,
+                // Reduce-scattered every micro-batch; the update gathered once.
+                Strategy::Zero2 => ag + 4.0 * rs,
+                // Gathered for forward and backward and reduce-scattered, every micro-batch.
+                _ => 4.0 * (2.0 * ag + rs),
+            };
+            assert!(
+                (c4.comm_s - want).abs() < 1e-12,
+                "{strategy:?}: {} vs {want}",
+                c4.comm_s
+            );
+        }
+        // With overlap, a once-a-step sync hides behind one micro-batch's backward only.
+        m.overlap = true;
+        let d = price(&four, Choice::DP, &m);
+        let one_bwd_hides = (m.all_reduce_s(2.0 * 50e6) - one.bwd_s).max(0.0);
+        assert!((d.exposed_comm_s - one_bwd_hides).abs() < 1e-15);
     }
 
     #[test]

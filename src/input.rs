@@ -135,10 +135,18 @@ pub fn read_text(path: &Path, limit: u64) -> Result<String, InputError> {
         options.custom_flags(libc::O_NONBLOCK);
     }
     let file = options.open(path).map_err(io_err)?;
-    if let Some(e) = not_regular(&file.metadata().map_err(io_err)?) {
+    let meta = file.metadata().map_err(io_err)?;
+    if let Some(e) = not_regular(&meta) {
         return Err(e);
     }
-    let mut bytes = Vec::new();
+    // A file already known to be too large is refused without reading a byte of it.
+    if meta.len() > limit {
+        return Err(InputError::TooLarge {
+            path: path.to_path_buf(),
+            limit,
+        });
+    }
+    let mut bytes = Vec::with_capacity(meta.len() as usize);
     std::io::Read::read_to_end(&mut std::io::Read::take(file, limit + 1), &mut bytes)
         .map_err(io_err)?;
     if bytes.len() as u64 > limit {

@@ -2,12 +2,14 @@
 //! micro-batch size. [`evaluate`] prices any plan with the cost model; the [`Planner`] finds the
 //! plan of highest throughput under a memory budget, exactly.
 
+pub mod baseline;
 mod file;
 mod frontier;
 mod search;
 
+pub use baseline::plan_with_baselines;
 pub use file::{check_choice, fingerprint, read_plan, PlanFile, PlanFileOp, PLAN_FORMAT_VERSION};
-pub use search::{NoFit, PlanOptions, Planned, Planner};
+pub use search::{batch_options, BatchError, NoFit, PlanOptions, Planned, Planner};
 
 use serde::Serialize;
 
@@ -54,7 +56,10 @@ pub fn check_batch(model: &ModelSpec, batch: u64) -> Result<u64, String> {
 /// A complete plan for one model.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Plan {
+    /// Micro-batch: samples per rank per forward/backward.
     pub batch: u64,
+    /// Micro-batches per optimizer step (gradient accumulation); 1 for none.
+    pub accumulation: u64,
     /// One choice per op, in the model's op order.
     pub choices: Vec<Choice>,
     /// Recompute flag per block index (`config.layers` entries).
@@ -65,6 +70,10 @@ pub struct Plan {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Prediction {
     pub batch_size: u64,
+    /// Micro-batches per optimizer step.
+    pub accumulation: u64,
+    /// Samples per optimizer step over all ranks: micro-batch × accumulation × ranks.
+    pub global_batch: u64,
     pub step_time_s: f64,
     pub throughput_samples_per_s: f64,
     pub tokens_per_s: f64,
@@ -162,7 +171,8 @@ impl Blocks {
 
 /// Price a plan. The planner's figures are these, by construction.
 pub fn evaluate(model: &ModelSpec, m: &Machine, plan: &Plan) -> Prediction {
-    let bases = cost::op_bases(model, m, plan.batch);
+    let mut bases = cost::op_bases(model, m, plan.batch);
+    cost::set_accumulation(&mut bases, plan.accumulation);
     let blocks = Blocks::of(model);
     evaluate_with(model, m, plan, &bases, &blocks)
 }
@@ -183,7 +193,7 @@ pub(crate) fn evaluate_with(
         let block = blocks.of_op[i];
         let recomputed = block.is_some_and(|b| plan.recompute.get(b).copied().unwrap_or(false));
         let kept = if recomputed { 0 } else { base.saved_bytes };
-        let extra_s = if recomputed { base.fwd_s } else { 0.0 };
+        let extra_s = if recomputed { base.recompute_s() } else { 0.0 };
         persistent += c.persistent_bytes;
         activations += kept;
         let rematerialised = if recomputed { remat[i] } else { 0 };
@@ -203,9 +213,12 @@ pub(crate) fn evaluate_with(
         }
     }
     let step = ops.iter().map(|o| o.time_s).sum::<f64>() + m.step_overhead_s();
-    let samples = plan.batch as f64 * f64::from(m.ranks);
+    let global_batch = plan.batch * plan.accumulation * u64::from(m.ranks);
+    let samples = global_batch as f64;
     Prediction {
         batch_size: plan.batch,
+        accumulation: plan.accumulation,
+        global_batch,
         step_time_s: step,
         throughput_samples_per_s: samples / step,
         tokens_per_s: samples * model.config.seq_len as f64 / step,
@@ -223,10 +236,34 @@ pub(crate) fn evaluate_with(
     }
 }
 
+/// The global batch in samples from `--global-batch N` or `--tokens-per-step T` (a whole
+/// number of the model's sequences).
+pub fn global_batch_of(
+    model: &ModelSpec,
+    samples: Option<u64>,
+    tokens: Option<u64>,
+) -> Result<Option<u64>, String> {
+    let Some(tokens) = tokens else {
+        return Ok(samples);
+    };
+    let seq = model.config.seq_len.max(1);
+    if tokens % seq != 0 {
+        let below = tokens / seq * seq;
+        return Err(format!(
+            "--tokens-per-step {tokens} is not a whole number of {seq}-token sequences; \
+             the nearest that are: {} and {}",
+            below.max(seq),
+            below + seq
+        ));
+    }
+    Ok(Some(tokens / seq))
+}
+
 /// The same strategy on every op that owns parameters, no recomputation.
 pub fn uniform_plan(model: &ModelSpec, strategy: Strategy, batch: u64) -> Plan {
     Plan {
         batch,
+        accumulation: 1,
         choices: model
             .ops
             .iter()

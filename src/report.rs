@@ -10,7 +10,8 @@ use crate::cli::Failure;
 use crate::cluster::{read_layout, Layout};
 use crate::cost::{Choice, Machine, Strategy};
 use crate::model::{self, ModelSpec};
-use crate::plan::{self, Blocks, PlanFile, PlanOptions, Planned, Planner, Prediction};
+use crate::plan::baseline::{Baseline, Outcome};
+use crate::plan::{self, plan_with_baselines, Blocks, PlanFile, PlanOptions, Planned, Prediction};
 use crate::units;
 
 /// A checked `plan` command line.
@@ -21,6 +22,8 @@ pub struct PlanRequest {
     pub budget: Option<u64>,
     pub budget_per_gpu: Vec<u64>,
     pub batch: Option<u64>,
+    pub global_batch: Option<u64>,
+    pub tokens_per_step: Option<u64>,
     pub max_split: u32,
     pub recompute: bool,
     pub pins: Vec<String>,
@@ -83,17 +86,6 @@ pub fn binding(budgets: &[u64]) -> (usize, u64) {
         .unwrap_or((0, 0))
 }
 
-/// DDP, ZeRO-2 and ZeRO-3 everywhere, each at its own best micro-batch (or `batch`).
-pub fn baselines(
-    model: &ModelSpec,
-    machine: &Machine,
-    budget: u64,
-    batch: Option<u64>,
-) -> [Option<Planned>; 3] {
-    [Strategy::Dp, Strategy::Zero2, Strategy::Zero3]
-        .map(|s| baseline_plan(model, machine, s, budget, batch))
-}
-
 /// Exit code when no plan fits the budget.
 pub const EXIT_NO_FIT: u8 = 3;
 
@@ -121,19 +113,45 @@ pub fn parse_pin(model: &ModelSpec, pin: &str) -> Result<(usize, Choice), String
     Ok((i, choice))
 }
 
+/// One baseline in `plan --json`: its best plan's figures, or the budget it would need.
 #[derive(Serialize)]
-struct Baseline {
-    batch_size: u64,
-    throughput_samples_per_s: f64,
-    peak_memory_bytes: u64,
-    step_time_s: f64,
+struct BaselineOut {
+    strategy: &'static str,
+    checkpointing: bool,
+    fits: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    batch_size: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    accumulation: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    throughput_samples_per_s: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    step_time_s: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    peak_memory_bytes: Option<u64>,
+    /// When it does not fit: the smallest per-GPU budget any of its plans needs.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    needs_bytes: Option<u64>,
 }
 
-#[derive(Serialize)]
-struct Baselines {
-    ddp: Option<Baseline>,
-    zero2: Option<Baseline>,
-    zero3: Option<Baseline>,
+impl BaselineOut {
+    fn of(b: Baseline, o: &Outcome) -> BaselineOut {
+        let p = o.planned().map(|p| &p.prediction);
+        BaselineOut {
+            strategy: b.strategy.as_str(),
+            checkpointing: b.checkpointing,
+            fits: p.is_some(),
+            batch_size: p.map(|p| p.batch_size),
+            accumulation: p.map(|p| p.accumulation),
+            throughput_samples_per_s: p.map(|p| p.throughput_samples_per_s),
+            step_time_s: p.map(|p| p.step_time_s),
+            peak_memory_bytes: p.map(|p| p.peak_memory_bytes),
+            needs_bytes: match o {
+                Outcome::Needs(n) => Some(*n),
+                Outcome::Fits(_) => None,
+            },
+        }
+    }
 }
 
 #[derive(Serialize)]
@@ -151,6 +169,8 @@ struct OpOut<'a> {
 #[derive(Serialize)]
 struct Headline {
     batch_size: u64,
+    accumulation: u64,
+    global_batch: u64,
     step_time_s: f64,
     throughput_samples_per_s: f64,
     tokens_per_s: f64,
@@ -162,6 +182,8 @@ impl Headline {
     fn of(p: &Prediction, budget_bytes: u64) -> Headline {
         Headline {
             batch_size: p.batch_size,
+            accumulation: p.accumulation,
+            global_batch: p.global_batch,
             step_time_s: p.step_time_s,
             throughput_samples_per_s: p.throughput_samples_per_s,
             tokens_per_s: p.tokens_per_s,
@@ -184,79 +206,14 @@ struct PlanOut<'a> {
     timing_source: String,
     prediction: &'a Prediction,
     ops: Vec<OpOut<'a>>,
-    baselines: Baselines,
+    /// By name: ddp, ddp+ckpt, zero2, zero2+ckpt, fsdp, fsdp+ckpt.
+    baselines: std::collections::BTreeMap<&'static str, BaselineOut>,
 }
 
 fn load(model: &Path, layout: &Path) -> Result<(ModelSpec, Layout), Failure> {
     let spec = model::read_model(model).map_err(Failure::input)?;
     let layout = read_layout(layout).map_err(Failure::input)?;
     Ok((spec, layout))
-}
-
-/// Best uniform-strategy plan (a baseline) at its own best micro-batch.
-pub fn baseline_plan(
-    model: &ModelSpec,
-    machine: &Machine,
-    strategy: Strategy,
-    budget: u64,
-    batch: Option<u64>,
-) -> Option<Planned> {
-    let pins = model
-        .ops
-        .iter()
-        .enumerate()
-        .filter(|(_, o)| crate::cost::owns_params(o))
-        .map(|(i, _)| (i, Choice::plain(strategy)))
-        .collect();
-    let options = PlanOptions {
-        batch,
-        max_split: 1,
-        recompute: false,
-        pins,
-        resolution_bytes: 0,
-    };
-    Planner::new(model, machine.clone(), options, budget)
-        .best(budget)
-        .ok()
-}
-
-fn summary(p: &Option<Planned>) -> Option<Baseline> {
-    p.as_ref().map(|p| Baseline {
-        batch_size: p.prediction.batch_size,
-        throughput_samples_per_s: p.prediction.throughput_samples_per_s,
-        peak_memory_bytes: p.prediction.peak_memory_bytes,
-        step_time_s: p.prediction.step_time_s,
-    })
-}
-
-/// Take a uniform baseline instead of the searched plan when it is faster: with a memory
-/// resolution the search may miss a plan within a few MiB of the budget, and a baseline must
-/// never beat the plan. Not when ops are pinned: a baseline ignores the pins.
-pub fn adopt_baselines(searched: &mut Planned, baselines: &[Option<Planned>; 3], pinned: bool) {
-    if pinned {
-        return;
-    }
-    for b in baselines.iter().flatten() {
-        if b.prediction.throughput_samples_per_s > searched.prediction.throughput_samples_per_s {
-            *searched = b.clone();
-        }
-    }
-}
-
-/// Plan with the search and price the baselines (DDP, ZeRO-2, ZeRO-3 everywhere) at the same
-/// budget. Returns (plan, [ddp, zero2, zero3]).
-pub fn plan_with_baselines(
-    model: &ModelSpec,
-    machine: &Machine,
-    options: PlanOptions,
-    budget: u64,
-) -> Result<(Planned, [Option<Planned>; 3]), plan::NoFit> {
-    let (batch, pinned) = (options.batch, !options.pins.is_empty());
-    let searched = Planner::new(model, machine.clone(), options, budget).best(budget);
-    let baselines = baselines(model, machine, budget, batch);
-    let mut best = searched?;
-    adopt_baselines(&mut best, &baselines, pinned);
-    Ok((best, baselines))
 }
 
 pub fn plan(req: PlanRequest) -> Result<(), Failure> {
@@ -285,17 +242,21 @@ pub fn plan(req: PlanRequest) -> Result<(), Failure> {
     if let Some(b) = req.batch {
         crate::plan::check_batch(&spec, b).map_err(|e| Failure::input(format!("--batch: {e}")))?;
     }
+    let global_batch = plan::global_batch_of(&spec, req.global_batch, req.tokens_per_step)
+        .map_err(Failure::input)?;
     let options = PlanOptions {
         batch: req.batch,
+        global_batch,
         max_split: req.max_split,
         recompute: req.recompute,
         pins,
         resolution_bytes: req.resolution_bytes,
     };
+    plan::batch_options(&options, machine.ranks).map_err(|e| Failure::input(e.to_string()))?;
     let started = Instant::now();
     let result = plan_with_baselines(&spec, &machine, options, budget);
     let search_ms = started.elapsed().as_secs_f64() * 1e3;
-    let (Planned { plan, prediction }, [ddp, zero2, zero3]) = result.map_err(|nf| Failure {
+    let (Planned { plan, prediction }, baselines) = result.map_err(|nf| Failure {
         code: EXIT_NO_FIT,
         message: format!(
             "no plan of {} fits {} per GPU on {}; the smallest budget that fits is {} ({} bytes)",
@@ -306,11 +267,6 @@ pub fn plan(req: PlanRequest) -> Result<(), Failure> {
             nf.min_budget_bytes
         ),
     })?;
-    let baselines = Baselines {
-        ddp: summary(&ddp),
-        zero2: summary(&zero2),
-        zero3: summary(&zero3),
-    };
     if let Some(path) = &req.output {
         let file = PlanFile::new(&spec, &layout.name, &plan, Some(&prediction));
         crate::input::write_json_atomically(path, &file).map_err(|e| Failure::output(path, e))?;
@@ -340,7 +296,10 @@ pub fn plan(req: PlanRequest) -> Result<(), Failure> {
                     time_s: prediction.ops[i].time_s,
                 })
                 .collect(),
-            baselines,
+            baselines: baselines
+                .iter()
+                .map(|(b, o)| (b.name(), BaselineOut::of(*b, o)))
+                .collect(),
         };
         print_json(&out);
         return Ok(());
@@ -362,23 +321,26 @@ pub fn plan(req: PlanRequest) -> Result<(), Failure> {
     print_plan_by_block(&spec, &plan, &blocks);
     println!();
     println!(
-        "  {:<10}{:>8}{:>14}{:>12}{:>10}",
+        "  {:<12}{:>14}{:>14}{:>12}{:>10}",
         "baseline", "batch", "samples/s", "peak", "plan is"
     );
-    for (name, b) in [
-        ("ddp", &baselines.ddp),
-        ("zero2", &baselines.zero2),
-        ("zero3", &baselines.zero3),
-    ] {
-        match b {
-            Some(b) => println!(
-                "  {name:<10}{:>8}{:>14.2}{:>12}{:>9.2}×",
-                b.batch_size,
-                b.throughput_samples_per_s,
-                units::bytes(b.peak_memory_bytes),
-                prediction.throughput_samples_per_s / b.throughput_samples_per_s
+    for (b, o) in &baselines {
+        match o {
+            Outcome::Fits(p) => println!(
+                "  {:<12}{:>14}{:>14.2}{:>12}{:>9.2}×",
+                b.name(),
+                batch_label(&p.prediction),
+                p.prediction.throughput_samples_per_s,
+                units::bytes(p.prediction.peak_memory_bytes),
+                prediction.throughput_samples_per_s / p.prediction.throughput_samples_per_s
             ),
-            None => println!("  {name:<10}{:>8}", "does not fit"),
+            Outcome::Needs(n) if *n < u64::MAX => println!(
+                "  {:<12}{:>14}  needs ≥ {} per GPU",
+                b.name(),
+                "does not fit",
+                units::bytes(*n)
+            ),
+            Outcome::Needs(_) => println!("  {:<12}{:>14}", b.name(), "does not fit"),
         }
     }
     if let Some(path) = &req.output {
@@ -387,10 +349,29 @@ pub fn plan(req: PlanRequest) -> Result<(), Failure> {
     Ok(())
 }
 
+/// `8` or, with accumulation, `8×4` (micro-batch × micro-batches per step).
+pub fn batch_label(p: &Prediction) -> String {
+    if p.accumulation > 1 {
+        format!("{}×{}", p.batch_size, p.accumulation)
+    } else {
+        p.batch_size.to_string()
+    }
+}
+
 fn print_prediction(what: &str, p: &Prediction) {
+    let accumulation = if p.accumulation > 1 {
+        format!(" × {} accumulated", p.accumulation)
+    } else {
+        String::new()
+    };
     println!(
-        "  {what}: micro-batch {}, {:.2} samples/s ({:.0} tokens/s), step {:.1} ms, peak {}",
+        "  {what}: global batch {} (micro-batch {}{accumulation} × {} ranks)",
+        p.global_batch,
         p.batch_size,
+        p.global_batch / (p.batch_size * p.accumulation).max(1),
+    );
+    println!(
+        "  {:.2} samples/s ({:.0} tokens/s), step {:.1} ms, peak {}",
         p.throughput_samples_per_s,
         p.tokens_per_s,
         p.step_time_s * 1e3,

@@ -155,6 +155,17 @@ pub fn run(
             cfg.global_batch
         )));
     }
+    let per_rank = cfg.global_batch / world as u64;
+    if per_rank > cfg.plan.batch && per_rank % cfg.plan.batch.max(1) != 0 {
+        return Err(TrainError::Invalid(format!(
+            "a global batch of {} samples is {per_rank} per rank on {world} ranks, not a whole \
+             number of the plan's micro-batches of {}; use a global batch that is a multiple \
+             of {}",
+            cfg.global_batch,
+            cfg.plan.batch,
+            cfg.plan.batch * world as u64
+        )));
+    }
     exec::check_runnable(&cfg.model, &cfg.plan).map_err(|e| TrainError::Invalid(e.to_string()))?;
     let restored = match &cfg.resume_from {
         Some(dir) => {

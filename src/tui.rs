@@ -28,6 +28,7 @@ pub fn action_for(code: KeyCode, modifiers: KeyModifiers) -> Option<Action> {
         KeyCode::Char(']') => Action::SplitUp,
         KeyCode::Char('[') => Action::SplitDown,
         KeyCode::Char('b') => Action::CycleBatch,
+        KeyCode::Char('B') => Action::CycleGlobalBatch,
         KeyCode::Char('p') => Action::CyclePin,
         KeyCode::Char('?') => Action::ToggleHelp,
         KeyCode::Char('g') => Action::ToggleGraph,

@@ -38,6 +38,22 @@ pub fn count(n: u64) -> String {
     format!("{v:.digits$} {suffix}")
 }
 
+/// A duration for people: `850 µs`, `12.3 ms`, `1.24 s`, `3 min 20 s`.
+pub fn seconds(s: f64) -> String {
+    if !s.is_finite() {
+        return "—".into();
+    }
+    if s < 1e-3 {
+        format!("{:.0} µs", s * 1e6)
+    } else if s < 1.0 {
+        format!("{:.1} ms", s * 1e3)
+    } else if s < 120.0 {
+        format!("{s:.2} s")
+    } else {
+        format!("{} min {:.0} s", (s / 60.0) as u64, s % 60.0)
+    }
+}
+
 /// FLOPs with an SI prefix: `2.91 GFLOP`.
 pub fn flops(x: f64) -> String {
     let (v, prefix) = if x >= 1e15 {

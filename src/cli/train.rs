@@ -34,7 +34,9 @@ pub struct TrainArgs {
     /// the world size is `WORLD_SIZE`.
     #[arg(long, value_name = "N", value_parser = parse_world_size)]
     pub world_size: Option<usize>,
-    /// Samples per step over all ranks [default: the plan's micro-batch × world size].
+    /// Samples per optimizer step over all ranks, run as the plan's micro-batches with
+    /// gradient accumulation [default: micro-batch × accumulation × world size, the global
+    /// batch the plan was made for].
     #[arg(long, value_name = "N", value_parser = parse_global_batch)]
     pub global_batch: Option<u64>,
     /// Where the ranks compute. `cuda`: one process per GPU (launched by torchrun, srun or the
@@ -265,12 +267,25 @@ pub fn train(args: TrainArgs) -> Result<(), Failure> {
     if world_size == 0 {
         return Err(Failure::input("--world-size must be at least 1"));
     }
-    let global_batch = args.global_batch.unwrap_or(plan.batch * world_size as u64);
+    let global_batch = args
+        .global_batch
+        .unwrap_or(plan.batch * plan.accumulation * world_size as u64);
     if global_batch == 0 || global_batch % world_size as u64 != 0 {
         return Err(Failure::input(format!(
             "world size {world_size} does not divide the global batch of {global_batch} samples"
         )));
     }
+    let per_rank = global_batch / world_size as u64;
+    // Fewer samples than one planned micro-batch run as one smaller micro-batch.
+    if per_rank > plan.batch && per_rank % plan.batch != 0 {
+        return Err(Failure::input(format!(
+            "--global-batch {global_batch} is {per_rank} samples per rank, not a whole number of \
+             the plan's micro-batches of {}; use a multiple of {}",
+            plan.batch,
+            plan.batch * world_size as u64
+        )));
+    }
+    let accumulation = (per_rank / plan.batch).max(1);
     let source = match args.data.as_str() {
         "shakespeare" => data::Source::shakespeare(),
         "random" => data::Source::Random,
@@ -351,8 +366,16 @@ pub fn train(args: TrainArgs) -> Result<(), Failure> {
                     .as_deref()
                     .map(|p| format!(", resuming from {p}"))
                     .unwrap_or_default();
+                let accumulated = if accumulation > 1 {
+                    format!(
+                        " ({} × {accumulation} micro-batches per rank)",
+                        cfg.plan.batch
+                    )
+                } else {
+                    String::new()
+                };
                 eprintln!(
-                    "training {} from step {first_step} {}: {world_size} rank(s), {global_batch} samples per step{from}",
+                    "training {} from step {first_step} {}: {world_size} rank(s), {global_batch} samples per step{accumulated}{from}",
                     cfg.model.name,
                     last_step.map_or("until stopped".to_string(), |l| format!("to {l}"))
                 );

@@ -11,6 +11,10 @@ use crate::model::{ModelSpec, OpKind};
 
 pub const PLAN_FORMAT_VERSION: u32 = 1;
 
+/// Samples one rank may process in a step (micro-batch × accumulation): far beyond any real run,
+/// small enough that byte counts computed from it never overflow.
+pub const MAX_SAMPLES_PER_RANK: u64 = 1 << 24;
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PlanFile {
@@ -21,8 +25,20 @@ pub struct PlanFile {
     pub model_fingerprint: String,
     /// Layout the plan was priced on (informational; `evaluate` may price it on another).
     pub layout: String,
+    /// Micro-batch: samples per rank per forward/backward.
     pub batch_size: u64,
+    /// Micro-batches per optimizer step (gradient accumulation); absent means 1.
+    #[serde(default = "one", skip_serializing_if = "is_one")]
+    pub accumulation: u64,
     pub ops: Vec<PlanFileOp>,
+}
+
+fn one() -> u64 {
+    1
+}
+
+fn is_one(v: &u64) -> bool {
+    *v == 1
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -77,6 +93,7 @@ impl PlanFile {
             model_fingerprint: fingerprint(model),
             layout: layout.to_string(),
             batch_size: plan.batch,
+            accumulation: plan.accumulation,
             ops: model
                 .ops
                 .iter()
@@ -110,6 +127,23 @@ impl PlanFile {
         }
         super::check_batch(model, self.batch_size)
             .map_err(|why| Problem::field("batch_size", why))?;
+        if self.accumulation == 0 {
+            return Err(Problem::field("accumulation", "must be at least 1"));
+        }
+        if self
+            .batch_size
+            .checked_mul(self.accumulation)
+            .is_none_or(|s| s > MAX_SAMPLES_PER_RANK)
+        {
+            return Err(Problem::field(
+                "accumulation",
+                format!(
+                    "{} × accumulation {} samples per rank and step is more than any run \
+                     takes (at most {MAX_SAMPLES_PER_RANK})",
+                    self.batch_size, self.accumulation
+                ),
+            ));
+        }
         let blocks = Blocks::of(model);
         let index = model.op_index();
         let mut choices: Vec<Option<Choice>> = vec![None; model.ops.len()];
@@ -159,6 +193,7 @@ impl PlanFile {
         }
         Ok(Plan {
             batch: self.batch_size,
+            accumulation: self.accumulation,
             choices: choices
                 .into_iter()
                 .map(|c| c.unwrap_or(Choice::NONE))

@@ -20,6 +20,10 @@ use crate::model::ModelSpec;
 pub struct PlanOptions {
     /// Fixed micro-batch size, or `None` to search it.
     pub batch: Option<u64>,
+    /// Samples per optimizer step over all ranks. `Some`: the planner picks the micro-batch
+    /// and the accumulation that run exactly this many (micro-batch × accumulation × ranks)
+    /// in the least time. `None`: largest throughput at any batch, one micro-batch a step.
+    pub global_batch: Option<u64>,
     /// Largest operator split (a power of two; 1 disables splitting).
     pub max_split: u32,
     /// Whether blocks may recompute their activations.
@@ -34,6 +38,7 @@ impl Default for PlanOptions {
     fn default() -> Self {
         PlanOptions {
             batch: None,
+            global_batch: None,
             max_split: 8,
             recompute: true,
             pins: Vec::new(),
@@ -78,6 +83,7 @@ struct Opt {
 
 struct BatchTable {
     batch: u64,
+    accumulation: u64,
     /// The ops' base facts at this batch, for pricing the plan found.
     bases: Vec<OpBase>,
     arena: Arena,
@@ -88,6 +94,7 @@ struct BatchTable {
 /// A micro-batch's budget-free facts; see [`Planner::prepare`].
 struct Prepared {
     batch: u64,
+    accumulation: u64,
     bases: Vec<OpBase>,
     opts: Vec<Vec<Opt>>,
     remat: Vec<u64>,
@@ -129,8 +136,79 @@ pub struct Planner<'m> {
     searched: Vec<u64>,
 }
 
+/// Why a global batch cannot be run on `ranks` ranks.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BatchError {
+    #[error("a global batch of {global} samples cannot be shared by {ranks} ranks (it is not a multiple of {ranks}); the nearest that can are {below} and {above}")]
+    NotDivisible {
+        global: u64,
+        ranks: u64,
+        below: u64,
+        above: u64,
+    },
+    #[error("micro-batch {batch} does not divide the {per_rank} samples each rank runs per step (global batch {global} over {ranks} ranks); micro-batches that do: {divisors}")]
+    BatchNotDivisor {
+        batch: u64,
+        per_rank: u64,
+        global: u64,
+        ranks: u64,
+        divisors: String,
+    },
+    #[error(
+        "a global batch of {global} samples is more than {max} per rank; no run takes that many"
+    )]
+    TooLarge { global: u64, max: u64 },
+}
+
+/// The (micro-batch, accumulation) pairs the planner tries, smallest micro-batch first: the
+/// batch ladder with no accumulation, or every way to split a global batch over `ranks`.
+pub fn batch_options(options: &PlanOptions, ranks: u32) -> Result<Vec<(u64, u64)>, BatchError> {
+    let Some(global) = options.global_batch else {
+        return Ok(match options.batch {
+            Some(b) => vec![(b, 1)],
+            None => Vec::new(),
+        });
+    };
+    let ranks = u64::from(ranks.max(1));
+    let max = super::file::MAX_SAMPLES_PER_RANK;
+    if global == 0 || global % ranks != 0 {
+        let below = global / ranks * ranks;
+        return Err(BatchError::NotDivisible {
+            global,
+            ranks,
+            below: below.max(ranks),
+            above: below + ranks,
+        });
+    }
+    let per_rank = global / ranks;
+    if per_rank > max {
+        return Err(BatchError::TooLarge { global, max });
+    }
+    let divisors: Vec<u64> = (1..=per_rank.isqrt())
+        .filter(|d| per_rank % d == 0)
+        .flat_map(|d| [d, per_rank / d])
+        .collect::<std::collections::BTreeSet<u64>>()
+        .into_iter()
+        .collect();
+    match options.batch {
+        Some(b) if per_rank % b != 0 || b == 0 => Err(BatchError::BatchNotDivisor {
+            batch: b,
+            per_rank,
+            global,
+            ranks,
+            divisors: divisors
+                .iter()
+                .map(u64::to_string)
+                .collect::<Vec<_>>()
+                .join(", "),
+        }),
+        Some(b) => Ok(vec![(b, per_rank / b)]),
+        None => Ok(divisors.into_iter().map(|b| (b, per_rank / b)).collect()),
+    }
+}
+
 /// Micro-batch sizes tried by the automatic search: roughly 1.25–1.5× apart.
-fn batch_ladder() -> impl Iterator<Item = u64> {
+pub(crate) fn batch_ladder() -> impl Iterator<Item = u64> {
     let head = [1u64, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32, 40, 48, 64];
     head.into_iter().chain((0..).flat_map(|i| {
         let base = 64u64 << i;
@@ -166,18 +244,26 @@ impl<'m> Planner<'m> {
             tables: Vec::new(),
             searched: Vec::new(),
         };
+        // A global batch the ranks cannot share leaves nothing to search (callers check it
+        // first with [`batch_options`] to say why). Micro-batches past `max_batch` are never
+        // priced: their figures would overflow (callers check a fixed one with `check_batch`).
         let most = super::max_batch(model);
-        let batches: Box<dyn Iterator<Item = u64>> = match planner.options.batch {
-            // Callers check a fixed batch (`check_batch`); a larger one is clamped, not priced
-            // with figures that overflow.
-            Some(b) => Box::new(std::iter::once(b.clamp(1, most))),
-            // A tiny model under a huge budget fits every batch: stop at the largest.
-            None => Box::new(batch_ladder().take_while(move |&b| b <= most)),
-        };
+        let listed = batch_options(&planner.options, planner.machine.ranks).unwrap_or_default();
+        let batches: Box<dyn Iterator<Item = (u64, u64)>> =
+            if listed.is_empty() && planner.options.global_batch.is_none() {
+                // A tiny model under a huge budget fits every batch: stop at the largest.
+                Box::new(
+                    batch_ladder()
+                        .take_while(move |&b| b <= most)
+                        .map(|b| (b, 1)),
+                )
+            } else {
+                Box::new(listed.into_iter().map(move |(b, a)| (b.clamp(1, most), a)))
+            };
         let fixed = planner.options.batch.is_some();
         let mut prepared: Vec<Prepared> = Vec::new();
-        for batch in batches {
-            let prep = planner.prepare(batch, &pins);
+        for (batch, accumulation) in batches {
+            let prep = planner.prepare(batch, accumulation, &pins);
             let fits = planner.min_peak(&prep) <= max_budget_bytes;
             if fits || fixed || prepared.is_empty() {
                 prepared.push(prep);
@@ -198,8 +284,8 @@ impl<'m> Planner<'m> {
             let bound = planner.time_bound(&prep);
             // The best throughput a batch-`b` plan of peak `peak` could reach, with a margin
             // for rounding (sums in another order may differ in the last bits).
-            let could_reach =
-                |peak: u64| prep.batch as f64 / (bound.at(peak) + step_overhead) * (1.0 + 1e-7);
+            let samples = (prep.batch * prep.accumulation) as f64;
+            let could_reach = |peak: u64| samples / (bound.at(peak) + step_overhead) * (1.0 + 1e-7);
             // Witnesses are a staircase: throughput `w.1` from peak `w.0` on. Batch `b` must
             // cover a budget only while it could match the witnesses' best within it; its bound
             // rises with the peak, so each stair is decided at its top.
@@ -222,11 +308,12 @@ impl<'m> Planner<'m> {
                 continue;
             }
             let table = planner.build(prep, cover);
+            let samples = table.samples();
             witnesses.extend(table.caps.iter().flat_map(|(cap, f)| {
                 f.iter().map(move |p| {
                     (
                         planner.machine.overhead_bytes + p.mem + cap,
-                        table.batch as f64 / (p.time + step_overhead),
+                        samples / (p.time + step_overhead),
                     )
                 })
             }));
@@ -261,7 +348,7 @@ impl<'m> Planner<'m> {
                     continue;
                 };
                 if let Some(p) = frontier::best_within(f, usable) {
-                    let tput = table.batch as f64 / (p.time + self.machine.step_overhead_s());
+                    let tput = table.samples() / (p.time + self.machine.step_overhead_s());
                     let peak = p.mem + cap;
                     let better = match &best {
                         None => true,
@@ -300,7 +387,7 @@ impl<'m> Planner<'m> {
                     let peak = self.machine.overhead_bytes + p.mem + cap;
                     pts.push((
                         peak,
-                        table.batch as f64 * f64::from(self.machine.ranks)
+                        table.samples() * f64::from(self.machine.ranks)
                             / (p.time + self.machine.step_overhead_s()),
                     ));
                 }
@@ -318,9 +405,10 @@ impl<'m> Planner<'m> {
 
     /// Everything about micro-batch `batch` that does not depend on the budget: the ops'
     /// options, the transient caps worth a frontier and what each cap leaves each class.
-    fn prepare(&self, batch: u64, pins: &HashMap<usize, Choice>) -> Prepared {
+    fn prepare(&self, batch: u64, accumulation: u64, pins: &HashMap<usize, Choice>) -> Prepared {
         let m = &self.machine;
-        let bases = self.graph.bases(self.model, m, batch);
+        let mut bases = self.graph.bases(self.model, m, batch);
+        cost::set_accumulation(&mut bases, accumulation);
         // Options of each class's first instance: the other instances price the same (that is
         // what makes them one class), so their lists stay empty and are never read.
         let mut opts: Vec<Vec<Opt>> = vec![Vec::new(); bases.len()];
@@ -432,6 +520,7 @@ impl<'m> Planner<'m> {
         }
         Prepared {
             batch,
+            accumulation,
             bases,
             opts,
             remat,
@@ -564,6 +653,7 @@ impl<'m> Planner<'m> {
     fn build(&self, prep: Prepared, max_budget: u64) -> BatchTable {
         let Prepared {
             batch,
+            accumulation,
             bases,
             opts,
             remat,
@@ -620,6 +710,7 @@ impl<'m> Planner<'m> {
         }
         BatchTable {
             batch,
+            accumulation,
             bases,
             arena,
             caps: table_caps,
@@ -701,6 +792,7 @@ impl<'m> Planner<'m> {
         }
         Plan {
             batch: table.batch,
+            accumulation: table.accumulation,
             choices,
             recompute,
         }
@@ -708,6 +800,11 @@ impl<'m> Planner<'m> {
 }
 
 impl BatchTable {
+    /// Samples one rank runs per step: micro-batch × accumulation.
+    fn samples(&self) -> f64 {
+        (self.batch * self.accumulation) as f64
+    }
+
     /// Smallest peak any plan at this batch reaches.
     fn cheapest(&self, overhead: u64) -> Option<u64> {
         self.caps
@@ -725,7 +822,7 @@ fn option(base: &OpBase, choice: Choice, m: &Machine) -> Opt {
         time: c.time_s(),
         transient: c.transient_bytes,
         held_r: c.persistent_bytes,
-        time_r: c.time_s() + base.fwd_s,
+        time_r: c.time_s() + base.recompute_s(),
     }
 }
 

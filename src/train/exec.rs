@@ -218,6 +218,9 @@ pub struct Executor {
     grads: Vec<Option<Tensor>>,
     ids: Option<Tensor>,
     labels: Option<Tensor>,
+    /// Samples per forward/backward (the plan's micro-batch); a step's rows run in
+    /// micro-batches of this size, gradients accumulated, the optimizer once.
+    micro_batch: usize,
     /// Filled by each step when set.
     pub profile: Option<Profile>,
 }
@@ -560,6 +563,7 @@ impl Executor {
             Init::Restored { step, .. } => step,
         };
         Ok(Executor {
+            micro_batch: plan.batch.max(1) as usize,
             model: model.clone(),
             comm,
             device,
@@ -1070,18 +1074,27 @@ impl Executor {
 
     /// One training step on this rank's share of the global batch: forward, backward,
     /// gradient synchronisation, clipping and the AdamW update.
+    /// One optimizer step over `batch` (this rank's rows): the rows run as micro-batches of
+    /// the plan's size, gradients accumulated as the strategies do (dp and zero1 keep full
+    /// gradients and sync them once; zero2 and zero3 reduce-scatter every micro-batch; zero3
+    /// gathers for every micro-batch), then one AdamW update.
     pub fn train_step(&mut self, batch: &Batch) -> Result<StepOutcome> {
+        // A step smaller than one planned micro-batch runs as one (it holds less than planned).
+        let micro = self.micro_batch.min(batch.rows.max(1));
+        if batch.rows % micro != 0 {
+            return Err(ExecError::Unsupported(format!(
+                "{} samples per rank is not a whole number of micro-batches of {micro}",
+                batch.rows
+            )));
+        }
+        let accumulation = batch.rows / micro;
         let shape = [batch.rows as i64, batch.seq as i64];
-        self.ids = Some(
-            Tensor::from_slice(&batch.inputs)
-                .reshape(shape)
-                .to_device(self.device),
-        );
-        self.labels = Some(
-            Tensor::from_slice(&batch.labels)
-                .reshape(shape)
-                .to_device(self.device),
-        );
+        let ids = Tensor::from_slice(&batch.inputs)
+            .reshape(shape)
+            .to_device(self.device);
+        let labels = Tensor::from_slice(&batch.labels)
+            .reshape(shape)
+            .to_device(self.device);
         let n = self.model.ops.len();
         let step_t0 = Instant::now();
         if let Some(p) = self.profile.as_mut() {
@@ -1097,12 +1110,43 @@ impl Executor {
         let t0 = Instant::now();
         self.allocate_grads();
         let alloc_s = t0.elapsed().as_secs_f64();
+        // Each micro-batch's loss is its tokens' mean: scaled by 1/(ranks × micro-batches),
+        // the accumulated gradients are those of the mean over the whole global batch.
+        let scale = 1.0 / (self.comm.world() * accumulation) as f64;
+        let mut loss_sum = Tensor::zeros([], (Kind::Double, self.device));
+        for k in 0..accumulation {
+            let rows = (k * micro) as i64;
+            self.ids = Some(ids.narrow(0, rows, micro as i64));
+            self.labels = Some(labels.narrow(0, rows, micro as i64));
+            let loss = self.forward_backward(scale)?;
+            loss_sum += loss.to_kind(Kind::Double);
+        }
+        self.ids = None;
+        self.labels = None;
+        // Read once: a read per micro-batch would wait for the device each time.
+        let local_loss = loss_sum.double_value(&[]) / accumulation as f64;
+
+        let grad_norm = self.optimizer_step()?;
+        let world = self.comm.world() as f64;
+        let loss = self
+            .comm
+            .all_reduce(&Tensor::from(local_loss))?
+            .double_value(&[])
+            / world;
+        if let Some(p) = self.profile.as_mut() {
+            p.optimizer_s += alloc_s;
+            p.step_s = step_t0.elapsed().as_secs_f64();
+        }
+        Ok(StepOutcome { loss, grad_norm })
+    }
+
+    /// Forward and backward of the micro-batch in `ids`/`labels`, adding its gradients (of
+    /// `loss_scale` × its mean loss) to the step's; returns its mean loss.
+    fn forward_backward(&mut self, loss_scale: f64) -> Result<Tensor> {
+        let n = self.model.ops.len();
         let loss = self
             .forward_range(0..n, true)?
             .ok_or_else(|| ExecError::Unsupported("the graph has no loss op".into()))?;
-        let local_loss = loss.double_value(&[]);
-
-        let world = self.comm.world() as f64;
         for i in (0..n).rev() {
             if let Some(b) = self.recomputed_block[i] {
                 if self.blocks.ops[b].last() == Some(&i) {
@@ -1111,7 +1155,7 @@ impl Executor {
                 }
             }
             let g = if self.model.ops[i].kind == OpKind::CrossEntropy {
-                Some(Tensor::from(1.0 / world))
+                Some(Tensor::from(loss_scale))
             } else {
                 self.grads[i].take()
             };
@@ -1130,20 +1174,7 @@ impl Executor {
             self.drop_extras(i);
             self.drop_out(i);
         }
-        self.ids = None;
-        self.labels = None;
-
-        let grad_norm = self.optimizer_step()?;
-        let loss = self
-            .comm
-            .all_reduce(&Tensor::from(local_loss))?
-            .double_value(&[])
-            / world;
-        if let Some(p) = self.profile.as_mut() {
-            p.optimizer_s += alloc_s;
-            p.step_s = step_t0.elapsed().as_secs_f64();
-        }
-        Ok(StepOutcome { loss, grad_norm })
+        Ok(loss)
     }
 
     fn optimizer_step(&mut self) -> Result<f64> {

@@ -31,6 +31,8 @@ pub enum Action {
     SplitUp,
     SplitDown,
     CycleBatch,
+    /// The global batch: highest throughput (none fixed), then GPUs × 1, 2, 4, … 1024.
+    CycleGlobalBatch,
     CyclePin,
     FocusNext,
     Up,
@@ -121,6 +123,8 @@ pub struct App {
     pub max_split: u32,
     /// `None`: search the micro-batch.
     pub batch: Option<u64>,
+    /// Samples per optimizer step over all ranks; `None`: highest throughput at any batch.
+    pub global_batch: Option<u64>,
     pub pins: Vec<(usize, Choice)>,
     pub plan: Option<PlanReady>,
     pub pending: bool,
@@ -160,6 +164,7 @@ impl App {
             budgets,
             max_split,
             batch: None,
+            global_batch: None,
             pins: Vec::new(),
             plan: None,
             pending: false,
@@ -214,6 +219,11 @@ impl App {
         self.budgets.iter().copied().min().unwrap_or(0)
     }
 
+    /// Data-parallel ranks of the layout.
+    pub fn ranks(&self) -> u32 {
+        self.layout.world_size().max(1)
+    }
+
     pub fn request(&mut self) -> PlanRequest {
         self.next_request += 1;
         PlanRequest {
@@ -221,6 +231,7 @@ impl App {
             budget_bytes: self.budget(),
             max_split: self.max_split,
             batch: self.batch,
+            global_batch: self.global_batch,
             pins: self.pins.clone(),
         }
     }
@@ -355,7 +366,7 @@ impl App {
             plan_json: &json,
             ranks,
             world_size: world,
-            global_batch: planned.plan.batch * world as u64,
+            global_batch: planned.plan.batch * planned.plan.accumulation * world as u64,
             predicted: Some(predicted),
         };
         match crate::run::Supervisor::start(&t.spec, t.dir.clone(), &launch) {
@@ -532,10 +543,31 @@ impl App {
             }
             Action::CycleBatch => {
                 const FIXED: [u64; 6] = [1, 2, 4, 8, 16, 32];
+                // At a fixed global batch, only micro-batches that divide each rank's share.
+                let per_rank = self.global_batch.map(|g| g / u64::from(self.ranks()));
+                let fits = |f: &u64| per_rank.is_none_or(|p| p % f == 0);
                 self.batch = match self.batch {
-                    None => Some(FIXED[0]),
-                    Some(b) => FIXED.iter().copied().find(|&f| f > b),
+                    None => FIXED.iter().copied().find(fits),
+                    Some(b) => FIXED.iter().copied().filter(fits).find(|&f| f > b),
                 };
+                replan = true;
+            }
+            Action::CycleGlobalBatch => {
+                let ranks = u64::from(self.ranks());
+                let next = match self.global_batch {
+                    None => Some(ranks),
+                    Some(g) if g < ranks * 1024 => {
+                        Some((g / ranks + 1).next_power_of_two() * ranks)
+                    }
+                    Some(_) => None,
+                };
+                self.global_batch = next;
+                // A fixed micro-batch that no longer divides a rank's share goes back to auto.
+                if let (Some(g), Some(b)) = (self.global_batch, self.batch) {
+                    if (g / ranks) % b != 0 {
+                        self.batch = None;
+                    }
+                }
                 replan = true;
             }
             Action::CyclePin => {

@@ -98,7 +98,7 @@ pub fn draw(app: &App, f: &mut Frame) {
             Style::new().fg(Color::Yellow),
         )),
         (None, None) => Line::from(Span::styled(
-            " +/- budget  ]/[ split  b batch  p pin  g graph  s start  x stop  r restart  ? help  q quit",
+            " +/- budget  ]/[ split  b/B batch  p pin  g graph  s start  x stop  r restart  ? help  q quit",
             Style::new().fg(Color::DarkGray),
         )),
     };
@@ -154,28 +154,30 @@ fn draw_header(app: &App, f: &mut Frame, area: Rect) {
         Some(ready) => match &ready.result {
             Ok(p) => {
                 let pr = &p.prediction;
-                let ratio = |k: usize| {
-                    ready.baselines[k]
-                        .as_ref()
-                        .map(|b| {
-                            format!(
-                                "{:.2}×",
-                                pr.throughput_samples_per_s / b.prediction.throughput_samples_per_s
-                            )
-                        })
-                        .unwrap_or_else(|| "—".into())
-                };
                 let over = pr.peak_memory_bytes > budget;
-                lines.push(Line::from(vec![
-                    Span::raw(format!("micro-batch {} ({batch_mode}) · ", pr.batch_size)),
+                // Narrow terminals keep what decides a run: batch, speed, memory, step time.
+                let wide = area.width >= 110;
+                let batch = if wide {
+                    format!(
+                        "global batch {} = {} ({batch_mode}) · ",
+                        pr.global_batch,
+                        batch_breakdown(pr)
+                    )
+                } else {
+                    format!(
+                        "global batch {} = {}×{} · ",
+                        pr.global_batch,
+                        crate::report::batch_label(pr),
+                        pr.global_batch / (pr.batch_size * pr.accumulation).max(1)
+                    )
+                };
+                let mut spans = vec![
+                    Span::raw(batch),
                     Span::styled(
                         format!("{:.1} samples/s", pr.throughput_samples_per_s),
                         Style::new().bold().fg(Color::Green),
                     ),
-                    Span::raw(format!(
-                        " · {}/s tokens · peak ",
-                        units::count(pr.tokens_per_s as u64)
-                    )),
+                    Span::raw(" · peak "),
                     Span::styled(
                         format!(
                             "{} / {}",
@@ -184,8 +186,15 @@ fn draw_header(app: &App, f: &mut Frame, area: Rect) {
                         ),
                         Style::new().fg(if over { Color::Red } else { Color::Reset }),
                     ),
-                    Span::raw(format!(" · vs DDP {} · vs FSDP {}", ratio(0), ratio(2))),
-                ]));
+                    Span::raw(format!(" · step {}", units::seconds(pr.step_time_s))),
+                ];
+                if wide {
+                    spans.push(Span::raw(format!(
+                        " · {}/s tokens",
+                        units::count(pr.tokens_per_s as u64)
+                    )));
+                }
+                lines.push(Line::from(spans));
             }
             Err(nf) => lines.push(Line::from(Span::styled(
                 format!(
@@ -208,8 +217,17 @@ fn draw_header(app: &App, f: &mut Frame, area: Rect) {
             )
         })
         .unwrap_or_default();
+    // Against the baselines a user would otherwise run, at the same budget and batch.
+    let versus_all = match app.plan.as_ref().map(|r| (&r.result, &r.baselines)) {
+        Some((Ok(p), baselines)) => format!(
+            "vs DDP {} · vs FSDP {} · ",
+            versus(&p.prediction, baselines, crate::cost::Strategy::Dp),
+            versus(&p.prediction, baselines, crate::cost::Strategy::Zero3)
+        ),
+        _ => String::new(),
+    };
     lines.push(Line::from(format!(
-        "budget {} per GPU · max split {} · {} pinned · {}{}",
+        "budget {} per GPU · split ≤ {} · {} pinned · {versus_all}{}{}",
         units::bytes(budget),
         app.max_split,
         app.pins.len(),
@@ -682,6 +700,7 @@ fn draw_help(f: &mut Frame, area: Rect) {
         Line::from("           (the selected GPU's when the GPU panel has focus)"),
         Line::from("] / [      raise / lower the operator split limit"),
         Line::from("b          micro-batch: auto, then 1, 2, 4, … fixed"),
+        Line::from("B          global batch: any (highest samples/s), then GPUs × 1, 2, 4, …"),
         Line::from("p          pin the selected op: dp, zero1, zero2, zero3, none"),
         Line::from("g          show the selected block's graph / the frontier chart"),
         Line::from("Tab        move focus between operators and GPUs"),
@@ -830,4 +849,50 @@ fn draw_graph(app: &App, f: &mut Frame, area: Rect) {
         Paragraph::new(graph_lines(app, b)).block(Block::bordered().title(title)),
         area,
     );
+}
+
+/// `8 × 4 accum × 16 ranks`: how a step's samples are made.
+fn batch_breakdown(p: &crate::plan::Prediction) -> String {
+    let ranks = p.global_batch / (p.batch_size * p.accumulation).max(1);
+    if p.accumulation > 1 {
+        format!(
+            "{} × {} accum × {ranks} ranks",
+            p.batch_size, p.accumulation
+        )
+    } else {
+        format!("{} × {ranks} ranks", p.batch_size)
+    }
+}
+
+/// The plan against the faster of a baseline with and without checkpointing, named with the
+/// batch it runs at (`1.26× fsdp+ckpt @ 8`), or what it would need (`needs ≥ 25 GiB`).
+fn versus(
+    pr: &crate::plan::Prediction,
+    baselines: &[(
+        crate::plan::baseline::Baseline,
+        crate::plan::baseline::Outcome,
+    )],
+    strategy: crate::cost::Strategy,
+) -> String {
+    use crate::plan::baseline::{best_of, Outcome};
+    if let Some((b, p)) = best_of(baselines, strategy) {
+        return format!(
+            "{:.2}× {} @ {}",
+            pr.throughput_samples_per_s / p.prediction.throughput_samples_per_s,
+            b.name(),
+            crate::report::batch_label(&p.prediction)
+        );
+    }
+    let needs = baselines
+        .iter()
+        .filter(|(b, _)| b.strategy == strategy)
+        .filter_map(|(_, o)| match o {
+            Outcome::Needs(n) if *n < u64::MAX => Some(*n),
+            _ => None,
+        })
+        .min();
+    match needs {
+        Some(n) => format!("— needs ≥ {}", units::bytes(n)),
+        None => "— does not fit".into(),
+    }
 }

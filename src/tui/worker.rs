@@ -8,8 +8,8 @@ use std::time::Instant;
 
 use crate::cost::{Choice, Machine};
 use crate::model::ModelSpec;
+use crate::plan::baseline::{self, Baseline, Outcome};
 use crate::plan::{NoFit, PlanOptions, Planned, Planner};
-use crate::report::{adopt_baselines, baselines};
 
 /// What to plan.
 #[derive(Debug, Clone, PartialEq)]
@@ -18,6 +18,8 @@ pub struct PlanRequest {
     pub budget_bytes: u64,
     pub max_split: u32,
     pub batch: Option<u64>,
+    /// Samples per optimizer step over all ranks, when the user fixed it.
+    pub global_batch: Option<u64>,
     pub pins: Vec<(usize, Choice)>,
 }
 
@@ -26,8 +28,8 @@ pub struct PlanRequest {
 pub struct PlanReady {
     pub id: u64,
     pub result: Result<Planned, NoFit>,
-    /// DDP, ZeRO-2, ZeRO-3 everywhere.
-    pub baselines: [Option<Planned>; 3],
+    /// Every baseline of [`Baseline::ALL`] at the same budget and batch.
+    pub baselines: Vec<(Baseline, Outcome)>,
     /// (peak bytes, samples/s) of the best plans over budgets.
     pub curve: Vec<(u64, f64)>,
     pub elapsed_ms: f64,
@@ -73,6 +75,7 @@ pub fn plan_now(
 fn options(r: &PlanRequest) -> PlanOptions {
     PlanOptions {
         batch: r.batch,
+        global_batch: r.global_batch,
         max_split: r.max_split,
         recompute: true,
         pins: r.pins.clone(),
@@ -88,10 +91,11 @@ fn finish(
     started: Instant,
     reused: bool,
 ) -> PlanReady {
-    let baselines = baselines(model, machine, r.budget_bytes, r.batch);
+    let opts = options(r);
+    let baselines = baseline::baselines(model, machine, r.budget_bytes, &opts);
     let mut result = planner.best(r.budget_bytes);
     if let Ok(best) = &mut result {
-        adopt_baselines(best, &baselines, !r.pins.is_empty());
+        baseline::adopt(best, &baselines, &opts);
     }
     PlanReady {
         id: r.id,

@@ -30,10 +30,10 @@ pub fn osdp() -> Command {
     cmd
 }
 
-/// Most memory a refusal of bad input may take (address space, as `prlimit --as`).
+/// Most memory a refusal of bad input may take (data, as `prlimit --data`).
 pub const REFUSAL_MEMORY_BYTES: u64 = 1_000_000_000;
 
-/// `osdp-tui` as a hostile input meets it: at most [`REFUSAL_MEMORY_BYTES`] of address space
+/// `osdp-tui` as a hostile input meets it: at most [`REFUSAL_MEMORY_BYTES`] of data
 /// (an allocation beyond fails, which a Rust program reports by aborting) and killed after 20 s,
 /// generous for a command that should answer in well under a second.
 pub fn osdp_bounded() -> Command {
@@ -47,7 +47,10 @@ pub fn osdp_bounded() -> Command {
                 rlim_cur: REFUSAL_MEMORY_BYTES as libc::rlim_t,
                 rlim_max: REFUSAL_MEMORY_BYTES as libc::rlim_t,
             };
-            if libc::setrlimit(libc::RLIMIT_AS, &limit) != 0 {
+            // The data limit, not the address space: a trainer build maps libtorch's CUDA
+            // libraries (gigabytes of code, never resident) before main runs; what a hostile
+            // input can make it allocate is data.
+            if libc::setrlimit(libc::RLIMIT_DATA, &limit) != 0 {
                 return Err(std::io::Error::last_os_error());
             }
             Ok(())

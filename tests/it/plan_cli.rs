@@ -3,8 +3,8 @@
 use osdp_tui::cluster::read_layout;
 use osdp_tui::cost::Machine;
 use osdp_tui::model::read_model;
+use osdp_tui::plan::plan_with_baselines;
 use osdp_tui::plan::{evaluate, PlanFile, PlanOptions};
-use osdp_tui::report::plan_with_baselines;
 
 use crate::{json_ok, osdp, root, stdout_ok};
 
@@ -74,9 +74,22 @@ fn plan_json_and_evaluate_agree() {
         assert!(!op[key].is_null(), "op missing {key}");
     }
     let tput = p["throughput_samples_per_s"].as_f64().unwrap();
-    for b in ["ddp", "zero2", "zero3"] {
-        if let Some(t) = p["baselines"][b]["throughput_samples_per_s"].as_f64() {
-            assert!(tput >= t, "plan {tput} below {b} {t}");
+    for b in [
+        "ddp",
+        "ddp+ckpt",
+        "zero2",
+        "zero2+ckpt",
+        "fsdp",
+        "fsdp+ckpt",
+    ] {
+        let baseline = &p["baselines"][b];
+        assert!(
+            baseline["fits"].is_boolean(),
+            "baseline {b} missing: {baseline}"
+        );
+        match baseline["throughput_samples_per_s"].as_f64() {
+            Some(t) => assert!(tput >= t, "plan {tput} below {b} {t}"),
+            None => assert!(baseline["needs_bytes"].as_u64().unwrap() > 8 << 30, "{b}"),
         }
     }
     let e = evaluate_json("sample-models/gpt2-medium.json", file_s, "8GiB");
@@ -267,8 +280,15 @@ fn every_sample_plans_at_least_as_well_as_the_baselines() {
                     .unwrap_or_else(|_| panic!("{}: {budget} fits", model.name));
                 let p = &planned.prediction;
                 assert!(p.peak_memory_bytes <= budget, "{} at {budget}", model.name);
-                for b in baselines.iter().flatten() {
-                    assert!(p.throughput_samples_per_s >= b.prediction.throughput_samples_per_s);
+                for (b, o) in &baselines {
+                    if let Some(bp) = o.planned() {
+                        assert!(
+                            p.throughput_samples_per_s >= bp.prediction.throughput_samples_per_s,
+                            "{} at {budget}: {} beats the plan",
+                            model.name,
+                            b.name()
+                        );
+                    }
                 }
                 let file = PlanFile::new(&model, &layout.name, &planned.plan, Some(p));
                 let back = file.to_plan(&model).unwrap();

@@ -197,16 +197,28 @@ fn auto_batch_search_matches_exhaustive_over_the_ladder() {
 
 /// Every plan over `batches` as (peak bytes, samples/s): all choices per op, all recompute flags.
 fn all_plans(model: &ModelSpec, m: &Machine, batches: &[u64], max_split: u32) -> Vec<(u64, f64)> {
+    let pairs: Vec<(u64, u64)> = batches.iter().map(|&b| (b, 1)).collect();
+    all_plans_accumulated(model, m, &pairs, max_split)
+}
+
+/// [`all_plans`] over (micro-batch, accumulation) pairs.
+fn all_plans_accumulated(
+    model: &ModelSpec,
+    m: &Machine,
+    batches: &[(u64, u64)],
+    max_split: u32,
+) -> Vec<(u64, f64)> {
     let bases = cost::op_bases(model, m, 1);
     let options: Vec<Vec<Choice>> = bases.iter().map(|b| cost::choices(b, max_split)).collect();
     let layers = model.config.layers as usize;
     let mut out = Vec::new();
-    for &batch in batches {
+    for &(batch, accumulation) in batches {
         let mut idx = vec![0usize; options.len()];
         'plans: loop {
             for flags in 0..(1u32 << layers) {
                 let plan = Plan {
                     batch,
+                    accumulation,
                     choices: idx.iter().zip(&options).map(|(&i, o)| o[i]).collect(),
                     recompute: (0..layers).map(|l| flags >> l & 1 == 1).collect(),
                 };
@@ -272,4 +284,60 @@ fn pins_are_honoured() {
         .best(80 << 30)
         .unwrap();
     assert_eq!(p.plan.choices[up], pin);
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(12))]
+
+    /// At a fixed global batch the planner picks the micro-batch, the accumulation and every
+    /// op's choice exactly: the best over all of them by exhaustive enumeration, and every plan
+    /// runs exactly the global batch.
+    #[test]
+    fn at_a_fixed_global_batch_the_planner_matches_exhaustive_search(
+        hidden in prop::sample::select(vec![128u64, 512]),
+        seq in prop::sample::select(vec![64u64, 256]),
+        layout in prop::sample::select(vec!["a100-80gb-8x-nvlink", "osdp-paper-8x-titan-rtx-pcie3", "cpu"]),
+        per_rank in prop::sample::select(vec![1u64, 4, 6, 12]),
+        frac in 0.0f64..1.0,
+    ) {
+        let model = small_model(hidden, seq, 1000, 1, true);
+        let m = machine(layout, &model);
+        let global = per_rank * u64::from(m.ranks);
+        let options = PlanOptions { global_batch: Some(global), max_split: 2, ..Default::default() };
+        let pairs = osdp_tui::plan::batch_options(&options, m.ranks).unwrap();
+        prop_assert!(pairs.iter().all(|(b, a)| b * a == per_rank));
+        let plans = all_plans_accumulated(&model, &m, &pairs, 2);
+        let least = plans.iter().map(|p| p.0).min().unwrap();
+        let most = plans.iter().map(|p| p.0).max().unwrap();
+        let budget = least + ((most - least) as f64 * frac) as u64;
+        let want = plans.iter().filter(|p| p.0 <= budget).map(|p| p.1).fold(0.0, f64::max);
+        let got = Planner::new(&model, m.clone(), options, budget).best(budget).expect("fits");
+        prop_assert_eq!(got.prediction.global_batch, global);
+        prop_assert_eq!(got.plan.batch * got.plan.accumulation * u64::from(m.ranks), global);
+        prop_assert!(got.prediction.peak_memory_bytes <= budget);
+        prop_assert!(close(got.prediction.throughput_samples_per_s, want),
+            "budget {budget}: planner {} vs exhaustive {want}", got.prediction.throughput_samples_per_s);
+        prop_assert_eq!(evaluate(&model, &m, &got.plan), got.prediction);
+    }
+}
+
+#[test]
+fn a_global_batch_the_ranks_cannot_share_is_refused_with_the_nearest_that_can() {
+    let options = PlanOptions {
+        global_batch: Some(100),
+        ..Default::default()
+    };
+    let err = osdp_tui::plan::batch_options(&options, 8)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("96 and 104"), "{err}");
+    let options = PlanOptions {
+        global_batch: Some(96),
+        batch: Some(5),
+        ..Default::default()
+    };
+    let err = osdp_tui::plan::batch_options(&options, 8)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("1, 2, 3, 4, 6, 12"), "{err}");
 }

@@ -22,6 +22,7 @@ fn tiny(name: &str) -> ModelSpec {
 fn dp_plan(m: &ModelSpec) -> Plan {
     Plan {
         batch: GLOBAL_BATCH,
+        accumulation: 1,
         choices: m
             .ops
             .iter()
@@ -72,6 +73,7 @@ fn mixed_plan(m: &ModelSpec, per_rank_batch: u64) -> Plan {
         .collect();
     Plan {
         batch: per_rank_batch,
+        accumulation: 1,
         choices,
         recompute: (0..m.config.layers).map(|b| b % 2 == 1).collect(),
     }
@@ -81,6 +83,7 @@ fn mixed_plan(m: &ModelSpec, per_rank_batch: u64) -> Plan {
 fn zero3_plan(m: &ModelSpec, per_rank_batch: u64) -> Plan {
     Plan {
         batch: per_rank_batch,
+        accumulation: 1,
         choices: m
             .ops
             .iter()
@@ -187,6 +190,114 @@ fn check_equivalence(name: &str, relu: bool) {
             assert_same_params(&reference.final_params, &run.final_params, &what);
         }
     }
+}
+
+/// Gradient accumulation: a micro-batches of m samples train as one micro-batch of a·m, for
+/// every strategy, split and recompute mix at once, on 1, 2 and 4 ranks.
+#[test]
+fn accumulated_micro_batches_train_exactly_like_one_large_micro_batch() {
+    // AdamW hardly sees a gradient's scale, so the gradient norms are compared too: a wrong
+    // loss scale under accumulation shows there first.
+    let run = |cfg: &TrainConfig| {
+        let mut norms = Vec::new();
+        let summary = train::run(cfg, &AtomicBool::new(false), |ev| {
+            if let osdp_tui::run::WorkerEvent::Step { grad_norm, .. } = ev {
+                norms.push(*grad_norm);
+            }
+        })
+        .expect("training runs");
+        (summary, norms)
+    };
+    let m = tiny("tiny-gpt2");
+    for world in [1usize, 2, 4] {
+        let per_rank = GLOBAL_BATCH / world as u64;
+        let (whole, whole_norms) = run(&config(&m, mixed_plan(&m, per_rank), world, 8));
+        for micro in [1, per_rank / 2]
+            .into_iter()
+            .filter(|&b| b >= 1 && b < per_rank)
+        {
+            let mut plan = mixed_plan(&m, micro);
+            plan.accumulation = per_rank / micro;
+            let (accumulated, norms) = run(&config(&m, plan, world, 8));
+            let what = format!(
+                "{world} ranks, {} × {micro} accumulated vs 1 × {per_rank}",
+                per_rank / micro
+            );
+            assert_same_losses(&whole.losses, &accumulated.losses, &what);
+            assert_same_losses(&whole_norms, &norms, &format!("{what}, gradient norms"));
+            assert_same_params(&whole.final_params, &accumulated.final_params, &what);
+        }
+    }
+}
+
+/// The same through the command line: `train --global-batch` with a plan's smaller
+/// micro-batch runs the plan's accumulation and logs the losses of one large micro-batch.
+#[test]
+fn train_global_batch_accumulates_the_plans_micro_batches() {
+    let m = tiny("tiny-gpt2");
+    let dir = tempfile::tempdir().unwrap();
+    let losses_of = |micro: u64| {
+        let plan = write_plan(
+            dir.path(),
+            &m,
+            &mixed_plan(&m, micro),
+            &format!("p{micro}.json"),
+        );
+        let metrics = dir.path().join(format!("m{micro}.jsonl"));
+        let out = osdp()
+            .arg("train")
+            .arg(sample("tiny-gpt2"))
+            .arg("--plan")
+            .arg(&plan)
+            .args([
+                "--world-size",
+                "2",
+                "--global-batch",
+                "8",
+                "--steps",
+                "4",
+                "--metrics",
+            ])
+            .arg(&metrics)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        (
+            losses(&metrics),
+            String::from_utf8_lossy(&out.stderr).to_string(),
+        )
+    };
+    let (whole, _) = losses_of(4);
+    let (accumulated, log) = losses_of(2);
+    assert!(
+        log.contains("8 samples per step (2 × 2 micro-batches per rank)"),
+        "{log}"
+    );
+    assert_same_losses(
+        &whole,
+        &accumulated,
+        "--global-batch 8 at micro-batch 2 vs 4",
+    );
+    // A global batch the plan's micro-batches cannot make is refused before anything runs.
+    let plan = write_plan(dir.path(), &m, &mixed_plan(&m, 3), "p3.json");
+    let out = osdp()
+        .arg("train")
+        .arg(sample("tiny-gpt2"))
+        .arg("--plan")
+        .arg(&plan)
+        .args(["--world-size", "2", "--global-batch", "8", "--steps", "1"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("not a whole number of the plan's micro-batches of 3"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -531,7 +642,7 @@ fn bad_training_input_is_refused_before_anything_is_written() {
         .unwrap();
     unsplittable.choices[i] = Choice::zero3(256, 1);
     let bad = write_plan(dir.path(), &gpt, &unsplittable, "unsplittable.json");
-    refused(&["--metrics", m], &bad, "256 slices do not divide");
+    refused(&["--metrics", m], &bad, "cannot be split into 256 slices");
     refused(
         &[
             "--world-size",

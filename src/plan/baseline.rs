@@ -1,0 +1,248 @@
+//! The baselines a plan is measured against, set up the way their users run them: one strategy
+//! on every op — DDP, ZeRO-2, FSDP's `FULL_SHARD` (ZeRO-3) — with or without full activation
+//! checkpointing, each at its own best micro-batch (and, at a fixed global batch, the
+//! accumulation that goes with it) under the same budget. Comparing a plan that recomputes
+//! with a baseline that may not would flatter the plan.
+
+use crate::cost::{self, Choice, Machine, Strategy};
+use crate::model::ModelSpec;
+
+use super::search::{batch_ladder, batch_options};
+use super::{evaluate_with, Blocks, NoFit, Plan, PlanOptions, Planned, Planner};
+
+/// One baseline: a strategy everywhere, with or without full activation checkpointing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Baseline {
+    pub strategy: Strategy,
+    pub checkpointing: bool,
+}
+
+impl Baseline {
+    /// Every baseline, in the order reports list them.
+    pub const ALL: [Baseline; 6] = [
+        Baseline::new(Strategy::Dp, false),
+        Baseline::new(Strategy::Dp, true),
+        Baseline::new(Strategy::Zero2, false),
+        Baseline::new(Strategy::Zero2, true),
+        Baseline::new(Strategy::Zero3, false),
+        Baseline::new(Strategy::Zero3, true),
+    ];
+
+    const fn new(strategy: Strategy, checkpointing: bool) -> Baseline {
+        Baseline {
+            strategy,
+            checkpointing,
+        }
+    }
+
+    /// `ddp`, `ddp+ckpt`, `zero2`, `fsdp`, `fsdp+ckpt`: the names users know them by.
+    pub fn name(self) -> &'static str {
+        match (self.strategy, self.checkpointing) {
+            (Strategy::Dp, false) => "ddp",
+            (Strategy::Dp, true) => "ddp+ckpt",
+            (Strategy::Zero2, false) => "zero2",
+            (Strategy::Zero2, true) => "zero2+ckpt",
+            (Strategy::Zero3, false) => "fsdp",
+            (Strategy::Zero3, true) => "fsdp+ckpt",
+            (s, _) => s.as_str(),
+        }
+    }
+
+    /// The plan of this baseline at micro-batch `batch` and `accumulation`.
+    pub fn plan(self, model: &ModelSpec, batch: u64, accumulation: u64) -> Plan {
+        Plan {
+            batch,
+            accumulation,
+            choices: model
+                .ops
+                .iter()
+                .map(|op| {
+                    if cost::owns_params(op) {
+                        Choice::plain(self.strategy)
+                    } else {
+                        Choice::NONE
+                    }
+                })
+                .collect(),
+            recompute: vec![self.checkpointing; model.config.layers as usize],
+        }
+    }
+}
+
+/// How one baseline fares under the budget: its best plan, or the least budget it needs.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Outcome {
+    Fits(Box<Planned>),
+    /// Nothing fits; the smallest per-GPU budget any of its plans needs (`u64::MAX`: there is
+    /// no batch to run at all, e.g. a global batch the ranks cannot share).
+    Needs(u64),
+}
+
+impl Outcome {
+    pub fn planned(&self) -> Option<&Planned> {
+        match self {
+            Outcome::Fits(p) => Some(p),
+            Outcome::Needs(_) => None,
+        }
+    }
+}
+
+/// Every baseline of [`Baseline::ALL`] under `budget`, at the batch `options` fixes (a
+/// micro-batch, a global batch, or neither: the batch ladder up to what fits).
+pub fn baselines(
+    model: &ModelSpec,
+    machine: &Machine,
+    budget: u64,
+    options: &PlanOptions,
+) -> Vec<(Baseline, Outcome)> {
+    let listed = batch_options(options, machine.ranks).unwrap_or_default();
+    let candidates: Box<dyn Iterator<Item = (u64, u64)>> =
+        if listed.is_empty() && options.global_batch.is_none() {
+            // Far past anything that fits: the loop stops at the first batch nothing fits.
+            Box::new(batch_ladder().take_while(|&b| b <= 1 << 20).map(|b| (b, 1)))
+        } else {
+            Box::new(listed.into_iter())
+        };
+    let graph = cost::OpGraph::of(model);
+    let blocks = Blocks::of(model);
+    let mut best: Vec<Option<Planned>> = vec![None; Baseline::ALL.len()];
+    let mut least = vec![u64::MAX; Baseline::ALL.len()];
+    for (batch, accumulation) in candidates {
+        let mut bases = graph.bases(model, machine, batch);
+        cost::set_accumulation(&mut bases, accumulation);
+        let mut any_fits = false;
+        for (k, b) in Baseline::ALL.iter().enumerate() {
+            let plan = b.plan(model, batch, accumulation);
+            let prediction = evaluate_with(model, machine, &plan, &bases, &blocks);
+            let peak = prediction.peak_memory_bytes;
+            least[k] = least[k].min(peak);
+            if peak > budget {
+                continue;
+            }
+            any_fits = true;
+            let better = best[k].as_ref().is_none_or(|p| {
+                prediction.throughput_samples_per_s > p.prediction.throughput_samples_per_s
+            });
+            if better {
+                best[k] = Some(Planned { plan, prediction });
+            }
+        }
+        // Peaks grow with the micro-batch: once none fits, no larger one will.
+        if !any_fits && options.global_batch.is_none() && options.batch.is_none() {
+            break;
+        }
+    }
+    Baseline::ALL
+        .iter()
+        .zip(best.into_iter().zip(least))
+        .map(|(&b, (p, need))| {
+            (
+                b,
+                match p {
+                    Some(p) => Outcome::Fits(Box::new(p)),
+                    None => Outcome::Needs(need),
+                },
+            )
+        })
+        .collect()
+}
+
+/// The fastest FSDP baseline (with or without checkpointing), the one a plan's "vs FSDP" is
+/// measured against.
+pub fn best_of(
+    results: &[(Baseline, Outcome)],
+    strategy: Strategy,
+) -> Option<(Baseline, &Planned)> {
+    results
+        .iter()
+        .filter(|(b, _)| b.strategy == strategy)
+        .filter_map(|(b, o)| o.planned().map(|p| (*b, p)))
+        .max_by(|a, b| {
+            a.1.prediction
+                .throughput_samples_per_s
+                .total_cmp(&b.1.prediction.throughput_samples_per_s)
+        })
+}
+
+/// Take a baseline instead of the searched plan when it is faster: with a memory resolution
+/// the search may miss a plan within a few MiB of the budget, and a baseline must never beat
+/// the plan. Only baselines inside the search's space count: none when ops are pinned, and
+/// no checkpointing one when the search may not recompute.
+pub fn adopt(searched: &mut Planned, results: &[(Baseline, Outcome)], options: &PlanOptions) {
+    if !options.pins.is_empty() {
+        return;
+    }
+    for (b, o) in results {
+        let Some(p) = o.planned() else { continue };
+        if b.checkpointing && !options.recompute {
+            continue;
+        }
+        if p.prediction.throughput_samples_per_s > searched.prediction.throughput_samples_per_s {
+            *searched = p.clone();
+        }
+    }
+}
+
+/// Plan with the search and price every baseline at the same budget (and batch options).
+pub fn plan_with_baselines(
+    model: &ModelSpec,
+    machine: &Machine,
+    options: PlanOptions,
+    budget: u64,
+) -> Result<(Planned, Vec<(Baseline, Outcome)>), NoFit> {
+    let results = baselines(model, machine, budget, &options);
+    let mut best = Planner::new(model, machine.clone(), options.clone(), budget).best(budget)?;
+    adopt(&mut best, &results, &options);
+    Ok((best, results))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cluster::read_layout;
+    use crate::model::read_model;
+    use std::path::Path;
+
+    fn setup(model: &str, layout: &str) -> (ModelSpec, Machine) {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+        let model = read_model(&root.join(format!("sample-models/{model}.json"))).unwrap();
+        let layout = read_layout(&root.join(format!("layouts/{layout}.json"))).unwrap();
+        let m = Machine::new(&layout, &model);
+        (model, m)
+    }
+
+    #[test]
+    fn at_a_global_batch_every_baseline_runs_exactly_that_batch() {
+        let (model, m) = setup("gpt2-xl", "a100-80gb-8x-nvlink");
+        let options = PlanOptions {
+            global_batch: Some(512),
+            ..Default::default()
+        };
+        let results = baselines(&model, &m, 40 << 30, &options);
+        for (b, o) in &results {
+            let Outcome::Fits(p) = o else {
+                panic!("{} does not fit 40 GiB: {o:?}", b.name())
+            };
+            assert_eq!(p.prediction.global_batch, 512, "{}", b.name());
+            assert_eq!(p.plan.batch * p.plan.accumulation * 8, 512, "{}", b.name());
+        }
+        // Checkpointing fits a larger micro-batch, so it needs fewer micro-batches per step.
+        let fsdp = results[4].1.planned().unwrap();
+        let ckpt = results[5].1.planned().unwrap();
+        assert!(ckpt.plan.batch >= fsdp.plan.batch);
+    }
+
+    #[test]
+    fn a_baseline_that_does_not_fit_says_what_it_needs() {
+        let (model, m) = setup("gpt2-xl", "a100-80gb-8x-nvlink");
+        let results = baselines(&model, &m, 8 << 30, &PlanOptions::default());
+        let (_, ddp) = &results[0];
+        let Outcome::Needs(need) = ddp else {
+            panic!("DDP of gpt2-xl (16 bytes × 1.6 B parameters) fits 8 GiB: {ddp:?}")
+        };
+        assert!(*need > 8 << 30);
+        // And it is the least peak of DDP at micro-batch 1.
+        let one = crate::plan::evaluate(&model, &m, &Baseline::ALL[0].plan(&model, 1, 1));
+        assert_eq!(*need, one.peak_memory_bytes);
+    }
+}
