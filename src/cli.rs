@@ -54,9 +54,9 @@ pub struct Cli {
     #[arg(long, value_name = "N", value_parser = parse_fixed_batch)]
     batch: Option<u64>,
     /// Samples per optimizer step over all GPUs: plan micro-batch × accumulation for it
-    /// (B cycles it in the dashboard). Without it, the highest samples/s at any batch.
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
-    global_batch: Option<u64>,
+    /// (B cycles it). `any`: the highest samples/s at any batch. [default: as `plan`]
+    #[arg(long, value_name = "N|any")]
+    global_batch: Option<crate::plan::GlobalBatchArg>,
     /// The global batch in tokens (a multiple of the model's sequence length).
     #[arg(long, value_name = "T", value_parser = clap::value_parser!(u64).range(1..), conflicts_with = "global_batch")]
     tokens_per_step: Option<u64>,
@@ -132,6 +132,10 @@ enum Command {
         /// Budget to check the plan against [default: the device's memory].
         #[arg(long, value_parser = parse_budget)]
         budget: Option<u64>,
+        /// Price the plan's micro-batch at this global batch (samples per step over all
+        /// GPUs), with the accumulation that makes it [default: the plan's].
+        #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+        global_batch: Option<u64>,
     },
     /// Train with a plan: libtorch executor, local ranks, checkpoints that survive a change
     /// of plan (needs the `train` build feature).
@@ -197,9 +201,11 @@ struct PlanArgs {
     batch: BatchArg,
     /// Samples per optimizer step over all GPUs, as the training recipe fixes it: the planner
     /// picks the micro-batch and gradient accumulation (micro-batch × accumulation × GPUs =
-    /// N) that run it fastest. Without it, the plan of highest samples/s at any batch.
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
-    global_batch: Option<u64>,
+    /// N) that run it fastest. `any`: the highest samples/s at any batch, one micro-batch a
+    /// step. [default: GPU layouts, the tokens per step published runs use for the model's
+    /// size (GPT-3, Llama 2); the cpu layout, a step of about 2 s; with --batch alone, any]
+    #[arg(long, value_name = "N|any")]
+    global_batch: Option<crate::plan::GlobalBatchArg>,
     /// The global batch in tokens (a multiple of the model's sequence length).
     #[arg(long, value_name = "T", value_parser = clap::value_parser!(u64).range(1..), conflicts_with = "global_batch")]
     tokens_per_step: Option<u64>,
@@ -385,9 +391,10 @@ fn run(cli: Cli) -> Result<(), Failure> {
                 plan,
                 json,
                 budget,
+                global_batch,
             }),
             _,
-        ) => crate::report::evaluate(&model, &layout, &plan, budget, json),
+        ) => crate::report::evaluate(&model, &layout, &plan, budget, global_batch, json),
         (None, Some(model)) => dashboard(DashboardArgs {
             model,
             layout: cli.layout,
@@ -558,7 +565,7 @@ struct DashboardArgs {
     max_split: u32,
     once: bool,
     batch: Option<u64>,
-    global_batch: Option<u64>,
+    global_batch: Option<crate::plan::GlobalBatchArg>,
     tokens_per_step: Option<u64>,
     run_dir: Option<PathBuf>,
     checkpoint_every: u64,
@@ -636,7 +643,7 @@ fn dashboard(args: DashboardArgs) -> Result<(), Failure> {
         Err(e) => Err(e.clone()),
     };
     let local = first.as_ref().ok().filter(|s| !s.is_empty());
-    let (layout, notice) = match (&args.layout, local) {
+    let (layout, mut notice) = match (&args.layout, local) {
         (Some(p), _) => (read_layout(p).map_err(Failure::input)?, None),
         (None, Some(gpus)) => {
             let g = &gpus[0];
@@ -684,8 +691,34 @@ fn dashboard(args: DashboardArgs) -> Result<(), Failure> {
     if let Some(b) = args.batch {
         crate::plan::check_batch(&spec, b).map_err(|e| Failure::input(format!("--batch: {e}")))?;
     }
-    let global_batch = crate::plan::global_batch_of(&spec, args.global_batch, args.tokens_per_step)
-        .map_err(Failure::input)?;
+    let chosen = crate::plan::choose_global_batch(
+        &spec,
+        &crate::cost::Machine::new(&layout, &spec),
+        layout.device.kind == crate::cluster::DeviceKind::Cpu,
+        args.global_batch,
+        args.tokens_per_step,
+        args.batch,
+    )
+    .map_err(Failure::input)?;
+    let global_batch = chosen.samples();
+    if let crate::plan::GlobalBatch::Default(n) = chosen {
+        let tokens = n * spec.config.seq_len;
+        let why = if layout.device.kind == crate::cluster::DeviceKind::Cpu {
+            "a step of about 2 s here".to_string()
+        } else {
+            format!(
+                "{} tokens, as published runs of this size use",
+                crate::units::count(tokens)
+            )
+        };
+        let note = format!(
+            "global batch {n} ({why}); B changes it, --global-batch sets it, `any` for the most samples/s"
+        );
+        notice = Some(match notice {
+            Some(n) => format!("{n} · {note}"),
+            None => note,
+        });
+    }
     let batch_options = crate::plan::PlanOptions {
         batch: args.batch,
         global_batch,

@@ -236,6 +236,51 @@ pub(crate) fn evaluate_with(
     }
 }
 
+/// `--global-batch`: a number of samples, or `any` for the highest samples/s at any batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GlobalBatchArg {
+    Samples(u64),
+    Any,
+}
+
+impl std::str::FromStr for GlobalBatchArg {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        let s = s.trim();
+        if s == "any" {
+            return Ok(GlobalBatchArg::Any);
+        }
+        match s.parse::<u64>() {
+            Ok(n) if n >= 1 => Ok(GlobalBatchArg::Samples(n)),
+            _ => Err(format!(
+                "expected a number of samples per step or `any`, got {s:?}"
+            )),
+        }
+    }
+}
+
+/// The global batch a command plans for: `--global-batch N|any`, `--tokens-per-step T`, a
+/// fixed `--batch` alone (one micro-batch a step, as before global batches existed), or the
+/// default for the model and layout ([`default_global_batch`]).
+pub fn choose_global_batch(
+    model: &ModelSpec,
+    m: &Machine,
+    cpu: bool,
+    arg: Option<GlobalBatchArg>,
+    tokens: Option<u64>,
+    fixed_micro_batch: Option<u64>,
+) -> Result<GlobalBatch, String> {
+    if let Some(n) = global_batch_of(model, None, tokens)? {
+        return Ok(GlobalBatch::Given(n));
+    }
+    Ok(match (arg, fixed_micro_batch) {
+        (Some(GlobalBatchArg::Samples(n)), _) => GlobalBatch::Given(n),
+        (Some(GlobalBatchArg::Any), _) | (None, Some(_)) => GlobalBatch::Any,
+        (None, None) => GlobalBatch::Default(default_global_batch(model, m, cpu)),
+    })
+}
+
 /// The global batch in samples from `--global-batch N` or `--tokens-per-step T` (a whole
 /// number of the model's sequences).
 pub fn global_batch_of(
@@ -257,6 +302,66 @@ pub fn global_batch_of(
         ));
     }
     Ok(Some(tokens / seq))
+}
+
+/// What a plan's global batch is, and why.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GlobalBatch {
+    /// The user fixed it (`--global-batch`, `--tokens-per-step`).
+    Given(u64),
+    /// Chosen for the user: a batch a real run of this model would use (see
+    /// [`default_global_batch`]).
+    Default(u64),
+    /// None fixed: the highest samples/s at any batch (`--global-batch any`, or a fixed
+    /// `--batch` alone).
+    Any,
+}
+
+impl GlobalBatch {
+    pub fn samples(self) -> Option<u64> {
+        match self {
+            GlobalBatch::Given(n) | GlobalBatch::Default(n) => Some(n),
+            GlobalBatch::Any => None,
+        }
+    }
+}
+
+/// Tokens per optimizer step published runs use for a model of `params` parameters: GPT-3's
+/// (Brown et al. 2020, Table 2.1: 0.5 M tokens up to 760 M parameters, 1 M for 1.3–2.7 B, 2 M
+/// for 6.7–13 B) and Llama 2's 4 M (Touvron et al. 2023, Table 1) beyond.
+pub fn recipe_tokens_per_step(params: u64) -> u64 {
+    match params {
+        p if p < 1_000_000_000 => 1 << 19,
+        p if p < 5_000_000_000 => 1 << 20,
+        p if p < 50_000_000_000 => 1 << 21,
+        _ => 1 << 22,
+    }
+}
+
+/// Longest step the CPU default aims at: a first loss within seconds of pressing `s`.
+pub const CPU_DEFAULT_STEP_S: f64 = 2.0;
+
+/// The global batch a new user gets without `--global-batch`: on GPU layouts the published
+/// recipe's tokens per step for the model's size ([`recipe_tokens_per_step`]) in whole
+/// sequences; on CPU layouts the largest whose predicted DDP step stays within
+/// [`CPU_DEFAULT_STEP_S`]. Either way a power of two per rank (many micro-batches divide it),
+/// at least one sample per rank.
+pub fn default_global_batch(model: &ModelSpec, m: &Machine, cpu: bool) -> u64 {
+    let ranks = u64::from(m.ranks.max(1));
+    let per_rank = if cpu {
+        let step = |b: u64| evaluate(model, m, &uniform_plan(model, Strategy::Dp, b)).step_time_s;
+        let mut b = 1u64;
+        while b < 1 << 16 && step(b * 2) <= CPU_DEFAULT_STEP_S {
+            b *= 2;
+        }
+        b
+    } else {
+        let samples = recipe_tokens_per_step(model.param_count()) / model.config.seq_len.max(1);
+        let per_rank = (samples as f64 / ranks as f64).max(1.0);
+        // The nearest power of two, in log terms.
+        1u64 << (per_rank.log2().round() as u32).min(20)
+    };
+    per_rank * ranks
 }
 
 /// The same strategy on every op that owns parameters, no recomputation.

@@ -22,7 +22,7 @@ pub struct PlanRequest {
     pub budget: Option<u64>,
     pub budget_per_gpu: Vec<u64>,
     pub batch: Option<u64>,
-    pub global_batch: Option<u64>,
+    pub global_batch: Option<crate::plan::GlobalBatchArg>,
     pub tokens_per_step: Option<u64>,
     pub max_split: u32,
     pub recompute: bool,
@@ -206,6 +206,9 @@ struct PlanOut<'a> {
     timing_source: String,
     prediction: &'a Prediction,
     ops: Vec<OpOut<'a>>,
+    /// `given` (--global-batch, --tokens-per-step), `default` (chosen for the model and
+    /// layout) or `any` (the most samples/s at any batch).
+    global_batch_source: &'static str,
     /// By name: ddp, ddp+ckpt, zero2, zero2+ckpt, fsdp, fsdp+ckpt.
     baselines: std::collections::BTreeMap<&'static str, BaselineOut>,
 }
@@ -242,8 +245,16 @@ pub fn plan(req: PlanRequest) -> Result<(), Failure> {
     if let Some(b) = req.batch {
         crate::plan::check_batch(&spec, b).map_err(|e| Failure::input(format!("--batch: {e}")))?;
     }
-    let global_batch = plan::global_batch_of(&spec, req.global_batch, req.tokens_per_step)
-        .map_err(Failure::input)?;
+    let chosen = plan::choose_global_batch(
+        &spec,
+        &machine,
+        layout.device.kind == crate::cluster::DeviceKind::Cpu,
+        req.global_batch,
+        req.tokens_per_step,
+        req.batch,
+    )
+    .map_err(Failure::input)?;
+    let global_batch = chosen.samples();
     let options = PlanOptions {
         batch: req.batch,
         global_batch,
@@ -296,6 +307,11 @@ pub fn plan(req: PlanRequest) -> Result<(), Failure> {
                     time_s: prediction.ops[i].time_s,
                 })
                 .collect(),
+            global_batch_source: match chosen {
+                plan::GlobalBatch::Given(_) => "given",
+                plan::GlobalBatch::Default(_) => "default",
+                plan::GlobalBatch::Any => "any",
+            },
             baselines: baselines
                 .iter()
                 .map(|(b, o)| (b.name(), BaselineOut::of(*b, o)))
@@ -315,6 +331,21 @@ pub fn plan(req: PlanRequest) -> Result<(), Failure> {
             .unwrap_or_default()
     );
     print_prediction("plan", &prediction);
+    match chosen {
+        plan::GlobalBatch::Default(n) => println!(
+            "  global batch {n} is the default ({}); --global-batch N sets it, `any` plans for the most samples/s",
+            if layout.device.kind == crate::cluster::DeviceKind::Cpu {
+                "a step of about 2 s on this layout".to_string()
+            } else {
+                format!(
+                    "{} tokens per step, as published runs of a model this size use",
+                    units::count(n * spec.config.seq_len)
+                )
+            }
+        ),
+        plan::GlobalBatch::Any => println!("  global batch: any (the most samples/s)"),
+        plan::GlobalBatch::Given(_) => {}
+    }
     println!("  prices: {}", machine.timing_source());
     println!("  searched in {search_ms:.2} ms (baselines included)");
     println!();
@@ -454,10 +485,21 @@ pub fn evaluate(
     layout: &Path,
     plan_path: &Path,
     budget: Option<u64>,
+    global_batch: Option<u64>,
     json: bool,
 ) -> Result<(), Failure> {
     let (spec, layout) = load(model, layout)?;
-    let plan = plan::read_plan(plan_path, &spec).map_err(Failure::input)?;
+    let mut plan = plan::read_plan(plan_path, &spec).map_err(Failure::input)?;
+    if let Some(g) = global_batch {
+        let options = PlanOptions {
+            batch: Some(plan.batch),
+            global_batch: Some(g),
+            ..Default::default()
+        };
+        let pairs = plan::batch_options(&options, layout.world_size())
+            .map_err(|e| Failure::input(format!("--global-batch: {e}")))?;
+        plan.accumulation = pairs.first().map_or(1, |&(_, a)| a);
+    }
     let machine = Machine::new(&layout, &spec);
     let p = plan::evaluate(&spec, &machine, &plan);
     let budget = budget.unwrap_or_else(|| layout.memory_bytes());

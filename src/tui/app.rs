@@ -61,6 +61,9 @@ pub enum Confirm {
     StartUnpriced,
     /// Quitting would stop the run.
     QuitWhileRunning,
+    /// Restarting under the plan on screen would change the run's global batch (samples per
+    /// optimizer step), which changes how it converges.
+    RestartNewBatch { from: u64, to: u64 },
 }
 
 /// Launching training from the dashboard: where runs go and how workers start.
@@ -422,6 +425,26 @@ impl App {
     }
 
     fn restart_run(&mut self) {
+        let running = self
+            .training
+            .as_ref()
+            .and_then(|t| t.run_plan.as_ref())
+            .map(|p| p.prediction.global_batch);
+        let next = self
+            .plan
+            .as_ref()
+            .and_then(|r| r.result.as_ref().ok())
+            .map(|p| p.prediction.global_batch);
+        if let (Some(from), Some(to)) = (running, next) {
+            if from != to {
+                self.confirm = Some(Confirm::RestartNewBatch { from, to });
+                return;
+            }
+        }
+        self.restart_confirmed();
+    }
+
+    fn restart_confirmed(&mut self) {
         let Some(t) = self.training.as_mut() else {
             return self.start_run(false);
         };
@@ -483,6 +506,7 @@ impl App {
             if action == Action::Yes {
                 match question {
                     Confirm::StartUnpriced => self.start_run(true),
+                    Confirm::RestartNewBatch { .. } => self.restart_confirmed(),
                     Confirm::QuitWhileRunning => {
                         if let Some(t) = self.training.as_mut() {
                             t.quit_when_stopped = true;

@@ -93,6 +93,13 @@ pub fn draw(app: &App, f: &mut Frame) {
             " a run is going: stop it (checkpoint) and quit? y / n",
             Style::new().fg(Color::Black).bg(Color::Yellow),
         )),
+        (Some(Confirm::RestartNewBatch { from, to }), _) => Line::from(Span::styled(
+            format!(
+                " restarting changes the global batch from {from} to {to} samples per step \
+                 (B sets it): restart anyway? y / n"
+            ),
+            Style::new().fg(Color::Black).bg(Color::Yellow),
+        )),
         (None, Some(m)) => Line::from(Span::styled(
             format!(" {m}"),
             Style::new().fg(Color::Yellow),
@@ -590,8 +597,11 @@ fn draw_training(app: &App, f: &mut Frame, area: Rect) {
     match last {
         Some(p) => {
             lines.push(Line::from(format!(
-                "step {} · loss {:.4} · {:.3} s/step",
-                p.step, p.loss, p.step_time_s
+                "step {} · loss {:.4} · {} a step measured · {} predicted",
+                p.step,
+                p.loss,
+                units::seconds(p.step_time_s),
+                pred.map_or("—".into(), |x| units::seconds(x.step_time_s))
             )));
             let (ps, pt) =
                 pred.map_or((0.0, 0.0), |x| (x.throughput_samples_per_s, x.tokens_per_s));
@@ -619,7 +629,14 @@ fn draw_training(app: &App, f: &mut Frame, area: Rect) {
                 measured.join(" ")
             )));
         }
-        None => lines.push(Line::from("waiting for the first step…")),
+        None => lines.push(Line::from(match pred {
+            Some(x) => format!(
+                "waiting for the first step (predicted {} a step, global batch {})…",
+                units::seconds(x.step_time_s),
+                x.global_batch
+            ),
+            None => "waiting for the first step…".into(),
+        })),
     }
     let ckpt = match (&run.status.last_checkpoint, run.last_checkpoint_at) {
         (Some((step, _)), Some(at)) => {

@@ -135,6 +135,21 @@ fn start_replan_restart_and_stop_keep_the_step_count_and_the_loss_curve() {
         "the loss continues: {before} then {after}"
     );
 
+    // A restart that would change the global batch asks first; n keeps the run as it is.
+    press(&mut app, 'B');
+    run_until(&mut app, "the new plan", |a| !a.pending);
+    press(&mut app, 'r');
+    let screen = run_until(&mut app, "the question", |_| true);
+    assert!(
+        screen.contains("restarting changes the global batch from 8 to 2"),
+        "{screen}"
+    );
+    press(&mut app, 'n');
+    std::thread::sleep(Duration::from_millis(300));
+    let screen = run_until(&mut app, "a redraw", |_| true);
+    assert_eq!(segments(&app).len(), 2, "no restart after n:\n{screen}");
+    assert_eq!(state(&app), RunState::Running);
+
     press(&mut app, 'x');
     let screen = run_until(&mut app, "the stop", |a| state(a) == RunState::Idle);
     assert!(screen.contains("run: idle"), "{screen}");

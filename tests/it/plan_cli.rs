@@ -397,3 +397,122 @@ fn a_layout_with_a_bad_calibration_is_refused_naming_the_field() {
         "{err}"
     );
 }
+
+/// Without --global-batch a new user gets the batch a real run would use: on GPUs the tokens
+/// per step published runs of the model's size use, made of micro-batches with accumulation;
+/// on the cpu layout a step of a couple of seconds. `any` keeps the old objective.
+#[test]
+fn the_default_global_batch_is_a_real_runs_and_any_restores_the_most_samples_per_second() {
+    let xl = run_json(&[
+        "plan",
+        "sample-models/gpt2-xl.json",
+        "--layout",
+        "layouts/a100-80gb-8x-nvlink.json",
+        "--budget",
+        "16GiB",
+        "--json",
+    ]);
+    // 1.56 B parameters: GPT-3's 1 M tokens per step, 1,024 sequences of 1,024 tokens.
+    assert_eq!(xl["global_batch"], 1024, "{xl}");
+    assert_eq!(xl["global_batch_source"], "default");
+    let (micro, accum) = (
+        xl["batch_size"].as_u64().unwrap(),
+        xl["accumulation"].as_u64().unwrap(),
+    );
+    assert_eq!(micro * accum * 8, 1024);
+    assert!(
+        accum > 1,
+        "16 GiB cannot hold 128 sequences of gpt2-xl per GPU at once"
+    );
+    for b in ["fsdp", "fsdp+ckpt", "zero2"] {
+        let base = &xl["baselines"][b];
+        assert_eq!(
+            base["batch_size"].as_u64().unwrap() * base["accumulation"].as_u64().unwrap() * 8,
+            1024,
+            "{b} runs the same global batch: {base}"
+        );
+    }
+    let any = run_json(&[
+        "plan",
+        "sample-models/gpt2-xl.json",
+        "--layout",
+        "layouts/a100-80gb-8x-nvlink.json",
+        "--budget",
+        "16GiB",
+        "--global-batch",
+        "any",
+        "--json",
+    ]);
+    assert_eq!(any["global_batch_source"], "any");
+    assert_eq!(any["accumulation"], 1);
+    let cpu = run_json(&[
+        "plan",
+        "sample-models/tiny-gpt2.json",
+        "--layout",
+        "layouts/cpu.json",
+        "--json",
+    ]);
+    assert_eq!(cpu["global_batch_source"], "default");
+    assert!(cpu["step_time_s"].as_f64().unwrap() <= 2.0, "{cpu}");
+    // A global batch the GPUs cannot share says which ones they can.
+    let out = osdp()
+        .args([
+            "plan",
+            "sample-models/gpt2.json",
+            "--layout",
+            "layouts/a100-80gb-8x-nvlink.json",
+            "--global-batch",
+            "100",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("96 and 104"), "{err}");
+}
+
+/// A plan written at one global batch evaluates to the same figures, and `evaluate
+/// --global-batch` re-prices its micro-batch at another by accumulation.
+#[test]
+fn a_plan_file_keeps_its_accumulation_and_evaluate_can_change_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("plan.json");
+    let file_s = file.to_str().unwrap();
+    let p = run_json(&[
+        "plan",
+        "sample-models/gpt2-xl.json",
+        "--layout",
+        "layouts/a100-80gb-8x-nvlink.json",
+        "--budget",
+        "16GiB",
+        "--global-batch",
+        "512",
+        "--json",
+        "-o",
+        file_s,
+    ]);
+    let e = evaluate_json("sample-models/gpt2-xl.json", file_s, "16GiB");
+    assert_eq!(e["accumulation"], p["accumulation"]);
+    assert_eq!(e["global_batch"], 512);
+    assert_eq!(e["step_time_s"], p["step_time_s"]);
+    let twice = run_json(&[
+        "evaluate",
+        "sample-models/gpt2-xl.json",
+        "--layout",
+        "layouts/a100-80gb-8x-nvlink.json",
+        "--plan",
+        file_s,
+        "--global-batch",
+        "1024",
+        "--json",
+    ]);
+    assert_eq!(twice["global_batch"], 1024);
+    assert_eq!(
+        twice["accumulation"].as_u64().unwrap(),
+        2 * p["accumulation"].as_u64().unwrap()
+    );
+    // Same memory (accumulation adds none); nearly twice the time (the optimizer runs once).
+    assert_eq!(twice["peak_memory_bytes"], p["peak_memory_bytes"]);
+    let ratio = twice["step_time_s"].as_f64().unwrap() / p["step_time_s"].as_f64().unwrap();
+    assert!((1.8..2.0).contains(&ratio), "{ratio}");
+}
