@@ -36,7 +36,7 @@ pub struct TrainArgs {
     pub world_size: Option<usize>,
     /// Samples per optimizer step over all ranks, run as the plan's micro-batches with
     /// gradient accumulation [default: micro-batch × accumulation × world size, the global
-    /// batch the plan was made for].
+    /// batch the plan was made for; when resuming, the checkpoint's].
     #[arg(long, value_name = "N", value_parser = parse_global_batch)]
     pub global_batch: Option<u64>,
     /// Where the ranks compute. `cuda`: one process per GPU (launched by torchrun, srun or the
@@ -49,13 +49,15 @@ pub struct TrainArgs {
     /// Optimizer steps to run (after the resumed step, when resuming); 0 runs until stopped.
     #[arg(long, default_value_t = 100, value_name = "N")]
     pub steps: u64,
-    /// Seed of the initial weights and of the data order.
-    #[arg(long, default_value_t = 0)]
-    pub seed: u64,
+    /// Seed of the initial weights and of the data order [default: 0, or the checkpoint's
+    /// when resuming].
+    #[arg(long)]
+    pub seed: Option<u64>,
     /// Training text: `shakespeare` (built in), `random` (random tokens, for speed runs) or a
-    /// path to a text file (tokenised byte by byte).
-    #[arg(long, default_value = "shakespeare", value_name = "SOURCE")]
-    pub data: String,
+    /// path to a text file (tokenised byte by byte) [default: shakespeare, or the checkpoint's
+    /// when resuming].
+    #[arg(long, value_name = "SOURCE")]
+    pub data: Option<String>,
     /// Peak learning rate (AdamW, linear warm-up over the first 10 steps).
     #[arg(long, default_value_t = 1e-3, value_parser = parse_lr, allow_negative_numbers = true)]
     pub lr: f64,
@@ -267,9 +269,53 @@ pub fn train(args: TrainArgs) -> Result<(), Failure> {
     if world_size == 0 {
         return Err(Failure::input("--world-size must be at least 1"));
     }
-    let global_batch = args
-        .global_batch
+    let resume_from = resume_point(&args)?;
+    // A resumed run continues the same run: the global batch, seed and data the checkpoint
+    // was written with, unless the user says otherwise (then say so).
+    let resumed = match &resume_from {
+        Some(dir) => Some(crate::train::checkpoint::verify(dir).map_err(Failure::input)?),
+        None => None,
+    };
+    let mut notes: Vec<String> = Vec::new();
+    let mut inherit =
+        |what: &str, given: Option<String>, saved: Option<String>| match (given, saved) {
+            (Some(g), Some(s)) if g != s => {
+                notes.push(format!(
+                    "{what} {g} as given (the checkpoint's run used {s})"
+                ));
+                Some(g)
+            }
+            (Some(g), _) => Some(g),
+            (None, Some(s)) => {
+                notes.push(format!("{what} {s} from the checkpoint"));
+                Some(s)
+            }
+            (None, None) => None,
+        };
+    let global_batch_s = inherit(
+        "global batch",
+        args.global_batch.map(|g| g.to_string()),
+        resumed.as_ref().map(|m| m.global_batch.to_string()),
+    );
+    let seed_s = inherit(
+        "seed",
+        args.seed.map(|s| s.to_string()),
+        resumed.as_ref().map(|m| m.seed.to_string()),
+    );
+    let data_name = inherit(
+        "data",
+        args.data.clone(),
+        // Checkpoints from before data sources had names say only "text".
+        resumed
+            .as_ref()
+            .map(|m| m.data.clone())
+            .filter(|d| d != "text"),
+    )
+    .unwrap_or_else(|| "shakespeare".into());
+    let global_batch = global_batch_s
+        .and_then(|g| g.parse::<u64>().ok())
         .unwrap_or(plan.batch * plan.accumulation * world_size as u64);
+    let seed = seed_s.and_then(|s| s.parse::<u64>().ok()).unwrap_or(0);
     if global_batch == 0 || global_batch % world_size as u64 != 0 {
         return Err(Failure::input(format!(
             "world size {world_size} does not divide the global batch of {global_batch} samples"
@@ -286,7 +332,7 @@ pub fn train(args: TrainArgs) -> Result<(), Failure> {
         )));
     }
     let accumulation = (per_rank / plan.batch).max(1);
-    let source = match args.data.as_str() {
+    let source = match data_name.as_str() {
         "shakespeare" => data::Source::shakespeare(),
         "random" => data::Source::Random,
         path => {
@@ -299,10 +345,15 @@ pub fn train(args: TrainArgs) -> Result<(), Failure> {
                     model.config.seq_len + 1
                 )));
             }
-            data::Source::Text(Arc::new(bytes))
+            data::Source::Text {
+                name: path.to_string(),
+                bytes: Arc::new(bytes),
+            }
         }
     };
-    let resume_from = resume_point(&args)?;
+    if lead && !notes.is_empty() {
+        eprintln!("resuming with {}", notes.join(", "));
+    }
     if let Some(dir) = &args.checkpoint_dir {
         std::fs::create_dir_all(dir).map_err(|e| Failure::output(dir, e))?;
     }
@@ -327,7 +378,7 @@ pub fn train(args: TrainArgs) -> Result<(), Failure> {
         world_size,
         global_batch,
         steps: args.steps,
-        seed: args.seed,
+        seed,
         source,
         optim: OptimConfig {
             lr: args.lr,

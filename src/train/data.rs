@@ -10,20 +10,28 @@ pub const SHAKESPEARE: &[u8] = include_bytes!("../../data/shakespeare.txt");
 /// Where tokens come from.
 #[derive(Debug, Clone)]
 pub enum Source {
-    /// Byte-level tokens of a text.
-    Text(std::sync::Arc<Vec<u8>>),
+    /// Byte-level tokens of a text, with the name `--data` gave it (`shakespeare` or a path).
+    Text {
+        name: String,
+        bytes: std::sync::Arc<Vec<u8>>,
+    },
     /// Uniform random tokens below the vocabulary size.
     Random,
 }
 
 impl Source {
     pub fn shakespeare() -> Source {
-        Source::Text(std::sync::Arc::new(SHAKESPEARE.to_vec()))
+        Source::Text {
+            name: "shakespeare".into(),
+            bytes: std::sync::Arc::new(SHAKESPEARE.to_vec()),
+        }
     }
 
-    pub fn label(&self) -> &'static str {
+    /// What `--data` names it: `shakespeare`, `random` or the file's path. Checkpoints record
+    /// it, so a resumed run reads the same data.
+    pub fn label(&self) -> &str {
         match self {
-            Source::Text(_) => "text",
+            Source::Text { name, .. } => name,
             Source::Random => "random",
         }
     }
@@ -99,7 +107,7 @@ impl Sampler {
                     .wrapping_add(i as u64),
             );
             let window: Vec<i64> = match &self.source {
-                Source::Text(text) => {
+                Source::Text { bytes: text, .. } => {
                     let span = text.len().saturating_sub(self.seq + 1).max(1);
                     let start = (rng.next_u64() % span as u64) as usize;
                     (0..=self.seq)

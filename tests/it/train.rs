@@ -895,3 +895,47 @@ fn a_large_vocabulary_costs_what_the_ledger_counts() {
         ledger >> 20
     );
 }
+
+/// `--resume` continues the run the checkpoint holds: its global batch, seed and data unless
+/// the user gives others (and then says so), so a resume without repeating the flags trains
+/// exactly like the straight run.
+#[test]
+fn resume_takes_the_checkpoints_global_batch_seed_and_data() {
+    let m = tiny("tiny-gpt2");
+    let dir = tempfile::tempdir().unwrap();
+    let plan = write_plan(dir.path(), &m, &mixed_plan(&m, 4), "plan.json");
+    let run = |args: &[&str], ckpt: &str, metrics: &str| {
+        let out = osdp()
+            .arg("train")
+            .arg(sample("tiny-gpt2"))
+            .arg("--plan")
+            .arg(&plan)
+            .args(args)
+            .arg("--checkpoint-dir")
+            .arg(dir.path().join(ckpt))
+            .arg("--metrics")
+            .arg(dir.path().join(metrics))
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr).to_string();
+        assert!(out.status.success(), "{args:?}: {err}");
+        (losses(&dir.path().join(metrics)), err)
+    };
+    let recipe = ["--global-batch", "16", "--seed", "5", "--data", "random"];
+    let (straight, _) = run(&[&recipe[..], &["--steps", "6"]].concat(), "a", "a.jsonl");
+    run(&[&recipe[..], &["--steps", "3"]].concat(), "b", "b.jsonl");
+    let (resumed, log) = run(&["--resume", "--steps", "3"], "b", "b.jsonl");
+    assert!(
+        log.contains("global batch 16 from the checkpoint")
+            && log.contains("seed 5 from the checkpoint")
+            && log.contains("data random from the checkpoint"),
+        "{log}"
+    );
+    assert_same_losses(&straight, &resumed, "resumed without repeating the flags");
+    // An explicit flag wins, and the run says it differs from the checkpoint's.
+    let (_, log) = run(&["--resume", "--steps", "1", "--seed", "6"], "b", "b.jsonl");
+    assert!(
+        log.contains("seed 6 as given (the checkpoint's run used 5)"),
+        "{log}"
+    );
+}
