@@ -12,6 +12,7 @@ use crate::cost::{Choice, Machine, Strategy};
 use crate::model::{self, ModelSpec};
 use crate::plan::baseline::{Baseline, Outcome};
 use crate::plan::{self, plan_with_baselines, Blocks, PlanFile, PlanOptions, Planned, Prediction};
+use crate::text::printable;
 use crate::units;
 
 /// A checked `plan` command line.
@@ -322,8 +323,8 @@ pub fn plan(req: PlanRequest) -> Result<(), Failure> {
     }
     println!(
         "{} on {} ({} ranks), budget {} per GPU{}",
-        spec.name,
-        layout.name,
+        printable(&spec.name),
+        printable(&layout.name),
         layout.world_size(),
         units::bytes(budget),
         binding_gpu
@@ -346,7 +347,7 @@ pub fn plan(req: PlanRequest) -> Result<(), Failure> {
         plan::GlobalBatch::Any => println!("  global batch: any (the most samples/s)"),
         plan::GlobalBatch::Given(_) => {}
     }
-    println!("  prices: {}", machine.timing_source());
+    println!("  prices: {}", printable(&machine.timing_source()));
     println!("  searched in {search_ms:.2} ms (baselines included)");
     println!();
     print_plan_by_block(&spec, &plan, &blocks);
@@ -375,7 +376,7 @@ pub fn plan(req: PlanRequest) -> Result<(), Failure> {
         }
     }
     if let Some(path) = &req.output {
-        println!("\nwrote {}", path.display());
+        println!("\nwrote {}", printable(&path.display().to_string()));
     }
     Ok(())
 }
@@ -438,7 +439,7 @@ fn print_plan_by_block(spec: &ModelSpec, plan: &plan::Plan, blocks: &Blocks) {
             .map(|&i| {
                 let id = &spec.ops[i].id;
                 let short = id.split_once('.').map_or(id.as_str(), |(_, rest)| rest);
-                format!("{short}={}", plan.choices[i].label())
+                format!("{}={}", printable(short), plan.choices[i].label())
             })
             .collect();
         if plan.recompute[b] {
@@ -466,7 +467,7 @@ fn print_plan_by_block(spec: &ModelSpec, plan: &plan::Plan, blocks: &Blocks) {
         .iter()
         .enumerate()
         .filter(|(i, _)| blocks.of_op[*i].is_none() && plan.choices[*i].strategy != Strategy::None)
-        .map(|(i, o)| format!("{}={}", o.id, plan.choices[i].label()))
+        .map(|(i, o)| format!("{}={}", printable(&o.id), plan.choices[i].label()))
         .collect();
     println!("  {:<14}{}", "other", outside.join(" "));
 }
@@ -516,12 +517,12 @@ pub fn evaluate(
     }
     println!(
         "{} on {} ({} ranks)",
-        spec.name,
-        layout.name,
+        printable(&spec.name),
+        printable(&layout.name),
         layout.world_size()
     );
     print_prediction("plan", &p);
-    println!("  prices: {}", machine.timing_source());
+    println!("  prices: {}", printable(&machine.timing_source()));
     println!(
         "  {} the budget of {}",
         if fits { "fits" } else { "does NOT fit" },
