@@ -268,7 +268,14 @@ pub fn plan(req: PlanRequest) -> Result<(), Failure> {
     let started = Instant::now();
     let result = plan_with_baselines(&spec, &machine, options, budget);
     let search_ms = started.elapsed().as_secs_f64() * 1e3;
-    let (Planned { plan, prediction }, baselines) = result.map_err(|nf| Failure {
+    let (
+        Planned {
+            plan,
+            prediction,
+            coarsened_bytes,
+        },
+        baselines,
+    ) = result.map_err(|nf| Failure {
         code: EXIT_NO_FIT,
         message: format!(
             "no plan of {} fits {} per GPU on {}; the smallest budget that fits is {} ({} bytes)",
@@ -349,6 +356,12 @@ pub fn plan(req: PlanRequest) -> Result<(), Failure> {
     }
     println!("  prices: {}", printable(&machine.timing_source()));
     println!("  searched in {search_ms:.2} ms (baselines included)");
+    if coarsened_bytes > 0 {
+        println!(
+            "  note: the model has too many distinct transient sizes to search exactly; memory was resolved to {} (the peak may be that much above the best plan's)",
+            units::bytes(coarsened_bytes)
+        );
+    }
     println!();
     print_plan_by_block(&spec, &plan, &blocks);
     println!();

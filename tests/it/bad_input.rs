@@ -891,3 +891,46 @@ fn issue_21_names_cannot_drive_the_terminal() {
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["name"], hostile_name);
 }
+
+/// Issue 21: a model of a hundred distinct blocks (each with its own figures) has thousands of
+/// transient caps, each a sum over every class; the planner coarsens its memory resolution to
+/// stay within bounds and says so.
+#[test]
+fn issue_21_many_distinct_blocks_stay_within_bounds() {
+    let tmp = tempfile::tempdir().unwrap();
+    let config = serde_json::json!({
+        "model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "n_embd": 384,
+        "n_head": 6, "n_layer": 100, "n_positions": 256, "vocab_size": 256,
+        "activation_function": "gelu_new", "layer_norm_epsilon": 1e-5,
+        "tie_word_embeddings": true
+    });
+    import_config(tmp.path(), &config, &[]).assert().success();
+    let imported = tmp.path().join("out.json");
+    let mut model: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&imported).unwrap()).unwrap();
+    for op in model["ops"].as_array_mut().unwrap() {
+        if let Some(b) = op["block"].as_u64() {
+            let flops = op["fwd_flops_per_sample"].as_u64().unwrap();
+            op["fwd_flops_per_sample"] = (flops + b * 1000).into();
+            let saved = op["saved_bytes_per_sample"].as_u64().unwrap();
+            op["saved_bytes_per_sample"] = (saved + b * 64).into();
+        }
+    }
+    let model_path = tmp.path().join("hostile.json");
+    std::fs::write(&model_path, model.to_string()).unwrap();
+    let out = crate::osdp_bounded()
+        .args([
+            "plan",
+            model_path.to_str().unwrap(),
+            "--layout",
+            "layouts/h100-sxm-8x-nvlink.json",
+            "--global-batch",
+            "any",
+        ])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{out:?}");
+    assert!(stdout.contains("samples/s"), "{stdout}");
+    assert!(stdout.contains("memory was resolved to"), "{stdout}");
+}
