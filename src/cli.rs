@@ -10,6 +10,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 
 use crate::cluster::{read_layout, Layout};
 use crate::model::{self, hf, AttentionImpl, ModelSummary};
+use crate::text::printable;
 use crate::units;
 
 mod measure;
@@ -371,8 +372,8 @@ fn run(cli: Cli) -> Result<(), Failure> {
             model::write_model(&output, &spec).map_err(|e| Failure::output(&output, e))?;
             println!(
                 "wrote {}: {} ({} parameters, {} ops)",
-                output.display(),
-                spec.name,
+                printable(&output.display().to_string()),
+                printable(&spec.name),
                 units::thousands(spec.param_count()),
                 spec.ops.len()
             );
@@ -427,7 +428,7 @@ fn inspect(path: &Path, json: bool) -> Result<(), Failure> {
     let c = &spec.config;
     println!(
         "{} ({} family): {} parameters",
-        s.name,
+        printable(&s.name),
         s.family,
         units::count(s.params)
     );
@@ -473,16 +474,16 @@ fn show_layout(path: &Path, json: bool) -> Result<(), Failure> {
         return Ok(());
     }
     let d = &l.device;
-    println!("{}: {}", l.name, l.description);
+    println!("{}: {}", printable(&l.name), printable(&l.description));
     println!(
         "  {} node(s) × {} {} = {} ranks",
         l.nodes,
         l.gpus_per_node,
-        d.model,
+        printable(&d.model),
         l.world_size()
     );
     let row = |what: &str, value: String, source: &str| {
-        println!("  {what:<24}{value:<16}{source}");
+        println!("  {what:<24}{value:<16}{}", printable(source));
     };
     row(
         "memory",
@@ -579,10 +580,10 @@ fn run_status(dir: &Path, json: bool) -> Result<(), Failure> {
         crate::report::print_json(&status);
         return Ok(());
     }
-    let model = status.model.as_deref().unwrap_or("?");
+    let model = printable(status.model.as_deref().unwrap_or("?"));
     println!(
         "run {} · {model} · {} rank(s) · {} samples per step",
-        dir.display(),
+        printable(&dir.display().to_string()),
         status.world_size,
         status.global_batch
     );
@@ -612,12 +613,12 @@ fn run_status(dir: &Path, json: bool) -> Result<(), Failure> {
         None => println!("no step yet"),
     }
     match &status.last_checkpoint {
-        Some((step, path)) => println!("last checkpoint: step {step} ({path})"),
+        Some((step, path)) => println!("last checkpoint: step {step} ({})", printable(path)),
         None => println!("no checkpoint yet"),
     }
     let state = match (&status.ended, status.failed, status.checkpointing) {
-        (Some(m), true, _) => format!("failed: {m}"),
-        (Some(r), false, _) => format!("stopped ({r})"),
+        (Some(m), true, _) => format!("failed: {}", printable(m)),
+        (Some(r), false, _) => format!("stopped ({})", printable(r)),
         (None, _, Some(s)) => format!("checkpointing step {s}"),
         (None, _, None) => "running (or killed without a word: see worker.log)".into(),
     };

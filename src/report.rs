@@ -12,6 +12,7 @@ use crate::cost::{Choice, Machine, Strategy};
 use crate::model::{self, ModelSpec};
 use crate::plan::baseline::{Baseline, Outcome};
 use crate::plan::{self, plan_with_baselines, Blocks, PlanFile, PlanOptions, Planned, Prediction};
+use crate::text::printable;
 use crate::units;
 
 /// A checked `plan` command line.
@@ -267,7 +268,14 @@ pub fn plan(req: PlanRequest) -> Result<(), Failure> {
     let started = Instant::now();
     let result = plan_with_baselines(&spec, &machine, options, budget);
     let search_ms = started.elapsed().as_secs_f64() * 1e3;
-    let (Planned { plan, prediction }, baselines) = result.map_err(|nf| Failure {
+    let (
+        Planned {
+            plan,
+            prediction,
+            coarsened_bytes,
+        },
+        baselines,
+    ) = result.map_err(|nf| Failure {
         code: EXIT_NO_FIT,
         message: format!(
             "no plan of {} fits {} per GPU on {}; the smallest budget that fits is {} ({} bytes)",
@@ -322,8 +330,8 @@ pub fn plan(req: PlanRequest) -> Result<(), Failure> {
     }
     println!(
         "{} on {} ({} ranks), budget {} per GPU{}",
-        spec.name,
-        layout.name,
+        printable(&spec.name),
+        printable(&layout.name),
         layout.world_size(),
         units::bytes(budget),
         binding_gpu
@@ -346,8 +354,14 @@ pub fn plan(req: PlanRequest) -> Result<(), Failure> {
         plan::GlobalBatch::Any => println!("  global batch: any (the most samples/s)"),
         plan::GlobalBatch::Given(_) => {}
     }
-    println!("  prices: {}", machine.timing_source());
+    println!("  prices: {}", printable(&machine.timing_source()));
     println!("  searched in {search_ms:.2} ms (baselines included)");
+    if coarsened_bytes > 0 {
+        println!(
+            "  note: the model has too many distinct transient sizes to search exactly; memory was resolved to {} (the peak may be that much above the best plan's)",
+            units::bytes(coarsened_bytes)
+        );
+    }
     println!();
     print_plan_by_block(&spec, &plan, &blocks);
     println!();
@@ -375,7 +389,7 @@ pub fn plan(req: PlanRequest) -> Result<(), Failure> {
         }
     }
     if let Some(path) = &req.output {
-        println!("\nwrote {}", path.display());
+        println!("\nwrote {}", printable(&path.display().to_string()));
     }
     Ok(())
 }
@@ -438,7 +452,7 @@ fn print_plan_by_block(spec: &ModelSpec, plan: &plan::Plan, blocks: &Blocks) {
             .map(|&i| {
                 let id = &spec.ops[i].id;
                 let short = id.split_once('.').map_or(id.as_str(), |(_, rest)| rest);
-                format!("{short}={}", plan.choices[i].label())
+                format!("{}={}", printable(short), plan.choices[i].label())
             })
             .collect();
         if plan.recompute[b] {
@@ -466,7 +480,7 @@ fn print_plan_by_block(spec: &ModelSpec, plan: &plan::Plan, blocks: &Blocks) {
         .iter()
         .enumerate()
         .filter(|(i, _)| blocks.of_op[*i].is_none() && plan.choices[*i].strategy != Strategy::None)
-        .map(|(i, o)| format!("{}={}", o.id, plan.choices[i].label()))
+        .map(|(i, o)| format!("{}={}", printable(&o.id), plan.choices[i].label()))
         .collect();
     println!("  {:<14}{}", "other", outside.join(" "));
 }
@@ -516,12 +530,12 @@ pub fn evaluate(
     }
     println!(
         "{} on {} ({} ranks)",
-        spec.name,
-        layout.name,
+        printable(&spec.name),
+        printable(&layout.name),
         layout.world_size()
     );
     print_prediction("plan", &p);
-    println!("  prices: {}", machine.timing_source());
+    println!("  prices: {}", printable(&machine.timing_source()));
     println!(
         "  {} the budget of {}",
         if fits { "fits" } else { "does NOT fit" },

@@ -124,7 +124,11 @@ pub fn baselines(
                 prediction.throughput_samples_per_s > p.prediction.throughput_samples_per_s
             });
             if better {
-                best[k] = Some(Planned { plan, prediction });
+                best[k] = Some(Planned {
+                    plan,
+                    prediction,
+                    coarsened_bytes: 0,
+                });
             }
         }
         // Peaks grow with the micro-batch: once none fits, no larger one will.

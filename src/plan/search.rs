@@ -52,7 +52,17 @@ impl Default for PlanOptions {
 pub struct Planned {
     pub plan: Plan,
     pub prediction: Prediction,
+    /// When the model had too many distinct transient caps to search exactly: the memory
+    /// resolution the search was coarsened to (the plan's peak may be up to this much above
+    /// the best one's at the same throughput); 0 when exact. See [`MAX_CAP_SLOTS`].
+    pub coarsened_bytes: u64,
 }
+
+/// Most (transient cap × class slot) pairs one micro-batch searches: each cap is a sum over
+/// every class, so a model of many distinct blocks (hundreds of caps, thousands of slots) would
+/// otherwise take gigabytes. Past it, caps closer than a resolution that doubles until they fit
+/// are merged (see [`Planned::coarsened_bytes`]).
+pub const MAX_CAP_SLOTS: usize = 50_000;
 
 /// Nothing fits the budget; the smallest budget that would.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -89,6 +99,8 @@ struct BatchTable {
     arena: Arena,
     /// (transient cap, frontier of the whole model under it).
     caps: Vec<(u64, Frontier)>,
+    /// See [`Prepared::coarsened`].
+    coarsened: u64,
 }
 
 /// A micro-batch's budget-free facts; see [`Planner::prepare`].
@@ -106,6 +118,8 @@ struct Prepared {
     /// The transient caps worth a frontier, with what each leaves each class: per slot, how
     /// many options fit (then, for blocks that may recompute, how many fit recomputed).
     steps: Vec<(u64, Vec<Vec<usize>>)>,
+    /// The resolution caps were merged at to stay under [`MAX_CAP_SLOTS`]; 0 if they were not.
+    coarsened: u64,
 }
 
 /// Lines `time ≥ g − λ·(peak − fixed)`; see [`Planner::time_bound`].
@@ -261,12 +275,14 @@ impl<'m> Planner<'m> {
                 Box::new(listed.into_iter().map(move |(b, a)| (b.clamp(1, most), a)))
             };
         let fixed = planner.options.batch.is_some();
-        let mut prepared: Vec<Prepared> = Vec::new();
+        // (micro-batch, accumulation, least peak): the facts of each are prepared again when
+        // its table is built, so only one micro-batch's are held at a time.
+        let mut prepared: Vec<(u64, u64, u64)> = Vec::new();
         for (batch, accumulation) in batches {
-            let prep = planner.prepare(batch, accumulation, &pins);
-            let fits = planner.min_peak(&prep) <= max_budget_bytes;
+            let min_peak = planner.min_peak(&planner.prepare(batch, accumulation, &pins));
+            let fits = min_peak <= max_budget_bytes;
             if fits || fixed || prepared.is_empty() {
-                prepared.push(prep);
+                prepared.push((batch, accumulation, min_peak));
             }
             if !fits && !fixed {
                 break;
@@ -276,11 +292,12 @@ impl<'m> Planner<'m> {
         // plan at batch `b` beats `b / (its fastest ops' times + step overhead)`, so a plan
         // already found that is faster than that, at peak `w`, makes every batch-`b` plan of
         // peak `w` or more useless at every budget: batch `b` need only cover budgets below `w`.
-        planner.searched = prepared.iter().map(|p| p.batch).collect();
+        planner.searched = prepared.iter().map(|p| p.0).collect();
         let step_overhead = planner.machine.step_overhead_s();
         let mut witnesses: Vec<(u64, f64)> = Vec::new();
         let mut tables: Vec<BatchTable> = Vec::with_capacity(prepared.len());
-        for prep in prepared.into_iter().rev() {
+        for (batch, accumulation, min_peak) in prepared.into_iter().rev() {
+            let prep = planner.prepare(batch, accumulation, &pins);
             let bound = planner.time_bound(&prep);
             // The best throughput a batch-`b` plan of peak `peak` could reach, with a margin
             // for rounding (sums in another order may differ in the last bits).
@@ -304,7 +321,7 @@ impl<'m> Planner<'m> {
                     break;
                 }
             }
-            if cover < max_budget_bytes && cover < planner.min_peak(&prep) {
+            if cover < max_budget_bytes && cover < min_peak {
                 continue;
             }
             let table = planner.build(prep, cover);
@@ -374,7 +391,11 @@ impl<'m> Planner<'m> {
         let plan = self.reconstruct(table, point.node);
         let prediction =
             evaluate_with(self.model, &self.machine, &plan, &table.bases, &self.blocks);
-        Ok(Planned { plan, prediction })
+        Ok(Planned {
+            plan,
+            prediction,
+            coarsened_bytes: table.coarsened,
+        })
     }
 
     /// Points of the memory → throughput frontier over all micro-batch sizes, for charts:
@@ -447,20 +468,37 @@ impl<'m> Planner<'m> {
         caps.dedup();
         let res = self.options.resolution_bytes;
         if res > 0 {
-            // Caps less than `res` apart admit nearly the same plans: keep the largest of each
-            // run (it admits the most), at a cost of under `res` bytes of budget.
-            let mut merged: Vec<u64> = Vec::with_capacity(caps.len());
-            let mut start = 0u64;
-            for c in caps {
-                match merged.last_mut() {
-                    Some(last) if c < start.saturating_add(res) => *last = c,
-                    _ => {
-                        start = c;
-                        merged.push(c);
-                    }
+            caps = merge_caps(&caps, res);
+        }
+        // Every cap is a sum over every slot of every class: past `MAX_CAP_SLOTS` pairs, merge
+        // caps at a resolution that doubles until they fit (each cap is some option's
+        // transient, so distinct caps give distinct keys: the count is the steps').
+        let slots: usize = self
+            .classes
+            .iter()
+            .map(|c| {
+                let n = c.instances[0].len();
+                if c.blocks.is_some() && self.options.recompute {
+                    2 * n
+                } else {
+                    n
                 }
+            })
+            .sum::<usize>()
+            .max(1);
+        let most_caps = (MAX_CAP_SLOTS / slots).max(1);
+        let mut coarsened = 0u64;
+        if caps.len() > most_caps {
+            let mut coarse = res.max(1 << 20);
+            loop {
+                let merged = merge_caps(&caps, coarse);
+                if merged.len() <= most_caps || merged.len() == 1 {
+                    caps = merged;
+                    coarsened = coarse;
+                    break;
+                }
+                coarse = coarse.saturating_mul(2);
             }
-            caps = merged;
         }
 
         // Least memory one instance of each class can hold, under any cap: what the rest of the
@@ -528,6 +566,7 @@ impl<'m> Planner<'m> {
             class_floor,
             all_floor,
             steps,
+            coarsened,
         }
     }
 
@@ -661,6 +700,7 @@ impl<'m> Planner<'m> {
             class_floor,
             all_floor,
             steps,
+            coarsened,
         } = prep;
         let res = self.options.resolution_bytes;
         let room = max_budget.saturating_sub(self.machine.overhead_bytes);
@@ -714,6 +754,7 @@ impl<'m> Planner<'m> {
             bases,
             arena,
             caps: table_caps,
+            coarsened,
         }
     }
 
@@ -812,6 +853,23 @@ impl BatchTable {
             .filter_map(|(cap, f)| f.first().map(|p| overhead + p.mem + cap))
             .min()
     }
+}
+
+/// Sorted `caps` with those less than `res` apart merged: each run keeps its largest (it admits
+/// the most plans), at a cost of under `res` bytes of budget.
+fn merge_caps(caps: &[u64], res: u64) -> Vec<u64> {
+    let mut merged: Vec<u64> = Vec::with_capacity(caps.len());
+    let mut start = 0u64;
+    for &c in caps {
+        match merged.last_mut() {
+            Some(last) if c < start.saturating_add(res) => *last = c,
+            _ => {
+                start = c;
+                merged.push(c);
+            }
+        }
+    }
+    merged
 }
 
 fn option(base: &OpBase, choice: Choice, m: &Machine) -> Opt {

@@ -14,6 +14,7 @@ use super::app::{App, Confirm, Focus, GpuView, Row};
 use crate::cost::{Choice, Strategy};
 use crate::model::ModelSpec;
 use crate::run::RunState;
+use crate::text::printable;
 use crate::units;
 
 pub const MIN_WIDTH: u16 = 80;
@@ -101,7 +102,7 @@ pub fn draw(app: &App, f: &mut Frame) {
             Style::new().fg(Color::Black).bg(Color::Yellow),
         )),
         (None, Some(m)) => Line::from(Span::styled(
-            format!(" {m}"),
+            format!(" {}", printable(m)),
             Style::new().fg(Color::Yellow),
         )),
         (None, None) => Line::from(Span::styled(
@@ -121,12 +122,12 @@ fn draw_header(app: &App, f: &mut Frame, area: Rect) {
         Span::styled("osdp-tui ", Style::new().bold()),
         Span::raw(format!(
             "{} ({} params, {} ops) on {} ({} × {})",
-            m.name,
+            printable(&m.name),
             units::count(m.param_count()),
             m.ops.len(),
-            app.layout.name,
+            printable(&app.layout.name),
             app.layout.world_size(),
-            app.layout.device.model
+            printable(&app.layout.device.model)
         )),
     ];
     // Whether the time figures are this machine's measurements or datasheet rates.
@@ -134,7 +135,7 @@ fn draw_header(app: &App, f: &mut Frame, area: Rect) {
         title.push(Span::styled(
             format!(
                 " · calibrated {}",
-                c.measured_at.get(..10).unwrap_or_default()
+                printable(c.measured_at.get(..10).unwrap_or_default())
             ),
             Style::new().fg(Color::Green),
         ));
@@ -324,7 +325,7 @@ fn draw_ops(app: &App, f: &mut Frame, area: Rect) {
                 });
                 let indent = if op.block.is_some() { "   " } else { "" };
                 mk(vec![
-                    Cell::from(format!("{indent}{}", op.id)),
+                    Cell::from(format!("{indent}{}", printable(&op.id))),
                     Cell::from(op.kind.as_str()),
                     Cell::from(units::count(ModelSpec::op_param_count(op))),
                     Cell::from(format!(
@@ -439,7 +440,7 @@ fn draw_gpus(app: &App, f: &mut Frame, area: Rect) {
                     format!(
                         "{} {} · util {util} · {} procs ({})",
                         g.index,
-                        g.name,
+                        printable(&g.name),
                         g.processes.len(),
                         units::bytes(procs)
                     ),
@@ -468,7 +469,7 @@ fn draw_gpus(app: &App, f: &mut Frame, area: Rect) {
                 Style::new().fg(Color::Yellow),
             ));
             lines.push(Line::styled(
-                format!("  {why}"),
+                format!("  {}", printable(why)),
                 Style::new().fg(Color::Yellow),
             ));
             let total = app.layout.memory_bytes();
@@ -578,7 +579,11 @@ fn draw_training(app: &App, f: &mut Frame, area: Rect) {
     let state = t.state();
     let [text_area, chart_area] =
         Layout::horizontal([Constraint::Percentage(55), Constraint::Percentage(45)]).areas(area);
-    let title = format!(" training: {} · {} ", state.label(), t.dir.0.display());
+    let title = format!(
+        " training: {} · {} ",
+        state.label(),
+        printable(&t.dir.0.display().to_string())
+    );
     let block = Block::bordered()
         .title(title)
         .border_style(Style::new().fg(run_color(&state)));
@@ -651,12 +656,15 @@ fn draw_training(app: &App, f: &mut Frame, area: Rect) {
     lines.push(Line::from(ckpt));
     if let RunState::Failed { why, log_tail } = &state {
         lines.push(Line::from(Span::styled(
-            format!("failed: {why} · r restarts from the last checkpoint"),
+            format!(
+                "failed: {} · r restarts from the last checkpoint",
+                printable(why)
+            ),
             Style::new().fg(Color::Red).bold(),
         )));
         for l in log_tail.iter().rev().take(3).rev() {
             lines.push(Line::from(Span::styled(
-                format!("  {l}"),
+                format!("  {}", printable(l)),
                 Style::new().fg(Color::DarkGray),
             )));
         }
@@ -826,8 +834,8 @@ pub fn graph_lines(app: &App, block: usize) -> Vec<Line<'static>> {
         let short = op
             .id
             .split_once('.')
-            .map_or(op.id.as_str(), |(_, rest)| rest)
-            .to_string();
+            .map_or(op.id.as_str(), |(_, rest)| rest);
+        let short = printable(short).into_owned();
         let mut spans = vec![
             Span::raw(gutter),
             Span::styled("● ", Style::new().fg(color(choice))),

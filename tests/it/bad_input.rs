@@ -824,3 +824,113 @@ fn issue_21_strict_parsing_gaps() {
     );
     crate::stdout_ok(&mut plan(&["h0.mlp.c_fc=zero3/64:1"]));
 }
+
+/// Issue 21: names come from files the user may not have written; printed raw, a name holding
+/// an escape sequence clears the screen, retitles the window or rings the bell. Every text
+/// output shows such characters escaped (JSON escapes them itself).
+#[test]
+fn issue_21_names_cannot_drive_the_terminal() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut model: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(crate::root().join("sample-models/tiny-gpt2.json")).unwrap(),
+    )
+    .unwrap();
+    let hostile_name = "tiny\u{1b}[2J\u{7}";
+    let hostile_op = "wpe\u{1b}[2J\u{7}";
+    model["name"] = hostile_name.into();
+    for op in model["ops"].as_array_mut().unwrap() {
+        if op["id"] == "wpe" {
+            op["id"] = hostile_op.into();
+        }
+        for input in op["inputs"].as_array_mut().unwrap() {
+            if input == "wpe" {
+                *input = hostile_op.into();
+            }
+        }
+    }
+    let model_path = tmp.path().join("model.json");
+    std::fs::write(&model_path, model.to_string()).unwrap();
+    let model_arg = model_path.to_str().unwrap();
+    let escaped_name = r"tiny\u{1b}[2J\u{7}";
+    let escaped_op = r"wpe\u{1b}[2J\u{7}";
+    let runs: [(&str, Vec<&str>, &[&str]); 3] = [
+        ("inspect", vec!["inspect", model_arg], &[escaped_name]),
+        (
+            "plan",
+            vec!["plan", model_arg, "--layout", "layouts/cpu.json"],
+            &[escaped_name, escaped_op],
+        ),
+        (
+            "dashboard",
+            vec![model_arg, "--layout", "layouts/cpu.json", "--once"],
+            &[escaped_name],
+        ),
+    ];
+    for (what, args, needles) in runs {
+        let out = crate::osdp_bounded().args(&args).output().unwrap();
+        assert!(out.status.success(), "{what}: {out:?}");
+        for stream in [&out.stdout, &out.stderr] {
+            assert!(
+                !stream.iter().any(|&b| b == 0x1b || b == 0x07),
+                "{what} printed a raw control byte: {}",
+                String::from_utf8_lossy(stream)
+            );
+        }
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        for needle in needles {
+            assert!(stdout.contains(needle), "{what} lacks {needle}: {stdout}");
+        }
+    }
+    // JSON keeps the name as it is: serde writes the control characters as \u001b escapes.
+    let out = crate::osdp_bounded()
+        .args(["inspect", model_arg, "--json"])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    assert!(!out.stdout.iter().any(|&b| b == 0x1b || b == 0x07));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["name"], hostile_name);
+}
+
+/// Issue 21: a model of a hundred distinct blocks (each with its own figures) has thousands of
+/// transient caps, each a sum over every class; the planner coarsens its memory resolution to
+/// stay within bounds and says so.
+#[test]
+fn issue_21_many_distinct_blocks_stay_within_bounds() {
+    let tmp = tempfile::tempdir().unwrap();
+    let config = serde_json::json!({
+        "model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "n_embd": 384,
+        "n_head": 6, "n_layer": 100, "n_positions": 256, "vocab_size": 256,
+        "activation_function": "gelu_new", "layer_norm_epsilon": 1e-5,
+        "tie_word_embeddings": true
+    });
+    import_config(tmp.path(), &config, &[]).assert().success();
+    let imported = tmp.path().join("out.json");
+    let mut model: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&imported).unwrap()).unwrap();
+    for op in model["ops"].as_array_mut().unwrap() {
+        if let Some(b) = op["block"].as_u64() {
+            let flops = op["fwd_flops_per_sample"].as_u64().unwrap();
+            op["fwd_flops_per_sample"] = (flops + b * 1000).into();
+            let saved = op["saved_bytes_per_sample"].as_u64().unwrap();
+            op["saved_bytes_per_sample"] = (saved + b * 64).into();
+        }
+    }
+    let model_path = tmp.path().join("hostile.json");
+    std::fs::write(&model_path, model.to_string()).unwrap();
+    let out = crate::osdp_bounded()
+        .args([
+            "plan",
+            model_path.to_str().unwrap(),
+            "--layout",
+            "layouts/h100-sxm-8x-nvlink.json",
+            "--global-batch",
+            "any",
+        ])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{out:?}");
+    assert!(stdout.contains("samples/s"), "{stdout}");
+    assert!(stdout.contains("memory was resolved to"), "{stdout}");
+}
