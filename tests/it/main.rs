@@ -30,8 +30,14 @@ pub fn osdp() -> Command {
     cmd
 }
 
-/// Most memory a refusal of bad input may take (data, as `prlimit --data`).
-pub const REFUSAL_MEMORY_BYTES: u64 = 1_000_000_000;
+/// Most memory a refusal of bad input may take (data, as `prlimit --data`): 1 GB for the work,
+/// plus, in a trainer build, the ~0.7 GB of writable data segments libtorch's CUDA libraries
+/// map before `main` runs (measured: `inspect` aborts under 0.6 GB, runs under 0.8 GB).
+pub const REFUSAL_MEMORY_BYTES: u64 = if cfg!(feature = "train") {
+    1_800_000_000
+} else {
+    1_000_000_000
+};
 
 /// `osdp-tui` as a hostile input meets it: at most [`REFUSAL_MEMORY_BYTES`] of data
 /// (an allocation beyond fails, which a Rust program reports by aborting) and killed after 20 s,
