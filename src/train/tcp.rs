@@ -177,9 +177,12 @@ impl TcpGroup {
     /// Rank 0: every rank's tensor, in rank order (its own first). Others: send theirs.
     fn gather_to_root(&self, t: &Tensor) -> Result<Option<Vec<Tensor>>, Aborted> {
         if self.rank == 0 {
+            // Every rank sends a tensor of the same size as ours: anything else is refused
+            // before a byte of it is allocated.
+            let expected = Wire::of(t.kind(), t.numel());
             let mut all = vec![t.reshape([-1])];
             for s in &self.peers {
-                all.push(recv_tensor(s)?);
+                all.push(recv_tensor(s, expected)?);
             }
             Ok(Some(all))
         } else {
@@ -188,8 +191,13 @@ impl TcpGroup {
         }
     }
 
-    /// Rank 0 sends `out(r)` to each rank r and keeps `out(0)`; others receive theirs.
-    fn scatter_from_root(&self, out: Option<&dyn Fn(usize) -> Tensor>) -> Result<Tensor, Aborted> {
+    /// Rank 0 sends `out(r)` to each rank r and keeps `out(0)`; others receive theirs, of
+    /// `expected` kind and elements.
+    fn scatter_from_root(
+        &self,
+        out: Option<&dyn Fn(usize) -> Tensor>,
+        expected: Wire,
+    ) -> Result<Tensor, Aborted> {
         match (self.rank, out) {
             (0, Some(out)) => {
                 for (i, s) in self.peers.iter().enumerate() {
@@ -197,7 +205,7 @@ impl TcpGroup {
                 }
                 Ok(out(0))
             }
-            _ => recv_tensor(&self.peers[0]),
+            _ => recv_tensor(&self.peers[0], expected),
         }
     }
 }
@@ -242,11 +250,43 @@ fn send_tensor(mut s: &TcpStream, t: &Tensor) -> Result<(), Aborted> {
     s.write_all(&bytes).map_err(io_abort)
 }
 
-fn recv_tensor(mut s: &TcpStream) -> Result<Tensor, Aborted> {
+/// What a tensor looks like on the wire: its tag (0 fp32, 1 f64, 2 i64) and byte length.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Wire {
+    tag: u8,
+    bytes: u64,
+}
+
+impl Wire {
+    fn of(kind: Kind, numel: usize) -> Wire {
+        let (tag, size) = match kind {
+            Kind::Double => (1, 8),
+            Kind::Int64 => (2, 8),
+            _ => (0, 4),
+        };
+        Wire {
+            tag,
+            bytes: numel as u64 * size,
+        }
+    }
+}
+
+/// Receive a tensor that must be `expected`: a header announcing anything else (a stranger on
+/// the port, a rank of another model or plan) ends the run with a message instead of an
+/// allocation of whatever size it claims.
+fn recv_tensor(mut s: &TcpStream, expected: Wire) -> Result<Tensor, Aborted> {
     let mut head = [0u8; 9];
     s.read_exact(&mut head).map_err(io_abort)?;
-    let len = u64::from_le_bytes(head[1..9].try_into().unwrap_or([0; 8])) as usize;
-    let mut bytes = vec![0u8; len];
+    let len = u64::from_le_bytes(head[1..9].try_into().unwrap_or([0; 8]));
+    if head[0] != expected.tag || len != expected.bytes {
+        return Err(Aborted(format!(
+            "another rank sent a tensor of {len} bytes (type {}) where {} bytes (type {}) were \
+             expected: a process that is not part of this run, or one started with another \
+             model or plan",
+            head[0], expected.bytes, expected.tag
+        )));
+    }
+    let mut bytes = vec![0u8; len as usize];
     s.read_exact(&mut bytes).map_err(io_abort)?;
     Ok(match head[0] {
         1 => Tensor::from_slice(
@@ -281,7 +321,10 @@ impl Collective for TcpGroup {
         let kind = shard.kind();
         let full = self.gather_to_root(shard)?.map(|a| Tensor::cat(&a, 0));
         let same = full.as_ref().map(|f| move |_: usize| f.shallow_clone());
-        let out = self.scatter_from_root(same.as_ref().map(|c| c as &dyn Fn(usize) -> Tensor))?;
+        let out = self.scatter_from_root(
+            same.as_ref().map(|c| c as &dyn Fn(usize) -> Tensor),
+            Wire::of(kind, shard.numel() * self.world),
+        )?;
         Ok(out.to_kind(kind))
     }
     fn reduce_scatter(&self, full: &Tensor) -> Result<Tensor, Aborted> {
@@ -291,21 +334,30 @@ impl Collective for TcpGroup {
         let part = sum
             .as_ref()
             .map(|s| move |r: usize| s.narrow(0, r as i64 * chunk, chunk));
-        let out = self.scatter_from_root(part.as_ref().map(|c| c as &dyn Fn(usize) -> Tensor))?;
+        let out = self.scatter_from_root(
+            part.as_ref().map(|c| c as &dyn Fn(usize) -> Tensor),
+            Wire::of(kind, chunk as usize),
+        )?;
         Ok(out.to_kind(kind))
     }
     fn all_reduce(&self, t: &Tensor) -> Result<Tensor, Aborted> {
         let (kind, shape) = (t.kind(), t.size());
         let sum = self.gather_to_root(t)?.map(|a| sum_in_rank_order(&a));
         let same = sum.as_ref().map(|f| move |_: usize| f.shallow_clone());
-        let out = self.scatter_from_root(same.as_ref().map(|c| c as &dyn Fn(usize) -> Tensor))?;
+        let out = self.scatter_from_root(
+            same.as_ref().map(|c| c as &dyn Fn(usize) -> Tensor),
+            Wire::of(kind, t.numel()),
+        )?;
         Ok(out.to_kind(kind).reshape(shape.as_slice()))
     }
     fn broadcast(&self, t: &Tensor, root: usize) -> Result<Tensor, Aborted> {
         let (kind, shape) = (t.kind(), t.size());
         let chosen = self.gather_to_root(t)?.map(|a| a[root].shallow_clone());
         let same = chosen.as_ref().map(|f| move |_: usize| f.shallow_clone());
-        let out = self.scatter_from_root(same.as_ref().map(|c| c as &dyn Fn(usize) -> Tensor))?;
+        let out = self.scatter_from_root(
+            same.as_ref().map(|c| c as &dyn Fn(usize) -> Tensor),
+            Wire::of(kind, t.numel()),
+        )?;
         Ok(out.to_kind(kind).reshape(shape.as_slice()))
     }
     fn barrier(&self) -> Result<(), Aborted> {
