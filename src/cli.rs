@@ -689,44 +689,25 @@ fn dashboard(args: DashboardArgs) -> Result<(), Failure> {
         .run_dir
         .clone()
         .unwrap_or_else(|| crate::run::RunDir::default_for(&spec.name).0);
-    if let Some(b) = args.batch {
-        crate::plan::check_batch(&spec, b).map_err(|e| Failure::input(format!("--batch: {e}")))?;
-    }
+    let cpu = layout.device.kind == crate::cluster::DeviceKind::Cpu;
     let chosen = crate::plan::choose_global_batch(
         &spec,
         &crate::cost::Machine::new(&layout, &spec),
-        layout.device.kind == crate::cluster::DeviceKind::Cpu,
+        cpu,
         args.global_batch,
         args.tokens_per_step,
         args.batch,
     )
     .map_err(Failure::input)?;
     let global_batch = chosen.samples();
-    if let crate::plan::GlobalBatch::Default(n) = chosen {
-        let tokens = n * spec.config.seq_len;
-        let why = if layout.device.kind == crate::cluster::DeviceKind::Cpu {
-            "a step of about 2 s here".to_string()
-        } else {
-            format!(
-                "{} tokens, as published runs of this size use",
-                crate::units::count(tokens)
-            )
-        };
-        let note = format!(
-            "global batch {n} ({why}); B changes it, --global-batch sets it, `any` for the most samples/s"
-        );
+    if let Some(why) = chosen.explain_default(&spec, cpu) {
+        let note =
+            format!("{why}; B changes it, --global-batch sets it, `any` for the most samples/s");
         notice = Some(match notice {
             Some(n) => format!("{n} · {note}"),
             None => note,
         });
     }
-    let batch_options = crate::plan::PlanOptions {
-        batch: args.batch,
-        global_batch,
-        ..Default::default()
-    };
-    crate::plan::batch_options(&batch_options, layout.world_size())
-        .map_err(|e| Failure::input(e.to_string()))?;
     let mut app = App::new(spec, layout, budgets, args.max_split);
     app.notice = notice;
     app.batch = args.batch;

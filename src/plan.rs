@@ -262,7 +262,8 @@ impl std::str::FromStr for GlobalBatchArg {
 
 /// The global batch a command plans for: `--global-batch N|any`, `--tokens-per-step T`, a
 /// fixed `--batch` alone (one micro-batch a step, as before global batches existed), or the
-/// default for the model and layout ([`default_global_batch`]).
+/// default for the model and layout ([`default_global_batch`]); checked, with the fixed
+/// micro-batch, against the layout's ranks (one message for `plan` and the dashboard).
 pub fn choose_global_batch(
     model: &ModelSpec,
     m: &Machine,
@@ -271,14 +272,25 @@ pub fn choose_global_batch(
     tokens: Option<u64>,
     fixed_micro_batch: Option<u64>,
 ) -> Result<GlobalBatch, String> {
-    if let Some(n) = global_batch_of(model, None, tokens)? {
-        return Ok(GlobalBatch::Given(n));
+    if let Some(b) = fixed_micro_batch {
+        check_batch(model, b).map_err(|e| format!("--batch: {e}"))?;
     }
-    Ok(match (arg, fixed_micro_batch) {
-        (Some(GlobalBatchArg::Samples(n)), _) => GlobalBatch::Given(n),
-        (Some(GlobalBatchArg::Any), _) | (None, Some(_)) => GlobalBatch::Any,
-        (None, None) => GlobalBatch::Default(default_global_batch(model, m, cpu)),
-    })
+    let chosen = match (
+        global_batch_of(model, None, tokens)?,
+        arg,
+        fixed_micro_batch,
+    ) {
+        (Some(n), _, _) | (None, Some(GlobalBatchArg::Samples(n)), _) => GlobalBatch::Given(n),
+        (None, Some(GlobalBatchArg::Any), _) | (None, None, Some(_)) => GlobalBatch::Any,
+        (None, None, None) => GlobalBatch::Default(default_global_batch(model, m, cpu)),
+    };
+    let options = PlanOptions {
+        batch: fixed_micro_batch,
+        global_batch: chosen.samples(),
+        ..PlanOptions::default()
+    };
+    batch_options(&options, m.ranks).map_err(|e| e.to_string())?;
+    Ok(chosen)
 }
 
 /// The global batch in samples from `--global-batch N` or `--tokens-per-step T` (a whole
@@ -323,6 +335,23 @@ impl GlobalBatch {
             GlobalBatch::Given(n) | GlobalBatch::Default(n) => Some(n),
             GlobalBatch::Any => None,
         }
+    }
+
+    /// Why a default was chosen, for the user who did not choose it: `global batch 1024 (1.05 M
+    /// tokens per step, as published runs of a model this size use)`. `None` unless a default.
+    pub fn explain_default(self, model: &ModelSpec, cpu: bool) -> Option<String> {
+        let GlobalBatch::Default(n) = self else {
+            return None;
+        };
+        let why = if cpu {
+            "a step of about 2 s on this layout".to_string()
+        } else {
+            format!(
+                "{} tokens per step, as published runs of a model this size use",
+                crate::units::count(n * model.config.seq_len)
+            )
+        };
+        Some(format!("global batch {n} ({why})"))
     }
 }
 

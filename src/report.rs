@@ -243,13 +243,11 @@ pub fn plan(req: PlanRequest) -> Result<(), Failure> {
             )));
         }
     }
-    if let Some(b) = req.batch {
-        crate::plan::check_batch(&spec, b).map_err(|e| Failure::input(format!("--batch: {e}")))?;
-    }
+    let cpu = layout.device.kind == crate::cluster::DeviceKind::Cpu;
     let chosen = plan::choose_global_batch(
         &spec,
         &machine,
-        layout.device.kind == crate::cluster::DeviceKind::Cpu,
+        cpu,
         req.global_batch,
         req.tokens_per_step,
         req.batch,
@@ -264,7 +262,6 @@ pub fn plan(req: PlanRequest) -> Result<(), Failure> {
         pins,
         resolution_bytes: req.resolution_bytes,
     };
-    plan::batch_options(&options, machine.ranks).map_err(|e| Failure::input(e.to_string()))?;
     let started = Instant::now();
     let result = plan_with_baselines(&spec, &machine, options, budget);
     let search_ms = started.elapsed().as_secs_f64() * 1e3;
@@ -340,16 +337,9 @@ pub fn plan(req: PlanRequest) -> Result<(), Failure> {
     );
     print_prediction("plan", &prediction);
     match chosen {
-        plan::GlobalBatch::Default(n) => println!(
-            "  global batch {n} is the default ({}); --global-batch N sets it, `any` plans for the most samples/s",
-            if layout.device.kind == crate::cluster::DeviceKind::Cpu {
-                "a step of about 2 s on this layout".to_string()
-            } else {
-                format!(
-                    "{} tokens per step, as published runs of a model this size use",
-                    units::count(n * spec.config.seq_len)
-                )
-            }
+        plan::GlobalBatch::Default(_) => println!(
+            "  {} is the default; --global-batch N sets it, `any` plans for the most samples/s",
+            chosen.explain_default(&spec, cpu).unwrap_or_default()
         ),
         plan::GlobalBatch::Any => println!("  global batch: any (the most samples/s)"),
         plan::GlobalBatch::Given(_) => {}

@@ -149,23 +149,7 @@ pub fn run(
             "the world size must be at least 1".into(),
         ));
     }
-    if cfg.global_batch == 0 || cfg.global_batch % world as u64 != 0 {
-        return Err(TrainError::Invalid(format!(
-            "world size {world} does not divide the global batch of {} samples",
-            cfg.global_batch
-        )));
-    }
-    let per_rank = cfg.global_batch / world as u64;
-    if per_rank > cfg.plan.batch && per_rank % cfg.plan.batch.max(1) != 0 {
-        return Err(TrainError::Invalid(format!(
-            "a global batch of {} samples is {per_rank} per rank on {world} ranks, not a whole \
-             number of the plan's micro-batches of {}; use a global batch that is a multiple \
-             of {}",
-            cfg.global_batch,
-            cfg.plan.batch,
-            cfg.plan.batch * world as u64
-        )));
-    }
+    accumulation(cfg.global_batch, world, cfg.plan.batch).map_err(TrainError::Invalid)?;
     exec::check_runnable(&cfg.model, &cfg.plan).map_err(|e| TrainError::Invalid(e.to_string()))?;
     let restored = match &cfg.resume_from {
         Some(dir) => {
@@ -352,6 +336,28 @@ fn join_group(m: &tcp::Membership, device: tch::Device) -> Result<Box<dyn Collec
     Ok(Box::new(
         tcp::TcpGroup::join(m).map_err(TrainError::Invalid)?,
     ))
+}
+
+/// Micro-batches per rank and step when `global` samples run on `world` ranks in micro-batches
+/// of `micro` (a rank's share smaller than one micro-batch runs as one); why not, when the
+/// ranks cannot share the batch or the micro-batches cannot make it. The rule `train`'s
+/// checks and the run itself share.
+pub fn accumulation(global: u64, world: usize, micro: u64) -> Result<u64, String> {
+    let world = world as u64;
+    if global == 0 || world == 0 || global % world != 0 {
+        return Err(format!(
+            "world size {world} does not divide the global batch of {global} samples"
+        ));
+    }
+    let (per_rank, micro) = (global / world, micro.max(1));
+    if per_rank > micro && per_rank % micro != 0 {
+        return Err(format!(
+            "a global batch of {global} samples is {per_rank} per rank on {world} ranks, not a \
+             whole number of the plan's micro-batches of {micro}; use a multiple of {}",
+            micro * world
+        ));
+    }
+    Ok((per_rank / micro).max(1))
 }
 
 /// The GPU ordinal of local rank `local_rank` when this process sees `count` GPUs: its own

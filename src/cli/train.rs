@@ -316,22 +316,8 @@ pub fn train(args: TrainArgs) -> Result<(), Failure> {
         .and_then(|g| g.parse::<u64>().ok())
         .unwrap_or(plan.batch * plan.accumulation * world_size as u64);
     let seed = seed_s.and_then(|s| s.parse::<u64>().ok()).unwrap_or(0);
-    if global_batch == 0 || global_batch % world_size as u64 != 0 {
-        return Err(Failure::input(format!(
-            "world size {world_size} does not divide the global batch of {global_batch} samples"
-        )));
-    }
-    let per_rank = global_batch / world_size as u64;
-    // Fewer samples than one planned micro-batch run as one smaller micro-batch.
-    if per_rank > plan.batch && per_rank % plan.batch != 0 {
-        return Err(Failure::input(format!(
-            "--global-batch {global_batch} is {per_rank} samples per rank, not a whole number of \
-             the plan's micro-batches of {}; use a multiple of {}",
-            plan.batch,
-            plan.batch * world_size as u64
-        )));
-    }
-    let accumulation = (per_rank / plan.batch).max(1);
+    let accumulation =
+        crate::train::accumulation(global_batch, world_size, plan.batch).map_err(Failure::input)?;
     let source = match data_name.as_str() {
         "shakespeare" => data::Source::shakespeare(),
         "random" => data::Source::Random,

@@ -87,6 +87,95 @@ impl Outcome {
     }
 }
 
+/// Every baseline's plans over its batch candidates, priced once: a budget then picks from
+/// them without pricing anything (the dashboard's budget keys).
+#[derive(Debug, Clone)]
+pub struct BaselineTable {
+    /// Per baseline of [`Baseline::ALL`]: its plan at every candidate priced.
+    plans: Vec<Vec<Planned>>,
+}
+
+impl BaselineTable {
+    /// The plans of every baseline at the batch `options` fixes (a micro-batch, a global batch,
+    /// or neither: the batch ladder up to the first micro-batch none fits `max_budget` with).
+    pub fn new(
+        model: &ModelSpec,
+        machine: &Machine,
+        options: &PlanOptions,
+        max_budget: u64,
+    ) -> BaselineTable {
+        // Micro-batches past `max_batch` are never priced (their figures would overflow).
+        let most = super::max_batch(model);
+        let listed = batch_options(options, machine.ranks).unwrap_or_default();
+        let ladder = listed.is_empty() && options.global_batch.is_none();
+        let candidates: Box<dyn Iterator<Item = (u64, u64)>> = if ladder {
+            Box::new(
+                batch_ladder()
+                    .take_while(move |&b| b <= most)
+                    .map(|b| (b, 1)),
+            )
+        } else {
+            Box::new(listed.into_iter().filter(move |&(b, _)| b <= most))
+        };
+        let graph = cost::OpGraph::of(model);
+        let blocks = Blocks::of(model);
+        let mut plans: Vec<Vec<Planned>> = vec![Vec::new(); Baseline::ALL.len()];
+        for (batch, accumulation) in candidates {
+            let mut bases = graph.bases(model, machine, batch);
+            cost::set_accumulation(&mut bases, accumulation);
+            let mut any_fits = false;
+            for (k, b) in Baseline::ALL.iter().enumerate() {
+                let plan = b.plan(model, batch, accumulation);
+                let prediction = evaluate_with(model, machine, &plan, &bases, &blocks);
+                any_fits |= prediction.peak_memory_bytes <= max_budget;
+                plans[k].push(Planned {
+                    plan,
+                    prediction,
+                    coarsened_bytes: 0,
+                });
+            }
+            // Peaks grow with the micro-batch: once none fits, no larger one will.
+            if ladder && !any_fits {
+                break;
+            }
+        }
+        BaselineTable { plans }
+    }
+
+    /// Each baseline under `budget`: its fastest plan that fits, or the least budget it needs.
+    pub fn at(&self, budget: u64) -> Vec<(Baseline, Outcome)> {
+        Baseline::ALL
+            .iter()
+            .zip(&self.plans)
+            .map(|(&b, plans)| {
+                let best = plans
+                    .iter()
+                    .filter(|p| p.prediction.peak_memory_bytes <= budget)
+                    .reduce(|best, p| {
+                        if p.prediction.throughput_samples_per_s
+                            > best.prediction.throughput_samples_per_s
+                        {
+                            p
+                        } else {
+                            best
+                        }
+                    });
+                let outcome = match best {
+                    Some(p) => Outcome::Fits(Box::new(p.clone())),
+                    None => Outcome::Needs(
+                        plans
+                            .iter()
+                            .map(|p| p.prediction.peak_memory_bytes)
+                            .min()
+                            .unwrap_or(u64::MAX),
+                    ),
+                };
+                (b, outcome)
+            })
+            .collect()
+    }
+}
+
 /// Every baseline of [`Baseline::ALL`] under `budget`, at the batch `options` fixes (a
 /// micro-batch, a global batch, or neither: the batch ladder up to what fits).
 pub fn baselines(
@@ -95,60 +184,7 @@ pub fn baselines(
     budget: u64,
     options: &PlanOptions,
 ) -> Vec<(Baseline, Outcome)> {
-    let listed = batch_options(options, machine.ranks).unwrap_or_default();
-    let candidates: Box<dyn Iterator<Item = (u64, u64)>> =
-        if listed.is_empty() && options.global_batch.is_none() {
-            // Far past anything that fits: the loop stops at the first batch nothing fits.
-            Box::new(batch_ladder().take_while(|&b| b <= 1 << 20).map(|b| (b, 1)))
-        } else {
-            Box::new(listed.into_iter())
-        };
-    let graph = cost::OpGraph::of(model);
-    let blocks = Blocks::of(model);
-    let mut best: Vec<Option<Planned>> = vec![None; Baseline::ALL.len()];
-    let mut least = vec![u64::MAX; Baseline::ALL.len()];
-    for (batch, accumulation) in candidates {
-        let mut bases = graph.bases(model, machine, batch);
-        cost::set_accumulation(&mut bases, accumulation);
-        let mut any_fits = false;
-        for (k, b) in Baseline::ALL.iter().enumerate() {
-            let plan = b.plan(model, batch, accumulation);
-            let prediction = evaluate_with(model, machine, &plan, &bases, &blocks);
-            let peak = prediction.peak_memory_bytes;
-            least[k] = least[k].min(peak);
-            if peak > budget {
-                continue;
-            }
-            any_fits = true;
-            let better = best[k].as_ref().is_none_or(|p| {
-                prediction.throughput_samples_per_s > p.prediction.throughput_samples_per_s
-            });
-            if better {
-                best[k] = Some(Planned {
-                    plan,
-                    prediction,
-                    coarsened_bytes: 0,
-                });
-            }
-        }
-        // Peaks grow with the micro-batch: once none fits, no larger one will.
-        if !any_fits && options.global_batch.is_none() && options.batch.is_none() {
-            break;
-        }
-    }
-    Baseline::ALL
-        .iter()
-        .zip(best.into_iter().zip(least))
-        .map(|(&b, (p, need))| {
-            (
-                b,
-                match p {
-                    Some(p) => Outcome::Fits(Box::new(p)),
-                    None => Outcome::Needs(need),
-                },
-            )
-        })
-        .collect()
+    BaselineTable::new(model, machine, options, budget).at(budget)
 }
 
 /// The fastest FSDP baseline (with or without checkpointing), the one a plan's "vs FSDP" is
@@ -234,6 +270,19 @@ mod tests {
         let fsdp = results[4].1.planned().unwrap();
         let ckpt = results[5].1.planned().unwrap();
         assert!(ckpt.plan.batch >= fsdp.plan.batch);
+    }
+
+    #[test]
+    fn a_table_built_for_a_large_budget_answers_a_smaller_one_as_a_fresh_search() {
+        let (model, m) = setup("gpt2-xl", "a100-80gb-8x-nvlink");
+        let table = BaselineTable::new(&model, &m, &PlanOptions::default(), 80 << 30);
+        for budget in [8u64 << 30, 16 << 30, 40 << 30] {
+            assert_eq!(
+                table.at(budget),
+                baselines(&model, &m, budget, &PlanOptions::default()),
+                "at {budget}"
+            );
+        }
     }
 
     #[test]

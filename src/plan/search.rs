@@ -271,6 +271,10 @@ impl<'m> Planner<'m> {
                         .take_while(move |&b| b <= most)
                         .map(|b| (b, 1)),
                 )
+            } else if planner.options.global_batch.is_some() {
+                // A micro-batch too large to price cannot make the global batch: leave it out
+                // (clamping it would run fewer samples than asked).
+                Box::new(listed.into_iter().filter(move |&(b, _)| b <= most))
             } else {
                 Box::new(listed.into_iter().map(move |(b, a)| (b.clamp(1, most), a)))
             };

@@ -83,6 +83,17 @@ fn no_cuda_reason() -> String {
     )
 }
 
+/// `ncclReduceScatter` and `ncclAllReduce`: (send, receive, count, type, op, comm, stream).
+type Reduce = unsafe extern "C" fn(
+    *const std::ffi::c_void,
+    *mut std::ffi::c_void,
+    usize,
+    nccl::ncclDataType_t,
+    nccl::ncclRedOp_t,
+    nccl::ncclComm_t,
+    nccl::cudaStream_t,
+) -> nccl::ncclResult_t;
+
 /// The NCCL entry points this backend calls, from a library opened by path. cudarc's own
 /// loader asks only for `libnccl.so` and numbered names that are not NCCL's, so the library
 /// is opened here (no symlinks, nothing written, nothing shared between local ranks).
@@ -105,24 +116,8 @@ struct NcclLib {
         nccl::ncclComm_t,
         nccl::cudaStream_t,
     ) -> nccl::ncclResult_t,
-    reduce_scatter: unsafe extern "C" fn(
-        *const std::ffi::c_void,
-        *mut std::ffi::c_void,
-        usize,
-        nccl::ncclDataType_t,
-        nccl::ncclRedOp_t,
-        nccl::ncclComm_t,
-        nccl::cudaStream_t,
-    ) -> nccl::ncclResult_t,
-    all_reduce: unsafe extern "C" fn(
-        *const std::ffi::c_void,
-        *mut std::ffi::c_void,
-        usize,
-        nccl::ncclDataType_t,
-        nccl::ncclRedOp_t,
-        nccl::ncclComm_t,
-        nccl::cudaStream_t,
-    ) -> nccl::ncclResult_t,
+    reduce_scatter: Reduce,
+    all_reduce: Reduce,
     broadcast: unsafe extern "C" fn(
         *const std::ffi::c_void,
         *mut std::ffi::c_void,

@@ -109,10 +109,14 @@ fn allocator_peaks(_ordinal: usize) -> (Option<u64>, Option<u64>) {
 fn process_bytes(ordinal: usize) -> Option<u64> {
     use std::sync::OnceLock;
     static NVML: OnceLock<Option<nvml_wrapper::Nvml>> = OnceLock::new();
+    // Looked up once: a rank process uses one GPU, and this runs after every step.
+    static BUS_ID: OnceLock<Option<String>> = OnceLock::new();
     let nvml = NVML
         .get_or_init(|| nvml_wrapper::Nvml::init().ok())
         .as_ref()?;
-    let bus_id = super::cuda::pci_bus_id(ordinal)?;
+    let bus_id = BUS_ID
+        .get_or_init(|| super::cuda::pci_bus_id(ordinal))
+        .as_deref()?;
     let device = nvml.device_by_pci_bus_id(bus_id).ok()?;
     let pid = std::process::id();
     device

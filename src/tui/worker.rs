@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use crate::cost::{Choice, Machine};
 use crate::model::ModelSpec;
-use crate::plan::baseline::{self, Baseline, Outcome};
+use crate::plan::baseline::{self, Baseline, BaselineTable, Outcome};
 use crate::plan::{NoFit, PlanOptions, Planned, Planner};
 
 /// What to plan.
@@ -63,13 +63,10 @@ pub fn plan_now(
     r: &PlanRequest,
 ) -> PlanReady {
     let started = Instant::now();
-    let planner = Planner::new(
-        model,
-        machine.clone(),
-        options(r),
-        max_budget.max(r.budget_bytes),
-    );
-    finish(model, machine, &planner, r, started, false)
+    let cover = max_budget.max(r.budget_bytes);
+    let planner = Planner::new(model, machine.clone(), options(r), cover);
+    let table = BaselineTable::new(model, machine, &options(r), cover);
+    finish(&planner, &table, r, started, false)
 }
 
 fn options(r: &PlanRequest) -> PlanOptions {
@@ -83,16 +80,17 @@ fn options(r: &PlanRequest) -> PlanOptions {
     }
 }
 
+/// The plan and the baselines at the request's budget, from frontiers and baseline plans
+/// already built: a budget change prices nothing.
 fn finish(
-    model: &ModelSpec,
-    machine: &Machine,
     planner: &Planner,
+    table: &BaselineTable,
     r: &PlanRequest,
     started: Instant,
     reused: bool,
 ) -> PlanReady {
     let opts = options(r);
-    let baselines = baseline::baselines(model, machine, r.budget_bytes, &opts);
+    let baselines = table.at(r.budget_bytes);
     let mut result = planner.best(r.budget_bytes);
     if let Ok(best) = &mut result {
         baseline::adopt(best, &baselines, &opts);
@@ -115,7 +113,7 @@ fn serve(
     done: Sender<PlanReady>,
 ) {
     // Frontiers built for (options, largest budget they cover).
-    let mut cached: Option<(PlanOptions, u64, Planner)> = None;
+    let mut cached: Option<(PlanOptions, u64, Planner, BaselineTable)> = None;
     while let Ok(mut r) = jobs.recv() {
         // Latest request wins: skip everything already superseded.
         loop {
@@ -129,15 +127,16 @@ fn serve(
         let opts = options(&r);
         let reused = cached
             .as_ref()
-            .is_some_and(|(o, cover, _)| *o == opts && r.budget_bytes <= *cover);
+            .is_some_and(|(o, cover, _, _)| *o == opts && r.budget_bytes <= *cover);
         if !reused {
             let cover = max_budget.max(r.budget_bytes);
             let planner = Planner::new(model, machine.clone(), opts.clone(), cover);
-            cached = Some((opts, cover, planner));
+            let table = BaselineTable::new(model, &machine, &opts, cover);
+            cached = Some((opts, cover, planner, table));
         }
-        let (_, _, planner) = cached.as_ref().expect("just built");
+        let (_, _, planner, table) = cached.as_ref().expect("just built");
         if done
-            .send(finish(model, &machine, planner, &r, started, reused))
+            .send(finish(planner, table, &r, started, reused))
             .is_err()
         {
             return;

@@ -706,6 +706,20 @@ fn rank_process(
     cmd
 }
 
+/// `train tiny-gpt2 --plan <dp plan in dir> --steps 1`, for rank processes.
+fn one_step_args(dir: &Path) -> Vec<std::ffi::OsString> {
+    let m = tiny("tiny-gpt2");
+    let plan = write_plan(dir, &m, &dp_plan(&m), "plan.json");
+    vec![
+        "train".into(),
+        sample("tiny-gpt2").into(),
+        "--plan".into(),
+        plan.into(),
+        "--steps".into(),
+        "1".into(),
+    ]
+}
+
 fn losses(metrics: &Path) -> Vec<f64> {
     step_lines(metrics)
         .iter()
@@ -765,18 +779,9 @@ fn ranks_as_processes_over_tcp_train_exactly_like_ranks_as_threads() {
 
 #[test]
 fn a_rank_that_never_joins_ends_the_run_with_a_message() {
-    let m = tiny("tiny-gpt2");
     let dir = tempfile::tempdir().unwrap();
-    let plan = write_plan(dir.path(), &m, &dp_plan(&m), "plan.json");
-    let model = sample("tiny-gpt2");
-    let args: Vec<&std::ffi::OsStr> = vec![
-        "train".as_ref(),
-        model.as_os_str(),
-        "--plan".as_ref(),
-        plan.as_os_str(),
-        "--steps".as_ref(),
-        "1".as_ref(),
-    ];
+    let args = one_step_args(dir.path());
+    let args: Vec<&std::ffi::OsStr> = args.iter().map(|a| a.as_os_str()).collect();
     let port = free_port();
     let out = rank_process(0, 2, port, &args)
         .env("OSDP_JOIN_TIMEOUT_S", "1")
@@ -945,18 +950,9 @@ fn resume_takes_the_checkpoints_global_batch_seed_and_data() {
 #[test]
 fn a_peer_announcing_a_huge_tensor_ends_the_run_with_a_message() {
     use std::io::Write;
-    let m = tiny("tiny-gpt2");
     let dir = tempfile::tempdir().unwrap();
-    let plan = write_plan(dir.path(), &m, &dp_plan(&m), "plan.json");
-    let model = sample("tiny-gpt2");
-    let args: Vec<&std::ffi::OsStr> = vec![
-        "train".as_ref(),
-        model.as_os_str(),
-        "--plan".as_ref(),
-        plan.as_os_str(),
-        "--steps".as_ref(),
-        "1".as_ref(),
-    ];
+    let args = one_step_args(dir.path());
+    let args: Vec<&std::ffi::OsStr> = args.iter().map(|a| a.as_os_str()).collect();
     let port = free_port();
     let child = rank_process(0, 2, port, &args)
         .stderr(std::process::Stdio::piped())
