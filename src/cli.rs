@@ -483,7 +483,7 @@ fn show_layout(path: &Path, json: bool) -> Result<(), Failure> {
         l.world_size()
     );
     let row = |what: &str, value: String, source: &str| {
-        println!("  {what:<24}{value:<16}{}", printable(source));
+        println!("  {what:<30}{value:<16}{}", printable(source));
     };
     row(
         "memory",
@@ -510,10 +510,48 @@ fn show_layout(path: &Path, json: bool) -> Result<(), Failure> {
             );
         }
     }
+    let resolved = crate::cost::Efficiencies::of(&l);
+    let generation = match d.kind {
+        crate::cluster::DeviceKind::Gpu => crate::cluster::known::lookup(&d.model),
+        crate::cluster::DeviceKind::Cpu => None,
+    };
+    let resolved = [
+        resolved.matmul,
+        resolved.attention_forward,
+        resolved.attention_backward,
+        resolved.memory,
+    ];
+    for (i, ((name, own), value)) in d.efficiency.figures().into_iter().zip(resolved).enumerate() {
+        let source = match (own, generation) {
+            (Some(f), _) => f.source.clone(),
+            (None, Some(g)) => format!(
+                "{} default: {}",
+                g.efficiency.name,
+                g.efficiency.figures()[i].source
+            ),
+            (None, None) => {
+                "generic default, not fitted to this device (calibrate measures it)".into()
+            }
+        };
+        row(
+            &format!("efficiency {}", name.replace('_', " ")),
+            format!("{:.0} %", value * 100.0),
+            &source,
+        );
+    }
     row(
         "runtime overhead",
         format!("{} GiB", l.runtime_overhead_gib.value),
         &l.runtime_overhead_gib.source,
+    );
+    let reduce = match l.gradient_reduce_dtype {
+        Some(d) => format!("{d:?}").to_lowercase(),
+        None => "compute dtype".into(),
+    };
+    row(
+        "gradient reduce dtype",
+        reduce,
+        "what reduce-scatters and all-reduces move (osdp-tui's trainer: the compute dtype)",
     );
     for (name, link) in [
         ("intra-node", Some(&l.intra_node)),
@@ -530,6 +568,13 @@ fn show_layout(path: &Path, json: bool) -> Result<(), Failure> {
                 format!("{} µs", link.latency_us.value),
                 &link.latency_us.source,
             );
+            if let Some(n) = &link.nics_per_node {
+                row(
+                    &format!("{name} NICs per node"),
+                    format!("{}", n.value),
+                    &n.source,
+                );
+            }
         }
     }
     Ok(())

@@ -8,6 +8,6 @@ mod layout;
 
 pub use calibration::Calibration;
 pub use layout::{
-    read_layout, validate_layout, DeviceKind, DeviceSpec, Figure, Layout, LinkKind, LinkSpec,
-    Rates, LAYOUT_FORMAT_VERSION,
+    read_layout, validate_layout, DeviceKind, DeviceSpec, Efficiency, Figure, Layout, LinkKind,
+    LinkSpec, Rates, ReduceDType, LAYOUT_FORMAT_VERSION,
 };

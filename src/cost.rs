@@ -54,9 +54,10 @@ impl Precision {
 /// master, m, v and the bf16 copy.
 pub const OPTIMIZER_BYTES_PER_PARAM: u64 = 28;
 
-/// Fraction of the dense peak a large matmul reaches.
+/// Fraction of the dense peak a large matmul reaches where neither the layout nor the GPU's
+/// generation says (the CPU layout, unknown GPUs).
 pub const MATMUL_EFFICIENCY: f64 = 0.7;
-/// Fraction of memory bandwidth element-wise kernels reach.
+/// Fraction of memory bandwidth element-wise kernels reach, likewise.
 pub const MEMORY_EFFICIENCY: f64 = 0.8;
 /// Backward of a matmul is two matmuls (input and weight gradients).
 pub const LINEAR_BWD_FACTOR: f64 = 2.0;
@@ -151,10 +152,24 @@ pub struct Machine {
     /// Dense FLOP/s for the model's compute dtype.
     pub flops_per_s: f64,
     pub memory_bytes_per_s: f64,
-    /// Bus bandwidth of the slowest link a ring crosses, bytes/s.
+    /// Nodes the ranks are spread over (ranks / nodes per node).
+    pub nodes: u32,
+    /// Bus bandwidth of a ring over all ranks, bytes/s: the intra-node link's, or across
+    /// nodes the lesser of it and a node's NICs together (one ring channel per NIC).
     pub link_bytes_per_s: f64,
-    /// Per-step latency of a ring collective, seconds.
+    /// Per-step latency of a ring collective between ranks of one node, seconds.
     pub link_latency_s: f64,
+    /// Per-step latency of the ring steps that cross nodes (`nodes − 1` of a ring's steps).
+    pub cross_node_latency_s: f64,
+    /// Bytes per element of reduced gradients on the wire.
+    pub reduce_bytes: u64,
+    /// Fractions of the peaks kernels reach: matmuls, fused attention forward and backward
+    /// (on causal FLOPs), memory-bound kernels.
+    pub efficiency: Efficiencies,
+    /// Collectives of a block's ops are issued together (one latency per block, shared by
+    /// its ops in proportion to their parameters), as FSDP units and DDP buckets do on GPUs.
+    /// The CPU trainer issues one collective per op.
+    pub block_collectives: bool,
     /// Fixed cost of launching one kernel, seconds.
     pub launch_s: f64,
     pub overhead_bytes: u64,
@@ -168,6 +183,63 @@ pub struct Machine {
     pub overlap: bool,
     /// Measured kernel curves and fixed costs (`osdp-tui calibrate`), preferred to the rates.
     pub calibration: Option<Arc<Calibration>>,
+}
+
+/// Kernel efficiencies the cost model prices with, resolved from the layout, the GPU's
+/// generation, or generic defaults.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Efficiencies {
+    /// Of a large GEMM.
+    pub matmul: f64,
+    /// Narrow GEMMs reach less: a linear whose smaller side is `k` features runs at
+    /// `matmul · k / (k + matmul_half_width)`. 0 where not known.
+    pub matmul_half_width: f64,
+    /// Fraction of the communication hidden behind compute that still costs time: NCCL's
+    /// kernels take SMs and memory bandwidth from the compute they overlap.
+    pub overlap_contention: f64,
+    pub attention_forward: f64,
+    pub attention_backward: f64,
+    pub memory: f64,
+}
+
+impl Efficiencies {
+    /// The fractions used where nothing better is known.
+    pub const GENERIC: Efficiencies = Efficiencies {
+        matmul: MATMUL_EFFICIENCY,
+        matmul_half_width: 0.0,
+        overlap_contention: 0.0,
+        attention_forward: MATMUL_EFFICIENCY,
+        attention_backward: MATMUL_EFFICIENCY,
+        memory: MEMORY_EFFICIENCY,
+    };
+
+    /// The layout's own figures, else its GPU generation's (`cluster::known`), else generic.
+    pub fn of(layout: &Layout) -> Efficiencies {
+        let d = &layout.device;
+        let base = match (d.kind, crate::cluster::known::lookup(&d.model)) {
+            (DeviceKind::Gpu, Some(g)) => Efficiencies {
+                matmul: g.efficiency.matmul.value,
+                matmul_half_width: g.efficiency.matmul_half_width.value,
+                overlap_contention: g.efficiency.overlap_contention.value,
+                attention_forward: g.efficiency.attention_forward.value,
+                attention_backward: g.efficiency.attention_backward.value,
+                memory: g.efficiency.memory.value,
+            },
+            _ => Efficiencies::GENERIC,
+        };
+        let e = &d.efficiency;
+        let pick = |f: &Option<crate::cluster::Figure>, default: f64| {
+            f.as_ref().map_or(default, |f| f.value)
+        };
+        Efficiencies {
+            matmul: pick(&e.matmul, base.matmul),
+            matmul_half_width: pick(&e.matmul_half_width, base.matmul_half_width),
+            overlap_contention: pick(&e.overlap_contention, base.overlap_contention),
+            attention_forward: pick(&e.attention_forward, base.attention_forward),
+            attention_backward: pick(&e.attention_backward, base.attention_backward),
+            memory: pick(&e.memory, base.memory),
+        }
+    }
 }
 
 impl Machine {
@@ -200,28 +272,31 @@ impl Machine {
                 .find_map(|(n, f)| f.as_ref().map(|f| (*n, f.value)))
             })
             .unwrap_or(("fp32", 1.0));
-        let (bw, lat) = match &layout.inter_node {
+        // A ring over several nodes runs one channel per NIC: its bus bandwidth is the
+        // lesser of the NVLink (or PCIe) one and all of a node's NICs together, and only
+        // the steps that cross nodes pay the network's latency.
+        let intra = &layout.intra_node;
+        let (bw, cross_lat) = match &layout.inter_node {
             Some(inter) if layout.nodes > 1 => (
-                inter
-                    .bus_bandwidth_gb_per_s
-                    .value
-                    .min(layout.intra_node.bus_bandwidth_gb_per_s.value),
-                inter
-                    .latency_us
-                    .value
-                    .max(layout.intra_node.latency_us.value),
+                (inter.bus_bandwidth_gb_per_s.value * inter.nics())
+                    .min(intra.bus_bandwidth_gb_per_s.value),
+                inter.latency_us.value,
             ),
-            _ => (
-                layout.intra_node.bus_bandwidth_gb_per_s.value,
-                layout.intra_node.latency_us.value,
-            ),
+            _ => (intra.bus_bandwidth_gb_per_s.value, intra.latency_us.value),
         };
         Machine {
             ranks: layout.world_size(),
+            nodes: layout.nodes.max(1),
             flops_per_s: tflops * 1e12,
             memory_bytes_per_s: layout.device.memory_bandwidth_gb_per_s.value * 1e9,
             link_bytes_per_s: bw * 1e9,
-            link_latency_s: lat * 1e-6,
+            link_latency_s: intra.latency_us.value * 1e-6,
+            cross_node_latency_s: cross_lat * 1e-6,
+            reduce_bytes: layout
+                .gradient_reduce_dtype
+                .map_or(precision.grad_bytes, |d| d.bytes()),
+            efficiency: Efficiencies::of(layout),
+            block_collectives: layout.device.kind == DeviceKind::Gpu,
             launch_s: match layout.device.kind {
                 DeviceKind::Gpu => 5e-6,
                 DeviceKind::Cpu => 10e-6,
@@ -256,11 +331,20 @@ impl Machine {
 
     /// Ring all-gather (or reduce-scatter) of a tensor of `bytes` in total.
     pub fn all_gather_s(&self, bytes: f64) -> f64 {
+        self.ring_s(bytes, 1.0)
+    }
+
+    /// A ring collective of `bytes` that pays `latency_share` of the ring's latency (the
+    /// rest is paid by the other ops issued with it).
+    fn ring_s(&self, bytes: f64, latency_share: f64) -> f64 {
         let n = f64::from(self.ranks);
         if self.ranks <= 1 {
             return 0.0;
         }
-        (n - 1.0) * self.link_latency_s + (n - 1.0) / n * bytes / self.link_bytes_per_s
+        let nodes = f64::from(self.nodes.clamp(1, self.ranks));
+        latency_share
+            * ((n - nodes) * self.link_latency_s + (nodes - 1.0) * self.cross_node_latency_s)
+            + (n - 1.0) / n * bytes / self.link_bytes_per_s
     }
 
     pub fn reduce_scatter_s(&self, bytes: f64) -> f64 {
@@ -272,12 +356,20 @@ impl Machine {
         2.0 * self.all_gather_s(bytes)
     }
 
-    fn matmul_s(&self, flops: f64, calls: u32) -> f64 {
-        flops / (self.flops_per_s * MATMUL_EFFICIENCY) + f64::from(calls) * self.launch_s
+    /// A GEMM of `flops` whose smaller side is `width` features.
+    fn matmul_s(&self, flops: f64, width: f64, calls: u32) -> f64 {
+        let e = &self.efficiency;
+        let efficiency = e.matmul * width / (width + e.matmul_half_width);
+        flops / (self.flops_per_s * efficiency) + f64::from(calls) * self.launch_s
+    }
+
+    /// A fused attention kernel doing `flops` (causal ones: the masked half is skipped).
+    fn attention_s(&self, flops: f64, efficiency: f64) -> f64 {
+        flops / (self.flops_per_s * efficiency) + self.launch_s
     }
 
     fn memory_s(&self, bytes: f64) -> f64 {
-        bytes / (self.memory_bytes_per_s * MEMORY_EFFICIENCY) + self.launch_s
+        bytes / (self.memory_bytes_per_s * self.efficiency.memory) + self.launch_s
     }
 }
 
@@ -307,10 +399,14 @@ pub struct OpBase {
     /// Micro-batches per optimizer step (gradient accumulation): the op's compute, and the
     /// collectives a strategy repeats per micro-batch, run this many times a step.
     pub accumulation: u32,
+    /// The share of a collective's latency this op pays: 1 where each op communicates on its
+    /// own; its fraction of its block's parameters where a block's ops communicate together.
+    pub latency_share: f64,
 }
 
 impl OpBase {
-    /// `input_bytes_per_sample`: the summed outputs of the op's inputs.
+    /// `input_bytes_per_sample`: the summed outputs of the op's inputs. `causal_fused`: the
+    /// op is a fused causal attention kernel, which skips the masked half of its FLOPs.
     pub fn new(
         op: &OpSpec,
         kernel: &str,
@@ -318,6 +414,7 @@ impl OpBase {
         m: &Machine,
         batch: u64,
         uses: u32,
+        causal_fused: bool,
     ) -> OpBase {
         let b = batch as f64;
         let flops = op.fwd_flops_per_sample as f64 * b;
@@ -329,13 +426,31 @@ impl OpBase {
             .and_then(|c| c.kernel_s(kernel, work));
         let (fwd_s, bwd_s) = match op.kind {
             _ if measured.is_some() => measured.unwrap_or_default(),
-            OpKind::Linear => (
-                m.matmul_s(flops, 1),
-                LINEAR_BWD_FACTOR * m.matmul_s(flops, 1),
-            ),
+            OpKind::Linear => {
+                // The GEMM's smallest side: its narrower feature count, or the rows of the
+                // micro-batch (tokens) when fewer.
+                let weight = op.params.first().map(|p| p.shape.as_slice()).unwrap_or(&[]);
+                let features = weight.iter().copied().min().unwrap_or(1).max(1) as f64;
+                let rows = flops / (2.0 * weight.iter().product::<i64>().max(1) as f64);
+                let width = features.min(rows.max(1.0));
+                (
+                    m.matmul_s(flops, width, 1),
+                    LINEAR_BWD_FACTOR * m.matmul_s(flops, width, 1),
+                )
+            }
+            OpKind::Attention if causal_fused => {
+                let done = flops / 2.0;
+                (
+                    m.attention_s(done, m.efficiency.attention_forward),
+                    m.attention_s(ATTENTION_BWD_FACTOR * done, m.efficiency.attention_backward),
+                )
+            }
             OpKind::Attention => (
-                m.matmul_s(flops, 1),
-                ATTENTION_BWD_FACTOR * m.matmul_s(flops, 1),
+                m.attention_s(flops, m.efficiency.attention_forward),
+                m.attention_s(
+                    ATTENTION_BWD_FACTOR * flops,
+                    m.efficiency.attention_backward,
+                ),
             ),
             _ => (
                 m.memory_s(moved),
@@ -368,6 +483,7 @@ impl OpBase {
                 [sizes.next().unwrap_or(0), sizes.sum()]
             },
             accumulation: 1,
+            latency_share: 1.0,
         }
     }
 
@@ -441,9 +557,14 @@ pub fn price(base: &OpBase, choice: Choice, m: &Machine) -> OpCost {
     let p = base.params;
     let n = u64::from(m.ranks.max(1));
     let extra_gathers = f64::from(base.uses.max(1));
+    let share = base.latency_share;
+    let gather = |bytes: f64| m.ring_s(bytes, share);
+    let all_reduce = |bytes: f64| 2.0 * m.ring_s(bytes, share);
     let split_launches = f64::from(choice.split.saturating_sub(1)) * m.launch_s;
     let pr = m.precision;
     let (pb, gb, ob) = (pr.param_bytes, pr.grad_bytes, pr.optimizer_bytes);
+    // Gradients travel in the reduce dtype.
+    let rb = m.reduce_bytes;
     // Collectives as the executor runs them under gradient accumulation: DDP and ZeRO-1 sync
     // gradients once a step (the last micro-batch's backward), ZeRO-1/2 gather the updated
     // parameters once (before the first forward), ZeRO-2 reduce-scatters every micro-batch's
@@ -455,7 +576,7 @@ pub fn price(base: &OpBase, choice: Choice, m: &Machine) -> OpCost {
             STATE_BYTES_PER_PARAM * p,
             0,
             Comm {
-                step_bwd: m.all_reduce_s((gb * p) as f64),
+                step_bwd: all_reduce((rb * p) as f64),
                 ..none
             },
             p,
@@ -464,8 +585,8 @@ pub fn price(base: &OpBase, choice: Choice, m: &Machine) -> OpCost {
             (pb + gb) * p + ceil_div(ob * p, n),
             0,
             Comm {
-                step_fwd: m.all_gather_s((pb * p) as f64),
-                step_bwd: m.reduce_scatter_s((gb * p) as f64),
+                step_fwd: gather((pb * p) as f64),
+                step_bwd: gather((rb * p) as f64),
                 ..none
             },
             ceil_div(p, n),
@@ -474,8 +595,8 @@ pub fn price(base: &OpBase, choice: Choice, m: &Machine) -> OpCost {
             pb * p + ceil_div((gb + ob) * p, n),
             gb * p,
             Comm {
-                step_fwd: m.all_gather_s((pb * p) as f64),
-                micro_bwd: m.reduce_scatter_s((gb * p) as f64),
+                step_fwd: gather((pb * p) as f64),
+                micro_bwd: gather((rb * p) as f64),
                 ..none
             },
             ceil_div(p, n),
@@ -485,9 +606,10 @@ pub fn price(base: &OpBase, choice: Choice, m: &Machine) -> OpCost {
             let sharded_p = p * s / k;
             let replicated_p = p - sharded_p;
             let slice = (pb * p) as f64 / k as f64;
+            let grad_slice = (rb * p) as f64 / k as f64;
             let slices = s as f64;
             let step_bwd = if replicated_p > 0 {
-                m.all_reduce_s((gb * replicated_p) as f64)
+                all_reduce((rb * replicated_p) as f64)
             } else {
                 0.0
             };
@@ -497,9 +619,8 @@ pub fn price(base: &OpBase, choice: Choice, m: &Machine) -> OpCost {
                 // One slice's gathered parameters and its full gradient.
                 ceil_div((pb + gb) * p, k),
                 Comm {
-                    micro_fwd: extra_gathers * slices * m.all_gather_s(slice),
-                    micro_bwd: slices
-                        * (extra_gathers * m.all_gather_s(slice) + m.reduce_scatter_s(slice)),
+                    micro_fwd: extra_gathers * slices * gather(slice),
+                    micro_bwd: slices * (extra_gathers * gather(slice) + gather(grad_slice)),
                     step_bwd,
                     ..none
                 },
@@ -527,7 +648,9 @@ pub fn price(base: &OpBase, choice: Choice, m: &Machine) -> OpCost {
     // the first forward (gathers) or the last backward (gradient syncs) beside that
     // micro-batch's own. With one micro-batch this is the plain per-op overlap.
     let exposed = if m.overlap {
-        let hidden = |comm: f64, compute: f64| (comm - compute).max(0.0);
+        // What is not hidden, plus the overlapped part's toll on the compute beside it.
+        let c = m.efficiency.overlap_contention;
+        let hidden = |comm: f64, compute: f64| (comm - compute).max(0.0) + c * comm.min(compute);
         (a - 1.0) * (hidden(comm.micro_fwd, base.fwd_s) + hidden(comm.micro_bwd, base.bwd_s))
             + hidden(comm.micro_fwd + comm.step_fwd, base.fwd_s)
             + hidden(comm.micro_bwd + comm.step_bwd, base.bwd_s)
@@ -545,7 +668,7 @@ pub fn price(base: &OpBase, choice: Choice, m: &Machine) -> OpCost {
             Some(cal) => calibrated_optimizer_s(cal, base, choice, n),
             None => {
                 (OPTIMIZER_BYTES_PER_PARAM * updated) as f64
-                    / (m.memory_bytes_per_s * MEMORY_EFFICIENCY)
+                    / (m.memory_bytes_per_s * m.efficiency.memory)
             }
         },
     }
@@ -660,13 +783,34 @@ pub fn op_bases(model: &ModelSpec, m: &Machine, batch: u64) -> Vec<OpBase> {
 pub struct OpGraph {
     uses: Vec<u32>,
     inputs: Vec<u64>,
+    /// Each op's fraction of its block's parameters (1 outside blocks).
+    block_share: Vec<f64>,
+    /// Attention is a fused kernel with a causal mask (it skips the masked half).
+    causal_fused: bool,
 }
 
 impl OpGraph {
     pub fn of(model: &ModelSpec) -> OpGraph {
+        let mut block_params: std::collections::HashMap<u32, u64> = Default::default();
+        for op in &model.ops {
+            if let Some(b) = op.block {
+                *block_params.entry(b).or_default() += ModelSpec::op_param_count(op);
+            }
+        }
+        let block_share = model
+            .ops
+            .iter()
+            .map(|op| match op.block.and_then(|b| block_params.get(&b)) {
+                Some(&total) if total > 0 => ModelSpec::op_param_count(op) as f64 / total as f64,
+                _ => 1.0,
+            })
+            .collect();
         OpGraph {
             uses: parameter_uses(model),
             inputs: input_bytes_per_sample(model),
+            block_share,
+            causal_fused: model.config.causal
+                && model.config.attention == crate::model::AttentionImpl::Flash,
         }
     }
 
@@ -684,7 +828,15 @@ impl OpGraph {
                     m,
                     batch,
                     self.uses[i],
+                    self.causal_fused,
                 )
+            })
+            .zip(&self.block_share)
+            .map(|(mut base, &share)| {
+                if m.block_collectives {
+                    base.latency_share = share;
+                }
+                base
             })
             .collect()
     }
@@ -714,8 +866,13 @@ mod tests {
             ranks,
             flops_per_s: 100e12,
             memory_bytes_per_s: 1e12,
+            nodes: 1,
             link_bytes_per_s: 100e9,
             link_latency_s: 10e-6,
+            cross_node_latency_s: 10e-6,
+            reduce_bytes: 2,
+            efficiency: Efficiencies::GENERIC,
+            block_collectives: false,
             launch_s: 5e-6,
             overhead_bytes: 0,
             compute_dtype: "bf16",
@@ -739,6 +896,7 @@ mod tests {
             work: 1e9,
             tensor_params: [params, 0],
             accumulation: 1,
+            latency_share: 1.0,
         }
     }
 
@@ -901,7 +1059,11 @@ mod tests {
     fn compute_time_uses_efficiency_and_launches() {
         let m = machine(8);
         // 1 TFLOP at 70 % of 100 TFLOP/s = 1/70 s, plus one 5 µs launch.
-        assert!((m.matmul_s(1e12, 1) - (1.0 / 70.0 + 5e-6)).abs() < 1e-12);
+        assert!((m.matmul_s(1e12, 4096.0, 1) - (1.0 / 70.0 + 5e-6)).abs() < 1e-12);
+        // A narrow GEMM (256 features) with a 256-feature half width runs at half speed.
+        let mut narrow = machine(8);
+        narrow.efficiency.matmul_half_width = 256.0;
+        assert!((narrow.matmul_s(1e12, 256.0, 1) - (2.0 / 70.0 + 5e-6)).abs() < 1e-12);
         // 1 GB through memory at 80 % of 1 TB/s = 1.25 ms, plus a launch.
         assert!((m.memory_s(1e9) - (1.25e-3 + 5e-6)).abs() < 1e-12);
         // Splitting into 4 slices adds 3 launches to forward and 6 to backward.
@@ -1058,5 +1220,118 @@ mod tests {
             ..linear_base(0)
         };
         assert_eq!(choices(&free, 8), vec![Choice::NONE]);
+    }
+
+    fn sample(name: &str) -> ModelSpec {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join(format!("sample-models/{name}.json"));
+        crate::model::read_model(&path).unwrap()
+    }
+
+    /// Machines of `nodes` × 8 GPUs with a layout's links: NVLink 370 GB/s and 10 µs inside a
+    /// node; between nodes `nics` NICs of 46 GB/s and 15 µs.
+    fn cluster(nodes: u32, nics: f64) -> Machine {
+        let text = format!(
+            r#"{{"version": 1, "name": "t", "description": "t", "nodes": {nodes}, "gpus_per_node": 8,
+            "device": {{"kind": "gpu", "model": "NVIDIA H100 80GB HBM3",
+              "memory_gib": {{"value": 80, "source": "s"}},
+              "dense_tflops": {{"bf16": {{"value": 989, "source": "s"}}}},
+              "memory_bandwidth_gb_per_s": {{"value": 3350, "source": "s"}}}},
+            "runtime_overhead_gib": {{"value": 1, "source": "s"}},
+            "intra_node": {{"kind": "nvlink", "bus_bandwidth_gb_per_s": {{"value": 370, "source": "s"}},
+              "latency_us": {{"value": 10, "source": "s"}}}},
+            "inter_node": {{"kind": "infiniband", "bus_bandwidth_gb_per_s": {{"value": 46, "source": "s"}},
+              "latency_us": {{"value": 15, "source": "s"}}, "nics_per_node": {{"value": {nics}, "source": "s"}}}}}}"#
+        );
+        let layout: Layout = serde_json::from_str(&text).unwrap();
+        crate::cluster::validate_layout(&layout).unwrap();
+        let model = sample("tiny-gpt2");
+        Machine::new(&layout, &model)
+    }
+
+    #[test]
+    fn a_node_of_nics_keeps_the_ring_at_nvlink_speed_and_only_crossings_pay_network_latency() {
+        // 1 GB gathered: with eight 46 GB/s NICs a node sends 368 GB/s, about NVLink's 370,
+        // so the bandwidth term hardly moves from 8 to 64 GPUs.
+        let bw = |m: &Machine| m.all_gather_s(1e9) - m.all_gather_s(0.0);
+        let (one, eight) = (cluster(1, 8.0), cluster(8, 8.0));
+        let per_byte = |m: &Machine, n: f64| bw(m) / ((n - 1.0) / n);
+        assert!((per_byte(&eight, 64.0) / per_byte(&one, 8.0) - 370.0 / 368.0).abs() < 1e-9);
+        // One NIC per node: the ring crawls at 46 GB/s.
+        assert!((per_byte(&cluster(8, 1.0), 64.0) - 1e9 / 46e9).abs() < 1e-12);
+        // Latency: 64 ranks on 8 nodes = 56 steps inside nodes at 10 µs, 7 across at 15 µs.
+        assert!((eight.all_gather_s(0.0) - (56.0 * 10e-6 + 7.0 * 15e-6)).abs() < 1e-12);
+        assert!((one.all_gather_s(0.0) - 7.0 * 10e-6).abs() < 1e-12);
+    }
+
+    #[test]
+    fn a_blocks_ops_share_one_collective_latency_on_gpus() {
+        let m = cluster(8, 8.0);
+        assert!(m.block_collectives);
+        let model = sample("gpt2");
+        let bases = op_bases(&model, &m, 1);
+        // Per block, the shares of the ops owning parameters add up to one latency.
+        let block0: f64 = model
+            .ops
+            .iter()
+            .zip(&bases)
+            .filter(|(o, _)| o.block == Some(0) && owns_params(o))
+            .map(|(_, b)| b.latency_share)
+            .sum();
+        assert!((block0 - 1.0).abs() < 1e-12, "{block0}");
+        // The embedding, outside blocks, pays a whole one.
+        assert_eq!(bases[0].latency_share, 1.0);
+    }
+
+    #[test]
+    fn causal_flash_attention_skips_the_masked_half() {
+        let causal = sample("gpt2");
+        let mut full = causal.clone();
+        full.config.causal = false;
+        let m = cluster(1, 8.0);
+        let attention = |model: &ModelSpec| {
+            let i = model
+                .ops
+                .iter()
+                .position(|o| o.kind == OpKind::Attention)
+                .unwrap();
+            let b = &op_bases(model, &m, 8)[i];
+            (b.fwd_s - m.launch_s, b.bwd_s - m.launch_s)
+        };
+        let (c, f) = (attention(&causal), attention(&full));
+        assert!((c.0 / f.0 - 0.5).abs() < 1e-9 && (c.1 / f.1 - 0.5).abs() < 1e-9);
+        // Backward: 2.5× the forward's FLOPs at the backward's own efficiency.
+        let e = m.efficiency;
+        let want = ATTENTION_BWD_FACTOR * e.attention_forward / e.attention_backward;
+        assert!((c.1 / c.0 - want).abs() < 1e-9);
+    }
+
+    #[test]
+    fn overlapped_communication_still_costs_its_contention() {
+        let mut m = machine(8);
+        m.link_latency_s = 0.0;
+        m.efficiency.overlap_contention = 0.25;
+        // 350 µs of all-reduce hidden behind a 2 ms backward still costs a quarter of itself.
+        let c = price(&linear_base(10_000_000), Choice::DP, &m);
+        assert!(
+            (c.exposed_comm_s - 0.25 * 350e-6).abs() < 1e-12,
+            "{}",
+            c.exposed_comm_s
+        );
+    }
+
+    #[test]
+    fn gradients_travel_in_the_reduce_dtype() {
+        let mut m = machine(8);
+        m.link_latency_s = 0.0;
+        let b = linear_base(1_000_000_000);
+        let bf16 = price(&b, Choice::DP, &m).comm_s;
+        m.reduce_bytes = 4;
+        assert!((price(&b, Choice::DP, &m).comm_s / bf16 - 2.0).abs() < 1e-12);
+        // ZeRO-3: two bf16 gathers and an fp32 reduce-scatter = (2 + 2 + 4) / 6 of bf16's.
+        let z = |m: &Machine| price(&b, Choice::zero3(1, 1), m).comm_s;
+        let fp32 = z(&m);
+        m.reduce_bytes = 2;
+        assert!((fp32 / z(&m) - 8.0 / 6.0).abs() < 1e-12);
     }
 }

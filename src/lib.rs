@@ -10,6 +10,7 @@ pub mod input;
 pub mod model;
 pub mod monitor;
 pub mod plan;
+pub mod published;
 pub mod report;
 pub mod run;
 pub mod text;

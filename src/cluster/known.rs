@@ -17,6 +17,140 @@ pub struct KnownGpu {
     pub link_gb_per_s: f64,
     pub link: LinkKind,
     pub source: &'static str,
+    /// What training kernels reach of those peaks on this generation.
+    pub efficiency: &'static Generation,
+}
+
+/// A fraction with where it came from.
+#[derive(Debug, PartialEq)]
+pub struct Sourced {
+    pub value: f64,
+    pub source: &'static str,
+}
+
+/// Kernel efficiencies of a GPU generation (fractions of the datasheet peaks), with sources.
+#[derive(Debug, PartialEq)]
+pub struct Generation {
+    pub name: &'static str,
+    pub matmul: Sourced,
+    /// Features at which a GEMM's efficiency is half the large-GEMM one (`k / (k + this)`).
+    pub matmul_half_width: Sourced,
+    /// Share of overlapped communication that still costs compute time.
+    pub overlap_contention: Sourced,
+    pub attention_forward: Sourced,
+    pub attention_backward: Sourced,
+    pub memory: Sourced,
+}
+
+/// Where the fitted figures come from.
+const FIT: &str = "fitted 2026-11-23 to 24 published single-node llm-foundry FSDP runs on A100 \
+                   and H100 (docs/published-runs.md; `cargo run --release --example \
+                   published-runs -- --fit`)";
+
+/// The attention figures are effective ones: fitted with FlashAttention-2's forward/backward
+/// ratio kept, they also carry the per-token work around the kernel (masking, softmax
+/// statistics, layout copies) that the graph does not list.
+const FIT_ATTENTION: &str = "fitted 2026-11-23 to 24 published single-node llm-foundry FSDP \
+                             runs (docs/published-runs.md), keeping FlashAttention-2's \
+                             backward/forward ratio (arXiv:2307.08691, arXiv:2407.08608)";
+
+const FITTED_HALF_WIDTH: Sourced = Sourced {
+    value: 220.0,
+    source: FIT,
+};
+
+const FITTED_CONTENTION: Sourced = Sourced {
+    value: 0.39,
+    source: FIT,
+};
+
+const FITTED_MEMORY: Sourced = Sourced {
+    value: 0.8,
+    source: "estimate: element-wise kernels reach ~80 % of HBM bandwidth",
+};
+
+/// Hopper (H100, H200): bf16 GEMMs of transformer shapes reach ~60 % of the datasheet's
+/// 989 TFLOP/s in FSDP training.
+pub const HOPPER: Generation = Generation {
+    name: "Hopper",
+    matmul: Sourced {
+        value: 0.61,
+        source: FIT,
+    },
+    matmul_half_width: FITTED_HALF_WIDTH,
+    overlap_contention: FITTED_CONTENTION,
+    attention_forward: Sourced {
+        value: 0.18,
+        source: FIT_ATTENTION,
+    },
+    attention_backward: Sourced {
+        value: 0.145,
+        source: FIT_ATTENTION,
+    },
+    memory: FITTED_MEMORY,
+};
+
+/// Ampere (A100, A10): GEMMs reach ~80 % of the A100's 312 TFLOP/s.
+pub const AMPERE: Generation = Generation {
+    name: "Ampere",
+    matmul: Sourced {
+        value: 0.80,
+        source: FIT,
+    },
+    matmul_half_width: FITTED_HALF_WIDTH,
+    overlap_contention: FITTED_CONTENTION,
+    attention_forward: Sourced {
+        value: 0.285,
+        source: FIT_ATTENTION,
+    },
+    attention_backward: Sourced {
+        value: 0.24,
+        source: FIT_ATTENTION,
+    },
+    memory: FITTED_MEMORY,
+};
+
+const GENERIC: &str = "generic estimate, not fitted to this GPU (calibrate measures it)";
+
+/// Generations without published training figures here (Ada, Turing, Volta): the generic
+/// fractions the cost model always used.
+pub const OTHER: Generation = Generation {
+    name: "other",
+    matmul: Sourced {
+        value: 0.70,
+        source: GENERIC,
+    },
+    matmul_half_width: Sourced {
+        value: 0.0,
+        source: GENERIC,
+    },
+    overlap_contention: Sourced {
+        value: 0.0,
+        source: GENERIC,
+    },
+    attention_forward: Sourced {
+        value: 0.50,
+        source: GENERIC,
+    },
+    attention_backward: Sourced {
+        value: 0.40,
+        source: GENERIC,
+    },
+    memory: Sourced {
+        value: 0.80,
+        source: GENERIC,
+    },
+};
+
+impl Generation {
+    pub fn figures(&self) -> [&Sourced; 4] {
+        [
+            &self.matmul,
+            &self.attention_forward,
+            &self.attention_backward,
+            &self.memory,
+        ]
+    }
 }
 
 /// Most specific names first.
@@ -29,6 +163,7 @@ pub const KNOWN_GPUS: &[KnownGpu] = &[
         memory_gb_per_s: 4800.0,
         link_gb_per_s: 370.0,
         link: LinkKind::Nvlink,
+        efficiency: &HOPPER,
         source: "NVIDIA H200 datasheet",
     },
     KnownGpu {
@@ -39,6 +174,7 @@ pub const KNOWN_GPUS: &[KnownGpu] = &[
         memory_gb_per_s: 2000.0,
         link_gb_per_s: 25.0,
         link: LinkKind::Pcie,
+        efficiency: &HOPPER,
         source: "NVIDIA H100 PCIe datasheet",
     },
     KnownGpu {
@@ -49,6 +185,7 @@ pub const KNOWN_GPUS: &[KnownGpu] = &[
         memory_gb_per_s: 3350.0,
         link_gb_per_s: 370.0,
         link: LinkKind::Nvlink,
+        efficiency: &HOPPER,
         source: "NVIDIA H100 SXM datasheet",
     },
     KnownGpu {
@@ -59,6 +196,7 @@ pub const KNOWN_GPUS: &[KnownGpu] = &[
         memory_gb_per_s: 1935.0,
         link_gb_per_s: 12.0,
         link: LinkKind::Pcie,
+        efficiency: &AMPERE,
         source: "NVIDIA A100 PCIe datasheet",
     },
     KnownGpu {
@@ -69,6 +207,7 @@ pub const KNOWN_GPUS: &[KnownGpu] = &[
         memory_gb_per_s: 2039.0,
         link_gb_per_s: 200.0,
         link: LinkKind::Nvlink,
+        efficiency: &AMPERE,
         source: "NVIDIA A100 SXM datasheet",
     },
     KnownGpu {
@@ -79,6 +218,7 @@ pub const KNOWN_GPUS: &[KnownGpu] = &[
         memory_gb_per_s: 864.0,
         link_gb_per_s: 12.0,
         link: LinkKind::Pcie,
+        efficiency: &OTHER,
         source: "NVIDIA L40S datasheet",
     },
     KnownGpu {
@@ -89,6 +229,7 @@ pub const KNOWN_GPUS: &[KnownGpu] = &[
         memory_gb_per_s: 1008.0,
         link_gb_per_s: 12.0,
         link: LinkKind::Pcie,
+        efficiency: &OTHER,
         source: "NVIDIA Ada Lovelace architecture whitepaper",
     },
     KnownGpu {
@@ -99,6 +240,7 @@ pub const KNOWN_GPUS: &[KnownGpu] = &[
         memory_gb_per_s: 600.0,
         link_gb_per_s: 12.0,
         link: LinkKind::Pcie,
+        efficiency: &AMPERE,
         source: "NVIDIA A10 datasheet",
     },
     KnownGpu {
@@ -109,6 +251,7 @@ pub const KNOWN_GPUS: &[KnownGpu] = &[
         memory_gb_per_s: 900.0,
         link_gb_per_s: 130.0,
         link: LinkKind::Nvlink,
+        efficiency: &OTHER,
         source: "NVIDIA V100 SXM2 datasheet",
     },
     KnownGpu {
@@ -119,6 +262,7 @@ pub const KNOWN_GPUS: &[KnownGpu] = &[
         memory_gb_per_s: 672.0,
         link_gb_per_s: 10.0,
         link: LinkKind::Pcie,
+        efficiency: &OTHER,
         source: "NVIDIA TITAN RTX specifications",
     },
 ];
@@ -168,6 +312,7 @@ pub fn local_layout(name: &str, count: u32, memory_bytes: u64) -> Layout {
                 fp32: Some(fig(g.fp32_tflops, "FP32")),
             },
             memory_bandwidth_gb_per_s: fig(g.memory_gb_per_s, "memory bandwidth"),
+            efficiency: Default::default(),
         },
         runtime_overhead_gib: Figure {
             value: 1.5,
@@ -180,8 +325,10 @@ pub fn local_layout(name: &str, count: u32, memory_bytes: u64) -> Layout {
                 value: 10.0,
                 source: "estimate".into(),
             },
+            nics_per_node: None,
         },
         inter_node: None,
+        gradient_reduce_dtype: None,
         calibration: None,
     }
 }

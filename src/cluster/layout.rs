@@ -38,9 +38,30 @@ pub struct Layout {
     /// Link between nodes (required when `nodes` > 1).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub inter_node: Option<LinkSpec>,
+    /// The dtype gradients are reduced in (reduce-scatter / all-reduce): `bf16` halves the
+    /// bytes on the wire, `fp32` is PyTorch FSDP's and llm-foundry's default. Absent: the
+    /// compute dtype, which is what osdp-tui's trainer reduces in.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gradient_reduce_dtype: Option<ReduceDType>,
     /// What `osdp-tui calibrate` measured here; the cost model prefers it to the rates above.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub calibration: Option<Calibration>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ReduceDType {
+    Bf16,
+    Fp32,
+}
+
+impl ReduceDType {
+    pub fn bytes(self) -> u64 {
+        match self {
+            ReduceDType::Bf16 => 2,
+            ReduceDType::Fp32 => 4,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -62,6 +83,53 @@ pub struct DeviceSpec {
     pub dense_tflops: Rates,
     /// Device memory bandwidth in GB/s (10^9 bytes per second).
     pub memory_bandwidth_gb_per_s: Figure,
+    /// Fractions of those peaks that real training kernels reach. Absent ones come from the
+    /// device's generation (`cluster::known`), else from generic defaults; a calibration's
+    /// measured curves replace all of them.
+    #[serde(default, skip_serializing_if = "Efficiency::is_empty")]
+    pub efficiency: Efficiency,
+}
+
+/// Kernel efficiencies: achieved rate over the datasheet peak, each with its source.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Efficiency {
+    /// Transformer-sized bf16/fp16 GEMMs (forward and both backward GEMMs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub matmul: Option<Figure>,
+    /// Features at which a narrow GEMM reaches half of `matmul` (efficiency
+    /// `matmul · k / (k + matmul_half_width)` for a linear whose smaller side is `k`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub matmul_half_width: Option<Figure>,
+    /// Fraction of overlapped communication time that still slows the compute beside it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub overlap_contention: Option<Figure>,
+    /// A fused (flash) attention forward, on its causal FLOPs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attention_forward: Option<Figure>,
+    /// A fused (flash) attention backward, on its causal FLOPs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attention_backward: Option<Figure>,
+    /// Element-wise and normalisation kernels against memory bandwidth.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory: Option<Figure>,
+}
+
+impl Efficiency {
+    pub fn is_empty(&self) -> bool {
+        self.figures().iter().all(|(_, f)| f.is_none())
+            && self.matmul_half_width.is_none()
+            && self.overlap_contention.is_none()
+    }
+
+    pub fn figures(&self) -> [(&'static str, &Option<Figure>); 4] {
+        [
+            ("matmul", &self.matmul),
+            ("attention_forward", &self.attention_forward),
+            ("attention_backward", &self.attention_backward),
+            ("memory", &self.memory),
+        ]
+    }
 }
 
 /// Peak rates per compute dtype; a dtype the device lacks is left out.
@@ -98,6 +166,17 @@ pub struct LinkSpec {
     pub bus_bandwidth_gb_per_s: Figure,
     /// Per-step latency of a collective (the α of the α–β model), in microseconds.
     pub latency_us: Figure,
+    /// Between nodes: network adapters per node that collectives use at once (NCCL runs one
+    /// ring channel per NIC), `bus_bandwidth_gb_per_s` being one NIC's. Absent: 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nics_per_node: Option<Figure>,
+}
+
+impl LinkSpec {
+    /// NICs used at once (1 unless the layout says more).
+    pub fn nics(&self) -> f64 {
+        self.nics_per_node.as_ref().map_or(1.0, |f| f.value)
+    }
 }
 
 impl Layout {
@@ -186,6 +265,28 @@ pub fn validate_layout(l: &Layout) -> Result<(), Problem> {
             "needs at least one rate (bf16, fp16, tf32 or fp32)",
         ));
     }
+    for (name, f) in l.device.efficiency.figures() {
+        if let Some(f) = f {
+            check_figure(&format!("device.efficiency.{name}"), f)?;
+            if f.value > 1.0 {
+                return Err(Problem::field(
+                    &format!("device.efficiency.{name}"),
+                    format!("is a fraction of the peak (at most 1), got {}", f.value),
+                ));
+            }
+        }
+    }
+    if let Some(f) = &l.device.efficiency.matmul_half_width {
+        check_figure("device.efficiency.matmul_half_width", f)?;
+    }
+    if let Some(f) = &l.device.efficiency.overlap_contention {
+        if !(f.value.is_finite() && (0.0..=1.0).contains(&f.value)) {
+            return Err(Problem::field(
+                "device.efficiency.overlap_contention",
+                format!("is a fraction from 0 to 1, got {}", f.value),
+            ));
+        }
+    }
     check_figure("runtime_overhead_gib", &l.runtime_overhead_gib)?;
     if l.runtime_overhead_gib.value >= l.device.memory_gib.value {
         return Err(Problem::field(
@@ -218,5 +319,15 @@ fn check_link(field: &str, link: &LinkSpec) -> Result<(), Problem> {
         &format!("{field}.bus_bandwidth_gb_per_s"),
         &link.bus_bandwidth_gb_per_s,
     )?;
-    check_figure(&format!("{field}.latency_us"), &link.latency_us)
+    check_figure(&format!("{field}.latency_us"), &link.latency_us)?;
+    if let Some(n) = &link.nics_per_node {
+        check_figure(&format!("{field}.nics_per_node"), n)?;
+        if n.value.fract() != 0.0 || n.value > 64.0 {
+            return Err(Problem::field(
+                &format!("{field}.nics_per_node"),
+                format!("must be a whole number of adapters (1-64), got {}", n.value),
+            ));
+        }
+    }
+    Ok(())
 }

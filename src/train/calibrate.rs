@@ -218,6 +218,7 @@ pub fn calibrate(cfg: &CalibrateConfig, progress: Progress<'_>) -> Result<Layout
                     "all-gathers and reduce-scatters inside ZeRO-3 training steps, α–β fit over message sizes",
                 ),
             },
+            nics_per_node: None,
         };
     }
     let mut other = others;

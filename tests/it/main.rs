@@ -11,6 +11,7 @@ mod gpu_check;
 mod import;
 mod plan_cli;
 mod planner;
+mod published;
 mod roundtrip;
 mod snapshots;
 #[cfg(feature = "train")]

@@ -1,0 +1,245 @@
+//! Price every published run in `docs/published-runs.json` and print the table
+//! `docs/published-runs.md` keeps; `--fit` also fits each GPU generation's matmul efficiency to
+//! the runs marked `fit` and reports the error on the held-out ones.
+//!
+//! `cargo run --release --example published-runs -- [--fit] [--json]`
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use osdp_tui::cluster::{Figure, Layout};
+use osdp_tui::published::{geometric_mean, price_run, read_runs, Priced, PublishedRun, Role};
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let set = match read_runs(&root.join("docs/published-runs.json")) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("published-runs: {e}");
+            std::process::exit(1);
+        }
+    };
+    let layouts = root.join("layouts");
+    let runs: Vec<&PublishedRun> = set
+        .runs
+        .iter()
+        .filter(|r| r.role != Role::Excluded)
+        .collect();
+
+    if let Some(i) = args.iter().position(|a| a == "--breakdown") {
+        let id = args.get(i + 1).cloned().unwrap_or_default();
+        if let Some(r) = runs.iter().find(|r| r.id == id) {
+            breakdown(r, &layouts);
+        }
+        return;
+    }
+    if args.iter().any(|a| a == "--fit") {
+        fit(&runs, &layouts);
+    }
+
+    let mut priced: Vec<(&PublishedRun, Priced)> = Vec::new();
+    for r in &runs {
+        match price_run(r, &layouts, &|_| {}) {
+            Ok(p) => priced.push((r, p)),
+            Err(e) => eprintln!("{}: not priced: {e}", r.id),
+        }
+    }
+    if args.iter().any(|a| a == "--json") {
+        let all: Vec<&Priced> = priced.iter().map(|(_, p)| p).collect();
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&all).expect("serialisable")
+        );
+        return;
+    }
+    println!("| run | GPUs | model | seq | mb × acc | sharding | ckpt | published tok/s/GPU | predicted | ratio | role |");
+    println!("|---|---:|---|---:|---|---|---|---:|---:|---:|---|");
+    for (r, p) in &priced {
+        println!(
+            "| [{}]({}) | {} | {} | {} | {} × {} | {} | {} | {:.0} | {:.0} | {:.2} | {} |",
+            r.id,
+            r.source.url,
+            r.gpus(),
+            r.model.name,
+            r.seq_len,
+            r.micro_batch,
+            r.grad_accum.unwrap_or(1),
+            r.sharding.as_deref().unwrap_or("?"),
+            r.activation_checkpointing,
+            p.published_tokens_per_s_per_gpu,
+            p.predicted_tokens_per_s_per_gpu,
+            p.ratio,
+            match p.role {
+                Role::Fit => "fit",
+                Role::HeldOut => "held out",
+                Role::Excluded => "excluded",
+            }
+        );
+    }
+    println!();
+    let mut groups: BTreeMap<(String, bool), Vec<f64>> = BTreeMap::new();
+    for (_, p) in &priced {
+        groups
+            .entry((p.group.clone(), p.role == Role::Fit))
+            .or_default()
+            .push(p.ratio);
+        groups
+            .entry((p.group.clone() + " (all)", true))
+            .or_default()
+            .push(p.ratio);
+    }
+    println!("| group | runs | geometric mean | within ±15 % | range |");
+    println!("|---|---:|---:|---:|---|");
+    for ((group, fit), ratios) in &groups {
+        let label = if group.ends_with("(all)") {
+            group.clone()
+        } else if *fit {
+            format!("{group}, fitted")
+        } else {
+            format!("{group}, held out")
+        };
+        let within = ratios
+            .iter()
+            .filter(|r| (r.ln()).abs() <= 1.15f64.ln())
+            .count();
+        let lo = ratios.iter().cloned().fold(f64::INFINITY, f64::min);
+        let hi = ratios.iter().cloned().fold(0.0, f64::max);
+        println!(
+            "| {label} | {} | {:.3} | {within} of {} | {lo:.2} … {hi:.2} |",
+            ratios.len(),
+            geometric_mean(ratios.iter().copied()),
+            ratios.len()
+        );
+    }
+    let with_memory: Vec<&(&PublishedRun, Priced)> = priced
+        .iter()
+        .filter(|(_, p)| p.published_memory_gib.is_some())
+        .collect();
+    if !with_memory.is_empty() {
+        println!();
+        println!("| run | published memory (GiB) | predicted peak (GiB) | predicted / published |");
+        println!("|---|---:|---:|---:|");
+        for (r, p) in with_memory {
+            let m = p.published_memory_gib.unwrap_or(f64::NAN);
+            println!(
+                "| {} | {m:.1} | {:.1} | {:.2} |",
+                r.id,
+                p.predicted_reserved_gib,
+                p.predicted_reserved_gib / m
+            );
+        }
+    }
+}
+
+/// Fit, to the runs marked `fit`, each generation's matmul efficiency and attention scale
+/// and the shared half width and overlap contention, minimising the squared log error of
+/// predicted over published tokens/s (coordinate descent, golden-section search per
+/// coordinate).
+fn fit(runs: &[&PublishedRun], layouts: &Path) {
+    use osdp_tui::cluster::known::{AMPERE, HOPPER};
+    let fit: Vec<&PublishedRun> = runs
+        .iter()
+        .copied()
+        .filter(|r| r.role == Role::Fit)
+        .collect();
+    // [A100 matmul, H100 matmul, A100 attention scale, H100 attention scale, half width,
+    //  contention]
+    let names = [
+        "A100 matmul",
+        "H100 matmul",
+        "A100 attention ×",
+        "H100 attention ×",
+        "half width",
+        "contention",
+    ];
+    let bounds = [
+        (0.3, 1.0),
+        (0.2, 1.0),
+        (0.3, 1.6),
+        (0.3, 2.4),
+        (0.0, 1024.0),
+        (0.0, 1.0),
+    ];
+    let mut x = [
+        AMPERE.matmul.value,
+        HOPPER.matmul.value,
+        1.0,
+        1.0,
+        HOPPER.matmul_half_width.value,
+        HOPPER.overlap_contention.value,
+    ];
+    let loss = |x: &[f64; 6]| -> f64 {
+        fit.iter()
+            .map(|r| {
+                let hopper = r.gpu.contains("H100");
+                let (gen, mm, att) = if hopper {
+                    (&HOPPER, x[1], x[3])
+                } else {
+                    (&AMPERE, x[0], x[2])
+                };
+                let fig = |value: f64| {
+                    Some(Figure {
+                        value,
+                        source: "fit".into(),
+                    })
+                };
+                let adjust = |l: &mut Layout| {
+                    let e = &mut l.device.efficiency;
+                    e.matmul = fig(mm);
+                    e.attention_forward = fig((gen.attention_forward.value * att).min(1.0));
+                    e.attention_backward = fig((gen.attention_backward.value * att).min(1.0));
+                    e.matmul_half_width = fig(x[4].max(1e-9));
+                    e.overlap_contention = fig(x[5]);
+                };
+                price_run(r, layouts, &adjust).map_or(0.0, |p| p.ratio.ln().powi(2))
+            })
+            .sum()
+    };
+    let g = (5f64.sqrt() - 1.0) / 2.0;
+    for _round in 0..4 {
+        for i in 0..6 {
+            let (mut a, mut b) = bounds[i];
+            for _ in 0..30 {
+                let (c, d) = (b - g * (b - a), a + g * (b - a));
+                let (mut xc, mut xd) = (x, x);
+                xc[i] = c;
+                xd[i] = d;
+                if loss(&xc) < loss(&xd) {
+                    b = d;
+                } else {
+                    a = c;
+                }
+            }
+            x[i] = (a + b) / 2.0;
+        }
+    }
+    println!(
+        "fitted on {} runs: rms log error {:.3}",
+        fit.len(),
+        (loss(&x) / fit.len() as f64).sqrt()
+    );
+    for (name, v) in names.iter().zip(x) {
+        println!("  {name:<18} {v:.3}");
+    }
+    println!();
+}
+
+/// Time per op kind of one run's predicted step.
+fn breakdown(r: &PublishedRun, layouts: &Path) {
+    let Ok(p) = price_run(r, layouts, &|_| {}) else {
+        return;
+    };
+    let Ok(model) = osdp_tui::published::model_of(r) else {
+        return;
+    };
+    let mut by: BTreeMap<&str, f64> = BTreeMap::new();
+    for (op, f) in model.ops.iter().zip(&p.prediction.ops) {
+        *by.entry(op.kind.as_str()).or_default() += f.time_s;
+    }
+    let step = p.prediction.step_time_s;
+    for (k, t) in by {
+        println!("{k:<16} {:>9.4} s {:>5.1} %", t, 100.0 * t / step);
+    }
+    println!("step {step:.4} s, ratio {:.2}", p.ratio);
+}

@@ -1,0 +1,139 @@
+//! The cost model against training runs other people measured (docs/published-runs.json, each
+//! with its link): a change to the prices that breaks a published run fails here.
+
+use std::collections::BTreeMap;
+
+use osdp_tui::published::{
+    geometric_mean, price_run, read_runs, Priced, PublishedRun, Role, DEFAULT_BAND,
+};
+
+use crate::root;
+
+fn runs() -> Vec<PublishedRun> {
+    read_runs(&root().join("docs/published-runs.json"))
+        .expect("the data file reads")
+        .runs
+}
+
+fn priced() -> Vec<(PublishedRun, Priced)> {
+    let layouts = root().join("layouts");
+    runs()
+        .into_iter()
+        .filter(|r| r.role != Role::Excluded)
+        .map(|r| {
+            let p = price_run(&r, &layouts, &|_| {})
+                .unwrap_or_else(|e| panic!("{}: cannot be priced: {e}", r.id));
+            (r, p)
+        })
+        .collect()
+}
+
+#[test]
+fn the_data_file_links_every_run_and_says_why_one_is_left_out() {
+    let all = runs();
+    let priced = all.iter().filter(|r| r.role != Role::Excluded).count();
+    assert!(priced >= 15, "only {priced} runs are priced");
+    assert!(all.iter().filter(|r| r.role == Role::Fit).count() >= 10);
+    for r in &all {
+        assert!(
+            r.source.url.starts_with("https://"),
+            "{}: no link to its source",
+            r.id
+        );
+        if r.role == Role::Excluded {
+            assert!(
+                r.excluded_because.as_deref().is_some_and(|w| !w.is_empty()),
+                "{}: excluded without a reason",
+                r.id
+            );
+        }
+    }
+}
+
+#[test]
+fn every_published_run_stays_in_its_band() {
+    let mut out = Vec::new();
+    for (r, p) in priced() {
+        let [lo, hi] = r.band.unwrap_or(DEFAULT_BAND);
+        if !(lo..=hi).contains(&p.ratio) {
+            out.push(format!(
+                "{}: predicted {:.0} tokens/s per GPU, published {:.0} (ratio {:.2}, band {lo}–{hi})",
+                r.id, p.predicted_tokens_per_s_per_gpu, p.published_tokens_per_s_per_gpu, p.ratio
+            ));
+        }
+    }
+    assert!(out.is_empty(), "{}", out.join("\n"));
+}
+
+#[test]
+fn every_group_is_right_on_average_and_most_runs_within_15_percent() {
+    let all = priced();
+    let mut groups: BTreeMap<String, Vec<f64>> = BTreeMap::new();
+    for (_, p) in &all {
+        groups.entry(p.group.clone()).or_default().push(p.ratio);
+    }
+    assert!(groups.len() >= 4, "groups: {:?}", groups.keys());
+    for (group, ratios) in &groups {
+        let g = geometric_mean(ratios.iter().copied());
+        assert!(
+            (0.9..=1.1).contains(&g),
+            "{group}: predicted/published geometric mean {g:.3} over {} runs",
+            ratios.len()
+        );
+    }
+    let within = all
+        .iter()
+        .filter(|(_, p)| p.ratio.ln().abs() <= 1.15f64.ln())
+        .count();
+    assert!(
+        within * 100 >= all.len() * 85,
+        "{within} of {} runs within ±15 %",
+        all.len()
+    );
+    // The held-out runs alone (never used to fit a constant) meet the same bar.
+    let held: Vec<f64> = all
+        .iter()
+        .filter(|(r, _)| r.role == Role::HeldOut)
+        .map(|(_, p)| p.ratio)
+        .collect();
+    let g = geometric_mean(held.iter().copied());
+    assert!((0.9..=1.1).contains(&g), "held out: {g:.3}");
+}
+
+#[test]
+fn tokens_per_gpu_stay_flat_from_one_node_to_many_where_published_runs_do() {
+    let all = priced();
+    let by_id = |id: &str| {
+        all.iter()
+            .find(|(r, _)| r.id == id)
+            .map(|(_, p)| p.clone())
+            .unwrap_or_else(|| panic!("{id} is in the data file"))
+    };
+    // llm-foundry's H100 tables: the same model on one node and on 8 or 16 nodes.
+    for (one, many) in [
+        (
+            "foundry-h100-mpt-1b-s2048-g8-noac",
+            "foundry-h100-mpt-1b-s2048-g64-noac",
+        ),
+        (
+            "foundry-h100-mpt-7b-s2048-g8-noac",
+            "foundry-h100-mpt-7b-s2048-g128-noac",
+        ),
+        (
+            "foundry-h100-mpt-13b-s2048-g8-noac",
+            "foundry-h100-mpt-13b-s2048-g64-noac",
+        ),
+    ] {
+        let (a, b) = (by_id(one), by_id(many));
+        let published = b.published_tokens_per_s_per_gpu / a.published_tokens_per_s_per_gpu;
+        let predicted = b.predicted_tokens_per_s_per_gpu / a.predicted_tokens_per_s_per_gpu;
+        assert!(
+            (0.85..=1.15).contains(&published),
+            "{one} → {many}: published runs are not flat ({published:.2})"
+        );
+        assert!(
+            (0.85..=1.15).contains(&predicted),
+            "{one} → {many}: predicted tokens/s per GPU changes by {predicted:.2}× (published {published:.2}×)"
+        );
+    }
+}
