@@ -59,6 +59,9 @@ pub const OPTIMIZER_BYTES_PER_PARAM: u64 = 28;
 pub const MATMUL_EFFICIENCY: f64 = 0.7;
 /// Fraction of memory bandwidth element-wise kernels reach, likewise.
 pub const MEMORY_EFFICIENCY: f64 = 0.8;
+/// A ring collective's fixed latency on GPUs besides its per-step ones: NCCL's tuning model
+/// (src/graph/tuning.cc) gives 8.4 µs for the Simple protocol large collectives use.
+pub const NCCL_BASE_LATENCY_S: f64 = 8.4e-6;
 /// Backward of a matmul is two matmuls (input and weight gradients).
 pub const LINEAR_BWD_FACTOR: f64 = 2.0;
 /// Fused attention backward recomputes the scores: about 2.5× its forward.
@@ -161,6 +164,8 @@ pub struct Machine {
     pub link_latency_s: f64,
     /// Per-step latency of the ring steps that cross nodes (`nodes − 1` of a ring's steps).
     pub cross_node_latency_s: f64,
+    /// Fixed latency of one collective besides its steps (NCCL's launch and set-up).
+    pub collective_base_s: f64,
     /// Bytes per element of reduced gradients on the wire.
     pub reduce_bytes: u64,
     /// Fractions of the peaks kernels reach: matmuls, fused attention forward and backward
@@ -292,6 +297,11 @@ impl Machine {
             link_bytes_per_s: bw * 1e9,
             link_latency_s: intra.latency_us.value * 1e-6,
             cross_node_latency_s: cross_lat * 1e-6,
+            collective_base_s: match layout.device.kind {
+                DeviceKind::Gpu => NCCL_BASE_LATENCY_S,
+                // Calibrated CPU links fold it into the per-step figure.
+                DeviceKind::Cpu => 0.0,
+            },
             reduce_bytes: layout
                 .gradient_reduce_dtype
                 .map_or(precision.grad_bytes, |d| d.bytes()),
@@ -343,7 +353,9 @@ impl Machine {
         }
         let nodes = f64::from(self.nodes.clamp(1, self.ranks));
         latency_share
-            * ((n - nodes) * self.link_latency_s + (nodes - 1.0) * self.cross_node_latency_s)
+            * (self.collective_base_s
+                + (n - nodes) * self.link_latency_s
+                + (nodes - 1.0) * self.cross_node_latency_s)
             + (n - 1.0) / n * bytes / self.link_bytes_per_s
     }
 
@@ -870,6 +882,7 @@ mod tests {
             link_bytes_per_s: 100e9,
             link_latency_s: 10e-6,
             cross_node_latency_s: 10e-6,
+            collective_base_s: 0.0,
             reduce_bytes: 2,
             efficiency: Efficiencies::GENERIC,
             block_collectives: false,
@@ -1259,9 +1272,11 @@ mod tests {
         assert!((per_byte(&eight, 64.0) / per_byte(&one, 8.0) - 370.0 / 368.0).abs() < 1e-9);
         // One NIC per node: the ring crawls at 46 GB/s.
         assert!((per_byte(&cluster(8, 1.0), 64.0) - 1e9 / 46e9).abs() < 1e-12);
-        // Latency: 64 ranks on 8 nodes = 56 steps inside nodes at 10 µs, 7 across at 15 µs.
-        assert!((eight.all_gather_s(0.0) - (56.0 * 10e-6 + 7.0 * 15e-6)).abs() < 1e-12);
-        assert!((one.all_gather_s(0.0) - 7.0 * 10e-6).abs() < 1e-12);
+        // Latency: NCCL's fixed 8.4 µs, then 64 ranks on 8 nodes = 56 steps inside nodes at
+        // 10 µs and 7 across at 15 µs.
+        let base = NCCL_BASE_LATENCY_S;
+        assert!((eight.all_gather_s(0.0) - (base + 56.0 * 10e-6 + 7.0 * 15e-6)).abs() < 1e-12);
+        assert!((one.all_gather_s(0.0) - (base + 7.0 * 10e-6)).abs() < 1e-12);
     }
 
     #[test]

@@ -55,12 +55,12 @@ const FIT_ATTENTION: &str = "fitted 2026-11-23 to 24 published single-node llm-f
                              backward/forward ratio (arXiv:2307.08691, arXiv:2407.08608)";
 
 const FITTED_HALF_WIDTH: Sourced = Sourced {
-    value: 220.0,
+    value: 440.0,
     source: FIT,
 };
 
 const FITTED_CONTENTION: Sourced = Sourced {
-    value: 0.39,
+    value: 0.63,
     source: FIT,
 };
 
@@ -74,17 +74,17 @@ const FITTED_MEMORY: Sourced = Sourced {
 pub const HOPPER: Generation = Generation {
     name: "Hopper",
     matmul: Sourced {
-        value: 0.61,
+        value: 0.676,
         source: FIT,
     },
     matmul_half_width: FITTED_HALF_WIDTH,
     overlap_contention: FITTED_CONTENTION,
     attention_forward: Sourced {
-        value: 0.18,
+        value: 0.181,
         source: FIT_ATTENTION,
     },
     attention_backward: Sourced {
-        value: 0.145,
+        value: 0.146,
         source: FIT_ATTENTION,
     },
     memory: FITTED_MEMORY,
@@ -94,17 +94,17 @@ pub const HOPPER: Generation = Generation {
 pub const AMPERE: Generation = Generation {
     name: "Ampere",
     matmul: Sourced {
-        value: 0.80,
+        value: 0.885,
         source: FIT,
     },
     matmul_half_width: FITTED_HALF_WIDTH,
     overlap_contention: FITTED_CONTENTION,
     attention_forward: Sourced {
-        value: 0.285,
+        value: 0.299,
         source: FIT_ATTENTION,
     },
     attention_backward: Sourced {
-        value: 0.24,
+        value: 0.252,
         source: FIT_ATTENTION,
     },
     memory: FITTED_MEMORY,

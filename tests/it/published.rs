@@ -109,8 +109,12 @@ fn tokens_per_gpu_stay_flat_from_one_node_to_many_where_published_runs_do() {
             .map(|(_, p)| p.clone())
             .unwrap_or_else(|| panic!("{id} is in the data file"))
     };
-    // llm-foundry's H100 tables: the same model on one node and on 8 or 16 nodes.
+    // llm-foundry's H100 tables: the same model on one node and on 8 to 64 nodes.
     for (one, many) in [
+        (
+            "foundry-h100-mpt-7b-s2048-g8-noac",
+            "foundry-h100-mpt-7b-s2048-g512-noac",
+        ),
         (
             "foundry-h100-mpt-1b-s2048-g8-noac",
             "foundry-h100-mpt-1b-s2048-g64-noac",
