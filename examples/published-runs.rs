@@ -133,7 +133,7 @@ fn main() {
 }
 
 /// Fit, to the runs marked `fit`, each generation's matmul efficiency and attention scale
-/// and the shared half width and overlap contention, minimising the squared log error of
+/// and the shared half width, minimising the squared log error of
 /// predicted over published tokens/s (coordinate descent, golden-section search per
 /// coordinate).
 fn fit(runs: &[&PublishedRun], layouts: &Path) {
@@ -143,15 +143,13 @@ fn fit(runs: &[&PublishedRun], layouts: &Path) {
         .copied()
         .filter(|r| r.role == Role::Fit)
         .collect();
-    // [A100 matmul, H100 matmul, A100 attention scale, H100 attention scale, half width,
-    //  contention]
+    // [A100 matmul, H100 matmul, A100 attention scale, H100 attention scale, half width]
     let names = [
         "A100 matmul",
         "H100 matmul",
         "A100 attention ×",
         "H100 attention ×",
         "half width",
-        "contention",
     ];
     let bounds = [
         (0.3, 1.0),
@@ -159,7 +157,6 @@ fn fit(runs: &[&PublishedRun], layouts: &Path) {
         (0.3, 1.6),
         (0.3, 2.4),
         (0.0, 1024.0),
-        (0.0, 1.0),
     ];
     let mut x = [
         AMPERE.matmul.value,
@@ -167,9 +164,8 @@ fn fit(runs: &[&PublishedRun], layouts: &Path) {
         1.0,
         1.0,
         HOPPER.matmul_half_width.value,
-        HOPPER.overlap_contention.value,
     ];
-    let loss = |x: &[f64; 6]| -> f64 {
+    let loss = |x: &[f64; 5]| -> f64 {
         fit.iter()
             .map(|r| {
                 let hopper = r.gpu.contains("H100");
@@ -190,7 +186,6 @@ fn fit(runs: &[&PublishedRun], layouts: &Path) {
                     e.attention_forward = fig((gen.attention_forward.value * att).min(1.0));
                     e.attention_backward = fig((gen.attention_backward.value * att).min(1.0));
                     e.matmul_half_width = fig(x[4].max(1e-9));
-                    e.overlap_contention = fig(x[5]);
                 };
                 price_run(r, layouts, &adjust).map_or(0.0, |p| p.ratio.ln().powi(2))
             })
@@ -198,7 +193,7 @@ fn fit(runs: &[&PublishedRun], layouts: &Path) {
     };
     let g = (5f64.sqrt() - 1.0) / 2.0;
     for _round in 0..4 {
-        for i in 0..6 {
+        for i in 0..5 {
             let (mut a, mut b) = bounds[i];
             for _ in 0..30 {
                 let (c, d) = (b - g * (b - a), a + g * (b - a));

@@ -199,9 +199,6 @@ pub struct Efficiencies {
     /// Narrow GEMMs reach less: a linear whose smaller side is `k` features runs at
     /// `matmul · k / (k + matmul_half_width)`. 0 where not known.
     pub matmul_half_width: f64,
-    /// Fraction of the communication hidden behind compute that still costs time: NCCL's
-    /// kernels take SMs and memory bandwidth from the compute they overlap.
-    pub overlap_contention: f64,
     pub attention_forward: f64,
     pub attention_backward: f64,
     pub memory: f64,
@@ -212,7 +209,6 @@ impl Efficiencies {
     pub const GENERIC: Efficiencies = Efficiencies {
         matmul: MATMUL_EFFICIENCY,
         matmul_half_width: 0.0,
-        overlap_contention: 0.0,
         attention_forward: MATMUL_EFFICIENCY,
         attention_backward: MATMUL_EFFICIENCY,
         memory: MEMORY_EFFICIENCY,
@@ -225,7 +221,6 @@ impl Efficiencies {
             (DeviceKind::Gpu, Some(g)) => Efficiencies {
                 matmul: g.efficiency.matmul.value,
                 matmul_half_width: g.efficiency.matmul_half_width.value,
-                overlap_contention: g.efficiency.overlap_contention.value,
                 attention_forward: g.efficiency.attention_forward.value,
                 attention_backward: g.efficiency.attention_backward.value,
                 memory: g.efficiency.memory.value,
@@ -239,7 +234,6 @@ impl Efficiencies {
         Efficiencies {
             matmul: pick(&e.matmul, base.matmul),
             matmul_half_width: pick(&e.matmul_half_width, base.matmul_half_width),
-            overlap_contention: pick(&e.overlap_contention, base.overlap_contention),
             attention_forward: pick(&e.attention_forward, base.attention_forward),
             attention_backward: pick(&e.attention_backward, base.attention_backward),
             memory: pick(&e.memory, base.memory),
@@ -660,9 +654,7 @@ pub fn price(base: &OpBase, choice: Choice, m: &Machine) -> OpCost {
     // the first forward (gathers) or the last backward (gradient syncs) beside that
     // micro-batch's own. With one micro-batch this is the plain per-op overlap.
     let exposed = if m.overlap {
-        // What is not hidden, plus the overlapped part's toll on the compute beside it.
-        let c = m.efficiency.overlap_contention;
-        let hidden = |comm: f64, compute: f64| (comm - compute).max(0.0) + c * comm.min(compute);
+        let hidden = |comm: f64, compute: f64| (comm - compute).max(0.0);
         (a - 1.0) * (hidden(comm.micro_fwd, base.fwd_s) + hidden(comm.micro_bwd, base.bwd_s))
             + hidden(comm.micro_fwd + comm.step_fwd, base.fwd_s)
             + hidden(comm.micro_bwd + comm.step_bwd, base.bwd_s)
@@ -1319,20 +1311,6 @@ mod tests {
         let e = m.efficiency;
         let want = ATTENTION_BWD_FACTOR * e.attention_forward / e.attention_backward;
         assert!((c.1 / c.0 - want).abs() < 1e-9);
-    }
-
-    #[test]
-    fn overlapped_communication_still_costs_its_contention() {
-        let mut m = machine(8);
-        m.link_latency_s = 0.0;
-        m.efficiency.overlap_contention = 0.25;
-        // 350 µs of all-reduce hidden behind a 2 ms backward still costs a quarter of itself.
-        let c = price(&linear_base(10_000_000), Choice::DP, &m);
-        assert!(
-            (c.exposed_comm_s - 0.25 * 350e-6).abs() < 1e-12,
-            "{}",
-            c.exposed_comm_s
-        );
     }
 
     #[test]

@@ -35,8 +35,6 @@ pub struct Generation {
     pub matmul: Sourced,
     /// Features at which a GEMM's efficiency is half the large-GEMM one (`k / (k + this)`).
     pub matmul_half_width: Sourced,
-    /// Share of overlapped communication that still costs compute time.
-    pub overlap_contention: Sourced,
     pub attention_forward: Sourced,
     pub attention_backward: Sourced,
     pub memory: Sourced,
@@ -55,12 +53,7 @@ const FIT_ATTENTION: &str = "fitted 2026-11-23 to 24 published single-node llm-f
                              backward/forward ratio (arXiv:2307.08691, arXiv:2407.08608)";
 
 const FITTED_HALF_WIDTH: Sourced = Sourced {
-    value: 440.0,
-    source: FIT,
-};
-
-const FITTED_CONTENTION: Sourced = Sourced {
-    value: 0.63,
+    value: 520.0,
     source: FIT,
 };
 
@@ -74,17 +67,16 @@ const FITTED_MEMORY: Sourced = Sourced {
 pub const HOPPER: Generation = Generation {
     name: "Hopper",
     matmul: Sourced {
-        value: 0.676,
+        value: 0.63,
         source: FIT,
     },
     matmul_half_width: FITTED_HALF_WIDTH,
-    overlap_contention: FITTED_CONTENTION,
     attention_forward: Sourced {
-        value: 0.181,
+        value: 0.198,
         source: FIT_ATTENTION,
     },
     attention_backward: Sourced {
-        value: 0.146,
+        value: 0.160,
         source: FIT_ATTENTION,
     },
     memory: FITTED_MEMORY,
@@ -94,17 +86,16 @@ pub const HOPPER: Generation = Generation {
 pub const AMPERE: Generation = Generation {
     name: "Ampere",
     matmul: Sourced {
-        value: 0.885,
+        value: 0.846,
         source: FIT,
     },
     matmul_half_width: FITTED_HALF_WIDTH,
-    overlap_contention: FITTED_CONTENTION,
     attention_forward: Sourced {
-        value: 0.299,
+        value: 0.347,
         source: FIT_ATTENTION,
     },
     attention_backward: Sourced {
-        value: 0.252,
+        value: 0.292,
         source: FIT_ATTENTION,
     },
     memory: FITTED_MEMORY,
@@ -121,10 +112,6 @@ pub const OTHER: Generation = Generation {
         source: GENERIC,
     },
     matmul_half_width: Sourced {
-        value: 0.0,
-        source: GENERIC,
-    },
-    overlap_contention: Sourced {
         value: 0.0,
         source: GENERIC,
     },

@@ -101,9 +101,6 @@ pub struct Efficiency {
     /// `matmul · k / (k + matmul_half_width)` for a linear whose smaller side is `k`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub matmul_half_width: Option<Figure>,
-    /// Fraction of overlapped communication time that still slows the compute beside it.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub overlap_contention: Option<Figure>,
     /// A fused (flash) attention forward, on its causal FLOPs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub attention_forward: Option<Figure>,
@@ -117,9 +114,7 @@ pub struct Efficiency {
 
 impl Efficiency {
     pub fn is_empty(&self) -> bool {
-        self.figures().iter().all(|(_, f)| f.is_none())
-            && self.matmul_half_width.is_none()
-            && self.overlap_contention.is_none()
+        self.figures().iter().all(|(_, f)| f.is_none()) && self.matmul_half_width.is_none()
     }
 
     pub fn figures(&self) -> [(&'static str, &Option<Figure>); 4] {
@@ -278,14 +273,6 @@ pub fn validate_layout(l: &Layout) -> Result<(), Problem> {
     }
     if let Some(f) = &l.device.efficiency.matmul_half_width {
         check_figure("device.efficiency.matmul_half_width", f)?;
-    }
-    if let Some(f) = &l.device.efficiency.overlap_contention {
-        if !(f.value.is_finite() && (0.0..=1.0).contains(&f.value)) {
-            return Err(Problem::field(
-                "device.efficiency.overlap_contention",
-                format!("is a fraction from 0 to 1, got {}", f.value),
-            ));
-        }
     }
     check_figure("runtime_overhead_gib", &l.runtime_overhead_gib)?;
     if l.runtime_overhead_gib.value >= l.device.memory_gib.value {
