@@ -516,3 +516,83 @@ fn a_plan_file_keeps_its_accumulation_and_evaluate_can_change_it() {
     let ratio = twice["step_time_s"].as_f64().unwrap() / p["step_time_s"].as_f64().unwrap();
     assert!((1.8..2.0).contains(&ratio), "{ratio}");
 }
+
+#[test]
+fn layout_shows_each_efficiency_with_where_it_comes_from() {
+    let out = osdp()
+        .args(["layout", "layouts/h100-sxm-2x8-ib-ndr.json"])
+        .assert()
+        .success();
+    let text = String::from_utf8_lossy(&out.get_output().stdout).into_owned();
+    // The GPU generation's fitted figures, named as such, and the eight NICs of a node.
+    let matmul = text
+        .lines()
+        .find(|l| l.trim_start().starts_with("efficiency matmul"))
+        .unwrap_or_else(|| panic!("{text}"));
+    assert!(
+        matmul.contains("63 %") && matmul.contains("Hopper default"),
+        "{matmul}"
+    );
+    assert!(matmul.contains("published-runs.md"), "{matmul}");
+    assert!(text.contains("inter-node NICs per node"), "{text}");
+    // A layout of its own overrides the generation.
+    let dir = tempfile::tempdir().unwrap();
+    let mut l: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(root().join("layouts/h100-sxm-8x-nvlink.json")).unwrap(),
+    )
+    .unwrap();
+    l["device"]["efficiency"] =
+        serde_json::json!({"matmul": {"value": 0.55, "source": "measured here"}});
+    let path = dir.path().join("own.json");
+    std::fs::write(&path, l.to_string()).unwrap();
+    let out = osdp()
+        .args(["layout", path.to_str().unwrap()])
+        .assert()
+        .success();
+    let text = String::from_utf8_lossy(&out.get_output().stdout).into_owned();
+    assert!(
+        text.lines().any(|l| l.contains("efficiency matmul")
+            && l.contains("55 %")
+            && l.contains("measured here")),
+        "{text}"
+    );
+}
+
+#[test]
+fn impossible_efficiencies_and_nic_counts_are_refused_in_one_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let base: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(root().join("layouts/h100-sxm-2x8-ib-ndr.json")).unwrap(),
+    )
+    .unwrap();
+    for (name, edit, says) in [
+        (
+            "eff",
+            serde_json::json!({"device": {"efficiency": {"matmul": {"value": 1.5, "source": "s"}}}}),
+            "device.efficiency.matmul",
+        ),
+        (
+            "nics",
+            serde_json::json!({"inter_node": {"nics_per_node": {"value": 2.5, "source": "s"}}}),
+            "inter_node.nics_per_node",
+        ),
+    ] {
+        let mut l = base.clone();
+        for (section, fields) in edit.as_object().unwrap() {
+            for (k, v) in fields.as_object().unwrap() {
+                l[section][k] = v.clone();
+            }
+        }
+        let path = dir.path().join(format!("{name}.json"));
+        std::fs::write(&path, l.to_string()).unwrap();
+        let out = osdp()
+            .args(["layout", path.to_str().unwrap()])
+            .assert()
+            .code(2);
+        let err = String::from_utf8_lossy(&out.get_output().stderr).into_owned();
+        assert!(
+            err.contains(says) && err.trim().lines().count() == 1,
+            "{err}"
+        );
+    }
+}
