@@ -194,6 +194,8 @@ pub struct Machine {
 /// generation, or generic defaults.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Efficiencies {
+    /// Where they come from, in words (for `plan`'s "prices" line).
+    pub source: &'static str,
     /// Of a large GEMM.
     pub matmul: f64,
     /// Narrow GEMMs reach less: a linear whose smaller side is `k` features runs at
@@ -207,6 +209,7 @@ pub struct Efficiencies {
 impl Efficiencies {
     /// The fractions used where nothing better is known.
     pub const GENERIC: Efficiencies = Efficiencies {
+        source: "generic efficiencies",
         matmul: MATMUL_EFFICIENCY,
         matmul_half_width: 0.0,
         attention_forward: MATMUL_EFFICIENCY,
@@ -219,6 +222,7 @@ impl Efficiencies {
         let d = &layout.device;
         let base = match (d.kind, crate::cluster::known::lookup(&d.model)) {
             (DeviceKind::Gpu, Some(g)) => Efficiencies {
+                source: g.efficiency.summary,
                 matmul: g.efficiency.matmul.value,
                 matmul_half_width: g.efficiency.matmul_half_width.value,
                 attention_forward: g.efficiency.attention_forward.value,
@@ -232,6 +236,11 @@ impl Efficiencies {
             f.as_ref().map_or(default, |f| f.value)
         };
         Efficiencies {
+            source: if e.is_empty() {
+                base.source
+            } else {
+                "the layout's own efficiencies"
+            },
             matmul: pick(&e.matmul, base.matmul),
             matmul_half_width: pick(&e.matmul_half_width, base.matmul_half_width),
             attention_forward: pick(&e.attention_forward, base.attention_forward),
@@ -318,7 +327,10 @@ impl Machine {
     pub fn timing_source(&self) -> String {
         match &self.calibration {
             Some(c) => c.summary(),
-            None => "datasheet rates with fixed efficiencies (not calibrated)".to_string(),
+            None => format!(
+                "datasheet rates × {} (not calibrated: `osdp-tui calibrate` measures a machine)",
+                self.efficiency.source
+            ),
         }
     }
 

@@ -32,6 +32,8 @@ pub struct Sourced {
 #[derive(Debug, PartialEq)]
 pub struct Generation {
     pub name: &'static str,
+    /// Where the figures come from, in a few words.
+    pub summary: &'static str,
     pub matmul: Sourced,
     /// Features at which a GEMM's efficiency is half the large-GEMM one (`k / (k + this)`).
     pub matmul_half_width: Sourced,
@@ -66,6 +68,7 @@ const FITTED_MEMORY: Sourced = Sourced {
 /// 989 TFLOP/s in FSDP training.
 pub const HOPPER: Generation = Generation {
     name: "Hopper",
+    summary: "Hopper efficiencies fitted to published H100 training runs",
     matmul: Sourced {
         value: 0.63,
         source: FIT,
@@ -85,6 +88,7 @@ pub const HOPPER: Generation = Generation {
 /// Ampere (A100, A10): GEMMs reach ~80 % of the A100's 312 TFLOP/s.
 pub const AMPERE: Generation = Generation {
     name: "Ampere",
+    summary: "Ampere efficiencies fitted to published A100 training runs",
     matmul: Sourced {
         value: 0.846,
         source: FIT,
@@ -107,6 +111,7 @@ const GENERIC: &str = "generic estimate, not fitted to this GPU (calibrate measu
 /// fractions the cost model always used.
 pub const OTHER: Generation = Generation {
     name: "other",
+    summary: "generic efficiencies (no published runs fitted for this GPU)",
     matmul: Sourced {
         value: 0.70,
         source: GENERIC,
