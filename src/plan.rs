@@ -3,6 +3,7 @@
 //! plan of highest throughput under a memory budget, exactly.
 
 pub mod baseline;
+pub mod explain;
 mod file;
 mod frontier;
 mod search;

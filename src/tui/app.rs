@@ -138,6 +138,8 @@ pub struct App {
     pub gpus: GpuView,
     pub history: Vec<VecDeque<u64>>,
     pub show_help: bool,
+    /// The operator whose choices are on screen (Enter on an operator; Enter or Esc closes).
+    pub detail: Option<usize>,
     /// Show the selected block's graph instead of the frontier chart (short screens).
     pub show_graph: bool,
     pub quit: bool,
@@ -178,6 +180,7 @@ impl App {
             gpus: GpuView::Unavailable("not polled yet".into()),
             history: Vec::new(),
             show_help: false,
+            detail: None,
             show_graph: false,
             quit: false,
             notice: None,
@@ -520,6 +523,10 @@ impl App {
             return;
         }
         self.message = None;
+        if self.detail.is_some() && matches!(action, Action::Toggle | Action::Quit) {
+            self.detail = None;
+            return;
+        }
         match action {
             Action::Quit if self.training.as_ref().is_some_and(Training::is_live) => {
                 self.confirm = Some(Confirm::QuitWhileRunning);
@@ -622,13 +629,13 @@ impl App {
                         as usize;
                 }
             }
-            Action::Toggle => {
-                if let Some(Row::Block(b)) = self.selected() {
-                    if !self.expanded.remove(&b) {
-                        self.expanded.insert(b);
-                    }
+            Action::Toggle => match self.selected() {
+                Some(Row::Block(b)) if !self.expanded.remove(&b) => {
+                    self.expanded.insert(b);
                 }
-            }
+                Some(Row::Op(i)) if self.planned().is_some() => self.detail = Some(i),
+                _ => {}
+            },
         }
         if replan {
             self.replan();

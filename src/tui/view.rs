@@ -111,9 +111,102 @@ pub fn draw(app: &App, f: &mut Frame) {
         )),
     };
     f.render_widget(Paragraph::new(footer_line), footer);
+    if let Some(op) = app.detail {
+        draw_detail(app, op, f, main);
+    }
     if app.show_help {
         draw_help(f, area);
     }
+}
+
+/// Every choice the selected operator could have, priced as the whole plan with only that op
+/// changed: Δ step time and Δ peak against the plan, and what stops the faster ones.
+fn draw_detail(app: &App, op: usize, f: &mut Frame, area: Rect) {
+    let Some(planned) = app.planned() else {
+        return;
+    };
+    let spec = &app.model.ops[op];
+    let alts = crate::plan::explain::alternatives(
+        &app.model,
+        &app.machine,
+        &planned.plan,
+        op,
+        app.max_split,
+        app.budget(),
+    );
+    let w = 86.min(area.width);
+    let h = (alts.len() as u16 + 3).min(area.height);
+    let r = Rect::new(
+        area.x + (area.width - w) / 2,
+        area.y + (area.height - h) / 2,
+        w,
+        h,
+    );
+    let signed_ms = |s: f64| {
+        if s == 0.0 {
+            "±0".to_string()
+        } else {
+            format!("{:+.2} ms", s * 1e3)
+        }
+    };
+    let signed_bytes = |b: i64| match b {
+        0 => "±0".to_string(),
+        b if b > 0 => format!("+{}", units::bytes(b as u64)),
+        b => format!("−{}", units::bytes(b.unsigned_abs())),
+    };
+    let rows: Vec<TableRow> = alts
+        .iter()
+        .map(|a| {
+            let style = if a.chosen {
+                Style::new().add_modifier(Modifier::BOLD)
+            } else {
+                Style::new()
+            };
+            TableRow::new(vec![
+                Cell::from(Span::styled(
+                    a.choice.label(),
+                    Style::new().fg(color(a.choice)),
+                )),
+                Cell::from(signed_ms(a.delta_step_s)),
+                Cell::from(signed_bytes(a.delta_peak_bytes)),
+                Cell::from(units::bytes(a.persistent_bytes)),
+                Cell::from(units::bytes(a.transient_bytes)),
+                Cell::from(a.verdict.text()),
+            ])
+            .style(style)
+        })
+        .collect();
+    let title = format!(
+        " {} · {} · {} params · its choices, the rest of the plan kept · Enter closes ",
+        printable(&spec.id),
+        spec.kind.as_str(),
+        units::count(ModelSpec::op_param_count(spec))
+    );
+    let table = Table::new(
+        rows,
+        [
+            Constraint::Length(12),
+            Constraint::Length(12),
+            Constraint::Length(12),
+            Constraint::Length(11),
+            Constraint::Length(11),
+            Constraint::Min(10),
+        ],
+    )
+    .header(
+        TableRow::new(vec![
+            "choice",
+            "Δ step",
+            "Δ peak",
+            "held",
+            "transient",
+            "why not",
+        ])
+        .style(Style::new().fg(Color::DarkGray)),
+    )
+    .block(Block::bordered().title(title));
+    f.render_widget(Clear, r);
+    f.render_widget(table, r);
 }
 
 fn draw_header(app: &App, f: &mut Frame, area: Rect) {
@@ -713,7 +806,7 @@ fn draw_loss(status: &crate::run::RunStatus, f: &mut Frame, area: Rect) {
 
 fn draw_help(f: &mut Frame, area: Rect) {
     let w = 68.min(area.width);
-    let h = 19.min(area.height);
+    let h = 20.min(area.height);
     let r = Rect::new(
         area.x + (area.width - w) / 2,
         area.y + (area.height - h) / 2,
@@ -729,7 +822,8 @@ fn draw_help(f: &mut Frame, area: Rect) {
         Line::from("p          pin the selected op: dp, zero1, zero2, zero3, none"),
         Line::from("g          show the selected block's graph / the frontier chart"),
         Line::from("Tab        move focus between operators and GPUs"),
-        Line::from("↑ ↓ PgUp PgDn  move          Enter  expand / collapse a block"),
+        Line::from("↑ ↓ PgUp PgDn  move          Enter  expand / collapse a block,"),
+        Line::from("               or an operator's choices, priced (Enter closes)"),
         Line::from("s / x / r  start / stop (x twice: kill) / restart the training run"),
         Line::from("?          this help         q      quit"),
         Line::from(""),

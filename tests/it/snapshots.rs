@@ -4,7 +4,7 @@
 use osdp_tui::cluster::read_layout;
 use osdp_tui::model::read_model;
 use osdp_tui::monitor::{GpuEvent, GpuSample};
-use osdp_tui::tui::app::{Action, App};
+use osdp_tui::tui::app::{Action, App, Row};
 use osdp_tui::tui::render_text;
 
 use crate::root;
@@ -110,4 +110,34 @@ fn below_the_minimum_the_screen_says_what_would_fit() {
         "{screen}"
     );
     insta::assert_snapshot!(screen);
+}
+
+#[test]
+fn enter_on_an_operator_shows_every_choice_priced() {
+    let mut a = app();
+    // Block 0 is expanded: its header, then its first op (a norm), then the qkv projection.
+    let target = a
+        .rows()
+        .iter()
+        .position(|r| matches!(r, Row::Op(i) if a.model.ops[*i].id == "h0.attn.c_attn"))
+        .expect("block 0's qkv projection is listed");
+    for _ in 0..target {
+        a.update(Action::Down);
+    }
+    a.update(Action::Toggle);
+    assert_eq!(
+        a.detail.map(|i| a.model.ops[i].id.as_str()),
+        Some("h0.attn.c_attn")
+    );
+    let screen = render_text(&a, 120, 40);
+    for want in ["why not", "chosen", "zero3/4:4", "Δ step"] {
+        assert!(screen.contains(want), "{want}:\n{screen}");
+    }
+    insta::assert_snapshot!(screen);
+    // Enter closes it again; Esc does too, without quitting.
+    a.update(Action::Toggle);
+    assert!(a.detail.is_none());
+    a.update(Action::Toggle);
+    a.update(Action::Quit);
+    assert!(a.detail.is_none() && !a.quit);
 }
