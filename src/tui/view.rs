@@ -232,6 +232,13 @@ fn draw_header(app: &App, f: &mut Frame, area: Rect) {
             ),
             Style::new().fg(Color::Green),
         ));
+    } else {
+        // Datasheet rates × efficiencies fitted to published runs (or generic ones):
+        // `osdp-tui calibrate` measures the machine itself.
+        title.push(Span::styled(
+            " · uncalibrated",
+            Style::new().fg(Color::Yellow),
+        ));
     }
     if let Some(t) = &app.training {
         let state = t.state();
@@ -806,7 +813,7 @@ fn draw_loss(status: &crate::run::RunStatus, f: &mut Frame, area: Rect) {
 
 fn draw_help(f: &mut Frame, area: Rect) {
     let w = 68.min(area.width);
-    let h = 20.min(area.height);
+    let h = 22.min(area.height);
     let r = Rect::new(
         area.x + (area.width - w) / 2,
         area.y + (area.height - h) / 2,
@@ -826,6 +833,8 @@ fn draw_help(f: &mut Frame, area: Rect) {
         Line::from("               or an operator's choices, priced (Enter closes)"),
         Line::from("s / x / r  start / stop (x twice: kill) / restart the training run"),
         Line::from("?          this help         q      quit"),
+        Line::from("uncalibrated: datasheet rates × efficiencies fitted to published runs;"),
+        Line::from("           `osdp-tui calibrate` measures this machine instead"),
         Line::from(""),
         Line::from(vec![
             Span::styled("dp ", Style::new().fg(color(Choice::DP))),
