@@ -11,6 +11,8 @@ mod gpu_check;
 mod import;
 mod plan_cli;
 mod planner;
+#[cfg(feature = "train")]
+mod rendezvous;
 mod roundtrip;
 mod snapshots;
 #[cfg(feature = "train")]
