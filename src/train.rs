@@ -616,6 +616,7 @@ fn save(
                         .map(move |p| (format!("{}.{}", op.id, p.name), p.shape.clone()))
                 })
                 .collect(),
+            manifest_crc32: None,
         };
         let path = checkpoint::commit(root, &tmp, manifest)?;
         let _ = tx.send(RankMsg::Checkpoint {

@@ -3,6 +3,8 @@
 mod bad_input;
 #[cfg(feature = "train")]
 mod calibrate;
+#[cfg(feature = "train")]
+mod checkpoints;
 mod dashboard;
 #[cfg(feature = "train")]
 mod dashboard_train;

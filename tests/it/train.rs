@@ -15,11 +15,11 @@ use super::{osdp, root, stdout_ok};
 
 const GLOBAL_BATCH: u64 = 8;
 
-fn tiny(name: &str) -> ModelSpec {
+pub(crate) fn tiny(name: &str) -> ModelSpec {
     model::read_model(&root().join(format!("sample-models/{name}.json"))).expect("sample loads")
 }
 
-fn dp_plan(m: &ModelSpec) -> Plan {
+pub(crate) fn dp_plan(m: &ModelSpec) -> Plan {
     Plan {
         batch: GLOBAL_BATCH,
         accumulation: 1,
@@ -433,18 +433,18 @@ fn train_refuses_cuda_without_a_gpu_or_gpu_support() {
 
 // ---- the CLI ----
 
-fn write_plan(dir: &Path, m: &ModelSpec, plan: &Plan, name: &str) -> PathBuf {
+pub(crate) fn write_plan(dir: &Path, m: &ModelSpec, plan: &Plan, name: &str) -> PathBuf {
     let path = dir.join(name);
     let file = PlanFile::new(m, "cpu", plan, None);
     std::fs::write(&path, serde_json::to_string_pretty(&file).unwrap()).unwrap();
     path
 }
 
-fn sample(name: &str) -> PathBuf {
+pub(crate) fn sample(name: &str) -> PathBuf {
     root().join(format!("sample-models/{name}.json"))
 }
 
-fn step_lines(metrics: &Path) -> Vec<serde_json::Value> {
+pub(crate) fn step_lines(metrics: &Path) -> Vec<serde_json::Value> {
     std::fs::read_to_string(metrics)
         .unwrap_or_default()
         .lines()
@@ -720,7 +720,7 @@ pub(crate) fn one_step_args(dir: &Path) -> Vec<std::ffi::OsString> {
     ]
 }
 
-fn losses(metrics: &Path) -> Vec<f64> {
+pub(crate) fn losses(metrics: &Path) -> Vec<f64> {
     step_lines(metrics)
         .iter()
         .map(|v| v["loss"].as_f64().unwrap())
