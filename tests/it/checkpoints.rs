@@ -1,13 +1,14 @@
-//! Checkpoint directories against hand edits (issue 21): an edited manifest is refused with
-//! nothing touched.
+//! Checkpoint directories against hand edits and a second trainer (issue 21): an edited
+//! manifest is refused with nothing touched, and one trainer at a time holds a directory.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
 
 use osdp_tui::train::checkpoint::{self, Manifest};
 
-use super::train::{dp_plan, sample, tiny, write_plan};
+use super::train::{dp_plan, sample, step_lines, tiny, write_plan};
 use super::{refused, root};
 
 /// Run `cmd` and check that it succeeds.
@@ -133,4 +134,49 @@ fn issue_21_an_edited_manifest_is_refused_and_nothing_saved_is_touched() {
     succeeds(&mut resume());
     let sealed = checkpoint::verify(&ckpt.join("step-00000003")).unwrap();
     assert_eq!(sealed.version, checkpoint::CHECKPOINT_FORMAT_VERSION);
+}
+
+#[test]
+fn issue_21_a_second_trainer_on_a_checkpoint_directory_is_refused_at_once() {
+    let m = tiny("tiny-gpt2");
+    let dir = tempfile::tempdir().unwrap();
+    let plan = write_plan(dir.path(), &m, &dp_plan(&m), "plan.json");
+    let ckpt = dir.path().join("ckpt");
+    let metrics = dir.path().join("run.jsonl");
+    // The first runs until stopped.
+    let mut first = train(&plan, &ckpt, &["--steps", "0"]);
+    first.arg("--metrics").arg(&metrics);
+    let mut first = first
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let until = Instant::now() + Duration::from_secs(60);
+    while step_lines(&metrics).is_empty() {
+        assert!(Instant::now() < until, "the first trainer never stepped");
+        assert!(
+            first.try_wait().unwrap().is_none(),
+            "the first trainer ended"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let pid = first.id();
+    let in_use = format!(
+        "checkpoint directory {} is in use by pid {pid} (started ",
+        ckpt.display()
+    );
+    for extra in [&["--steps", "1", "--resume"][..], &["--steps", "1"][..]] {
+        let started = Instant::now();
+        refused(
+            &mut checked(train(&plan, &ckpt, extra)),
+            2,
+            &[&in_use, " UTC)"],
+        );
+        assert!(started.elapsed() < Duration::from_secs(10), "at once");
+    }
+    // Stopped, the first lets go, and the directory resumes.
+    // SAFETY: a signal to our own child.
+    unsafe { libc::kill(pid as libc::pid_t, libc::SIGTERM) };
+    assert!(first.wait().unwrap().success());
+    succeeds(&mut train(&plan, &ckpt, &["--steps", "1", "--resume"]));
 }
