@@ -1,5 +1,6 @@
-//! Checkpoint directories against hand edits and a second trainer (issue 21): an edited
-//! manifest is refused with nothing touched, and one trainer at a time holds a directory.
+//! Checkpoint directories against hand edits, a second trainer and `kill -9` (issue 21): an
+//! edited manifest is refused with nothing touched, one trainer at a time holds a directory,
+//! and a run killed twenty times while it checkpoints resumes to exactly the uninterrupted run.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -8,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use osdp_tui::train::checkpoint::{self, Manifest};
 
-use super::train::{dp_plan, sample, step_lines, tiny, write_plan};
+use super::train::{dp_plan, losses, sample, step_lines, tiny, write_plan};
 use super::{refused, root};
 
 /// Run `cmd` and check that it succeeds.
@@ -179,4 +180,135 @@ fn issue_21_a_second_trainer_on_a_checkpoint_directory_is_refused_at_once() {
     unsafe { libc::kill(pid as libc::pid_t, libc::SIGTERM) };
     assert!(first.wait().unwrap().success());
     succeeds(&mut train(&plan, &ckpt, &["--steps", "1", "--resume"]));
+}
+
+/// A seeded generator for the kill times (SplitMix64), so a failure replays.
+struct KillClock(u64);
+
+impl KillClock {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    fn millis_below(&mut self, most: u64) -> Duration {
+        Duration::from_millis(self.next() % most)
+    }
+}
+
+/// The step of the checkpoint `latest.json` names (0 with none), after checking that it and
+/// the checkpoint before it verify and that it is not older than `sealed`, the latest seen.
+fn check_sealed(ckpt: &Path, sealed: u64, kill: usize) -> u64 {
+    let Some(latest) = checkpoint::latest(ckpt).unwrap_or_else(|e| panic!("kill {kill}: {e}"))
+    else {
+        assert_eq!(sealed, 0, "kill {kill}: latest.json vanished");
+        return 0;
+    };
+    let manifest =
+        checkpoint::verify(&latest).unwrap_or_else(|e| panic!("kill {kill}: latest: {e}"));
+    assert!(
+        manifest.step >= sealed,
+        "kill {kill}: latest went back from step {sealed} to {}",
+        manifest.step
+    );
+    // The two newest directories are the ones kept: both whole (an older one may be half
+    // pruned, which resuming never offers).
+    let all = checkpoint::list(ckpt);
+    for (step, path) in all.iter().rev().take(2) {
+        checkpoint::verify(path).unwrap_or_else(|e| panic!("kill {kill}: step {step}: {e}"));
+    }
+    assert!(
+        all.iter().rev().take(2).any(|(_, p)| *p == latest),
+        "kill {kill}: latest is not among the newest checkpoints"
+    );
+    manifest.step
+}
+
+/// `kill -9` at 20 seeded random times of a run that checkpoints every step, each followed by
+/// `--resume`: no sealed checkpoint is ever lost or corrupt, every replayed step's loss is the
+/// uninterrupted run's, and so are the final parameters and AdamW moments, bit for bit.
+#[test]
+fn issue_21_twenty_kills_while_checkpointing_lose_nothing_and_resume_exactly() {
+    const KILLS: usize = 20;
+    let m = tiny("tiny-gpt2");
+    let dir = tempfile::tempdir().unwrap();
+    let plan = write_plan(dir.path(), &m, &dp_plan(&m), "plan.json");
+    let (ckpt, metrics) = (dir.path().join("killed"), dir.path().join("killed.jsonl"));
+    let mut clock = KillClock(21);
+    let mut sealed = 0;
+    for kill in 1..=KILLS {
+        let seen = step_lines(&metrics).len();
+        let mut segment = train(&plan, &ckpt, &["--steps", "0", "--checkpoint-every", "1"]);
+        segment.arg("--metrics").arg(&metrics);
+        if sealed > 0 {
+            segment.arg("--resume");
+        }
+        let mut child = segment
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        // Most kills land while it trains and checkpoints (after its first step of this
+        // segment); one in four at any moment of its start (loading, resuming, locking).
+        if clock.next() % 4 == 0 {
+            std::thread::sleep(clock.millis_below(1500));
+        } else {
+            let until = Instant::now() + Duration::from_secs(60);
+            while step_lines(&metrics).len() <= seen {
+                assert!(Instant::now() < until, "kill {kill}: no step in 60 s");
+                if let Some(status) = child.try_wait().unwrap() {
+                    panic!("kill {kill}: the run ended by itself: {status}");
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            std::thread::sleep(clock.millis_below(400));
+        }
+        if let Some(status) = child.try_wait().unwrap() {
+            panic!("kill {kill}: the run ended by itself: {status}");
+        }
+        child.kill().unwrap();
+        child.wait().unwrap();
+        sealed = check_sealed(&ckpt, sealed, kill);
+    }
+    assert!(sealed > 0, "twenty segments sealed no checkpoint");
+    // The last segment runs two more steps and ends by itself.
+    let mut last = train(&plan, &ckpt, &["--steps", "2", "--resume"]);
+    succeeds(last.arg("--metrics").arg(&metrics));
+    let end = sealed + 2;
+    assert_eq!(check_sealed(&ckpt, sealed, KILLS + 1), end);
+
+    // The same run, uninterrupted.
+    let (straight, straight_metrics) = (dir.path().join("straight"), dir.path().join("s.jsonl"));
+    let mut run = train(&plan, &straight, &["--steps", &end.to_string()]);
+    succeeds(run.arg("--metrics").arg(&straight_metrics));
+    let expected = losses(&straight_metrics);
+    assert_eq!(expected.len() as u64, end);
+    // Every step the killed run reported, replays included, has the uninterrupted loss.
+    let mut reported = vec![false; end as usize];
+    for line in step_lines(&metrics) {
+        let step = line["step"].as_u64().unwrap();
+        let loss = line["loss"].as_f64().unwrap();
+        assert_eq!(
+            loss.to_bits(),
+            expected[step as usize - 1].to_bits(),
+            "step {step}: loss {loss} after kills, {} straight",
+            expected[step as usize - 1]
+        );
+        reported[step as usize - 1] = true;
+    }
+    assert!(reported.iter().all(|&r| r), "every step was reported");
+    let (_, killed) = checkpoint::load(&checkpoint::latest(&ckpt).unwrap().unwrap()).unwrap();
+    let (_, uninterrupted) =
+        checkpoint::load(&checkpoint::latest(&straight).unwrap().unwrap()).unwrap();
+    assert_eq!(killed.len(), uninterrupted.len());
+    for (name, a) in &killed {
+        let b = &uninterrupted[name];
+        assert!(
+            a.param == b.param && a.m == b.m && a.v == b.v,
+            "{name} differs from the uninterrupted run"
+        );
+    }
 }
