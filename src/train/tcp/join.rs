@@ -510,7 +510,9 @@ pub(super) fn gather(m: &Membership, terms: &Terms) -> Result<Vec<TcpStream>, St
             return Err(why);
         }
         let mut busy = false;
-        loop {
+        // At most a pending queue's worth per round: a flood of connections cannot keep
+        // rank 0 accepting past its deadline.
+        for _ in 0..MAX_PENDING {
             match listener.accept() {
                 Ok((stream, _)) => {
                     busy = true;
@@ -638,7 +640,9 @@ pub(super) fn enter(m: &Membership, terms: &Terms) -> Result<TcpStream, String> 
             m.rank, m.master
         )
     };
-    (&s).write_all(&hello_bytes(m.rank, m.world, &m.token, terms))
+    // Whoever listens there may not read: the hello must not block past the join either.
+    s.set_write_timeout(Some(m.join_timeout + ANSWER_GRACE))
+        .and_then(|()| (&s).write_all(&hello_bytes(m.rank, m.world, &m.token, terms)))
         .map_err(lost)?;
     match read_answer(&s, answer_by) {
         Ok(Some(Answer::Welcome)) => {}
@@ -658,8 +662,10 @@ pub(super) fn enter(m: &Membership, terms: &Terms) -> Result<TcpStream, String> 
         }
         Err(e) => return Err(lost(e)),
     }
-    s.set_read_timeout(None).map_err(|e| e.to_string())?;
-    s.set_nodelay(true).map_err(|e| e.to_string())?;
+    s.set_read_timeout(None)
+        .and_then(|()| s.set_write_timeout(None))
+        .and_then(|()| s.set_nodelay(true))
+        .map_err(|e| e.to_string())?;
     Ok(s)
 }
 
