@@ -7,6 +7,7 @@ pub mod cli;
 pub mod cluster;
 pub mod cost;
 pub mod input;
+pub mod lock;
 pub mod model;
 pub mod monitor;
 pub mod plan;

@@ -291,6 +291,32 @@ impl RunState {
     }
 }
 
+/// The environment variable that carries a run's token to its rank processes: every rank
+/// presents it when it joins, and rank 0 turns away a process that does not.
+pub const RUN_TOKEN_VAR: &str = "OSDP_RUN_TOKEN";
+
+/// A fresh run token: 128 bits from the kernel's generator, as hex.
+pub fn new_run_token() -> String {
+    let mut bytes = [0u8; 16];
+    let from_kernel = std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut bytes))
+        .is_ok();
+    if !from_kernel {
+        // std seeds its hash keys from the OS's generator: the next best source.
+        use std::hash::{BuildHasher, Hasher};
+        for half in bytes.chunks_mut(8) {
+            let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+            h.write_u128(
+                std::time::SystemTime::UNIX_EPOCH
+                    .elapsed()
+                    .map_or(0, |d| d.as_nanos()),
+            );
+            half.copy_from_slice(&h.finish().to_le_bytes());
+        }
+    }
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
 /// How to launch workers (fixed for a dashboard session).
 #[derive(Debug, Clone, PartialEq)]
 pub struct LaunchSpec {
@@ -362,6 +388,8 @@ impl Supervisor {
             Ranks::CpuThreads => 0,
             Ranks::GpuProcesses => free_port()?,
         };
+        // One token per start: a process of another run (or a stranger) cannot join this one.
+        let token = new_run_token();
         let mut children: Vec<Child> = Vec::with_capacity(processes);
         for rank in 0..processes {
             let mut cmd = Command::new(&spec.exe);
@@ -404,6 +432,7 @@ impl Supervisor {
                         .env("LOCAL_WORLD_SIZE", &n)
                         .env("MASTER_ADDR", "127.0.0.1")
                         .env("MASTER_PORT", port.to_string())
+                        .env(RUN_TOKEN_VAR, &token)
                         .env_remove("OSDP_PORT");
                 }
             }
@@ -687,5 +716,13 @@ mod tests {
             "the step is read, not skipped as a broken line"
         );
         assert!(s.steps[0].loss.is_nan());
+    }
+
+    #[test]
+    fn every_start_of_a_run_gets_its_own_token() {
+        let (a, b) = (new_run_token(), new_run_token());
+        assert_eq!(a.len(), 32, "{a}");
+        assert!(a.bytes().all(|c| c.is_ascii_hexdigit()), "{a}");
+        assert_ne!(a, b, "two starts, two tokens");
     }
 }

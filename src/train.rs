@@ -206,7 +206,10 @@ pub fn run(
                 (Box::new(g) as Box<dyn Collective>, Some(abort))
             })
             .collect(),
-        Some(m) => vec![(join_group(m, cfg.target.device)?, None)],
+        Some(m) => vec![(
+            join_group(m, cfg.target.device, &terms(cfg, first_step))?,
+            None,
+        )],
     };
     let (tx, rx) = mpsc::channel::<RankMsg>();
     let mut summary = TrainSummary {
@@ -321,12 +324,57 @@ pub fn run(
     Ok(summary)
 }
 
+/// What every process of a multi-process run must agree on, for the join to compare: the
+/// model, the plan, the world, the step it starts from and every hyper-parameter the ranks
+/// must share. A field's name is what a refusal names ("rank 2 has lr 0.001, rank 0 has …").
+fn terms(cfg: &TrainConfig, first_step: u64) -> tcp::Terms {
+    let o = &cfg.optim;
+    let data = match &cfg.source {
+        data::Source::Text { bytes, .. } => format!("{:08x}", crc32fast::hash(bytes)),
+        data::Source::Random => "-".into(),
+    };
+    // The plan as its file would hold it, without the informational layout and figures: two
+    // copies of one plan agree whatever their formatting.
+    let plan = crate::plan::PlanFile::new(&cfg.model, "", &cfg.plan, None);
+    let plan = format!(
+        "{:08x}",
+        crc32fast::hash(&serde_json::to_vec(&plan).unwrap_or_default())
+    );
+    let accumulation = accumulation(cfg.global_batch, cfg.world_size, cfg.plan.batch)
+        .map_or_else(|e| e, |a| a.to_string());
+    tcp::Terms::default()
+        .with("model", crate::plan::fingerprint(&cfg.model))
+        .with("plan", plan)
+        .with("world size", cfg.world_size)
+        .with("device", device_label(cfg.target))
+        .with("seed", cfg.seed)
+        .with("data", crate::text::printable(cfg.source.label()))
+        .with("data checksum", data)
+        .with("global batch", cfg.global_batch)
+        .with("accumulation", accumulation)
+        .with("lr", o.lr)
+        .with("beta1", o.beta1)
+        .with("beta2", o.beta2)
+        .with("eps", o.eps)
+        .with("weight decay", o.weight_decay)
+        .with("clip norm", o.clip_norm)
+        .with("warm-up steps", o.warmup_steps)
+        .with("first step", first_step)
+        .with("steps", cfg.steps)
+        .with("checkpointing", cfg.checkpoint_dir.is_some())
+        .with("checkpoint every", cfg.checkpoint_every)
+}
+
 /// This process's handle on a multi-process group: NCCL between GPUs, TCP between CPU ranks.
-fn join_group(m: &tcp::Membership, device: tch::Device) -> Result<Box<dyn Collective>, TrainError> {
+fn join_group(
+    m: &tcp::Membership,
+    device: tch::Device,
+    terms: &tcp::Terms,
+) -> Result<Box<dyn Collective>, TrainError> {
     if device.is_cuda() {
         #[cfg(feature = "cuda")]
         return Ok(Box::new(
-            cuda::NcclGroup::join(m, device).map_err(TrainError::Invalid)?,
+            cuda::NcclGroup::join(m, device, terms).map_err(TrainError::Invalid)?,
         ));
         #[cfg(not(feature = "cuda"))]
         return Err(TrainError::Invalid(
@@ -334,7 +382,7 @@ fn join_group(m: &tcp::Membership, device: tch::Device) -> Result<Box<dyn Collec
         ));
     }
     Ok(Box::new(
-        tcp::TcpGroup::join(m).map_err(TrainError::Invalid)?,
+        tcp::TcpGroup::join(m, terms).map_err(TrainError::Invalid)?,
     ))
 }
 
@@ -568,6 +616,7 @@ fn save(
                         .map(move |p| (format!("{}.{}", op.id, p.name), p.shape.clone()))
                 })
                 .collect(),
+            manifest_crc32: None,
         };
         let path = checkpoint::commit(root, &tmp, manifest)?;
         let _ = tx.send(RankMsg::Checkpoint {

@@ -266,9 +266,19 @@ pub fn train(args: TrainArgs) -> Result<(), Failure> {
     };
     // Only rank 0 of a multi-process run writes the metrics stream and the progress line.
     let lead = membership.as_ref().is_none_or(|m| m.rank == 0);
+    if let Some(note) = membership.as_ref().and_then(|m| m.exposure()) {
+        eprintln!("{note}");
+    }
     if world_size == 0 {
         return Err(Failure::input("--world-size must be at least 1"));
     }
+    // One trainer per checkpoint directory: a second would interleave its checkpoints with
+    // ours. Rank 0 holds the lock for a run of several processes, which share the directory.
+    // An existing directory is locked before its checkpoints are looked at.
+    let early_lock = match args.checkpoint_dir.as_ref().filter(|d| lead && d.is_dir()) {
+        Some(dir) => Some(lock_checkpoint_dir(dir)?),
+        None => None,
+    };
     let resume_from = resume_point(&args)?;
     // A resumed run continues the same run: the global batch, seed and data the checkpoint
     // was written with, unless the user says otherwise (then say so).
@@ -343,6 +353,11 @@ pub fn train(args: TrainArgs) -> Result<(), Failure> {
     if let Some(dir) = &args.checkpoint_dir {
         std::fs::create_dir_all(dir).map_err(|e| Failure::output(dir, e))?;
     }
+    let _dir_lock = match (early_lock, &args.checkpoint_dir) {
+        (Some(lock), _) => Some(lock),
+        (None, Some(dir)) if lead => Some(lock_checkpoint_dir(dir)?),
+        (None, _) => None,
+    };
     let mut metrics = match &args.metrics {
         Some(path) if lead => Some(open_metrics(path, resume_from.is_some())?),
         _ => None,
@@ -499,6 +514,17 @@ pub fn train(args: TrainArgs) -> Result<(), Failure> {
         );
     }
     Ok(())
+}
+
+/// Lock a checkpoint directory for this run, saying so when a dead run's lock is taken over.
+#[cfg(feature = "train")]
+fn lock_checkpoint_dir(dir: &std::path::Path) -> Result<crate::lock::DirLock, Failure> {
+    let (lock, note) =
+        crate::lock::DirLock::acquire(dir, "checkpoint directory").map_err(Failure::input)?;
+    if let Some(note) = note {
+        eprintln!("note: {note}");
+    }
+    Ok(lock)
 }
 
 #[cfg(feature = "train")]

@@ -1,6 +1,6 @@
 //! Checkpoints independent of the plan: each rank writes the regions of parameters and AdamW
-//! moments it owns to its own safetensors file; a manifest lists the files with their sizes and
-//! CRC-32s. A tensor's key names its region (`op.param|state|cols|flat_start:len`), so loading
+//! moments it owns to its own safetensors file; a manifest lists the files, exactly one per rank,
+//! with their sizes and CRC-32s, and carries a CRC-32 of its own content. A tensor's key names its region (`op.param|state|cols|flat_start:len`), so loading
 //! reassembles every full parameter and any plan at any world size can take its share.
 //!
 //! Writing is atomic: files go to a `.tmp-…` directory, are fsynced, the directory is renamed to
@@ -16,7 +16,14 @@ use tch::Tensor;
 
 use super::exec::FullState;
 
-pub const CHECKPOINT_FORMAT_VERSION: u32 = 1;
+/// Version 2 added the manifest's own checksum; version 1 manifests (without) still load.
+pub const CHECKPOINT_FORMAT_VERSION: u32 = 2;
+/// Manifests this build reads.
+const READABLE_VERSIONS: [u32; 2] = [1, 2];
+/// `latest.json` has kept its format.
+const LATEST_FORMAT_VERSION: u32 = 1;
+/// Most ranks a checkpoint may list: as many as a run may have.
+const MAX_RANKS: usize = 1 << 16;
 const MANIFEST: &str = "manifest.json";
 const LATEST: &str = "latest.json";
 /// Complete checkpoints kept in a directory; older ones are removed after a new one lands.
@@ -53,6 +60,60 @@ pub struct Manifest {
     pub files: Vec<FileEntry>,
     /// Full shape of every parameter.
     pub params: BTreeMap<String, Vec<i64>>,
+    /// CRC-32 of the manifest's canonical JSON without this field ([`Manifest::checksum`]):
+    /// an edited or damaged manifest is refused instead of restoring wrong state. Absent in
+    /// version 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub manifest_crc32: Option<u32>,
+}
+
+impl Manifest {
+    /// CRC-32 of the manifest as compact JSON, fields in declaration order and parameters
+    /// sorted, without `manifest_crc32` itself: what `manifest_crc32` must hold.
+    pub fn checksum(&self) -> u32 {
+        let bare = Manifest {
+            manifest_crc32: None,
+            ..self.clone()
+        };
+        crc32fast::hash(&serde_json::to_vec(&bare).unwrap_or_default())
+    }
+
+    /// Why the file list is not exactly one file per rank of `world_size`, if it is not: a
+    /// rank listed twice would load its shard twice and leave another rank's zero.
+    fn check_files(&self) -> Result<(), String> {
+        let world = self.world_size;
+        if world == 0 || world > MAX_RANKS {
+            return Err(format!(
+                "says world size {world} (expected 1 to {MAX_RANKS})"
+            ));
+        }
+        let mut seen = vec![false; world];
+        for f in &self.files {
+            let rank = f
+                .name
+                .strip_prefix("rank-")
+                .and_then(|r| r.strip_suffix(".safetensors"))
+                .filter(|r| r.len() == 5 && r.bytes().all(|b| b.is_ascii_digit()))
+                .and_then(|r| r.parse::<usize>().ok())
+                .filter(|&r| r < world);
+            let Some(rank) = rank else {
+                return Err(format!(
+                    "lists {:?}, which is not a rank file of a {world}-rank checkpoint",
+                    crate::text::printable(&f.name)
+                ));
+            };
+            if std::mem::replace(&mut seen[rank], true) {
+                return Err(format!("lists {} twice", f.name));
+            }
+        }
+        match seen.iter().position(|s| !s) {
+            Some(r) => Err(format!(
+                "lists no file for rank {r} of {world} ({})",
+                rank_file_name(r)
+            )),
+            None => Ok(()),
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -136,11 +197,20 @@ pub fn commit(root: &Path, tmp: &Path, mut manifest: Manifest) -> Result<PathBuf
         let name = rank_file_name(rank);
         let path = tmp.join(&name);
         if !path.exists() {
-            continue;
+            // Every rank wrote before this: a file rank 0 cannot see is on another machine.
+            return Err(err(
+                &path,
+                format!(
+                    "is missing: rank {rank} wrote it where rank 0 cannot see it (--checkpoint-dir \
+                     must be a directory every rank shares)"
+                ),
+            ));
         }
         let (bytes, crc32) = crc_of(&path)?;
         manifest.files.push(FileEntry { name, bytes, crc32 });
     }
+    manifest.version = CHECKPOINT_FORMAT_VERSION;
+    manifest.manifest_crc32 = Some(manifest.checksum());
     let mpath = tmp.join(MANIFEST);
     crate::input::write_json_atomically(&mpath, &manifest)
         .map_err(|e| err(&mpath, e.to_string()))?;
@@ -153,7 +223,7 @@ pub fn commit(root: &Path, tmp: &Path, mut manifest: Manifest) -> Result<PathBuf
     std::fs::rename(tmp, &dest).map_err(|e| err(&dest, e.to_string()))?;
     sync_dir(root);
     let latest = Latest {
-        version: CHECKPOINT_FORMAT_VERSION,
+        version: LATEST_FORMAT_VERSION,
         checkpoint: dir_name,
         step: manifest.step,
     };
@@ -196,7 +266,7 @@ pub fn latest(root: &Path) -> Result<Option<PathBuf>, CheckpointError> {
     if !lpath.exists() {
         return Ok(None);
     }
-    let l: Latest = crate::input::read_strict(&lpath, CHECKPOINT_FORMAT_VERSION)
+    let l: Latest = crate::input::read_strict(&lpath, LATEST_FORMAT_VERSION)
         .map_err(|e| err(&lpath, e.to_string()))?;
     if l.checkpoint.contains('/') || l.checkpoint.contains("..") {
         return Err(err(
@@ -210,7 +280,8 @@ pub fn latest(root: &Path) -> Result<Option<PathBuf>, CheckpointError> {
     Ok(Some(root.join(l.checkpoint)))
 }
 
-/// Check a checkpoint's manifest and files (sizes and CRC-32) without loading tensors.
+/// Check a checkpoint's manifest (its checksum, one file per rank) and files (sizes and
+/// CRC-32) without loading tensors.
 pub fn verify(dir: &Path) -> Result<Manifest, CheckpointError> {
     let mpath = dir.join(MANIFEST);
     if !mpath.exists() {
@@ -219,17 +290,29 @@ pub fn verify(dir: &Path) -> Result<Manifest, CheckpointError> {
             "has no manifest.json (incomplete or not a checkpoint)",
         ));
     }
-    let m: Manifest = crate::input::read_strict(&mpath, CHECKPOINT_FORMAT_VERSION)
-        .map_err(|e| err(&mpath, e.to_string()))?;
-    if m.version != CHECKPOINT_FORMAT_VERSION {
-        return Err(err(
-            &mpath,
-            format!(
-                "format version {} (this build reads {CHECKPOINT_FORMAT_VERSION})",
-                m.version
-            ),
-        ));
+    let m = read_manifest(&mpath)?;
+    if m.version >= 2 || m.manifest_crc32.is_some() {
+        let actual = m.checksum();
+        match m.manifest_crc32 {
+            Some(said) if said == actual => {}
+            Some(said) => {
+                return Err(err(
+                    &mpath,
+                    format!(
+                        "does not match its checksum (edited or damaged): its content has \
+                         CRC-32 {actual:08x}, it says {said:08x}"
+                    ),
+                ))
+            }
+            None => {
+                return Err(err(
+                    &mpath,
+                    "has no manifest_crc32 (required since version 2)",
+                ))
+            }
+        }
     }
+    m.check_files().map_err(|problem| err(&mpath, problem))?;
     for f in &m.files {
         if f.name.contains('/') || f.name.contains("..") {
             return Err(err(
@@ -253,6 +336,24 @@ pub fn verify(dir: &Path) -> Result<Manifest, CheckpointError> {
         }
     }
     Ok(m)
+}
+
+/// The manifest at `path`, in any format version this build reads.
+fn read_manifest(path: &Path) -> Result<Manifest, CheckpointError> {
+    let text = crate::input::read_text(path, crate::input::MAX_INPUT_BYTES)
+        .map_err(|e| err(path, e.to_string()))?;
+    #[derive(Deserialize)]
+    struct VersionOnly {
+        version: u32,
+    }
+    // Parse under the version the file says when this build reads it; under the current one
+    // otherwise, so that the message names both.
+    let version = serde_json::from_str::<VersionOnly>(&text)
+        .ok()
+        .map(|v| v.version)
+        .filter(|v| READABLE_VERSIONS.contains(v))
+        .unwrap_or(CHECKPOINT_FORMAT_VERSION);
+    crate::input::parse_strict(path, &text, version).map_err(|e| err(path, e.to_string()))
 }
 
 /// Verify and load a checkpoint: every parameter's full value and AdamW moments.

@@ -26,7 +26,7 @@ use cudarc::nccl::sys as nccl;
 use tch::{Device, Kind, Tensor};
 
 use super::collective::{Aborted, Collective};
-use super::tcp::{Membership, TcpGroup};
+use super::tcp::{Membership, TcpGroup, Terms};
 
 /// The library pip's `nvidia-nccl` wheels and the distributions ship.
 const NCCL_SONAME: &str = "libnccl.so.2";
@@ -299,13 +299,13 @@ const GOODBYE: u8 = 0xB7;
 impl NcclGroup {
     /// Join the group on `device`: TCP rendezvous (with its join timeout), rank 0 creates the
     /// NCCL id and sends it, every rank initialises its communicator.
-    pub fn join(m: &Membership, device: Device) -> Result<NcclGroup, String> {
+    pub fn join(m: &Membership, device: Device, terms: &Terms) -> Result<NcclGroup, String> {
         let Device::Cuda(ordinal) = device else {
             return Err("the NCCL group needs a CUDA device".into());
         };
         let lib = NcclLib::get()?;
         let ctx = CudaContext::new(ordinal).map_err(|e| format!("cuda:{ordinal}: {e:?}"))?;
-        let tcp = TcpGroup::join(m)?;
+        let tcp = TcpGroup::join(m, terms)?;
         let mut id = nccl::ncclUniqueId { internal: [0; 128] };
         if m.rank == 0 {
             // SAFETY: writes the 128-byte id.

@@ -1,77 +1,19 @@
 //! A collective backend over TCP for ranks that are separate processes (one per GPU later, or
 //! CPU ranks on several machines): rank 0 listens on `MASTER_ADDR:MASTER_PORT`, the others
-//! connect, and every collective goes through rank 0, which reduces in rank order — the same
-//! order as the local backend, so a run gives the same bits whichever backend carries it.
-//! The same handshake is the bootstrap for NCCL: rank 0 can share its unique id over it.
+//! connect ([`join`] checks who they are and that they run the same thing), and every
+//! collective goes through rank 0, which reduces in rank order — the same order as the local
+//! backend, so a run gives the same bits whichever backend carries it. The same connections are
+//! the bootstrap for NCCL: rank 0 can share its unique id over them.
+
+mod join;
 
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
-use std::time::{Duration, Instant};
+use std::net::TcpStream;
 
 use tch::{Kind, Tensor};
 
 use super::collective::{sum_in_rank_order, Aborted, Collective};
-
-const MAGIC: u32 = 0x05D9_7C01;
-
-/// This process's rank and how to reach the others, from the torchrun/Slurm environment.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Membership {
-    pub rank: usize,
-    pub world: usize,
-    /// `MASTER_ADDR:MASTER_PORT`.
-    pub master: String,
-    pub join_timeout: Duration,
-}
-
-impl Membership {
-    /// `RANK`, `WORLD_SIZE` (or Slurm's `SLURM_PROCID`, `SLURM_NTASKS`), `MASTER_ADDR`
-    /// (default 127.0.0.1), `MASTER_PORT` (default 29500),
-    /// and `OSDP_JOIN_TIMEOUT_S` (default 120). `None` when `WORLD_SIZE` is not set.
-    ///
-    /// Under torchrun (`TORCHELASTIC_RUN_ID` set) its own store already listens on
-    /// `MASTER_PORT`, so the group uses the next port; `OSDP_PORT` overrides either.
-    pub fn from_env() -> Result<Option<Membership>, String> {
-        let var = |k: &str| std::env::var(k).ok();
-        // torchrun's names first, Slurm's as the fallback (`srun osdp-tui train …`).
-        let Some(world) = var("WORLD_SIZE").or_else(|| var("SLURM_NTASKS")) else {
-            return Ok(None);
-        };
-        let num = |k: &str, v: &str| {
-            v.trim()
-                .parse::<usize>()
-                .map_err(|_| format!("{k}={v:?} is not a number"))
-        };
-        let world = num("WORLD_SIZE", &world)?;
-        let rank = num(
-            "RANK",
-            &var("RANK").ok_or("WORLD_SIZE is set but RANK is not")?,
-        )?;
-        if world == 0 || rank >= world {
-            return Err(format!("RANK {rank} is not below WORLD_SIZE {world}"));
-        }
-        let addr = var("MASTER_ADDR").unwrap_or_else(|| "127.0.0.1".into());
-        let master_port = num(
-            "MASTER_PORT",
-            &var("MASTER_PORT").unwrap_or_else(|| "29500".into()),
-        )?;
-        let port = match (var("OSDP_PORT"), var("TORCHELASTIC_RUN_ID")) {
-            (Some(p), _) => num("OSDP_PORT", &p)?,
-            (None, Some(_)) => master_port + 1,
-            (None, None) => master_port,
-        };
-        let timeout = match var("OSDP_JOIN_TIMEOUT_S") {
-            Some(v) => num("OSDP_JOIN_TIMEOUT_S", &v)? as u64,
-            None => 120,
-        };
-        Ok(Some(Membership {
-            rank,
-            world,
-            master: format!("{addr}:{port}"),
-            join_timeout: Duration::from_secs(timeout),
-        }))
-    }
-}
+pub use join::{Membership, RunToken, Terms};
 
 /// One process's handle on the group.
 pub struct TcpGroup {
@@ -86,86 +28,20 @@ fn io_abort(e: std::io::Error) -> Aborted {
 }
 
 impl TcpGroup {
-    /// Join the group: rank 0 waits for every other rank, the others connect to rank 0; either
-    /// gives up after the join timeout with a message naming who is missing.
-    pub fn join(m: &Membership) -> Result<TcpGroup, String> {
-        let deadline = Instant::now() + m.join_timeout;
-        let secs = m.join_timeout.as_secs();
-        if m.rank == 0 {
-            let listener = TcpListener::bind(&m.master)
-                .map_err(|e| format!("rank 0 cannot listen on {}: {e}", m.master))?;
-            listener.set_nonblocking(true).map_err(|e| e.to_string())?;
-            let mut peers: Vec<Option<TcpStream>> = (1..m.world).map(|_| None).collect();
-            while peers.iter().any(Option::is_none) {
-                match listener.accept() {
-                    Ok((mut s, _)) => {
-                        s.set_nonblocking(false).map_err(|e| e.to_string())?;
-                        s.set_read_timeout(Some(m.join_timeout))
-                            .map_err(|e| e.to_string())?;
-                        let (magic, rank, world) =
-                            (read_u32(&mut s), read_u32(&mut s), read_u32(&mut s));
-                        match (magic, rank, world) {
-                            (Ok(MAGIC), Ok(r), Ok(w))
-                                if w as usize == m.world
-                                    && (1..m.world).contains(&(r as usize)) =>
-                            {
-                                s.set_read_timeout(None).map_err(|e| e.to_string())?;
-                                s.set_nodelay(true).map_err(|e| e.to_string())?;
-                                peers[r as usize - 1] = Some(s);
-                            }
-                            _ => continue,
-                        }
-                    }
-                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                        if Instant::now() > deadline {
-                            let missing: Vec<String> = peers
-                                .iter()
-                                .enumerate()
-                                .filter(|(_, p)| p.is_none())
-                                .map(|(i, _)| (i + 1).to_string())
-                                .collect();
-                            return Err(format!(
-                                "rank(s) {} did not join {} within {secs} s",
-                                missing.join(", "),
-                                m.master
-                            ));
-                        }
-                        std::thread::sleep(Duration::from_millis(20));
-                    }
-                    Err(e) => return Err(format!("rank 0 accepting on {}: {e}", m.master)),
-                }
-            }
-            Ok(TcpGroup {
-                rank: 0,
-                world: m.world,
-                peers: peers.into_iter().flatten().collect(),
-            })
+    /// Join the group under `terms`: rank 0 waits for every other rank, the others connect to
+    /// rank 0; either gives up after the join timeout with a message naming who is missing, and
+    /// a rank whose terms differ from rank 0's ends the join on every rank.
+    pub fn join(m: &Membership, terms: &Terms) -> Result<TcpGroup, String> {
+        let peers = if m.rank == 0 {
+            join::gather(m, terms)?
         } else {
-            loop {
-                match TcpStream::connect(&m.master) {
-                    Ok(mut s) => {
-                        s.set_nodelay(true).map_err(|e| e.to_string())?;
-                        for v in [MAGIC, m.rank as u32, m.world as u32] {
-                            s.write_all(&v.to_le_bytes()).map_err(|e| e.to_string())?;
-                        }
-                        return Ok(TcpGroup {
-                            rank: m.rank,
-                            world: m.world,
-                            peers: vec![s],
-                        });
-                    }
-                    Err(e) => {
-                        if Instant::now() > deadline {
-                            return Err(format!(
-                                "rank {} could not reach rank 0 at {} within {secs} s: {e}",
-                                m.rank, m.master
-                            ));
-                        }
-                        std::thread::sleep(Duration::from_millis(50));
-                    }
-                }
-            }
-        }
+            vec![join::enter(m, terms)?]
+        };
+        Ok(TcpGroup {
+            rank: m.rank,
+            world: m.world,
+            peers,
+        })
     }
 
     /// The connections to the other processes (rank 0: one per other rank; the others: one
@@ -208,12 +84,6 @@ impl TcpGroup {
             _ => recv_tensor(&self.peers[0], expected),
         }
     }
-}
-
-fn read_u32(s: &mut TcpStream) -> std::io::Result<u32> {
-    let mut b = [0u8; 4];
-    s.read_exact(&mut b)?;
-    Ok(u32::from_le_bytes(b))
 }
 
 fn send_tensor(mut s: &TcpStream, t: &Tensor) -> Result<(), Aborted> {
@@ -362,5 +232,60 @@ impl Collective for TcpGroup {
     }
     fn barrier(&self) -> Result<(), Aborted> {
         self.all_reduce(&Tensor::from(0.0f64)).map(|_| ())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, Instant};
+
+    use std::net::TcpListener;
+
+    use super::join::{hello_bytes, read_answer, Answer};
+    use super::*;
+
+    /// Past the join, a peer that announces a tensor of another size (here 1 TiB) ends the
+    /// run with a message instead of an allocation.
+    #[test]
+    fn a_joined_peer_announcing_a_huge_tensor_ends_the_run_with_a_message() {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .unwrap()
+            .port();
+        let m = Membership {
+            rank: 0,
+            world: 2,
+            master: format!("127.0.0.1:{port}"),
+            join_timeout: Duration::from_secs(20),
+            token: RunToken::default(),
+        };
+        let terms = Terms::default().with("lr", 3e-4);
+        let t = terms.clone();
+        let h0 = std::thread::spawn(move || TcpGroup::join(&m, &t));
+        let until = Instant::now() + Duration::from_secs(10);
+        let mut peer = loop {
+            match TcpStream::connect(("127.0.0.1", port)) {
+                Ok(s) => break s,
+                Err(e) => {
+                    assert!(Instant::now() < until, "rank 0 never listened: {e}");
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+            }
+        };
+        peer.write_all(&hello_bytes(1, 2, &RunToken::default(), &terms))
+            .unwrap();
+        let answer = read_answer(&peer, Instant::now() + Duration::from_secs(10));
+        assert_eq!(answer.ok().flatten(), Some(Answer::Welcome));
+        let g0 = h0.join().unwrap().unwrap();
+        let mut head = vec![0u8];
+        head.extend_from_slice(&(1u64 << 40).to_le_bytes());
+        peer.write_all(&head).unwrap();
+        let Err(Aborted(why)) = g0.all_reduce(&Tensor::from(1.0f32)) else {
+            panic!("a huge tensor is refused")
+        };
+        assert!(
+            why.contains("1099511627776 bytes") && why.contains("not part of this run"),
+            "{why}"
+        );
     }
 }

@@ -3,6 +3,8 @@
 mod bad_input;
 #[cfg(feature = "train")]
 mod calibrate;
+#[cfg(feature = "train")]
+mod checkpoints;
 mod dashboard;
 #[cfg(feature = "train")]
 mod dashboard_train;
@@ -12,6 +14,8 @@ mod import;
 mod plan_cli;
 mod planner;
 mod published;
+#[cfg(feature = "train")]
+mod rendezvous;
 mod roundtrip;
 mod snapshots;
 #[cfg(feature = "train")]

@@ -15,11 +15,11 @@ use super::{osdp, root, stdout_ok};
 
 const GLOBAL_BATCH: u64 = 8;
 
-fn tiny(name: &str) -> ModelSpec {
+pub(crate) fn tiny(name: &str) -> ModelSpec {
     model::read_model(&root().join(format!("sample-models/{name}.json"))).expect("sample loads")
 }
 
-fn dp_plan(m: &ModelSpec) -> Plan {
+pub(crate) fn dp_plan(m: &ModelSpec) -> Plan {
     Plan {
         batch: GLOBAL_BATCH,
         accumulation: 1,
@@ -433,18 +433,18 @@ fn train_refuses_cuda_without_a_gpu_or_gpu_support() {
 
 // ---- the CLI ----
 
-fn write_plan(dir: &Path, m: &ModelSpec, plan: &Plan, name: &str) -> PathBuf {
+pub(crate) fn write_plan(dir: &Path, m: &ModelSpec, plan: &Plan, name: &str) -> PathBuf {
     let path = dir.join(name);
     let file = PlanFile::new(m, "cpu", plan, None);
     std::fs::write(&path, serde_json::to_string_pretty(&file).unwrap()).unwrap();
     path
 }
 
-fn sample(name: &str) -> PathBuf {
+pub(crate) fn sample(name: &str) -> PathBuf {
     root().join(format!("sample-models/{name}.json"))
 }
 
-fn step_lines(metrics: &Path) -> Vec<serde_json::Value> {
+pub(crate) fn step_lines(metrics: &Path) -> Vec<serde_json::Value> {
     std::fs::read_to_string(metrics)
         .unwrap_or_default()
         .lines()
@@ -680,7 +680,7 @@ fn bad_training_input_is_refused_before_anything_is_written() {
     assert_eq!(std::fs::read(ckpt.join("latest.json")).unwrap(), before);
 }
 
-fn free_port() -> u16 {
+pub(crate) fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -688,7 +688,7 @@ fn free_port() -> u16 {
         .port()
 }
 
-fn rank_process(
+pub(crate) fn rank_process(
     rank: usize,
     world: usize,
     port: u16,
@@ -707,7 +707,7 @@ fn rank_process(
 }
 
 /// `train tiny-gpt2 --plan <dp plan in dir> --steps 1`, for rank processes.
-fn one_step_args(dir: &Path) -> Vec<std::ffi::OsString> {
+pub(crate) fn one_step_args(dir: &Path) -> Vec<std::ffi::OsString> {
     let m = tiny("tiny-gpt2");
     let plan = write_plan(dir, &m, &dp_plan(&m), "plan.json");
     vec![
@@ -720,7 +720,7 @@ fn one_step_args(dir: &Path) -> Vec<std::ffi::OsString> {
     ]
 }
 
-fn losses(metrics: &Path) -> Vec<f64> {
+pub(crate) fn losses(metrics: &Path) -> Vec<f64> {
     step_lines(metrics)
         .iter()
         .map(|v| v["loss"].as_f64().unwrap())
@@ -943,45 +943,4 @@ fn resume_takes_the_checkpoints_global_batch_seed_and_data() {
         log.contains("seed 6 as given (the checkpoint's run used 5)"),
         "{log}"
     );
-}
-
-/// A stranger who reaches rank 0's port and speaks the join handshake can no longer crash it
-/// with a header announcing a 1 TiB tensor: rank 0 ends the run with a message, quickly.
-#[test]
-fn a_peer_announcing_a_huge_tensor_ends_the_run_with_a_message() {
-    use std::io::Write;
-    let dir = tempfile::tempdir().unwrap();
-    let args = one_step_args(dir.path());
-    let args: Vec<&std::ffi::OsStr> = args.iter().map(|a| a.as_os_str()).collect();
-    let port = free_port();
-    let child = rank_process(0, 2, port, &args)
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    let mut stranger = loop {
-        match std::net::TcpStream::connect(("127.0.0.1", port)) {
-            Ok(s) => break s,
-            Err(_) if std::time::Instant::now() < deadline => {
-                std::thread::sleep(std::time::Duration::from_millis(50))
-            }
-            Err(e) => panic!("rank 0 never listened: {e}"),
-        }
-    };
-    // The join handshake (magic, rank 1, world 2), then a tensor header of 2^40 bytes.
-    for v in [0x05D9_7C01u32, 1, 2] {
-        stranger.write_all(&v.to_le_bytes()).unwrap();
-    }
-    let mut head = vec![0u8];
-    head.extend_from_slice(&(1u64 << 40).to_le_bytes());
-    // Rank 0 reads the first collective's tensor from rank 1: answer it with the huge header.
-    let _ = stranger.write_all(&head);
-    let out = child.wait_with_output().unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "{err}");
-    assert!(
-        err.contains("1099511627776 bytes") && err.contains("not part of this run"),
-        "{err}"
-    );
-    assert!(!err.contains("memory allocation"), "{err}");
 }
