@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 
 use crate::cluster::{Calibration, DeviceKind, Layout};
-use crate::model::{ModelSpec, OpKind, OpSpec};
+use crate::model::{saved, AttentionImpl, ModelConfig, ModelSpec, OpKind, OpSpec};
 
 /// Parameter + gradient + optimizer bytes per parameter, in either precision: what the model
 /// reader bounds sizes by and what an unsharded parameter costs.
@@ -529,8 +529,8 @@ impl OpBase {
             .flat_map(move |t| choice.units(t.numel, t.cut))
     }
 
-    /// `input_bytes_per_sample`: the summed outputs of the op's inputs. `causal_fused`: the
-    /// op is a fused causal attention kernel, which skips the masked half of its FLOPs.
+    /// `input_bytes_per_sample`: the summed outputs of the op's inputs. `config`: the model's,
+    /// whose attention may be a fused causal kernel (which skips the masked half of its FLOPs).
     pub fn new(
         op: &OpSpec,
         kernel: &str,
@@ -538,8 +538,9 @@ impl OpBase {
         m: &Machine,
         batch: u64,
         uses: u32,
-        causal_fused: bool,
+        config: &ModelConfig,
     ) -> OpBase {
+        let causal_fused = config.causal && config.attention == AttentionImpl::Flash;
         let b = batch as f64;
         let flops = op.fwd_flops_per_sample as f64 * b;
         let moved = (input_bytes_per_sample + op.output_bytes_per_sample) as f64 * b;
@@ -581,12 +582,10 @@ impl OpBase {
                 ELEMENTWISE_BWD_FACTOR * m.memory_s(moved),
             ),
         };
-        // The loss head keeps fp32 log-probabilities whatever the precision.
-        let saved = if op.kind == OpKind::CrossEntropy {
-            op.saved_bytes_per_sample
-        } else {
-            m.activation_bytes(op.saved_bytes_per_sample)
-        };
+        // Activations in the training precision; token ids, fused attention's log-sum-exp and
+        // the loss's log-probabilities in their own dtypes whatever the precision.
+        let fixed = saved::fixed_dtype_saved_bytes(op, config);
+        let saved = m.activation_bytes(op.saved_bytes_per_sample - fixed) + fixed;
         OpBase {
             params: ModelSpec::op_param_count(op),
             uses,
@@ -599,14 +598,14 @@ impl OpBase {
             output_bytes: m.activation_bytes(op.output_bytes_per_sample) * batch,
             work,
             tensors: {
-                let mut owned = op
-                    .params
-                    .iter()
-                    .filter(|p| p.tied_to.is_none())
-                    .map(|p| ParamTensor {
-                        numel: p.shape.iter().product::<i64>().max(0) as u64,
-                        cut: cut_by_split(op.kind, &p.name),
-                    });
+                let mut owned =
+                    op.params
+                        .iter()
+                        .filter(|p| p.tied_to.is_none())
+                        .map(|p| ParamTensor {
+                            numel: p.shape.iter().product::<i64>().max(0) as u64,
+                            cut: cut_by_split(op.kind, &p.name),
+                        });
                 [
                     owned.next().unwrap_or_default(),
                     owned.next().unwrap_or_default(),
@@ -892,8 +891,6 @@ pub struct OpGraph {
     inputs: Vec<u64>,
     /// Each op's fraction of its block's parameters (1 outside blocks).
     block_share: Vec<f64>,
-    /// Attention is a fused kernel with a causal mask (it skips the masked half).
-    causal_fused: bool,
 }
 
 impl OpGraph {
@@ -916,8 +913,6 @@ impl OpGraph {
             uses: parameter_uses(model),
             inputs: input_bytes_per_sample(model),
             block_share,
-            causal_fused: model.config.causal
-                && model.config.attention == crate::model::AttentionImpl::Flash,
         }
     }
 
@@ -935,7 +930,7 @@ impl OpGraph {
                     m,
                     batch,
                     self.uses[i],
-                    self.causal_fused,
+                    &model.config,
                 )
             })
             .zip(&self.block_share)
@@ -1314,6 +1309,97 @@ mod tests {
                     assert_eq!(kernel_key(&model, op), want);
                 }
             }
+        }
+    }
+
+    #[test]
+    fn a_split_weight_is_held_as_slices_and_its_bias_follows_the_majority() {
+        let holdings = |c: Choice, cut: bool| c.units(800, cut).collect::<Vec<Unit>>();
+        let unit = |slice, numel, holding| Unit {
+            slice,
+            numel,
+            holding,
+        };
+        use Holding::{Replicated as R, Zero3 as Z};
+        assert_eq!(
+            holdings(Choice::zero3(4, 1), true),
+            vec![
+                unit(Some((0, 4)), 200, Z),
+                unit(Some((1, 4)), 200, R),
+                unit(Some((2, 4)), 200, R),
+                unit(Some((3, 4)), 200, R)
+            ]
+        );
+        // The bias: replicated under a sharded minority, sharded from half up.
+        assert_eq!(
+            holdings(Choice::zero3(4, 1), false),
+            vec![unit(None, 800, R)]
+        );
+        assert_eq!(
+            holdings(Choice::zero3(4, 2), false),
+            vec![unit(None, 800, Z)]
+        );
+        assert_eq!(
+            holdings(Choice::zero3(1, 1), true),
+            vec![unit(None, 800, Z)]
+        );
+        assert_eq!(holdings(Choice::DP, true), vec![unit(None, 800, R)]);
+        // State per rank: whole, or a share padded to the ranks (7 elements over 2: 4 each).
+        let fp32 = Precision::FP32;
+        assert_eq!(Holding::Replicated.state_bytes(7, 2, fp32), 16 * 7);
+        assert_eq!(Holding::Zero1.state_bytes(7, 2, fp32), 8 * 7 + 8 * 4);
+        assert_eq!(Holding::Zero2.state_bytes(7, 2, fp32), 4 * 7 + 12 * 4);
+        assert_eq!(Holding::Zero3.state_bytes(7, 2, fp32), 16 * 4);
+    }
+
+    #[test]
+    fn a_split_ops_state_is_priced_unit_by_unit_as_the_trainer_holds_it() {
+        let m = machine(8);
+        // A 1000-element weight cut in 4 and a 10-element bias, in bf16 mixed (16 B each).
+        let b = OpBase {
+            tensors: [
+                ParamTensor {
+                    numel: 1000,
+                    cut: true,
+                },
+                ParamTensor {
+                    numel: 10,
+                    cut: false,
+                },
+            ],
+            params: 1010,
+            ..linear_base(1010)
+        };
+        // 1 of 4 slices sharded: one share of 250 (32 each) and three whole slices; the bias
+        // whole. Not 16 · 757.5 + 16 · 252.5 / 8, the sharded fraction of all parameters.
+        let one = price(&b, Choice::zero3(4, 1), &m).persistent_bytes;
+        assert_eq!(one, 16 * 32 + 16 * 3 * 250 + 16 * 10);
+        // 2 of 4: the bias is sharded too (10 over 8 ranks: 2 each).
+        let two = price(&b, Choice::zero3(4, 2), &m).persistent_bytes;
+        assert_eq!(two, 16 * 2 * 32 + 16 * 2 * 250 + 16 * 2);
+    }
+
+    #[test]
+    fn fp32_training_doubles_bf16_activations_but_not_ids_log_sum_exp_or_log_probabilities() {
+        let model = sample("tiny-gpt2");
+        let mut m = machine(2);
+        m.precision = Precision::FP32;
+        assert_eq!(m.model_activation_bytes, 2);
+        let bases = op_bases(&model, &m, 1);
+        let c = &model.config;
+        for (op, base) in model.ops.iter().zip(&bases) {
+            let saved = op.saved_bytes_per_sample;
+            let want = match op.kind {
+                // 8-byte token ids.
+                OpKind::Embedding => c.seq_len * 8,
+                // Inputs and output doubled, one fp32 log-sum-exp per row and head as it is.
+                OpKind::Attention => {
+                    2 * (saved - c.heads * c.seq_len * 4) + c.heads * c.seq_len * 4
+                }
+                OpKind::CrossEntropy => saved,
+                _ => 2 * saved,
+            };
+            assert_eq!(base.saved_bytes, want, "{}", op.id);
         }
     }
 

@@ -8,6 +8,7 @@
 mod builder;
 pub mod hf;
 mod load;
+pub mod saved;
 mod summary;
 
 pub use crate::input::{InputError, Problem};
@@ -185,7 +186,7 @@ pub enum DType {
 }
 
 impl DType {
-    pub fn bytes(self) -> u64 {
+    pub const fn bytes(self) -> u64 {
         match self {
             DType::F32 => 4,
             DType::Bf16 | DType::F16 => 2,

@@ -14,7 +14,7 @@ use super::data::{Batch, SplitMix};
 use super::memory::{Category, Ledger};
 use super::ops::{self, AttentionShape};
 use crate::cost::{self, Holding};
-use crate::model::{Activation, ModelSpec, OpKind, Positional};
+use crate::model::{Activation, AttentionImpl, ModelConfig, ModelSpec, OpKind, Positional};
 use crate::plan::{Blocks, Plan};
 
 #[derive(Debug, thiserror::Error)]
@@ -279,6 +279,12 @@ pub fn check_runnable(model: &ModelSpec, plan: &Plan) -> Result<()> {
             model.ops.len()
         )));
     }
+    if c.attention == AttentionImpl::Eager {
+        // The trainer's kernels are fused: they keep what `flash` prices, not probabilities.
+        return Err(ExecError::Unsupported(
+            "eager attention; the trainer's attention is fused: describe the model with \"attention\": \"flash\" (import-hf --attention flash)".into(),
+        ));
+    }
     let blocks = Blocks::of(model);
     for (b, members) in blocks.ops.iter().enumerate() {
         if let (Some(&lo), Some(&hi)) = (members.first(), members.last()) {
@@ -376,10 +382,9 @@ impl Executor {
             .map(|i| blocks.of_op[i].filter(|&b| plan.recompute.get(b) == Some(&true)))
             .collect();
         // Who reads each output in backward: the one rule behind what forward keeps.
-        let relu = c.activation == Activation::Relu;
         let mut readers: Vec<Vec<usize>> = vec![Vec::new(); n];
         for (i, op) in model.ops.iter().enumerate() {
-            for j in bwd_reads(op.kind, i, &inputs[i], relu) {
+            for j in bwd_reads(op.kind, i, &inputs[i], c) {
                 readers[j].push(i);
             }
         }
@@ -1240,7 +1245,8 @@ impl Executor {
             let decay = if unit.decay { o.weight_decay } else { 0.0 };
             adamw_update(&mut p, &g, &mut m, &mut v, &o, lr, decay, clip, (bc1, bc2));
             // The compute copy follows the master (zero1/zero2 after the gather below).
-            if let (Some(master), Holding::Replicated | Holding::Zero3) = (&unit.master, unit.class) {
+            if let (Some(master), Holding::Replicated | Holding::Zero3) = (&unit.master, unit.class)
+            {
                 unit.data.reshape([-1]).copy_(&master.reshape([-1]));
             }
         }
@@ -1392,17 +1398,16 @@ pub fn adamw_update(
     *p -= (&*m / bias_correction.0) / denom * lr;
 }
 
-/// The ops whose outputs op `i` reads in its backward (what the kernels keep, as the model
-/// description's saved-bytes figures count them): a linear or norm its input, attention its
-/// inputs and its own output, ReLU its own output, other activations their inputs.
-fn bwd_reads(kind: OpKind, i: usize, inputs: &[usize], relu: bool) -> Vec<usize> {
-    match kind {
-        OpKind::Linear | OpKind::LayerNorm | OpKind::RmsNorm => inputs[..1].to_vec(),
-        OpKind::Attention => inputs.iter().copied().chain(std::iter::once(i)).collect(),
-        OpKind::Activation if inputs.len() == 1 && relu => vec![i],
-        OpKind::Activation => inputs.to_vec(),
-        _ => Vec::new(),
-    }
+/// The ops whose outputs op `i` reads in its backward: the rule the model description's
+/// saved-bytes figures are written by ([`crate::model::saved::backward_reads`]).
+fn bwd_reads(kind: OpKind, i: usize, inputs: &[usize], config: &ModelConfig) -> Vec<usize> {
+    let reads = crate::model::saved::backward_reads(kind, inputs.len(), config);
+    let output = reads.output.then_some(i);
+    inputs[..reads.inputs]
+        .iter()
+        .copied()
+        .chain(output)
+        .collect()
 }
 
 fn pad_flat(t: &Tensor, len: i64) -> Tensor {
