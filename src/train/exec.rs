@@ -118,6 +118,8 @@ impl OptimConfig {
 struct Unit {
     /// `op.param` of the full parameter.
     key: String,
+    /// The op that owns the parameter.
+    op: usize,
     /// Column range `(start, len)` of a split weight.
     cols: Option<(i64, i64)>,
     shape: Vec<i64>,
@@ -221,6 +223,24 @@ pub struct Executor {
     micro_batch: usize,
     /// Filled by each step when set.
     pub profile: Option<Profile>,
+    /// Filled by each forward pass when set (see [`Executor::enable_memory_trace`]).
+    pub forward_memory: Option<ForwardMemory>,
+}
+
+/// What one rank holds when a forward pass ends, by category and op by op: the moment every
+/// kept activation and every byte of state is held, which the cost model's per-op figures
+/// (`cost::price(..).persistent_bytes`, `OpBase::saved_bytes`) are checked against.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ForwardMemory {
+    /// The ledger's categories then.
+    pub ledger: super::memory::Breakdown,
+    /// Per op: bytes of the parameters it owns (compute copy, fp32 master, moments, gradient).
+    pub state_bytes: Vec<u64>,
+    /// Per op: bytes of its output held for backward (or as a recomputed block's restart).
+    pub kept_output_bytes: Vec<u64>,
+    /// Per op: bytes its kernels keep beside the graph's tensors (norm statistics,
+    /// log-sum-exp, log-probabilities).
+    pub kept_extra_bytes: Vec<u64>,
 }
 
 /// Where one rank's last step spent its time (when profiling is on): what `calibrate` fits
@@ -501,6 +521,7 @@ impl Executor {
                     uses[i][p].push(units.len());
                     units.push(Unit {
                         key: key.clone(),
+                        op: i,
                         cols,
                         numel,
                         shape,
@@ -579,12 +600,52 @@ impl Executor {
             ids: None,
             labels: None,
             profile: None,
+            forward_memory: None,
         })
     }
 
     /// Time every op of the following steps (see [`Profile`]).
     pub fn enable_profiling(&mut self) {
         self.profile = Some(Profile::default());
+    }
+
+    /// Record what is held at the end of every forward pass (see [`ForwardMemory`]).
+    pub fn enable_memory_trace(&mut self) {
+        self.forward_memory = Some(ForwardMemory::default());
+    }
+
+    fn trace_forward_memory(&mut self) {
+        if self.forward_memory.is_none() {
+            return;
+        }
+        let n = self.model.ops.len();
+        let mut state_bytes = vec![0; n];
+        for unit in &self.units {
+            state_bytes[unit.op] += nbytes(&unit.data)
+                + unit.master.as_ref().map_or(0, nbytes)
+                + unit.grad.as_ref().map_or(0, nbytes)
+                + nbytes(&unit.m)
+                + nbytes(&unit.v);
+        }
+        let kept_output_bytes = self
+            .outs
+            .iter()
+            .map(|h| match h {
+                Some(h) if h.cat == Category::Activations => nbytes(&h.t),
+                _ => 0,
+            })
+            .collect();
+        let kept_extra_bytes = self
+            .extras
+            .iter()
+            .map(|e| e.iter().map(nbytes).sum())
+            .collect();
+        self.forward_memory = Some(ForwardMemory {
+            ledger: self.ledger.now(),
+            state_bytes,
+            kept_output_bytes,
+            kept_extra_bytes,
+        });
     }
 
     pub fn rank(&self) -> usize {
@@ -1136,6 +1197,7 @@ impl Executor {
         let loss = self
             .forward_range(0..n, true)?
             .ok_or_else(|| ExecError::Unsupported("the graph has no loss op".into()))?;
+        self.trace_forward_memory();
         for i in (0..n).rev() {
             if let Some(b) = self.recomputed_block[i] {
                 if self.blocks.ops[b].last() == Some(&i) {
