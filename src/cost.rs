@@ -14,10 +14,12 @@ use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 
 use crate::cluster::{Calibration, DeviceKind, Layout};
-use crate::model::{ModelSpec, OpKind, OpSpec};
+use crate::model::{saved, AttentionImpl, ModelConfig, ModelSpec, OpKind, OpSpec};
 
-/// Parameter + gradient + optimizer bytes per parameter, in either precision.
-pub const STATE_BYTES_PER_PARAM: u64 = 16;
+/// Parameter + gradient + optimizer bytes per parameter, in either precision: what the model
+/// reader bounds sizes by and what an unsharded parameter costs.
+pub const STATE_BYTES_PER_PARAM: u64 = Precision::FP32.state_bytes_per_param();
+const _: () = assert!(Precision::MIXED_BF16.state_bytes_per_param() == STATE_BYTES_PER_PARAM);
 
 /// How training stores numbers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -49,6 +51,11 @@ impl Precision {
         optimizer_bytes: 8,
         activation_bytes: 4,
     };
+
+    /// Compute copy, gradient and optimizer state of one parameter.
+    pub const fn state_bytes_per_param(&self) -> u64 {
+        self.param_bytes + self.grad_bytes + self.optimizer_bytes
+    }
 }
 /// AdamW step traffic per updated parameter: read master, m, v (fp32) and the bf16 grad; write
 /// master, m, v and the bf16 copy.
@@ -145,6 +152,101 @@ impl Choice {
         } else {
             self.strategy.as_str().to_string()
         }
+    }
+}
+
+/// How one rank holds a unit of parameters — a whole tensor, or one column slice of a split
+/// linear's weight: the unit the trainer shards, reduces and updates, and the cost model
+/// prices state and optimizer time by ([`Choice::units`] says which units an op has).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Holding {
+    /// Every rank holds all of it (dp, and the unsharded slices of a split op).
+    Replicated,
+    /// Optimizer states sharded.
+    Zero1,
+    /// Optimizer states and gradients sharded.
+    Zero2,
+    /// Everything sharded; gathered for use.
+    Zero3,
+}
+
+impl Holding {
+    /// Elements of a sharded unit of `numel` each of `ranks` holds: an equal share of the unit
+    /// padded to a multiple of the ranks, so that collectives move equal pieces.
+    pub fn share(numel: u64, ranks: u64) -> u64 {
+        numel.div_ceil(ranks.max(1))
+    }
+
+    /// Elements of the unit this rank's optimizer updates (and keeps optimizer states for).
+    pub fn updated(self, numel: u64, ranks: u64) -> u64 {
+        match self {
+            Holding::Replicated => numel,
+            _ => Holding::share(numel, ranks),
+        }
+    }
+
+    /// Bytes one of `ranks` holds all step for a unit of `numel` elements in `precision`:
+    /// compute copy, gradient and optimizer state, each whole or as this rank's padded share.
+    pub fn state_bytes(self, numel: u64, ranks: u64, precision: Precision) -> u64 {
+        let share = Holding::share(numel, ranks);
+        let (params, grads) = match self {
+            Holding::Replicated | Holding::Zero1 => (numel, numel),
+            Holding::Zero2 => (numel, share),
+            Holding::Zero3 => (share, share),
+        };
+        precision.param_bytes * params
+            + precision.grad_bytes * grads
+            + precision.optimizer_bytes * self.updated(numel, ranks)
+    }
+}
+
+/// One unit of an op's parameter tensor under a choice (see [`Choice::units`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Unit {
+    /// `(j, k)`: the unit is column slice `j` of `k` equal ones; `None`: the whole tensor.
+    pub slice: Option<(u32, u32)>,
+    pub numel: u64,
+    pub holding: Holding,
+}
+
+/// Whether splitting an op cuts its parameter `param` into column slices: only a linear's
+/// weight is cut (along its input features); its other parameters stay whole.
+pub fn cut_by_split(kind: OpKind, param: &str) -> bool {
+    kind == OpKind::Linear && param == "weight"
+}
+
+impl Choice {
+    /// The units a tensor of `numel` elements is held as under this choice. A tensor a split cuts ([`cut_by_split`]) becomes `split` equal column slices,
+    /// the first `sharded` ZeRO-3 and the others replicated; any other tensor is one unit held
+    /// as the strategy says, except under a split, where it follows the majority of the
+    /// slices (a split linear's bias is sharded when at least half its weight is).
+    pub fn units(self, numel: u64, cut: bool) -> impl Iterator<Item = Unit> {
+        let k = if cut { self.split.max(1) } else { 1 };
+        let whole = match self.strategy {
+            Strategy::None | Strategy::Dp => Holding::Replicated,
+            Strategy::Zero1 => Holding::Zero1,
+            Strategy::Zero2 => Holding::Zero2,
+            Strategy::Zero3 if self.split > 1 && self.sharded * 2 < self.split => {
+                Holding::Replicated
+            }
+            Strategy::Zero3 => Holding::Zero3,
+        };
+        (0..k).map(move |j| match k {
+            1 => Unit {
+                slice: None,
+                numel,
+                holding: whole,
+            },
+            _ => Unit {
+                slice: Some((j, k)),
+                numel: numel / u64::from(k),
+                holding: if j < self.sharded {
+                    Holding::Zero3
+                } else {
+                    Holding::Replicated
+                },
+            },
+        })
     }
 }
 
@@ -411,9 +513,9 @@ pub struct OpBase {
     /// Work at this micro-batch, the calibration curves' axis: FLOPs for linears and attention,
     /// bytes moved at the training precision for the others.
     pub work: f64,
-    /// Elements of the parameter tensors the op owns (each is one optimizer update): the
-    /// first (a linear's weight) and the rest together (its bias); 0 where absent.
-    pub tensor_params: [u64; 2],
+    /// The parameter tensors the op owns (a validated op has at most two: weight and bias),
+    /// in the model's order; absent ones have no elements.
+    pub tensors: [ParamTensor; 2],
     /// Micro-batches per optimizer step (gradient accumulation): the op's compute, and the
     /// collectives a strategy repeats per micro-batch, run this many times a step.
     pub accumulation: u32,
@@ -422,9 +524,25 @@ pub struct OpBase {
     pub latency_share: f64,
 }
 
+/// One parameter tensor an op owns, as sharding sees it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct ParamTensor {
+    pub numel: u64,
+    /// A split cuts it into column slices ([`cut_by_split`]).
+    pub cut: bool,
+}
+
 impl OpBase {
-    /// `input_bytes_per_sample`: the summed outputs of the op's inputs. `causal_fused`: the
-    /// op is a fused causal attention kernel, which skips the masked half of its FLOPs.
+    /// The units `choice` holds the op's parameters as ([`Choice::units`]).
+    pub fn units(&self, choice: Choice) -> impl Iterator<Item = Unit> + '_ {
+        self.tensors
+            .iter()
+            .filter(|t| t.numel > 0)
+            .flat_map(move |t| choice.units(t.numel, t.cut))
+    }
+
+    /// `input_bytes_per_sample`: the summed outputs of the op's inputs. `config`: the model's,
+    /// whose attention may be a fused causal kernel (which skips the masked half of its FLOPs).
     pub fn new(
         op: &OpSpec,
         kernel: &str,
@@ -432,8 +550,9 @@ impl OpBase {
         m: &Machine,
         batch: u64,
         uses: u32,
-        causal_fused: bool,
+        config: &ModelConfig,
     ) -> OpBase {
+        let causal_fused = config.causal && config.attention == AttentionImpl::Flash;
         let b = batch as f64;
         let flops = op.fwd_flops_per_sample as f64 * b;
         let moved = (input_bytes_per_sample + op.output_bytes_per_sample) as f64 * b;
@@ -475,12 +594,10 @@ impl OpBase {
                 ELEMENTWISE_BWD_FACTOR * m.memory_s(moved),
             ),
         };
-        // The loss head keeps fp32 log-probabilities whatever the precision.
-        let saved = if op.kind == OpKind::CrossEntropy {
-            op.saved_bytes_per_sample
-        } else {
-            m.activation_bytes(op.saved_bytes_per_sample)
-        };
+        // Activations in the training precision; token ids, fused attention's log-sum-exp and
+        // the loss's log-probabilities in their own dtypes whatever the precision.
+        let fixed = saved::fixed_dtype_saved_bytes(op, config);
+        let saved = m.activation_bytes(op.saved_bytes_per_sample - fixed) + fixed;
         OpBase {
             params: ModelSpec::op_param_count(op),
             uses,
@@ -492,13 +609,19 @@ impl OpBase {
                 * batch,
             output_bytes: m.activation_bytes(op.output_bytes_per_sample) * batch,
             work,
-            tensor_params: {
-                let mut sizes = op
-                    .params
-                    .iter()
-                    .filter(|p| p.tied_to.is_none())
-                    .map(|p| p.shape.iter().product::<i64>().max(0) as u64);
-                [sizes.next().unwrap_or(0), sizes.sum()]
+            tensors: {
+                let mut owned =
+                    op.params
+                        .iter()
+                        .filter(|p| p.tied_to.is_none())
+                        .map(|p| ParamTensor {
+                            numel: p.shape.iter().product::<i64>().max(0) as u64,
+                            cut: cut_by_split(op.kind, &p.name),
+                        });
+                [
+                    owned.next().unwrap_or_default(),
+                    owned.next().unwrap_or_default(),
+                ]
             },
             accumulation: 1,
             latency_share: 1.0,
@@ -580,7 +703,7 @@ pub fn price(base: &OpBase, choice: Choice, m: &Machine) -> OpCost {
     let all_reduce = |bytes: f64| 2.0 * m.ring_s(bytes, share);
     let split_launches = f64::from(choice.split.saturating_sub(1)) * m.launch_s;
     let pr = m.precision;
-    let (pb, gb, ob) = (pr.param_bytes, pr.grad_bytes, pr.optimizer_bytes);
+    let (pb, gb) = (pr.param_bytes, pr.grad_bytes);
     // Gradients travel in the reduce dtype.
     let rb = m.reduce_bytes;
     // Collectives as the executor runs them under gradient accumulation: DDP and ZeRO-1 sync
@@ -588,41 +711,42 @@ pub fn price(base: &OpBase, choice: Choice, m: &Machine) -> OpCost {
     // parameters once (before the first forward), ZeRO-2 reduce-scatters every micro-batch's
     // gradients, ZeRO-3 gathers and reduce-scatters for every micro-batch.
     let none = Comm::default();
-    let (persistent, param_transient, comm, updated) = match choice.strategy {
-        Strategy::None => (0, 0, none, 0),
+    // State and optimizer work follow the units the trainer holds (padded shares per unit).
+    let (mut persistent, mut updated, mut replicated_p) = (0, 0, 0);
+    for u in base.units(choice) {
+        persistent += u.holding.state_bytes(u.numel, n, pr);
+        updated += u.holding.updated(u.numel, n);
+        if u.holding == Holding::Replicated {
+            replicated_p += u.numel;
+        }
+    }
+    let (param_transient, comm) = match choice.strategy {
+        Strategy::None => (0, none),
         Strategy::Dp => (
-            STATE_BYTES_PER_PARAM * p,
             0,
             Comm {
                 step_bwd: all_reduce((rb * p) as f64),
                 ..none
             },
-            p,
         ),
         Strategy::Zero1 => (
-            (pb + gb) * p + ceil_div(ob * p, n),
             0,
             Comm {
                 step_fwd: gather((pb * p) as f64),
                 step_bwd: gather((rb * p) as f64),
                 ..none
             },
-            ceil_div(p, n),
         ),
         Strategy::Zero2 => (
-            pb * p + ceil_div((gb + ob) * p, n),
             gb * p,
             Comm {
                 step_fwd: gather((pb * p) as f64),
                 micro_bwd: gather((rb * p) as f64),
                 ..none
             },
-            ceil_div(p, n),
         ),
         Strategy::Zero3 => {
             let (k, s) = (u64::from(choice.split.max(1)), u64::from(choice.sharded));
-            let sharded_p = p * s / k;
-            let replicated_p = p - sharded_p;
             let slice = (pb * p) as f64 / k as f64;
             let grad_slice = (rb * p) as f64 / k as f64;
             let slices = s as f64;
@@ -632,8 +756,6 @@ pub fn price(base: &OpBase, choice: Choice, m: &Machine) -> OpCost {
                 0.0
             };
             (
-                STATE_BYTES_PER_PARAM * replicated_p
-                    + ceil_div(STATE_BYTES_PER_PARAM * sharded_p, n),
                 // One slice's gathered parameters and its full gradient.
                 ceil_div((pb + gb) * p, k),
                 Comm {
@@ -642,7 +764,6 @@ pub fn price(base: &OpBase, choice: Choice, m: &Machine) -> OpCost {
                     step_bwd,
                     ..none
                 },
-                replicated_p + ceil_div(sharded_p, n),
             )
         }
     };
@@ -707,25 +828,12 @@ impl Comm {
     }
 }
 
-/// Measured optimizer time of one op's tensors on one rank, as the trainer holds them: whole
-/// (dp), this rank's share (zero1/2/3), a split weight slice by slice (sharded slices as
-/// shares, the others whole) with the bias following the majority of the slices.
+/// Measured optimizer time of one op's tensors on one rank, unit by unit as the trainer
+/// updates them ([`Choice::units`]): each unit whole or as this rank's share.
 fn calibrated_optimizer_s(cal: &Calibration, base: &OpBase, choice: Choice, n: u64) -> f64 {
-    let [w, rest] = base.tensor_params;
-    let t = |x: u64| cal.optimizer_s(x);
-    let share = |x: u64| t(ceil_div(x, n));
-    match choice.strategy {
-        Strategy::None => 0.0,
-        Strategy::Dp => t(w) + t(rest),
-        Strategy::Zero1 | Strategy::Zero2 => share(w) + share(rest),
-        Strategy::Zero3 if base.splittable && choice.split > 1 => {
-            let (k, s) = (u64::from(choice.split), u64::from(choice.sharded));
-            let slice = w / k;
-            let bias = if s * 2 < k { t(rest) } else { share(rest) };
-            s as f64 * share(slice) + (k - s) as f64 * t(slice) + bias
-        }
-        Strategy::Zero3 => share(w) + share(rest),
-    }
+    base.units(choice)
+        .map(|u| cal.optimizer_s(u.holding.updated(u.numel, n)))
+        .sum()
 }
 
 /// Every choice the planner may make for an op: `None` for parameter-free ops; DP, ZeRO-1/2/3
@@ -758,15 +866,9 @@ pub fn parameter_uses(model: &ModelSpec) -> Vec<u32> {
         .iter()
         .map(|o| u32::from(ModelSpec::op_param_count(o) > 0))
         .collect();
-    for op in &model.ops {
-        for p in &op.params {
-            if let Some(target) = &p.tied_to {
-                if let Some((owner, _)) = target.rsplit_once('.') {
-                    if let Some(j) = model.ops.iter().position(|o| o.id == owner) {
-                        uses[j] += 1;
-                    }
-                }
-            }
+    for p in model.ops.iter().flat_map(|op| &op.params) {
+        if let Some(j) = model.tie_owner(p) {
+            uses[j] += 1;
         }
     }
     uses
@@ -801,8 +903,6 @@ pub struct OpGraph {
     inputs: Vec<u64>,
     /// Each op's fraction of its block's parameters (1 outside blocks).
     block_share: Vec<f64>,
-    /// Attention is a fused kernel with a causal mask (it skips the masked half).
-    causal_fused: bool,
 }
 
 impl OpGraph {
@@ -825,8 +925,6 @@ impl OpGraph {
             uses: parameter_uses(model),
             inputs: input_bytes_per_sample(model),
             block_share,
-            causal_fused: model.config.causal
-                && model.config.attention == crate::model::AttentionImpl::Flash,
         }
     }
 
@@ -844,7 +942,7 @@ impl OpGraph {
                     m,
                     batch,
                     self.uses[i],
-                    self.causal_fused,
+                    &model.config,
                 )
             })
             .zip(&self.block_share)
@@ -911,7 +1009,13 @@ mod tests {
             working_bytes: 0,
             output_bytes: 0,
             work: 1e9,
-            tensor_params: [params, 0],
+            tensors: [
+                ParamTensor {
+                    numel: params,
+                    cut: true,
+                },
+                ParamTensor::default(),
+            ],
             accumulation: 1,
             latency_share: 1.0,
         }
@@ -1217,6 +1321,97 @@ mod tests {
                     assert_eq!(kernel_key(&model, op), want);
                 }
             }
+        }
+    }
+
+    #[test]
+    fn a_split_weight_is_held_as_slices_and_its_bias_follows_the_majority() {
+        let holdings = |c: Choice, cut: bool| c.units(800, cut).collect::<Vec<Unit>>();
+        let unit = |slice, numel, holding| Unit {
+            slice,
+            numel,
+            holding,
+        };
+        use Holding::{Replicated as R, Zero3 as Z};
+        assert_eq!(
+            holdings(Choice::zero3(4, 1), true),
+            vec![
+                unit(Some((0, 4)), 200, Z),
+                unit(Some((1, 4)), 200, R),
+                unit(Some((2, 4)), 200, R),
+                unit(Some((3, 4)), 200, R)
+            ]
+        );
+        // The bias: replicated under a sharded minority, sharded from half up.
+        assert_eq!(
+            holdings(Choice::zero3(4, 1), false),
+            vec![unit(None, 800, R)]
+        );
+        assert_eq!(
+            holdings(Choice::zero3(4, 2), false),
+            vec![unit(None, 800, Z)]
+        );
+        assert_eq!(
+            holdings(Choice::zero3(1, 1), true),
+            vec![unit(None, 800, Z)]
+        );
+        assert_eq!(holdings(Choice::DP, true), vec![unit(None, 800, R)]);
+        // State per rank: whole, or a share padded to the ranks (7 elements over 2: 4 each).
+        let fp32 = Precision::FP32;
+        assert_eq!(Holding::Replicated.state_bytes(7, 2, fp32), 16 * 7);
+        assert_eq!(Holding::Zero1.state_bytes(7, 2, fp32), 8 * 7 + 8 * 4);
+        assert_eq!(Holding::Zero2.state_bytes(7, 2, fp32), 4 * 7 + 12 * 4);
+        assert_eq!(Holding::Zero3.state_bytes(7, 2, fp32), 16 * 4);
+    }
+
+    #[test]
+    fn a_split_ops_state_is_priced_unit_by_unit_as_the_trainer_holds_it() {
+        let m = machine(8);
+        // A 1000-element weight cut in 4 and a 10-element bias, in bf16 mixed (16 B each).
+        let b = OpBase {
+            tensors: [
+                ParamTensor {
+                    numel: 1000,
+                    cut: true,
+                },
+                ParamTensor {
+                    numel: 10,
+                    cut: false,
+                },
+            ],
+            params: 1010,
+            ..linear_base(1010)
+        };
+        // 1 of 4 slices sharded: one share of 250 (32 each) and three whole slices; the bias
+        // whole. Not 16 · 757.5 + 16 · 252.5 / 8, the sharded fraction of all parameters.
+        let one = price(&b, Choice::zero3(4, 1), &m).persistent_bytes;
+        assert_eq!(one, 16 * 32 + 16 * 3 * 250 + 16 * 10);
+        // 2 of 4: the bias is sharded too (10 over 8 ranks: 2 each).
+        let two = price(&b, Choice::zero3(4, 2), &m).persistent_bytes;
+        assert_eq!(two, 16 * 2 * 32 + 16 * 2 * 250 + 16 * 2);
+    }
+
+    #[test]
+    fn fp32_training_doubles_bf16_activations_but_not_ids_log_sum_exp_or_log_probabilities() {
+        let model = sample("tiny-gpt2");
+        let mut m = machine(2);
+        m.precision = Precision::FP32;
+        assert_eq!(m.model_activation_bytes, 2);
+        let bases = op_bases(&model, &m, 1);
+        let c = &model.config;
+        for (op, base) in model.ops.iter().zip(&bases) {
+            let saved = op.saved_bytes_per_sample;
+            let want = match op.kind {
+                // 8-byte token ids.
+                OpKind::Embedding => c.seq_len * 8,
+                // Inputs and output doubled, one fp32 log-sum-exp per row and head as it is.
+                OpKind::Attention => {
+                    2 * (saved - c.heads * c.seq_len * 4) + c.heads * c.seq_len * 4
+                }
+                OpKind::CrossEntropy => saved,
+                _ => 2 * saved,
+            };
+            assert_eq!(base.saved_bytes, want, "{}", op.id);
         }
     }
 

@@ -8,6 +8,7 @@
 mod builder;
 pub mod hf;
 mod load;
+pub mod saved;
 mod summary;
 
 pub use crate::input::{InputError, Problem};
@@ -185,7 +186,7 @@ pub enum DType {
 }
 
 impl DType {
-    pub fn bytes(self) -> u64 {
+    pub const fn bytes(self) -> u64 {
         match self {
             DType::F32 => 4,
             DType::Bf16 | DType::F16 => 2,
@@ -289,6 +290,24 @@ impl ParamSpec {
     pub fn numel(&self) -> u64 {
         self.shape.iter().map(|&d| d as u64).product()
     }
+
+    /// The op id and parameter name this parameter is tied to, when it is (see
+    /// [`split_param_key`]; `None` also for a malformed target, which `validate` refuses).
+    pub fn tie_target(&self) -> Option<(&str, &str)> {
+        self.tied_to.as_deref().and_then(split_param_key)
+    }
+}
+
+/// `OP_ID.PARAM`: how a parameter is named across the model (`tied_to`, the trainer's units,
+/// checkpoints).
+pub fn param_key(op_id: &str, param: &str) -> String {
+    format!("{op_id}.{param}")
+}
+
+/// The op id and parameter name of an `OP_ID.PARAM` key. Op ids may hold dots
+/// (`h0.attn.c_attn`), parameter names do not: the name is what follows the last one.
+pub fn split_param_key(key: &str) -> Option<(&str, &str)> {
+    key.rsplit_once('.')
 }
 
 impl ModelSpec {
@@ -309,6 +328,13 @@ impl ModelSpec {
             .filter(|p| p.tied_to.is_none())
             .map(ParamSpec::numel)
             .sum()
+    }
+
+    /// Position in `ops` of the op that owns the storage `p` is tied to; `None` when `p` is
+    /// not tied (or, before validation, names no op).
+    pub fn tie_owner(&self, p: &ParamSpec) -> Option<usize> {
+        let (owner, _) = p.tie_target()?;
+        self.ops.iter().position(|o| o.id == owner)
     }
 
     /// Op id → position in `ops`.

@@ -613,7 +613,7 @@ fn save(
                     op.params
                         .iter()
                         .filter(|p| p.tied_to.is_none())
-                        .map(move |p| (format!("{}.{}", op.id, p.name), p.shape.clone()))
+                        .map(move |p| (crate::model::param_key(&op.id, &p.name), p.shape.clone()))
                 })
                 .collect(),
             manifest_crc32: None,

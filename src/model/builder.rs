@@ -2,15 +2,16 @@
 //! bytes each op saves for backward from the model's hyperparameters. The Hugging Face importer
 //! uses it; so can tests that need valid graphs.
 //!
-//! Saved-for-backward accounting follows what the kernels keep (Korthikanti et al., "Reducing
-//! Activation Recomputation in Large Transformer Models", 2022, section 4.1): a linear keeps its
-//! input, a norm its input, GELU/SiLU their input, ReLU its output, eager attention its Q, K, V
-//! and the softmax probabilities, dropout a 1-byte mask. A tensor kept by several ops is counted
-//! once, at the first op that keeps it. Per-row norm statistics (a few bytes per token) are left
+//! Saved-for-backward accounting follows what the kernels keep ([`super::saved`], after
+//! Korthikanti et al., "Reducing Activation Recomputation in Large Transformer Models", 2022,
+//! section 4.1): a linear keeps its input, a norm its input, GELU/SiLU their input, ReLU its
+//! output, eager attention its Q, K, V and the softmax probabilities, dropout a 1-byte mask. A
+//! tensor kept by several ops is counted once, at the first op that keeps it. Per-row norm statistics (a few bytes per token) are left
 //! out, as in that paper, so a GPT block sums to exactly `34·s·h + 5·a·s²` bytes per sample.
 
 use std::collections::{HashMap, HashSet};
 
+use super::saved::{backward_reads, log_sum_exp_bytes, token_ids_bytes, FP32_BYTES};
 use super::{
     Activation, AttentionImpl, DType, Family, ModelConfig, ModelSpec, OpKind, OpSpec, ParamSpec,
     MODEL_FORMAT_VERSION,
@@ -83,6 +84,20 @@ impl GraphBuilder {
         }
     }
 
+    /// Bytes of the graph tensors `kind`'s backward reads ([`backward_reads`]) that no earlier
+    /// op keeps: some of `inputs`, and the op's own output of `output_shape`.
+    fn keep_reads(&mut self, id: &str, kind: OpKind, inputs: &[&str], output_shape: &[i64]) -> u64 {
+        let reads = backward_reads(kind, inputs.len(), &self.config);
+        let mut bytes = inputs[..reads.inputs]
+            .iter()
+            .fold(0u64, |n, i| n.saturating_add(self.keep(i)));
+        if reads.output && self.kept.insert(id.to_string()) {
+            bytes =
+                bytes.saturating_add(Self::numel(output_shape).saturating_mul(self.act_bytes()));
+        }
+        bytes
+    }
+
     fn param(name: &str, shape: &[u64], tied_to: Option<&str>) -> ParamSpec {
         ParamSpec {
             name: name.to_string(),
@@ -136,7 +151,7 @@ impl GraphBuilder {
             vec![Self::param("weight", &[rows, dim], None)],
             vec![s as i64, dim as i64],
             0,
-            s * 8,
+            token_ids_bytes(&self.config),
         )
     }
 
@@ -178,7 +193,7 @@ impl GraphBuilder {
             }
         }
         let n = Self::numel(&shape);
-        let mut saved = self.keep(input);
+        let mut saved = self.keep_reads(id, kind, &[input], &shape);
         if dropout_after && self.config.dropout > 0.0 {
             saved = saved.saturating_add(n);
         }
@@ -212,7 +227,7 @@ impl GraphBuilder {
         if bias {
             params.push(Self::param("bias", &[out_features], None));
         }
-        let saved = self.keep(input);
+        let saved = self.keep_reads(id, OpKind::Linear, &[input], &shape);
         self.push(
             id,
             name,
@@ -232,9 +247,9 @@ impl GraphBuilder {
         let (s, heads, hd) = (c.seq_len, c.heads, c.head_dim);
         let attention_dropout = c.attention_dropout > 0.0;
         let imp = c.attention;
-        let mut saved: u64 = inputs
-            .iter()
-            .fold(0u64, |n, i| n.saturating_add(self.keep(i)));
+        let output_shape = vec![s as i64, (heads * hd) as i64];
+        // Its inputs, and fused its own output.
+        let mut saved = self.keep_reads(id, OpKind::Attention, inputs, &output_shape);
         let scores = heads.saturating_mul(s).saturating_mul(s);
         let a = self.act_bytes();
         match imp {
@@ -245,11 +260,7 @@ impl GraphBuilder {
                 }
             }
             AttentionImpl::Flash => {
-                // Output (kept by the kernel itself) and one fp32 log-sum-exp per row and head.
-                saved = saved
-                    .saturating_add(s.saturating_mul(heads * hd).saturating_mul(a))
-                    .saturating_add(heads.saturating_mul(s).saturating_mul(4));
-                self.kept.insert(id.to_string());
+                saved = saved.saturating_add(log_sum_exp_bytes(&self.config));
             }
         }
         let flops = scores.saturating_mul(4 * hd);
@@ -259,7 +270,7 @@ impl GraphBuilder {
             OpKind::Attention,
             inputs,
             Vec::new(),
-            vec![s as i64, (heads * hd) as i64],
+            output_shape,
             flops,
             saved,
         )
@@ -275,15 +286,8 @@ impl GraphBuilder {
             Activation::Relu => 1,
             Activation::Silu => 4,
         } + if inputs.len() == 2 { 1 } else { 0 };
-        let saved = if act == Activation::Relu && inputs.len() == 1 {
-            // ReLU keeps its output, which the next linear also reads.
-            self.kept.insert(id.to_string());
-            n.saturating_mul(self.act_bytes())
-        } else {
-            inputs
-                .iter()
-                .fold(0u64, |n, i| n.saturating_add(self.keep(i)))
-        };
+        // ReLU keeps its output, which the next linear also reads; the others their inputs.
+        let saved = self.keep_reads(id, OpKind::Activation, inputs, &shape);
         self.push(
             id,
             name,
@@ -334,7 +338,7 @@ impl GraphBuilder {
             Vec::new(),
             vec![1],
             n.saturating_mul(SOFTMAX_XENT_FLOPS_PER_ELEM),
-            n.saturating_mul(DType::F32.bytes()),
+            n.saturating_mul(FP32_BYTES),
         )
     }
 

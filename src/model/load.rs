@@ -11,9 +11,8 @@ use std::path::Path;
 use super::{ModelSpec, OpKind, OpSpec, MAX_LAYERS, MODEL_FORMAT_VERSION};
 use crate::input::{self, InputError, Problem};
 
-/// Bytes of training state per parameter (bf16 params + grads, fp32 master + Adam m, v): every
-/// size derived from a parameter count must still fit in `u64` after this factor.
-const STATE_BYTES_PER_PARAM: u64 = 16;
+/// Every size derived from a parameter count must still fit in `u64` after this factor.
+use crate::cost::STATE_BYTES_PER_PARAM;
 
 /// Read and check a model description.
 pub fn read_model(path: &Path) -> Result<ModelSpec, InputError> {
@@ -274,8 +273,7 @@ fn resolve_tie<'m>(
     index: &HashMap<&str, usize>,
     target: &str,
 ) -> Result<&'m super::ParamSpec, String> {
-    let (op_id, param) = target
-        .rsplit_once('.')
+    let (op_id, param) = super::split_param_key(target)
         .ok_or_else(|| format!("tied_to {target:?} must be OP_ID.PARAM"))?;
     let owner_op = index
         .get(op_id)

@@ -1121,8 +1121,10 @@ fn classify(bases: &[OpBase], blocks: &Blocks, pins: &HashMap<usize, Choice>) ->
             b.saved_bytes,
             b.working_bytes,
             b.output_bytes,
-            b.tensor_params[0],
-            b.tensor_params[1],
+            b.tensors[0].numel,
+            u64::from(b.tensors[0].cut),
+            b.tensors[1].numel,
+            u64::from(b.tensors[1].cut),
             pin,
         ]
     };

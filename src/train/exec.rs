@@ -13,8 +13,8 @@ use super::collective::{Aborted, Collective};
 use super::data::{Batch, SplitMix};
 use super::memory::{Category, Ledger};
 use super::ops::{self, AttentionShape};
-use crate::cost::Strategy;
-use crate::model::{Activation, ModelSpec, OpKind, Positional};
+use crate::cost::{self, Holding};
+use crate::model::{Activation, AttentionImpl, ModelConfig, ModelSpec, OpKind, Positional};
 use crate::plan::{Blocks, Plan};
 
 #[derive(Debug, thiserror::Error)]
@@ -48,9 +48,16 @@ impl Numerics {
     }
 
     pub fn name(self) -> &'static str {
+        self.precision().name
+    }
+
+    /// The cost model's accounting of these numerics: bytes per parameter of the compute
+    /// copy, the gradient and the optimizer states (master and moments), and per activation
+    /// element. The executor allocates exactly these (the ledger test holds it to them).
+    pub fn precision(self) -> cost::Precision {
         match self {
-            Numerics::Fp32 => "fp32",
-            Numerics::Bf16Mixed => "bf16 mixed",
+            Numerics::Fp32 => cost::Precision::FP32,
+            Numerics::Bf16Mixed => cost::Precision::MIXED_BF16,
         }
     }
 }
@@ -107,24 +114,17 @@ impl OptimConfig {
     }
 }
 
-/// How one unit of parameters is held across ranks.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Class {
-    Dp,
-    Zero1,
-    Zero2,
-    Zero3,
-}
-
 /// A parameter, or one column slice of a split linear's weight: the granularity of sharding.
 struct Unit {
     /// `op.param` of the full parameter.
     key: String,
+    /// The op that owns the parameter.
+    op: usize,
     /// Column range `(start, len)` of a split weight.
     cols: Option<(i64, i64)>,
     shape: Vec<i64>,
     numel: i64,
-    class: Class,
+    class: Holding,
     /// `ceil(numel / world)`: each rank's share of the padded flat unit.
     shard_len: i64,
     /// This rank's real (unpadded) share: `(start, len)` in the flat unit.
@@ -223,6 +223,24 @@ pub struct Executor {
     micro_batch: usize,
     /// Filled by each step when set.
     pub profile: Option<Profile>,
+    /// Filled by each forward pass when set (see [`Executor::enable_memory_trace`]).
+    pub forward_memory: Option<ForwardMemory>,
+}
+
+/// What one rank holds when a forward pass ends, by category and op by op: the moment every
+/// kept activation and every byte of state is held, which the cost model's per-op figures
+/// (`cost::price(..).persistent_bytes`, `OpBase::saved_bytes`) are checked against.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ForwardMemory {
+    /// The ledger's categories then.
+    pub ledger: super::memory::Breakdown,
+    /// Per op: bytes of the parameters it owns (compute copy, fp32 master, moments, gradient).
+    pub state_bytes: Vec<u64>,
+    /// Per op: bytes of its output held for backward (or as a recomputed block's restart).
+    pub kept_output_bytes: Vec<u64>,
+    /// Per op: bytes its kernels keep beside the graph's tensors (norm statistics,
+    /// log-sum-exp, log-probabilities).
+    pub kept_extra_bytes: Vec<u64>,
 }
 
 /// Where one rank's last step spent its time (when profiling is on): what `calibrate` fits
@@ -281,6 +299,12 @@ pub fn check_runnable(model: &ModelSpec, plan: &Plan) -> Result<()> {
             model.ops.len()
         )));
     }
+    if c.attention == AttentionImpl::Eager {
+        // The trainer's kernels are fused: they keep what `flash` prices, not probabilities.
+        return Err(ExecError::Unsupported(
+            "eager attention; the trainer's attention is fused: describe the model with \"attention\": \"flash\" (import-hf --attention flash)".into(),
+        ));
+    }
     let blocks = Blocks::of(model);
     for (b, members) in blocks.ops.iter().enumerate() {
         if let (Some(&lo), Some(&hi)) = (members.first(), members.last()) {
@@ -315,13 +339,12 @@ pub fn check_runnable(model: &ModelSpec, plan: &Plan) -> Result<()> {
                 )));
             }
         }
-        if let Some(target) = op.params.iter().find_map(|p| p.tied_to.as_ref()) {
-            let owner = target.rsplit_once('.').map_or("", |(o, _)| o);
-            if let Some(j) = model.ops.iter().position(|o| o.id == owner) {
+        for p in &op.params {
+            if let (Some(j), Some(target)) = (model.tie_owner(p), &p.tied_to) {
                 if plan.choices[j].split > 1 {
                     return Err(ExecError::Unsupported(format!(
-                        "op {:?} shares {target:?}, which the plan splits; keep {owner:?} unsplit",
-                        op.id
+                        "op {:?} shares {target:?}, which the plan splits; keep {:?} unsplit",
+                        op.id, model.ops[j].id
                     )));
                 }
             }
@@ -332,7 +355,7 @@ pub fn check_runnable(model: &ModelSpec, plan: &Plan) -> Result<()> {
 
 fn init_values(seed: u64, key: &str, shape: &[i64]) -> Vec<f32> {
     let numel: i64 = shape.iter().product();
-    let name = key.rsplit('.').next().unwrap_or("");
+    let name = crate::model::split_param_key(key).map_or("", |(_, name)| name);
     if name == "bias" {
         return vec![0.0; numel as usize];
     }
@@ -379,10 +402,9 @@ impl Executor {
             .map(|i| blocks.of_op[i].filter(|&b| plan.recompute.get(b) == Some(&true)))
             .collect();
         // Who reads each output in backward: the one rule behind what forward keeps.
-        let relu = c.activation == Activation::Relu;
         let mut readers: Vec<Vec<usize>> = vec![Vec::new(); n];
         for (i, op) in model.ops.iter().enumerate() {
-            for j in bwd_reads(op.kind, i, &inputs[i], relu) {
+            for j in bwd_reads(op.kind, i, &inputs[i], c) {
                 readers[j].push(i);
             }
         }
@@ -415,7 +437,7 @@ impl Executor {
                 if param.tied_to.is_some() {
                     continue;
                 }
-                let key = format!("{}.{}", op.id, param.name);
+                let key = crate::model::param_key(&op.id, &param.name);
                 if key.contains('|') {
                     return Err(ExecError::Unsupported(format!(
                         "parameter name {key:?} contains '|'"
@@ -444,36 +466,23 @@ impl Executor {
                         s.tensors()
                     }
                 };
-                let split = choice.split.max(1) as i64;
-                let sharded = i64::from(choice.sharded);
-                let mut pieces: Vec<(Option<(i64, i64)>, Class)> = Vec::new();
-                let is_split_weight =
-                    op.kind == OpKind::Linear && param.name == "weight" && split > 1;
-                if is_split_weight {
-                    let in_features = param.shape[1];
-                    if in_features % split != 0 {
-                        return Err(ExecError::Unsupported(format!(
-                            "op {:?} has {in_features} input features, which {split} slices do not divide",
-                            op.id
-                        )));
-                    }
-                    let width = in_features / split;
-                    for j in 0..split {
-                        let class = if j < sharded { Class::Zero3 } else { Class::Dp };
-                        pieces.push((Some((j * width, width)), class));
-                    }
-                } else {
-                    let class = match choice.strategy {
-                        Strategy::Dp | Strategy::None => Class::Dp,
-                        Strategy::Zero1 => Class::Zero1,
-                        Strategy::Zero2 => Class::Zero2,
-                        // A split op's other parameters (the bias) follow its majority.
-                        Strategy::Zero3 if split > 1 && sharded * 2 < split => Class::Dp,
-                        Strategy::Zero3 => Class::Zero3,
+                // The cost model prices the same units (`cost::Choice::units`).
+                let cut = cost::cut_by_split(op.kind, &param.name);
+                for unit in choice.units(param.numel(), cut) {
+                    let class = unit.holding;
+                    let cols = match unit.slice {
+                        Some((j, k)) => {
+                            let (j, k, in_features) = (i64::from(j), i64::from(k), param.shape[1]);
+                            if in_features % k != 0 {
+                                return Err(ExecError::Unsupported(format!(
+                                    "op {:?} has {in_features} input features, which {k} slices do not divide",
+                                    op.id
+                                )));
+                            }
+                            Some((j * in_features / k, in_features / k))
+                        }
+                        None => None,
                     };
-                    pieces.push((None, class));
-                }
-                for (cols, class) in pieces {
                     let take = |t: &Tensor| match cols {
                         Some((start, len)) => t.narrow(1, start, len).contiguous(),
                         None => t.shallow_clone(),
@@ -493,16 +502,16 @@ impl Executor {
                         share.to_device(device)
                     };
                     let owned = match class {
-                        Class::Dp => pv.to_kind(Kind::Float).to_device(device),
+                        Holding::Replicated => pv.to_kind(Kind::Float).to_device(device),
                         _ => padded_share(&pv),
                     };
                     let data = match class {
-                        Class::Zero3 => owned.to_kind(kind),
+                        Holding::Zero3 => owned.to_kind(kind),
                         _ => pv.to_kind(kind).to_device(device),
                     };
                     let master = mixed.then_some(owned);
                     let (m, v) = match class {
-                        Class::Dp => (mv.to_device(device), vv.to_device(device)),
+                        Holding::Replicated => (mv.to_device(device), vv.to_device(device)),
                         _ => (padded_share(&mv), padded_share(&vv)),
                     };
                     ledger.add(Category::Params, nbytes(&data));
@@ -512,6 +521,7 @@ impl Executor {
                     uses[i][p].push(units.len());
                     units.push(Unit {
                         key: key.clone(),
+                        op: i,
                         cols,
                         numel,
                         shape,
@@ -590,12 +600,52 @@ impl Executor {
             ids: None,
             labels: None,
             profile: None,
+            forward_memory: None,
         })
     }
 
     /// Time every op of the following steps (see [`Profile`]).
     pub fn enable_profiling(&mut self) {
         self.profile = Some(Profile::default());
+    }
+
+    /// Record what is held at the end of every forward pass (see [`ForwardMemory`]).
+    pub fn enable_memory_trace(&mut self) {
+        self.forward_memory = Some(ForwardMemory::default());
+    }
+
+    fn trace_forward_memory(&mut self) {
+        if self.forward_memory.is_none() {
+            return;
+        }
+        let n = self.model.ops.len();
+        let mut state_bytes = vec![0; n];
+        for unit in &self.units {
+            state_bytes[unit.op] += nbytes(&unit.data)
+                + unit.master.as_ref().map_or(0, nbytes)
+                + unit.grad.as_ref().map_or(0, nbytes)
+                + nbytes(&unit.m)
+                + nbytes(&unit.v);
+        }
+        let kept_output_bytes = self
+            .outs
+            .iter()
+            .map(|h| match h {
+                Some(h) if h.cat == Category::Activations => nbytes(&h.t),
+                _ => 0,
+            })
+            .collect();
+        let kept_extra_bytes = self
+            .extras
+            .iter()
+            .map(|e| e.iter().map(nbytes).sum())
+            .collect();
+        self.forward_memory = Some(ForwardMemory {
+            ledger: self.ledger.now(),
+            state_bytes,
+            kept_output_bytes,
+            kept_extra_bytes,
+        });
     }
 
     pub fn rank(&self) -> usize {
@@ -613,7 +663,7 @@ impl Executor {
     /// The full weight of a unit for compute: gathered (and counted) for ZeRO-3.
     fn weight(&mut self, u: usize) -> Result<Tensor> {
         let unit = &self.units[u];
-        if unit.class != Class::Zero3 {
+        if unit.class != Holding::Zero3 {
             return Ok(unit.data.shallow_clone());
         }
         let t0 = Instant::now();
@@ -637,7 +687,7 @@ impl Executor {
     }
 
     fn release(&mut self, u: usize, w: Tensor) {
-        if self.units[u].class == Class::Zero3 {
+        if self.units[u].class == Holding::Zero3 {
             let padded = self.units[u].shard_len * self.comm.world() as i64;
             self.ledger.sub(
                 Category::Gathered,
@@ -653,8 +703,8 @@ impl Executor {
         let unit = &self.units[u];
         let g = g.to_kind(self.kind);
         let contribution = match unit.class {
-            Class::Dp | Class::Zero1 => g,
-            Class::Zero2 | Class::Zero3 => {
+            Holding::Replicated | Holding::Zero1 => g,
+            Holding::Zero2 | Holding::Zero3 => {
                 let padded = pad_flat(&g, unit.shard_len * world);
                 let bytes = nbytes(&padded);
                 self.ledger.add(Category::GradBuffers, bytes);
@@ -677,8 +727,8 @@ impl Executor {
     fn allocate_grads(&mut self) {
         for unit in &mut self.units {
             let shape = match unit.class {
-                Class::Dp | Class::Zero1 => unit.shape.clone(),
-                Class::Zero2 | Class::Zero3 => vec![unit.shard_len],
+                Holding::Replicated | Holding::Zero1 => unit.shape.clone(),
+                Holding::Zero2 | Holding::Zero3 => vec![unit.shard_len],
             };
             let g = Tensor::zeros(shape.as_slice(), (self.kind, self.device));
             self.ledger.add(Category::Grads, nbytes(&g));
@@ -1147,6 +1197,7 @@ impl Executor {
         let loss = self
             .forward_range(0..n, true)?
             .ok_or_else(|| ExecError::Unsupported("the graph has no loss op".into()))?;
+        self.trace_forward_memory();
         for i in (0..n).rev() {
             if let Some(b) = self.recomputed_block[i] {
                 if self.blocks.ops[b].last() == Some(&i) {
@@ -1192,12 +1243,12 @@ impl Executor {
             };
             let held = nbytes(&grad);
             let synced = match class {
-                Class::Dp => self.comm.all_reduce(&grad)?,
-                Class::Zero1 => {
+                Holding::Replicated => self.comm.all_reduce(&grad)?,
+                Holding::Zero1 => {
                     let padded = pad_flat(&grad, self.units[u].shard_len * world);
                     self.comm.reduce_scatter(&padded)?
                 }
-                Class::Zero2 | Class::Zero3 => grad,
+                Holding::Zero2 | Holding::Zero3 => grad,
             };
             self.ledger.sub(Category::Grads, held);
             held_bytes += nbytes(&synced);
@@ -1212,7 +1263,7 @@ impl Executor {
         let mut local_sq = Tensor::zeros([], (Kind::Double, self.device));
         for (u, g) in shards.iter().enumerate() {
             if let Some(g) = g {
-                if self.units[u].class != Class::Dp || rank == 0 {
+                if self.units[u].class != Holding::Replicated || rank == 0 {
                     local_sq += g.square().sum(Kind::Double);
                 }
             }
@@ -1237,13 +1288,13 @@ impl Executor {
             let (start, len) = unit.region;
             let g = g.to_kind(Kind::Float);
             let (mut p, g, mut m, mut v) = match unit.class {
-                Class::Dp | Class::Zero3 => (
+                Holding::Replicated | Holding::Zero3 => (
                     unit.master.as_ref().unwrap_or(&unit.data).reshape([-1]),
                     g.reshape([-1]),
                     unit.m.reshape([-1]),
                     unit.v.reshape([-1]),
                 ),
-                Class::Zero1 | Class::Zero2 => (
+                Holding::Zero1 | Holding::Zero2 => (
                     match &unit.master {
                         Some(master) => master.narrow(0, 0, len),
                         None => unit.data.reshape([-1]).narrow(0, start, len),
@@ -1256,7 +1307,8 @@ impl Executor {
             let decay = if unit.decay { o.weight_decay } else { 0.0 };
             adamw_update(&mut p, &g, &mut m, &mut v, &o, lr, decay, clip, (bc1, bc2));
             // The compute copy follows the master (zero1/zero2 after the gather below).
-            if let (Some(master), Class::Dp | Class::Zero3) = (&unit.master, unit.class) {
+            if let (Some(master), Holding::Replicated | Holding::Zero3) = (&unit.master, unit.class)
+            {
                 unit.data.reshape([-1]).copy_(&master.reshape([-1]));
             }
         }
@@ -1266,7 +1318,7 @@ impl Executor {
         // 4. zero1/zero2 replicas get the updated parameters back.
         for u in 0..self.units.len() {
             let unit = &self.units[u];
-            if !matches!(unit.class, Class::Zero1 | Class::Zero2) {
+            if !matches!(unit.class, Holding::Zero1 | Holding::Zero2) {
                 continue;
             }
             let (start, len) = unit.region;
@@ -1306,15 +1358,15 @@ impl Executor {
         for unit in &self.units {
             // The fp32 values this rank updates: the master in mixed precision.
             let (flat_start, len, data, m, v) = match (unit.class, &unit.master) {
-                (Class::Dp, _) if rank != 0 => continue,
-                (Class::Dp, master) => (
+                (Holding::Replicated, _) if rank != 0 => continue,
+                (Holding::Replicated, master) => (
                     0,
                     unit.numel,
                     master.as_ref().unwrap_or(&unit.data).reshape([-1]),
                     unit.m.reshape([-1]),
                     unit.v.reshape([-1]),
                 ),
-                (Class::Zero1 | Class::Zero2, None) => {
+                (Holding::Zero1 | Holding::Zero2, None) => {
                     let (s, l) = unit.region;
                     (
                         s,
@@ -1408,17 +1460,16 @@ pub fn adamw_update(
     *p -= (&*m / bias_correction.0) / denom * lr;
 }
 
-/// The ops whose outputs op `i` reads in its backward (what the kernels keep, as the model
-/// description's saved-bytes figures count them): a linear or norm its input, attention its
-/// inputs and its own output, ReLU its own output, other activations their inputs.
-fn bwd_reads(kind: OpKind, i: usize, inputs: &[usize], relu: bool) -> Vec<usize> {
-    match kind {
-        OpKind::Linear | OpKind::LayerNorm | OpKind::RmsNorm => inputs[..1].to_vec(),
-        OpKind::Attention => inputs.iter().copied().chain(std::iter::once(i)).collect(),
-        OpKind::Activation if inputs.len() == 1 && relu => vec![i],
-        OpKind::Activation => inputs.to_vec(),
-        _ => Vec::new(),
-    }
+/// The ops whose outputs op `i` reads in its backward: the rule the model description's
+/// saved-bytes figures are written by ([`crate::model::saved::backward_reads`]).
+fn bwd_reads(kind: OpKind, i: usize, inputs: &[usize], config: &ModelConfig) -> Vec<usize> {
+    let reads = crate::model::saved::backward_reads(kind, inputs.len(), config);
+    let output = reads.output.then_some(i);
+    inputs[..reads.inputs]
+        .iter()
+        .copied()
+        .chain(output)
+        .collect()
 }
 
 fn pad_flat(t: &Tensor, len: i64) -> Tensor {

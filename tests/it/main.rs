@@ -11,6 +11,8 @@ mod dashboard_train;
 #[cfg(feature = "train")]
 mod gpu_check;
 mod import;
+#[cfg(feature = "train")]
+mod ledger;
 mod plan_cli;
 mod planner;
 mod published;

@@ -1,0 +1,339 @@
+//! Prediction equals execution (issue 21 §1, issue 17 item 5): for the tiny models on the CPU
+//! with two ranks, under every strategy, with and without recomputation, one training step's
+//! ledger holds exactly the bytes the cost model prices — op by op for state and for kept
+//! activations, and per category — and never more than `plan::evaluate`'s peak.
+
+use osdp_tui::cost::{self, Choice, Machine, OpBase, Strategy};
+use osdp_tui::model::{self, saved, ModelSpec, OpKind};
+use osdp_tui::plan::{self, Blocks, Plan, Prediction};
+use osdp_tui::train::collective::Collective;
+use osdp_tui::train::data::{Sampler, Source};
+use osdp_tui::train::exec::{Executor, ForwardMemory, Init, OptimConfig, Target};
+use osdp_tui::train::measure::on_rank_threads;
+use osdp_tui::train::memory::Breakdown;
+use osdp_tui::train::TrainError;
+
+use super::root;
+
+const RANKS: usize = 2;
+/// Samples per rank per micro-batch.
+const BATCH: u64 = 2;
+
+fn tiny(name: &str) -> ModelSpec {
+    model::read_model(&root().join(format!("sample-models/{name}.json"))).expect("sample loads")
+}
+
+/// The CPU layout at two ranks: fp32 states and activations, as the CPU trainer runs.
+fn machine(m: &ModelSpec) -> Machine {
+    let layout = osdp_tui::cluster::read_layout(&root().join("layouts/cpu.json")).unwrap();
+    let machine = Machine::new(&layout, m);
+    assert_eq!(machine.ranks as usize, RANKS);
+    machine
+}
+
+/// `linear` on every linear owning parameters, `other` on the other ops owning parameters.
+fn plan_of(m: &ModelSpec, linear: Choice, other: Choice, recompute: bool) -> Plan {
+    Plan {
+        batch: BATCH,
+        accumulation: 1,
+        choices: m
+            .ops
+            .iter()
+            .map(|o| match o.kind {
+                _ if !cost::owns_params(o) => Choice::NONE,
+                OpKind::Linear => linear,
+                _ => other,
+            })
+            .collect(),
+        recompute: vec![recompute; m.config.layers as usize],
+    }
+}
+
+/// Every strategy, and ZeRO-3 splits with a sharded minority (bias replicated), half and all
+/// of the slices sharded; then all of them at once, odd blocks recomputed.
+fn plans(m: &ModelSpec) -> Vec<(String, Plan)> {
+    let zero3 = Choice::zero3(1, 1);
+    let (zero1, zero2) = (
+        Choice::plain(Strategy::Zero1),
+        Choice::plain(Strategy::Zero2),
+    );
+    let each = [
+        (Choice::DP, Choice::DP),
+        (zero1, zero1),
+        (zero2, zero2),
+        (zero3, zero3),
+        (Choice::zero3(4, 1), zero3),
+        (Choice::zero3(4, 2), zero3),
+        (Choice::zero3(4, 4), zero3),
+    ];
+    let mut out = Vec::new();
+    for recompute in [false, true] {
+        for (linear, other) in each {
+            let what = format!("{} (recompute: {recompute})", linear.label());
+            out.push((what, plan_of(m, linear, other, recompute)));
+        }
+    }
+    let mut mixed = plan_of(m, Choice::DP, Choice::DP, false);
+    for (i, (choice, op)) in mixed.choices.iter_mut().zip(&m.ops).enumerate() {
+        if *choice != Choice::NONE {
+            let (linear, other) = each[i % each.len()];
+            *choice = if op.kind == OpKind::Linear {
+                linear
+            } else {
+                other
+            };
+        }
+    }
+    mixed.recompute = (0..m.config.layers).map(|b| b % 2 == 1).collect();
+    out.push(("mixed".into(), mixed));
+    out
+}
+
+/// One training step on each of two rank threads: what each held when its forward pass
+/// ended, and its ledger's peak over the step.
+fn one_step(m: &ModelSpec, plan: &Plan) -> Vec<(ForwardMemory, Breakdown)> {
+    let sampler = Sampler {
+        source: Source::Random,
+        seed: 0,
+        seq: m.config.seq_len as usize,
+        vocab: m.config.vocab_size,
+    };
+    let rows = plan.batch as usize;
+    on_rank_threads(RANKS, |group| {
+        let rank = group.rank();
+        let failed = |e: osdp_tui::train::exec::ExecError| TrainError::Invalid(e.to_string());
+        let mut exec = Executor::new(
+            m,
+            plan,
+            Box::new(group),
+            Target::CPU,
+            Init::Fresh { seed: 0 },
+            OptimConfig::default(),
+        )
+        .map_err(failed)?;
+        exec.enable_memory_trace();
+        exec.train_step(&sampler.batch(0, rank * rows, rows))
+            .map_err(failed)?;
+        let traced = exec.forward_memory.clone().unwrap_or_default();
+        Ok((traced, exec.ledger.peak()))
+    })
+    .expect("the step runs")
+}
+
+/// Bytes per sample the trainer keeps that the model's saved figures leave out, as
+/// Korthikanti et al. do: a norm's per-row statistics in fp32 — LayerNorm's mean and reciprocal
+/// standard deviation, RMSNorm's reciprocal root mean square.
+fn norm_statistics_bytes(m: &ModelSpec, kind: OpKind) -> u64 {
+    let per_row = match kind {
+        OpKind::LayerNorm => 2,
+        OpKind::RmsNorm => 1,
+        _ => 0,
+    };
+    per_row * saved::FP32_BYTES * m.config.seq_len
+}
+
+/// Bytes per sample the model's saved figures count that the trainer's ledger does not: a
+/// token embedding's ids, which the trainer holds for the whole step as its input data rather
+/// than as the op's (and the labels beside them, which the figures leave out).
+fn uncounted_ids_bytes(m: &ModelSpec, op: &model::OpSpec) -> u64 {
+    match op.kind {
+        OpKind::Embedding => saved::token_ids_bytes(&m.config),
+        _ => 0,
+    }
+}
+
+/// What the cost model says of one op, and what one rank held for it.
+struct OpCheck<'a> {
+    model: &'a ModelSpec,
+    plan: &'a Plan,
+    what: &'a str,
+}
+
+impl OpCheck<'_> {
+    /// Each op's state, priced by `cost::price`, is what the rank holds for the op's units.
+    fn state(&self, bases: &[OpBase], m: &Machine, held: &ForwardMemory) {
+        for (i, op) in self.model.ops.iter().enumerate() {
+            let priced = cost::price(&bases[i], self.plan.choices[i], m).persistent_bytes;
+            assert_eq!(
+                held.state_bytes[i],
+                priced,
+                "{}: {} under {}: state held vs priced",
+                self.what,
+                op.id,
+                self.plan.choices[i].label()
+            );
+        }
+    }
+
+    /// Each op's kept activations (`OpBase::saved_bytes`; none in a recomputed block) are what
+    /// the rank keeps for it: the graph's outputs counted at their first reader in backward
+    /// (as the model's figures count them) and its kernels' own tensors, less the known
+    /// differences. Returns the kept restart points of recomputed blocks.
+    fn kept(&self, bases: &[OpBase], blocks: &Blocks, held: &ForwardMemory) -> u64 {
+        let ops = &self.model.ops;
+        let index = self.model.op_index();
+        let recomputed = |i: usize| {
+            blocks.of_op[i].is_some_and(|b| self.plan.recompute.get(b).copied().unwrap_or(false))
+        };
+        let mut first_reader: Vec<Option<usize>> = vec![None; ops.len()];
+        for (i, op) in ops.iter().enumerate() {
+            let reads = saved::backward_reads(op.kind, op.inputs.len(), &self.model.config);
+            let outputs = op.inputs[..reads.inputs]
+                .iter()
+                .map(|id| index[id.as_str()])
+                .chain(reads.output.then_some(i));
+            for j in outputs {
+                first_reader[j].get_or_insert(i);
+            }
+        }
+        let mut held_for = held.kept_extra_bytes.clone();
+        let mut restarts = 0;
+        for (j, &bytes) in held.kept_output_bytes.iter().enumerate() {
+            match first_reader[j] {
+                Some(r) if !recomputed(r) => held_for[r] += bytes,
+                _ => restarts += bytes,
+            }
+        }
+        for (i, op) in ops.iter().enumerate() {
+            let priced = if recomputed(i) {
+                0
+            } else {
+                bases[i].saved_bytes
+            };
+            let (extra, uncounted) = if recomputed(i) {
+                (0, 0)
+            } else {
+                (
+                    norm_statistics_bytes(self.model, op.kind) * BATCH,
+                    uncounted_ids_bytes(self.model, op) * BATCH,
+                )
+            };
+            assert_eq!(
+                held_for[i] + uncounted,
+                priced + extra,
+                "{}: {}: kept for backward vs priced (+ {extra} norm statistics, - {uncounted} ids)",
+                self.what,
+                op.id
+            );
+        }
+        restarts
+    }
+}
+
+/// The whole-plan figures: state, kept activations and the peak.
+fn check_totals(
+    c: &OpCheck,
+    m: &Machine,
+    predicted: &Prediction,
+    held: &ForwardMemory,
+    restarts: u64,
+    peak: &Breakdown,
+) {
+    let what = c.what;
+    let l = &held.ledger;
+    let state = l.params + l.grads + l.optimizer;
+    assert_eq!(state, predicted.persistent_bytes, "{what}: state");
+    assert_eq!(state, held.state_bytes.iter().sum::<u64>(), "{what}");
+    // Restart points of recomputed blocks: their inputs from outside the block.
+    let blocks = Blocks::of(c.model);
+    let restart_priced: u64 = c
+        .plan
+        .recompute
+        .iter()
+        .enumerate()
+        .filter(|(_, &on)| on)
+        .map(|(b, _)| m.activation_bytes(blocks.input_bytes_per_sample[b]) * BATCH)
+        .sum();
+    assert_eq!(
+        restarts, restart_priced,
+        "{what}: recomputed blocks' inputs"
+    );
+    // Kept activations: the ledger's category, and evaluate's figure less the known
+    // differences of the ops that keep theirs.
+    let kept: u64 =
+        held.kept_output_bytes.iter().sum::<u64>() + held.kept_extra_bytes.iter().sum::<u64>();
+    assert_eq!(l.activations, kept, "{what}: ledger vs kept tensors");
+    let (mut extra, mut uncounted) = (0, 0);
+    for (i, op) in c.model.ops.iter().enumerate() {
+        let recomputed = blocks.of_op[i].is_some_and(|b| c.plan.recompute[b]);
+        if !recomputed {
+            extra += norm_statistics_bytes(c.model, op.kind) * BATCH;
+            uncounted += uncounted_ids_bytes(c.model, op) * BATCH;
+        }
+    }
+    assert_eq!(
+        l.activations + uncounted,
+        predicted.activation_bytes + extra,
+        "{what}: kept activations"
+    );
+    // Nothing else is in flight when a forward pass ends.
+    assert_eq!(
+        (l.gathered, l.grad_buffers, l.working),
+        (0, 0, 0),
+        "{what}: transient bytes after forward"
+    );
+    // The peak holds the same state exactly. Its activations and transients are bounded,
+    // not equal: `evaluate` adds the largest transient of any op to every kept activation,
+    // while the ledger's peak is one moment of the schedule (on these models the start of
+    // backward, or the last recomputed block's rematerialisation), when some of that
+    // transient is not held.
+    assert_eq!(
+        peak.params + peak.grads + peak.optimizer,
+        predicted.persistent_bytes,
+        "{what}: state at the peak"
+    );
+    let priced = predicted.peak_memory_bytes - predicted.overhead_bytes + extra;
+    assert!(
+        state + l.activations <= peak.total() && peak.total() <= priced,
+        "{what}: peak {} outside [{}, {priced}]: {peak:?}",
+        peak.total(),
+        state + l.activations
+    );
+}
+
+fn check_model(name: &str) {
+    let m = tiny(name);
+    let machine = machine(&m);
+    for (what, plan) in plans(&m) {
+        let what = format!("{name} {what}");
+        let bases = cost::op_bases(&m, &machine, plan.batch);
+        let blocks = Blocks::of(&m);
+        let predicted = plan::evaluate(&m, &machine, &plan);
+        let check = OpCheck {
+            model: &m,
+            plan: &plan,
+            what: &what,
+        };
+        for (rank, (held, peak)) in one_step(&m, &plan).iter().enumerate() {
+            let what = format!("{what} rank {rank}");
+            let check = OpCheck {
+                what: &what,
+                ..check
+            };
+            check.state(&bases, &machine, held);
+            let restarts = check.kept(&bases, &blocks, held);
+            check_totals(&check, &machine, &predicted, held, restarts, peak);
+        }
+    }
+}
+
+#[test]
+fn the_ledger_holds_exactly_what_the_cost_model_prices_gpt2() {
+    check_model("tiny-gpt2");
+}
+
+#[test]
+fn the_ledger_holds_exactly_what_the_cost_model_prices_llama() {
+    check_model("tiny-llama");
+}
+
+/// A description that prices eager attention (seq² probabilities) is refused: the trainer's
+/// attention is fused and would keep something else than the planner counted.
+#[test]
+fn the_trainer_refuses_eager_attention_which_it_would_not_keep_as_priced() {
+    let mut m = tiny("tiny-gpt2");
+    m.config.attention = model::AttentionImpl::Eager;
+    let plan = plan_of(&m, Choice::DP, Choice::DP, false);
+    let err = osdp_tui::train::exec::check_runnable(&m, &plan).unwrap_err();
+    assert!(err.to_string().contains("--attention flash"), "{err}");
+}
