@@ -58,6 +58,9 @@ shoot gpt2-xl-a100-16GiB 160 48 "Down Down Down Down" \
   sample-models/gpt2-xl.json --layout layouts/a100-80gb-8x-nvlink.json --budget 16GiB
 shoot gpt2-xl-a100-after-ten-minus 160 48 "- - - - - - - - - -" \
   sample-models/gpt2-xl.json --layout layouts/a100-80gb-8x-nvlink.json --budget 16GiB
+# Enter on an operator: every choice it could have, priced with the rest of the plan kept.
+shoot llama-2-13b-operator-choices 160 48 "Down Down Down Down Down Enter" \
+  sample-models/llama-2-13b.json --layout layouts/h100-sxm-2x8-ib-ndr.json --budget 40GiB
 shoot llama-2-13b-2x8-h100 160 48 "Down Down Down" \
   sample-models/llama-2-13b.json --layout layouts/h100-sxm-2x8-ib-ndr.json --budget 40GiB
 shoot llama-2-13b-help-120x40 120 40 "?" \

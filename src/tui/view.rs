@@ -134,7 +134,7 @@ fn draw_detail(app: &App, op: usize, f: &mut Frame, area: Rect) {
         app.max_split,
         app.budget(),
     );
-    let w = 86.min(area.width);
+    let w = 104.min(area.width);
     let h = (alts.len() as u16 + 3).min(area.height);
     let r = Rect::new(
         area.x + (area.width - w) / 2,
@@ -177,7 +177,7 @@ fn draw_detail(app: &App, op: usize, f: &mut Frame, area: Rect) {
         })
         .collect();
     let title = format!(
-        " {} · {} · {} params · its choices, the rest of the plan kept · Enter closes ",
+        " {} · {} · {} params · each choice priced in the plan · Enter closes ",
         printable(&spec.id),
         spec.kind.as_str(),
         units::count(ModelSpec::op_param_count(spec))
