@@ -223,6 +223,11 @@ struct PlanArgs {
     /// (per merged group); 0 is exact but slow on large models.
     #[arg(long, default_value = "1MiB", value_parser = parse_size)]
     resolution: u64,
+    /// Also list every choice this op could have (op ids as `inspect` lists them), each priced
+    /// as the whole plan with only that op changed, and what stops the faster ones
+    /// (repeatable).
+    #[arg(long, value_name = "OP")]
+    explain: Vec<String>,
     /// Print JSON.
     #[arg(long)]
     json: bool,
@@ -597,6 +602,7 @@ impl PlanArgs {
             recompute: !self.no_recompute,
             pins: self.pin,
             resolution_bytes: self.resolution,
+            explain: self.explain,
             json: self.json,
             output: self.output,
         })

@@ -29,6 +29,8 @@ pub struct PlanRequest {
     pub recompute: bool,
     pub pins: Vec<String>,
     pub resolution_bytes: u64,
+    /// Op ids whose every choice to list, priced in the plan.
+    pub explain: Vec<String>,
     pub json: bool,
     pub output: Option<PathBuf>,
 }
@@ -212,6 +214,9 @@ struct PlanOut<'a> {
     global_batch_source: &'static str,
     /// By name: ddp, ddp+ckpt, zero2, zero2+ckpt, fsdp, fsdp+ckpt.
     baselines: std::collections::BTreeMap<&'static str, BaselineOut>,
+    /// `--explain OP`: per op id, every choice priced in the plan, fastest first.
+    #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    explain: std::collections::BTreeMap<String, Vec<plan::explain::Alternative>>,
 }
 
 fn load(model: &Path, layout: &Path) -> Result<(ModelSpec, Layout), Failure> {
@@ -243,6 +248,19 @@ pub fn plan(req: PlanRequest) -> Result<(), Failure> {
             )));
         }
     }
+    let explain: Vec<usize> = req
+        .explain
+        .iter()
+        .map(|id| {
+            spec.ops.iter().position(|o| o.id == *id).ok_or_else(|| {
+                Failure::input(format!(
+                    "--explain {:?}: {} has no op of that id (`osdp-tui inspect` lists them)",
+                    printable(id),
+                    printable(&spec.name)
+                ))
+            })
+        })
+        .collect::<Result<_, _>>()?;
     let cpu = layout.device.kind == crate::cluster::DeviceKind::Cpu;
     let chosen = plan::choose_global_batch(
         &spec,
@@ -287,6 +305,14 @@ pub fn plan(req: PlanRequest) -> Result<(), Failure> {
         let file = PlanFile::new(&spec, &layout.name, &plan, Some(&prediction));
         crate::input::write_json_atomically(path, &file).map_err(|e| Failure::output(path, e))?;
     }
+    let explained: Vec<(usize, Vec<plan::explain::Alternative>)> = explain
+        .iter()
+        .map(|&op| {
+            let alts =
+                plan::explain::alternatives(&spec, &machine, &plan, op, req.max_split, budget);
+            (op, alts)
+        })
+        .collect();
     let blocks = Blocks::of(&spec);
     if req.json {
         let out = PlanOut {
@@ -320,6 +346,10 @@ pub fn plan(req: PlanRequest) -> Result<(), Failure> {
             baselines: baselines
                 .iter()
                 .map(|(b, o)| (b.name(), BaselineOut::of(*b, o)))
+                .collect(),
+            explain: explained
+                .into_iter()
+                .map(|(op, alts)| (spec.ops[op].id.clone(), alts))
                 .collect(),
         };
         print_json(&out);
@@ -377,6 +407,9 @@ pub fn plan(req: PlanRequest) -> Result<(), Failure> {
             ),
             Outcome::Needs(_) => println!("  {:<12}{:>14}", b.name(), "does not fit"),
         }
+    }
+    for (op, alts) in &explained {
+        print_alternatives(&spec, *op, alts);
     }
     if let Some(path) = &req.output {
         println!("\nwrote {}", printable(&path.display().to_string()));
@@ -532,4 +565,38 @@ pub fn evaluate(
         units::bytes(budget)
     );
     Ok(())
+}
+
+/// `plan --explain OP`: the op's every choice, priced as the whole plan with only it changed.
+fn print_alternatives(spec: &ModelSpec, op: usize, alts: &[plan::explain::Alternative]) {
+    println!();
+    println!(
+        "  {} ({}): each choice, the rest of the plan kept",
+        printable(&spec.ops[op].id),
+        spec.ops[op].kind.as_str()
+    );
+    println!(
+        "  {:<12}{:>12}{:>12}{:>12}{:>12}  why not",
+        "choice", "Δ step", "Δ peak", "held", "transient"
+    );
+    for a in alts {
+        let peak = match a.delta_peak_bytes {
+            0 => "±0".to_string(),
+            b if b > 0 => format!("+{}", units::bytes(b as u64)),
+            b => format!("-{}", units::bytes(b.unsigned_abs())),
+        };
+        println!(
+            "  {:<12}{:>12}{:>12}{:>12}{:>12}  {}",
+            a.choice.label(),
+            if a.delta_step_s == 0.0 {
+                "±0".to_string()
+            } else {
+                format!("{:+.2} ms", a.delta_step_s * 1e3)
+            },
+            peak,
+            units::bytes(a.persistent_bytes),
+            units::bytes(a.transient_bytes),
+            a.verdict.text()
+        );
+    }
 }

@@ -596,3 +596,45 @@ fn impossible_efficiencies_and_nic_counts_are_refused_in_one_line() {
         );
     }
 }
+
+#[test]
+fn explain_lists_an_ops_every_choice_priced_in_the_plan() {
+    let out = run_json(&[
+        "plan",
+        "sample-models/gpt2-medium.json",
+        "--layout",
+        "layouts/a100-80gb-8x-nvlink.json",
+        "--budget",
+        "3GiB",
+        "--explain",
+        "h0.mlp.c_fc",
+        "--json",
+    ]);
+    let alts = out["explain"]["h0.mlp.c_fc"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{out}"));
+    // dp, zero1, zero2, zero3 and 2 + 4 + 8 split variants.
+    assert_eq!(alts.len(), 18, "{alts:?}");
+    let chosen: Vec<_> = alts.iter().filter(|a| a["chosen"] == true).collect();
+    assert_eq!(chosen.len(), 1);
+    assert_eq!(chosen[0]["delta_step_s"], 0.0);
+    // The planner is exact: nothing unpinned is faster and fits.
+    assert!(alts.iter().all(|a| a["verdict"] != "pinned"), "{alts:?}");
+    // An unknown op is refused in one line.
+    let bad = osdp()
+        .args([
+            "plan",
+            "sample-models/gpt2-medium.json",
+            "--layout",
+            "layouts/a100-80gb-8x-nvlink.json",
+            "--explain",
+            "h0.nope",
+        ])
+        .assert()
+        .code(2);
+    let err = String::from_utf8_lossy(&bad.get_output().stderr).into_owned();
+    assert!(
+        err.contains("h0.nope") && err.contains("inspect") && err.trim().lines().count() == 1,
+        "{err}"
+    );
+}
