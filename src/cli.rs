@@ -515,34 +515,53 @@ fn show_layout(path: &Path, json: bool) -> Result<(), Failure> {
             );
         }
     }
-    let resolved = crate::cost::Efficiencies::of(&l);
+    // Each efficiency: the layout's own figure, else its GPU generation's, else generic.
+    let e = crate::cost::Efficiencies::of(&l);
     let generation = match d.kind {
         crate::cluster::DeviceKind::Gpu => crate::cluster::known::lookup(&d.model),
         crate::cluster::DeviceKind::Cpu => None,
-    };
-    let resolved = [
-        resolved.matmul,
-        resolved.attention_forward,
-        resolved.attention_backward,
-        resolved.memory,
-    ];
-    for (i, ((name, own), value)) in d.efficiency.figures().into_iter().zip(resolved).enumerate() {
-        let source = match (own, generation) {
-            (Some(f), _) => f.source.clone(),
-            (None, Some(g)) => format!(
-                "{} default: {}",
-                g.efficiency.name,
-                g.efficiency.figures()[i].source
-            ),
-            (None, None) => {
-                "generic default, not fitted to this device (calibrate measures it)".into()
-            }
+    }
+    .map(|g| g.efficiency);
+    let own = &d.efficiency;
+    let percent = |v: f64| format!("{:.0} %", v * 100.0);
+    for (name, value, own, fallback) in [
+        (
+            "matmul",
+            percent(e.matmul),
+            &own.matmul,
+            generation.map(|g| &g.matmul),
+        ),
+        (
+            "matmul half width",
+            format!("{} features", e.matmul_half_width),
+            &own.matmul_half_width,
+            generation.map(|g| &g.matmul_half_width),
+        ),
+        (
+            "attention forward",
+            percent(e.attention_forward),
+            &own.attention_forward,
+            generation.map(|g| &g.attention_forward),
+        ),
+        (
+            "attention backward",
+            percent(e.attention_backward),
+            &own.attention_backward,
+            generation.map(|g| &g.attention_backward),
+        ),
+        (
+            "memory",
+            percent(e.memory),
+            &own.memory,
+            generation.map(|g| &g.memory),
+        ),
+    ] {
+        let source = match (own, fallback, generation) {
+            (Some(f), _, _) => f.source.clone(),
+            (None, Some(f), Some(g)) => format!("{} default: {}", g.name, f.source),
+            _ => "generic default, not fitted to this device (calibrate measures it)".into(),
         };
-        row(
-            &format!("efficiency {}", name.replace('_', " ")),
-            format!("{:.0} %", value * 100.0),
-            &source,
-        );
+        row(&format!("efficiency {name}"), value, &source);
     }
     row(
         "runtime overhead",

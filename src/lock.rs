@@ -252,30 +252,9 @@ fn started_text(ticks: u64) -> String {
     // SAFETY: sysconf only reads a system constant.
     let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
     match boot {
-        Some(boot) if hz > 0 && ticks > 0 => utc(boot + ticks / hz as u64),
+        Some(boot) if hz > 0 && ticks > 0 => crate::units::utc(boot + ticks / hz as u64),
         _ => "at an unknown time".into(),
     }
-}
-
-/// Seconds since the Unix epoch as `YYYY-MM-DD HH:MM:SS UTC` (the proleptic Gregorian
-/// calendar, after Howard Hinnant's `civil_from_days`).
-fn utc(secs: u64) -> String {
-    let (days, day_secs) = ((secs / 86_400) as i64, secs % 86_400);
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02} UTC",
-        day_secs / 3_600,
-        day_secs % 3_600 / 60,
-        day_secs % 60
-    )
 }
 
 fn this_host() -> String {
@@ -287,14 +266,6 @@ fn this_host() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn dates_are_printed_in_utc() {
-        assert_eq!(utc(0), "1970-01-01 00:00:00 UTC");
-        assert_eq!(utc(951_782_400), "2000-02-29 00:00:00 UTC");
-        assert_eq!(utc(1_709_251_199), "2024-02-29 23:59:59 UTC");
-        assert_eq!(utc(1_735_689_600 + 3_723), "2025-01-01 01:02:03 UTC");
-    }
 
     #[test]
     fn a_second_lock_is_refused_with_the_holder_named_and_free_again_after() {

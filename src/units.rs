@@ -72,9 +72,52 @@ pub fn flops(x: f64) -> String {
     format!("{v:.2} {prefix}FLOP")
 }
 
+/// Seconds since the Unix epoch as a UTC calendar date and time: `(year, month, day, hour,
+/// minute, second)` in the proleptic Gregorian calendar (Howard Hinnant's `civil_from_days`).
+pub fn utc_fields(secs: u64) -> (i64, i64, i64, u64, u64, u64) {
+    let (days, day_secs) = ((secs / 86_400) as i64, secs % 86_400);
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    (
+        year,
+        month,
+        day,
+        day_secs / 3_600,
+        day_secs % 3_600 / 60,
+        day_secs % 60,
+    )
+}
+
+/// `YYYY-MM-DD HH:MM:SS UTC`.
+pub fn utc(secs: u64) -> String {
+    let (y, mo, d, h, mi, s) = utc_fields(secs);
+    format!("{y:04}-{mo:02}-{d:02} {h:02}:{mi:02}:{s:02} UTC")
+}
+
+/// RFC 3339 to the second: `YYYY-MM-DDTHH:MM:SSZ`.
+pub fn rfc3339(secs: u64) -> String {
+    let (y, mo, d, h, mi, s) = utc_fields(secs);
+    format!("{y:04}-{mo:02}-{d:02}T{h:02}:{mi:02}:{s:02}Z")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn dates_are_printed_in_utc() {
+        assert_eq!(utc(0), "1970-01-01 00:00:00 UTC");
+        assert_eq!(utc(951_782_400), "2000-02-29 00:00:00 UTC");
+        assert_eq!(utc(1_709_251_199), "2024-02-29 23:59:59 UTC");
+        assert_eq!(rfc3339(1_735_689_600 + 3_723), "2025-01-01T01:02:03Z");
+    }
 
     #[test]
     fn thousands_groups_digits() {

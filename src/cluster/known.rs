@@ -134,17 +134,6 @@ pub const OTHER: Generation = Generation {
     },
 };
 
-impl Generation {
-    pub fn figures(&self) -> [&Sourced; 4] {
-        [
-            &self.matmul,
-            &self.attention_forward,
-            &self.attention_backward,
-            &self.memory,
-        ]
-    }
-}
-
 /// Most specific names first.
 pub const KNOWN_GPUS: &[KnownGpu] = &[
     KnownGpu {

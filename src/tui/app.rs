@@ -54,6 +54,13 @@ pub enum Action {
     Quit,
 }
 
+/// The operator pane: every choice of one op, priced in the plan on screen.
+#[derive(Debug, Clone)]
+pub struct OpDetail {
+    pub op: usize,
+    pub alternatives: Vec<crate::plan::explain::Alternative>,
+}
+
 /// A question waiting for y/n.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Confirm {
@@ -138,8 +145,9 @@ pub struct App {
     pub gpus: GpuView,
     pub history: Vec<VecDeque<u64>>,
     pub show_help: bool,
-    /// The operator whose choices are on screen (Enter on an operator; Enter or Esc closes).
-    pub detail: Option<usize>,
+    /// The operator whose choices are on screen (Enter on an operator; Enter or Esc closes),
+    /// priced once per plan, not per frame.
+    pub detail: Option<OpDetail>,
     /// Show the selected block's graph instead of the frontier chart (short screens).
     pub show_graph: bool,
     pub quit: bool,
@@ -258,17 +266,45 @@ impl App {
                     &r,
                 );
                 self.plan = Some(ready);
+                self.refresh_detail();
             }
+        }
+    }
+
+    /// Price the choices of `op` in the plan on screen (closes the pane when there is none).
+    fn show_detail(&mut self, op: usize) {
+        self.detail = self.planned().map(|p| OpDetail {
+            op,
+            alternatives: crate::plan::explain::alternatives(
+                &self.model,
+                &self.machine,
+                &p.plan,
+                op,
+                self.max_split,
+                self.budget(),
+            ),
+        });
+    }
+
+    /// A new plan arrived: the open pane follows it.
+    fn refresh_detail(&mut self) {
+        if let Some(op) = self.detail.as_ref().map(|d| d.op) {
+            self.show_detail(op);
         }
     }
 
     /// Take what background threads produced.
     pub fn poll_background(&mut self) {
+        let mut arrived = false;
         if let Some(w) = &self.worker {
             while let Ok(ready) = w.rx.try_recv() {
                 self.pending = ready.id != self.next_request;
                 self.plan = Some(ready);
+                arrived = true;
             }
+        }
+        if arrived {
+            self.refresh_detail();
         }
         if let Some(rx) = &self.gpu_rx {
             let events: Vec<GpuEvent> = rx.try_iter().collect();
@@ -633,7 +669,7 @@ impl App {
                 Some(Row::Block(b)) if !self.expanded.remove(&b) => {
                     self.expanded.insert(b);
                 }
-                Some(Row::Op(i)) if self.planned().is_some() => self.detail = Some(i),
+                Some(Row::Op(i)) => self.show_detail(i),
                 _ => {}
             },
         }

@@ -111,8 +111,8 @@ pub fn draw(app: &App, f: &mut Frame) {
         )),
     };
     f.render_widget(Paragraph::new(footer_line), footer);
-    if let Some(op) = app.detail {
-        draw_detail(app, op, f, main);
+    if let Some(d) = &app.detail {
+        draw_detail(app, d, f, main);
     }
     if app.show_help {
         draw_help(f, area);
@@ -121,19 +121,9 @@ pub fn draw(app: &App, f: &mut Frame) {
 
 /// Every choice the selected operator could have, priced as the whole plan with only that op
 /// changed: Δ step time and Δ peak against the plan, and what stops the faster ones.
-fn draw_detail(app: &App, op: usize, f: &mut Frame, area: Rect) {
-    let Some(planned) = app.planned() else {
-        return;
-    };
-    let spec = &app.model.ops[op];
-    let alts = crate::plan::explain::alternatives(
-        &app.model,
-        &app.machine,
-        &planned.plan,
-        op,
-        app.max_split,
-        app.budget(),
-    );
+fn draw_detail(app: &App, detail: &super::app::OpDetail, f: &mut Frame, area: Rect) {
+    let spec = &app.model.ops[detail.op];
+    let alts = &detail.alternatives;
     let w = 104.min(area.width);
     let h = (alts.len() as u16 + 3).min(area.height);
     let r = Rect::new(

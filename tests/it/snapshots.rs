@@ -126,7 +126,7 @@ fn enter_on_an_operator_shows_every_choice_priced() {
     }
     a.update(Action::Toggle);
     assert_eq!(
-        a.detail.map(|i| a.model.ops[i].id.as_str()),
+        a.detail.as_ref().map(|d| a.model.ops[d.op].id.as_str()),
         Some("h0.attn.c_attn")
     );
     let screen = render_text(&a, 120, 40);
