@@ -4,4 +4,4 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/libtorch-env.sh
-cargo test --features train "$@"
+cargo test --workspace --features train "$@"

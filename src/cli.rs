@@ -3,6 +3,7 @@
 //! Exit codes: 0 success, 1 failure while writing output, 2 bad input (unreadable or invalid
 //! files, bad arguments — clap uses 2 for usage errors too).
 
+pub use crate::failure::Failure;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -14,7 +15,7 @@ use crate::text::printable;
 use crate::units;
 
 mod measure;
-mod train;
+pub(crate) mod train;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -303,28 +304,6 @@ enum AttentionArg {
     Flash,
     /// Materialised softmax, as in Korthikanti et al.'s activation formula.
     Eager,
-}
-
-/// A failure with the exit code it maps to.
-pub struct Failure {
-    pub code: u8,
-    pub message: String,
-}
-
-impl Failure {
-    pub fn input(e: impl std::fmt::Display) -> Self {
-        Failure {
-            code: 2,
-            message: e.to_string(),
-        }
-    }
-
-    pub fn output(path: &Path, e: std::io::Error) -> Self {
-        Failure {
-            code: 1,
-            message: format!("{}: cannot write: {e}", path.display()),
-        }
-    }
 }
 
 pub fn main() -> ExitCode {
@@ -754,7 +733,9 @@ fn dashboard(args: DashboardArgs) -> Result<(), Failure> {
             })
             .collect()
     });
-    let budgets = crate::report::per_gpu_budgets(&layout, args.budget, &args.budget_per_gpu, free)?;
+    let budgets =
+        crate::plan::request::per_gpu_budgets(&layout, args.budget, &args.budget_per_gpu, free)
+            .map_err(Failure::input)?;
     let run_dir = args
         .run_dir
         .clone()
@@ -783,7 +764,7 @@ fn dashboard(args: DashboardArgs) -> Result<(), Failure> {
     app.batch = args.batch;
     app.global_batch = global_batch;
     if let Ok(exe) = std::env::current_exe() {
-        let launch = crate::run::LaunchSpec {
+        let launch = crate::supervisor::LaunchSpec {
             exe,
             model: args.model.clone(),
             checkpoint_every: args.checkpoint_every,

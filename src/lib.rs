@@ -1,21 +1,17 @@
 //! osdp-tui: plan and run Optimal Sharded Data Parallel training from a terminal dashboard.
 //!
-//! Data flows one way: model description ([`model`]) and cluster layout ([`cluster`]) → prices →
-//! plan → screen or training run. `model` and `cluster` never touch a GPU or the terminal.
+//! The app crate: the CLI ([`cli`]), the dashboard ([`tui`]), the NVML monitor ([`monitor`])
+//! and the worker supervisor ([`supervisor`]). The model, cluster, prices, planner and run
+//! protocol live in `osdp-core`; the libtorch trainer in `osdp-train` (feature `train`). Both
+//! are re-exported under their old paths so a script or test reads `osdp_tui::plan` as before.
+
+pub use osdp_core::{cluster, cost, input, lock, model, plan, published, run, text, units};
+#[cfg(feature = "train")]
+pub use osdp_train as train;
 
 pub mod cli;
-pub mod cluster;
-pub mod cost;
-pub mod input;
-pub mod lock;
-pub mod model;
+pub mod failure;
 pub mod monitor;
-pub mod plan;
-pub mod published;
 pub mod report;
-pub mod run;
-pub mod text;
-#[cfg(feature = "train")]
-pub mod train;
+pub mod supervisor;
 pub mod tui;
-pub mod units;

@@ -6,9 +6,9 @@ use std::time::Instant;
 
 use serde::Serialize;
 
-use crate::cli::Failure;
 use crate::cluster::{read_layout, Layout};
-use crate::cost::{Choice, Machine, Strategy};
+use crate::cost::{Machine, Strategy};
+use crate::failure::Failure;
 use crate::model::{self, ModelSpec};
 use crate::plan::baseline::{Baseline, Outcome};
 use crate::plan::{self, plan_with_baselines, Blocks, PlanFile, PlanOptions, Planned, Prediction};
@@ -43,78 +43,8 @@ pub fn print_json<T: Serialize>(value: &T) {
     );
 }
 
-/// One budget per GPU of `layout`: `--budget-per-gpu` if given (one per GPU), else `--budget`
-/// for all, else `fallback` (e.g. each local GPU's free memory), else the device's memory.
-pub fn per_gpu_budgets(
-    layout: &Layout,
-    budget: Option<u64>,
-    per_gpu: &[u64],
-    fallback: Option<Vec<u64>>,
-) -> Result<Vec<u64>, Failure> {
-    let ranks = layout.world_size() as usize;
-    if !per_gpu.is_empty() {
-        if per_gpu.len() != ranks {
-            return Err(Failure::input(format!(
-                "--budget-per-gpu lists {} budgets but layout {:?} has {ranks} GPUs",
-                per_gpu.len(),
-                layout.name
-            )));
-        }
-        return Ok(per_gpu.to_vec());
-    }
-    let memory = layout.memory_bytes();
-    Ok(match (budget, fallback) {
-        (Some(b), _) => vec![b; ranks],
-        (None, Some(f)) if f.len() == ranks => f,
-        _ if memory > crate::plan::MAX_BUDGET_BYTES => {
-            return Err(Failure::input(format!(
-                "layout {:?}: device.memory_gib {} is more than the {} per GPU the planner \
-                 takes; give --budget",
-                crate::text::printable(&layout.name),
-                layout.device.memory_gib.value,
-                units::bytes(crate::plan::MAX_BUDGET_BYTES)
-            )))
-        }
-        _ => vec![memory; ranks],
-    })
-}
-
-/// The GPU whose budget binds (the smallest) and that budget.
-pub fn binding(budgets: &[u64]) -> (usize, u64) {
-    budgets
-        .iter()
-        .copied()
-        .enumerate()
-        .min_by_key(|&(_, b)| b)
-        .unwrap_or((0, 0))
-}
-
 /// Exit code when no plan fits the budget.
 pub const EXIT_NO_FIT: u8 = 3;
-
-/// Parse `OP=STRATEGY` into (op index, choice), checking that the op can take it.
-pub fn parse_pin(model: &ModelSpec, pin: &str) -> Result<(usize, Choice), String> {
-    let (op, strategy) = pin.split_once('=').ok_or_else(|| {
-        format!("--pin {pin:?}: expected OP=STRATEGY, e.g. h0.mlp.c_fc=zero3/4:2")
-    })?;
-    let i = model
-        .ops
-        .iter()
-        .position(|o| o.id == op)
-        .ok_or_else(|| format!("--pin {pin:?}: model {:?} has no op {op:?}", model.name))?;
-    let choice = match strategy.split_once('/') {
-        None => Strategy::parse(strategy).map(Choice::plain),
-        Some(("zero3", rest)) => rest.split_once(':').and_then(|(k, m)| {
-            Some(Choice::zero3(k.parse().ok()?, m.parse().ok()?))
-        }),
-        Some(_) => None,
-    }
-    .ok_or_else(|| {
-        format!("--pin {pin:?}: unknown strategy {strategy:?} (none, dp, zero1, zero2, zero3, zero3/K:M)")
-    })?;
-    plan::check_choice(model, i, choice).map_err(|e| format!("--pin {pin:?}: {e}"))?;
-    Ok((i, choice))
-}
 
 /// One baseline in `plan --json`: its best plan's figures, or the budget it would need.
 #[derive(Serialize)]
@@ -228,13 +158,14 @@ fn load(model: &Path, layout: &Path) -> Result<(ModelSpec, Layout), Failure> {
 pub fn plan(req: PlanRequest) -> Result<(), Failure> {
     let (spec, layout) = load(&req.model, &req.layout)?;
     let machine = Machine::new(&layout, &spec);
-    let budgets = per_gpu_budgets(&layout, req.budget, &req.budget_per_gpu, None)?;
-    let (binding_gpu, budget) = binding(&budgets);
+    let budgets = plan::request::per_gpu_budgets(&layout, req.budget, &req.budget_per_gpu, None)
+        .map_err(Failure::input)?;
+    let (binding_gpu, budget) = plan::request::binding(&budgets);
     let binding_gpu = (!req.budget_per_gpu.is_empty()).then_some(binding_gpu);
     let pins = req
         .pins
         .iter()
-        .map(|p| parse_pin(&spec, p))
+        .map(|p| plan::request::parse_pin(&spec, p))
         .collect::<Result<Vec<_>, _>>()
         .map_err(Failure::input)?;
     // Two pins of one op: which should win is the user's call, not the order of flags.
@@ -394,7 +325,7 @@ pub fn plan(req: PlanRequest) -> Result<(), Failure> {
             Outcome::Fits(p) => println!(
                 "  {:<12}{:>14}{:>14.2}{:>12}{:>9.2}×",
                 b.name(),
-                batch_label(&p.prediction),
+                p.prediction.batch_label(),
                 p.prediction.throughput_samples_per_s,
                 units::bytes(p.prediction.peak_memory_bytes),
                 prediction.throughput_samples_per_s / p.prediction.throughput_samples_per_s
@@ -415,15 +346,6 @@ pub fn plan(req: PlanRequest) -> Result<(), Failure> {
         println!("\nwrote {}", printable(&path.display().to_string()));
     }
     Ok(())
-}
-
-/// `8` or, with accumulation, `8×4` (micro-batch × micro-batches per step).
-pub fn batch_label(p: &Prediction) -> String {
-    if p.accumulation > 1 {
-        format!("{}×{}", p.batch_size, p.accumulation)
-    } else {
-        p.batch_size.to_string()
-    }
 }
 
 fn print_prediction(what: &str, p: &Prediction) {

@@ -140,7 +140,7 @@ pub fn calibrate(args: CalibrateArgs) -> Result<(), Failure> {
     use crate::train::calibrate::{self, CalibrateConfig};
 
     if args.device == DeviceArg::Cuda {
-        if tch::Cuda::is_available() {
+        if crate::train::tch::Cuda::is_available() {
             return Err(Failure::input(
                 "calibrate --device cuda: timing the GPU's kernels is not built yet (the GPU \
                  layouts price with datasheet figures); calibrate the CPU with --device cpu",

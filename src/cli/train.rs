@@ -22,7 +22,7 @@ pub enum PrecisionArg {
     Bf16,
 }
 
-#[derive(Debug, Args)]
+#[derive(Debug, Clone, PartialEq, Args)]
 pub struct TrainArgs {
     /// Model description (model.json): GPT-2, OPT or LLaMA family.
     pub model: PathBuf,
@@ -79,6 +79,89 @@ pub struct TrainArgs {
     /// Print the run's summary as JSON at the end.
     #[arg(long)]
     pub json: bool,
+}
+
+impl TrainArgs {
+    /// The command line (after `train`) that parses back to these arguments: how the dashboard
+    /// starts its workers, so a worker runs exactly what the launcher meant and a new option
+    /// cannot be forgotten on one side (the destructuring below names every field).
+    pub fn to_args(&self) -> Vec<std::ffi::OsString> {
+        let TrainArgs {
+            model,
+            plan,
+            world_size,
+            global_batch,
+            device,
+            precision,
+            steps,
+            seed,
+            data,
+            lr,
+            metrics,
+            checkpoint_dir,
+            checkpoint_every,
+            resume,
+            resume_from,
+            json,
+        } = self;
+        fn name(v: impl ValueEnum) -> String {
+            v.to_possible_value()
+                .map(|p| p.get_name().to_owned())
+                .unwrap_or_default()
+        }
+        let mut out: Vec<std::ffi::OsString> = Vec::new();
+        // `--flag=value`, one word: a value that starts with `-` stays a value.
+        let mut opt = |flag: &str, value: Option<std::ffi::OsString>| {
+            if let Some(v) = value {
+                let mut word = std::ffi::OsString::from(format!("{flag}="));
+                word.push(v);
+                out.push(word);
+            }
+        };
+        opt("--plan", Some(plan.into()));
+        opt("--world-size", world_size.map(|n| n.to_string().into()));
+        opt("--global-batch", global_batch.map(|n| n.to_string().into()));
+        opt("--device", Some(name(*device).into()));
+        opt("--precision", precision.map(|p| name(p).into()));
+        opt("--steps", Some(steps.to_string().into()));
+        opt("--seed", seed.map(|n| n.to_string().into()));
+        opt("--data", data.as_ref().map(Into::into));
+        // `{}` of an f64 is the shortest text that reads back to the same value.
+        opt("--lr", Some(lr.to_string().into()));
+        opt("--metrics", metrics.as_ref().map(Into::into));
+        opt("--checkpoint-dir", checkpoint_dir.as_ref().map(Into::into));
+        opt(
+            "--checkpoint-every",
+            Some(checkpoint_every.to_string().into()),
+        );
+        opt("--resume-from", resume_from.as_ref().map(Into::into));
+        if *resume {
+            out.push("--resume".into());
+        }
+        if *json {
+            out.push("--json".into());
+        }
+        // After `--`, a model path that starts with `-` is still the model.
+        out.push("--".into());
+        out.push(model.into());
+        out
+    }
+
+    /// The arguments `train MODEL --plan PLAN` parses to: every other field at the default the
+    /// CLI itself declares.
+    pub fn new(model: PathBuf, plan: PathBuf) -> TrainArgs {
+        #[derive(clap::Parser)]
+        struct Only {
+            #[command(flatten)]
+            args: TrainArgs,
+        }
+        let mut plan_arg = std::ffi::OsString::from("--plan=");
+        plan_arg.push(plan);
+        let argv: [std::ffi::OsString; 4] = ["train".into(), plan_arg, "--".into(), model.into()];
+        <Only as clap::Parser>::try_parse_from(argv)
+            .expect("a model and a plan are all `train` requires")
+            .args
+    }
 }
 
 /// Most ranks a run may have: more GPUs than the largest clusters hold, few enough that
@@ -160,7 +243,7 @@ fn target(
     };
     if args.device == DeviceArg::Cpu {
         return Ok(Target {
-            device: tch::Device::Cpu,
+            device: crate::train::tch::Device::Cpu,
             numerics,
         });
     }
@@ -588,5 +671,101 @@ mod tests {
         let before = std::fs::read_to_string(&path).unwrap();
         assert!(open_metrics(&path, true).is_ok());
         assert_eq!(std::fs::read_to_string(&path).unwrap(), before);
+    }
+}
+
+#[cfg(test)]
+mod command_line {
+    use super::*;
+    use clap::Parser;
+    use proptest::prelude::*;
+
+    fn parse(args: &TrainArgs) -> TrainArgs {
+        let argv = std::iter::once("osdp-tui".into())
+            .chain(std::iter::once("train".into()))
+            .chain(args.to_args());
+        match super::super::Cli::try_parse_from(argv) {
+            Ok(super::super::Cli {
+                command: Some(super::super::Command::Train(parsed)),
+                ..
+            }) => parsed,
+            Ok(_) => panic!("{:?} did not parse as `train`", args.to_args()),
+            Err(e) => panic!("{:?} did not parse: {e}", args.to_args()),
+        }
+    }
+
+    fn path() -> impl Strategy<Value = PathBuf> {
+        prop_oneof![
+            Just("model.json"),
+            Just("-starts-with-a-dash.json"),
+            Just("runs/a b/plan.json"),
+            Just("--resume"),
+            Just("/abs/ünïcode.json"),
+        ]
+        .prop_map(PathBuf::from)
+    }
+
+    fn args() -> impl Strategy<Value = TrainArgs> {
+        (
+            (path(), path(), proptest::option::of(1..=MAX_WORLD_SIZE)),
+            (
+                proptest::option::of(1u64..1 << 20),
+                any::<bool>(),
+                any::<bool>(),
+            ),
+            (0u64..1 << 40, proptest::option::of(any::<u64>())),
+            (proptest::option::of("[a-z./ -]{1,12}"), 1e-12f64..10.0),
+            (proptest::option::of(path()), proptest::option::of(path())),
+            (0u64..1000, 0u8..3, any::<bool>()),
+        )
+            .prop_map(
+                |(
+                    (model, plan, world_size),
+                    (global_batch, cuda, bf16),
+                    (steps, seed),
+                    (data, lr),
+                    (metrics, dir),
+                    (every, resume, json),
+                )| {
+                    TrainArgs {
+                        model,
+                        plan,
+                        world_size,
+                        global_batch,
+                        device: if cuda {
+                            DeviceArg::Cuda
+                        } else {
+                            DeviceArg::Cpu
+                        },
+                        precision: bf16.then_some(PrecisionArg::Bf16),
+                        steps,
+                        seed,
+                        data,
+                        lr,
+                        metrics,
+                        // `--resume` needs a directory; `--resume-from` excludes `--resume`.
+                        checkpoint_dir: dir.clone().or_else(|| (resume == 1).then(|| "ck".into())),
+                        checkpoint_every: every,
+                        resume: resume == 1,
+                        resume_from: (resume == 2).then(|| PathBuf::from("ck/step-00000001")),
+                        json,
+                    }
+                },
+            )
+    }
+
+    proptest! {
+        #[test]
+        fn a_worker_command_line_parses_back_to_the_arguments_it_came_from(a in args()) {
+            prop_assert_eq!(parse(&a), a);
+        }
+    }
+
+    #[test]
+    fn new_takes_every_default_from_the_cli() {
+        let a = TrainArgs::new("m.json".into(), "p.json".into());
+        assert_eq!(parse(&a), a);
+        assert_eq!((a.steps, a.lr, a.device), (100, 1e-3, DeviceArg::Cpu));
+        assert!(a.world_size.is_none() && !a.resume && a.metrics.is_none());
     }
 }

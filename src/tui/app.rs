@@ -76,9 +76,9 @@ pub enum Confirm {
 /// Launching training from the dashboard: where runs go and how workers start.
 pub struct Training {
     /// Worker binary, model file, checkpoint period, hang limit.
-    pub spec: crate::run::LaunchSpec,
+    pub spec: crate::supervisor::LaunchSpec,
     pub dir: crate::run::RunDir,
-    pub run: Option<crate::run::Supervisor>,
+    pub run: Option<crate::supervisor::Supervisor>,
     /// The plan the run uses and its prediction (the screen's may have moved on).
     pub run_plan: Option<Planned>,
     restart_pending: bool,
@@ -86,7 +86,7 @@ pub struct Training {
 }
 
 impl Training {
-    pub fn new(spec: crate::run::LaunchSpec, dir: std::path::PathBuf) -> Training {
+    pub fn new(spec: crate::supervisor::LaunchSpec, dir: std::path::PathBuf) -> Training {
         Training {
             spec,
             dir: crate::run::RunDir(dir),
@@ -404,14 +404,14 @@ impl App {
             peak_memory_bytes: pr.peak_memory_bytes,
             runtime_overhead_bytes: pr.overhead_bytes,
         };
-        let launch = crate::run::Launch {
+        let launch = crate::supervisor::Launch {
             plan_json: &json,
             ranks,
             world_size: world,
             global_batch: planned.plan.batch * planned.plan.accumulation * world as u64,
             predicted: Some(predicted),
         };
-        match crate::run::Supervisor::start(&t.spec, t.dir.clone(), &launch) {
+        match crate::supervisor::Supervisor::start(&t.spec, t.dir.clone(), &launch) {
             Ok(run) => {
                 t.run = Some(run);
                 t.run_plan = Some(planned);
@@ -428,9 +428,9 @@ impl App {
 
     /// How a run of this layout is launched from here: CPU layouts as threads of one worker;
     /// a one-node GPU layout as one process per GPU, when this machine shows that many GPUs.
-    fn gpu_launch(&self) -> Result<crate::run::Ranks, String> {
+    fn gpu_launch(&self) -> Result<crate::supervisor::Ranks, String> {
         if self.layout.device.kind != crate::cluster::DeviceKind::Gpu {
-            return Ok(crate::run::Ranks::CpuThreads);
+            return Ok(crate::supervisor::Ranks::CpuThreads);
         }
         let l = &self.layout;
         if l.nodes > 1 {
@@ -453,7 +453,7 @@ impl App {
                 l.name, l.gpus_per_node
             ));
         }
-        Ok(crate::run::Ranks::GpuProcesses)
+        Ok(crate::supervisor::Ranks::GpuProcesses)
     }
 
     fn stop_run(&mut self) {

@@ -265,7 +265,7 @@ fn draw_header(app: &App, f: &mut Frame, area: Rect) {
                     format!(
                         "global batch {} = {}×{} · ",
                         pr.global_batch,
-                        crate::report::batch_label(pr),
+                        pr.batch_label(),
                         pr.global_batch / (pr.batch_size * pr.accumulation).max(1)
                     )
                 };
@@ -998,7 +998,7 @@ fn versus(
             "{:.2}× {} @ {}",
             pr.throughput_samples_per_s / p.prediction.throughput_samples_per_s,
             b.name(),
-            crate::report::batch_label(&p.prediction)
+            p.prediction.batch_label()
         );
     }
     let needs = baselines

@@ -283,7 +283,7 @@ fn issue_21_a_model_name_cannot_pick_where_runs_are_written() {
     let spec = osdp_tui::model::read_model(&model_path).unwrap();
     let layout = osdp_tui::cluster::read_layout(&crate::root().join("layouts/cpu.json")).unwrap();
     let run_dir = work.join(RunDir::default_for(&spec.name).0);
-    let launch = osdp_tui::run::LaunchSpec {
+    let launch = osdp_tui::supervisor::LaunchSpec {
         exe: assert_cmd::cargo::cargo_bin("osdp-tui"),
         model: model_path,
         checkpoint_every: 3,

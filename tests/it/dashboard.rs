@@ -195,7 +195,7 @@ fn gpu_memory_history_is_drawn_as_a_sparkline() {
 fn fake_worker(dir: &std::path::Path, lines: &[&str], tail: &str) -> std::path::PathBuf {
     let script = dir.join("worker.sh");
     let mut body = String::from(
-        "#!/bin/sh\nwhile [ $# -gt 0 ]; do [ \"$1\" = --metrics ] && metrics=$2; shift; done\n",
+        "#!/bin/sh\nwhile [ $# -gt 0 ]; do case \"$1\" in --metrics=*) metrics=${1#--metrics=};; esac; shift; done\n",
     );
     for l in lines {
         body.push_str(&format!("echo '{l}' >> \"$metrics\"\n"));
@@ -208,7 +208,8 @@ fn fake_worker(dir: &std::path::Path, lines: &[&str], tail: &str) -> std::path::
 }
 
 fn failed_run(worker_lines: &[&str], tail: &str, hang_after_s: u64) -> (String, String) {
-    use osdp_tui::run::{LaunchSpec, RunState};
+    use osdp_tui::run::RunState;
+    use osdp_tui::supervisor::LaunchSpec;
     let dir = tempfile::tempdir().unwrap();
     let exe = fake_worker(dir.path(), worker_lines, tail);
     let mut a = app("tiny-gpt2", "cpu", GIB);
@@ -239,7 +240,7 @@ const STARTED: &str = r#"{"event":"started","model":"gpt2","world_size":8,"globa
 #[test]
 fn a_gpu_layout_whose_gpus_are_not_here_starts_nothing_and_says_why() {
     let dir = tempfile::tempdir().unwrap();
-    let launch = osdp_tui::run::LaunchSpec {
+    let launch = osdp_tui::supervisor::LaunchSpec {
         exe: fake_worker(dir.path(), &[], "exit 0\n"),
         model: root().join("sample-models/gpt2.json"),
         checkpoint_every: 10,
@@ -265,7 +266,8 @@ fn a_gpu_layout_whose_gpus_are_not_here_starts_nothing_and_says_why() {
 /// one of them dies the others are stopped and the run shows the failure.
 #[test]
 fn gpu_ranks_are_one_process_each_and_one_failing_ends_the_run() {
-    use osdp_tui::run::{Launch, LaunchSpec, Ranks, RunDir, RunState, Supervisor};
+    use osdp_tui::run::{RunDir, RunState};
+    use osdp_tui::supervisor::{Launch, LaunchSpec, Ranks, Supervisor};
     let dir = tempfile::tempdir().unwrap();
     let seen = dir.path().join("seen");
     let tail = format!(
@@ -277,8 +279,8 @@ fn gpu_ranks_are_one_process_each_and_one_failing_ends_the_run() {
     // The fake worker keeps its arguments for the record line.
     let exe = fake_worker(dir.path(), &[], "");
     let body = std::fs::read_to_string(&exe).unwrap().replace(
-        "while [ $# -gt 0 ]; do [ \"$1\" = --metrics ] && metrics=$2; shift; done\n",
-        "args=\"$*\"\nwhile [ $# -gt 0 ]; do [ \"$1\" = --metrics ] && metrics=$2; shift; done\nset -- $args\n",
+        "while [ $# -gt 0 ]; do case \"$1\" in --metrics=*) metrics=${1#--metrics=};; esac; shift; done\n",
+        "args=\"$*\"\nwhile [ $# -gt 0 ]; do case \"$1\" in --metrics=*) metrics=${1#--metrics=};; esac; shift; done\nset -- $args\n",
     );
     std::fs::write(&exe, body + &tail).unwrap();
     let spec = LaunchSpec {
@@ -325,7 +327,7 @@ fn gpu_ranks_are_one_process_each_and_one_failing_ends_the_run() {
             line.contains(port),
             "every rank meets at the same address: {seen}"
         );
-        assert!(line.contains("--device cuda"), "{line}");
+        assert!(line.contains("--device=cuda"), "{line}");
         assert!(!line.contains("--world-size"), "{line}");
     }
 }

@@ -6,7 +6,8 @@ use std::time::{Duration, Instant};
 use crossterm::event::{KeyCode, KeyModifiers};
 use osdp_tui::cluster::read_layout;
 use osdp_tui::model::read_model;
-use osdp_tui::run::{LaunchSpec, RunState};
+use osdp_tui::run::RunState;
+use osdp_tui::supervisor::LaunchSpec;
 use osdp_tui::tui::app::{App, Training};
 use osdp_tui::tui::{action_for, render_text};
 
@@ -53,7 +54,7 @@ fn run_until(app: &mut App, what: &str, done: impl Fn(&App) -> bool) -> String {
     }
 }
 
-fn run(app: &App) -> &osdp_tui::run::Supervisor {
+fn run(app: &App) -> &osdp_tui::supervisor::Supervisor {
     app.training.as_ref().unwrap().run.as_ref().expect("a run")
 }
 

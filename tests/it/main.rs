@@ -22,6 +22,7 @@ mod roundtrip;
 mod snapshots;
 #[cfg(feature = "train")]
 mod train;
+mod workspace;
 
 use std::path::{Path, PathBuf};
 

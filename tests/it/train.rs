@@ -8,8 +8,8 @@ use osdp_tui::cost::{self, Choice, Strategy};
 use osdp_tui::model::{self, ModelSpec, OpKind};
 use osdp_tui::plan::{Plan, PlanFile};
 use osdp_tui::train::exec::{Numerics, OptimConfig, Target};
+use osdp_tui::train::tch::{self, Tensor};
 use osdp_tui::train::{self, data, TrainConfig, TrainSummary};
-use tch::Tensor;
 
 use super::{osdp, root, stdout_ok};
 

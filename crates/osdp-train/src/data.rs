@@ -5,7 +5,7 @@
 //! and a resumed run continues exactly where the checkpoint's step left off.
 
 /// The built-in corpus (public domain; see `data/README.md`).
-pub const SHAKESPEARE: &[u8] = include_bytes!("../../data/shakespeare.txt");
+pub const SHAKESPEARE: &[u8] = include_bytes!("../../../data/shakespeare.txt");
 
 /// Where tokens come from.
 #[derive(Debug, Clone)]

@@ -1,7 +1,7 @@
 //! Checkpoints independent of the plan: each rank writes the regions of parameters and AdamW
 //! moments it owns to its own safetensors file; a manifest lists the files, exactly one per rank,
-//! with their sizes and CRC-32s, and carries a CRC-32 of its own content. A tensor's key names its region (`op.param|state|cols|flat_start:len`), so loading
-//! reassembles every full parameter and any plan at any world size can take its share.
+//! with their sizes and CRC-32s, and carries a CRC-32 of its own content. A tensor's key names its region ([`RegionKey`]:
+//! `op.param|state|cols|flat_start:len`), so loading reassembles every full parameter and any plan at any world size can take its share.
 //!
 //! Writing is atomic: files go to a `.tmp-…` directory, are fsynced, the directory is renamed to
 //! `step-NNNNNNNN`, and only then does `latest` point at it. A process killed mid-write leaves the
@@ -28,6 +28,78 @@ const MANIFEST: &str = "manifest.json";
 const LATEST: &str = "latest.json";
 /// Complete checkpoints kept in a directory; older ones are removed after a new one lands.
 const KEEP: usize = 2;
+
+/// Which of a parameter's three saved values a region holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Saved {
+    Param,
+    ExpAvg,
+    ExpAvgSq,
+}
+
+impl Saved {
+    pub const ALL: [Saved; 3] = [Saved::Param, Saved::ExpAvg, Saved::ExpAvgSq];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Saved::Param => "param",
+            Saved::ExpAvg => "exp_avg",
+            Saved::ExpAvgSq => "exp_avg_sq",
+        }
+    }
+
+    fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// The key of one saved tensor: a contiguous run of a parameter's (or a column slice's)
+/// flattened values, written `op.param|state|cols|flat_start:len` with `cols` either `-` (the
+/// whole parameter) or `start:len` (columns of a 2-D weight split by columns). The executor
+/// writes keys with `to_string` and the loader reads them with `parse`: the format has this
+/// one home.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RegionKey {
+    pub param: String,
+    pub saved: Saved,
+    pub cols: Option<(i64, i64)>,
+    pub flat: (i64, i64),
+}
+
+impl std::fmt::Display for RegionKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}|{}|", self.param, self.saved.as_str())?;
+        match self.cols {
+            Some((s, l)) => write!(f, "{s}:{l}")?,
+            None => f.write_str("-")?,
+        }
+        write!(f, "|{}:{}", self.flat.0, self.flat.1)
+    }
+}
+
+impl RegionKey {
+    /// Parse a key; `None` for anything that is not one (a negative or empty range included).
+    pub fn parse(key: &str) -> Option<RegionKey> {
+        let parts: Vec<&str> = key.split('|').collect();
+        let [param, saved, cols, flat] = parts.as_slice() else {
+            return None;
+        };
+        let range = |s: &str| -> Option<(i64, i64)> {
+            let (a, b) = s.split_once(':')?;
+            let (a, b) = (a.parse().ok()?, b.parse().ok()?);
+            (a >= 0 && b > 0).then_some((a, b))
+        };
+        Some(RegionKey {
+            param: param.to_string(),
+            saved: Saved::ALL.into_iter().find(|s| s.as_str() == *saved)?,
+            cols: match *cols {
+                "-" => None,
+                c => Some(range(c)?),
+            },
+            flat: range(flat)?,
+        })
+    }
+}
 
 #[derive(Debug, thiserror::Error)]
 #[error("checkpoint {}: {problem}", path.display())]
@@ -99,7 +171,7 @@ impl Manifest {
             let Some(rank) = rank else {
                 return Err(format!(
                     "lists {:?}, which is not a rank file of a {world}-rank checkpoint",
-                    crate::text::printable(&f.name)
+                    osdp_core::text::printable(&f.name)
                 ));
             };
             if std::mem::replace(&mut seen[rank], true) {
@@ -212,7 +284,7 @@ pub fn commit(root: &Path, tmp: &Path, mut manifest: Manifest) -> Result<PathBuf
     manifest.version = CHECKPOINT_FORMAT_VERSION;
     manifest.manifest_crc32 = Some(manifest.checksum());
     let mpath = tmp.join(MANIFEST);
-    crate::input::write_json_atomically(&mpath, &manifest)
+    osdp_core::input::write_json_atomically(&mpath, &manifest)
         .map_err(|e| err(&mpath, e.to_string()))?;
     sync_dir(tmp);
     let dir_name = step_dir_name(manifest.step);
@@ -228,7 +300,8 @@ pub fn commit(root: &Path, tmp: &Path, mut manifest: Manifest) -> Result<PathBuf
         step: manifest.step,
     };
     let lpath = root.join(LATEST);
-    crate::input::write_json_atomically(&lpath, &latest).map_err(|e| err(&lpath, e.to_string()))?;
+    osdp_core::input::write_json_atomically(&lpath, &latest)
+        .map_err(|e| err(&lpath, e.to_string()))?;
     sync_dir(root);
     prune(root, manifest.step);
     Ok(dest)
@@ -266,7 +339,7 @@ pub fn latest(root: &Path) -> Result<Option<PathBuf>, CheckpointError> {
     if !lpath.exists() {
         return Ok(None);
     }
-    let l: Latest = crate::input::read_strict(&lpath, LATEST_FORMAT_VERSION)
+    let l: Latest = osdp_core::input::read_strict(&lpath, LATEST_FORMAT_VERSION)
         .map_err(|e| err(&lpath, e.to_string()))?;
     if l.checkpoint.contains('/') || l.checkpoint.contains("..") {
         return Err(err(
@@ -340,7 +413,7 @@ pub fn verify(dir: &Path) -> Result<Manifest, CheckpointError> {
 
 /// The manifest at `path`, in any format version this build reads.
 fn read_manifest(path: &Path) -> Result<Manifest, CheckpointError> {
-    let text = crate::input::read_text(path, crate::input::MAX_INPUT_BYTES)
+    let text = osdp_core::input::read_text(path, osdp_core::input::MAX_INPUT_BYTES)
         .map_err(|e| err(path, e.to_string()))?;
     #[derive(Deserialize)]
     struct VersionOnly {
@@ -353,7 +426,7 @@ fn read_manifest(path: &Path) -> Result<Manifest, CheckpointError> {
         .map(|v| v.version)
         .filter(|v| READABLE_VERSIONS.contains(v))
         .unwrap_or(CHECKPOINT_FORMAT_VERSION);
-    crate::input::parse_strict(path, &text, version).map_err(|e| err(path, e.to_string()))
+    osdp_core::input::parse_strict(path, &text, version).map_err(|e| err(path, e.to_string()))
 }
 
 /// Verify and load a checkpoint: every parameter's full value and AdamW moments.
@@ -367,7 +440,7 @@ pub fn load(dir: &Path) -> Result<(Manifest, HashMap<String, FullState>), Checkp
             (k.clone(), [z(), z(), z()])
         })
         .collect();
-    let mut covered: HashMap<(String, String), i64> = HashMap::new();
+    let mut covered: HashMap<(String, Saved), i64> = HashMap::new();
     for f in &m.files {
         let path = dir.join(&f.name);
         let tensors = Tensor::read_safetensors(&path).map_err(|e| err(&path, e.to_string()))?;
@@ -378,40 +451,27 @@ pub fn load(dir: &Path) -> Result<(Manifest, HashMap<String, FullState>), Checkp
                     format!("holds a tensor with an unreadable key {key:?}"),
                 )
             };
-            let parts: Vec<&str> = key.split('|').collect();
-            let [param, state, cols, flat] = parts.as_slice() else {
-                return Err(bad());
-            };
-            let target = full.get_mut(*param).ok_or_else(|| {
+            let region = RegionKey::parse(&key).ok_or_else(bad)?;
+            let target = full.get_mut(&region.param).ok_or_else(|| {
                 err(
                     &path,
-                    format!("holds {param:?}, which the manifest does not list"),
+                    format!("holds {:?}, which the manifest does not list", region.param),
                 )
             })?;
-            let dest = match *state {
-                "param" => &mut target[0],
-                "exp_avg" => &mut target[1],
-                "exp_avg_sq" => &mut target[2],
-                _ => return Err(bad()),
-            };
-            let parse_range = |s: &str| -> Option<(i64, i64)> {
-                let (a, b) = s.split_once(':')?;
-                Some((a.parse().ok()?, b.parse().ok()?))
-            };
-            let block = match *cols {
-                "-" => dest.shallow_clone(),
-                c => {
-                    let (s, l) = parse_range(c).ok_or_else(bad)?;
+            let dest = &mut target[region.saved.index()];
+            let block = match region.cols {
+                None => dest.shallow_clone(),
+                Some((s, l)) => {
                     let width = *dest.size().get(1).unwrap_or(&0);
-                    if dest.dim() != 2 || s < 0 || l <= 0 || s + l > width {
+                    if dest.dim() != 2 || s + l > width {
                         return Err(bad());
                     }
                     dest.narrow(1, s, l)
                 }
             };
-            let (start, len) = parse_range(flat).ok_or_else(bad)?;
+            let (start, len) = region.flat;
             let numel = block.numel() as i64;
-            if start < 0 || len <= 0 || start + len > numel || t.numel() as i64 != len {
+            if start + len > numel || t.numel() as i64 != len {
                 return Err(bad());
             }
             let flat_block = block.contiguous().reshape([-1]);
@@ -420,22 +480,20 @@ pub fn load(dir: &Path) -> Result<(Manifest, HashMap<String, FullState>), Checkp
                 .copy_(&t.reshape([-1]).to_kind(tch::Kind::Float));
             let mut block = block;
             block.copy_(&flat_block.reshape(block.size().as_slice()));
-            *covered
-                .entry((param.to_string(), state.to_string()))
-                .or_default() += len;
+            *covered.entry((region.param, region.saved)).or_default() += len;
         }
     }
     for (k, shape) in &m.params {
         let numel: i64 = shape.iter().product();
-        for state in ["param", "exp_avg", "exp_avg_sq"] {
-            let got = covered
-                .get(&(k.clone(), state.to_string()))
-                .copied()
-                .unwrap_or(0);
+        for saved in Saved::ALL {
+            let got = covered.get(&(k.clone(), saved)).copied().unwrap_or(0);
             if got != numel {
                 return Err(err(
                     dir,
-                    format!("covers {got} of {numel} values of {k} ({state}): files are missing"),
+                    format!(
+                        "covers {got} of {numel} values of {k} ({}): files are missing",
+                        saved.as_str()
+                    ),
                 ));
             }
         }
@@ -454,4 +512,57 @@ pub fn load(dir: &Path) -> Result<(Manifest, HashMap<String, FullState>), Checkp
         })
         .collect();
     Ok((m, host))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_region_key_reads_back_as_written() {
+        for key in [
+            RegionKey {
+                param: "h0.attn.c_attn.weight".into(),
+                saved: Saved::ExpAvgSq,
+                cols: Some((64, 32)),
+                flat: (0, 2048),
+            },
+            RegionKey {
+                param: "wte.weight".into(),
+                saved: Saved::Param,
+                cols: None,
+                flat: (96, 1),
+            },
+        ] {
+            let text = key.to_string();
+            assert_eq!(RegionKey::parse(&text), Some(key), "{text}");
+        }
+        assert_eq!(
+            RegionKey {
+                param: "ln_f.bias".into(),
+                saved: Saved::ExpAvg,
+                cols: None,
+                flat: (3, 5),
+            }
+            .to_string(),
+            "ln_f.bias|exp_avg|-|3:5"
+        );
+    }
+
+    #[test]
+    fn a_key_that_is_not_a_region_is_refused() {
+        for bad in [
+            "",
+            "w|param|-",
+            "w|param|-|0:4|extra",
+            "w|momentum|-|0:4",
+            "w|param|-|0:0",
+            "w|param|-|-1:4",
+            "w|param|x|0:4",
+            "w|param|0:-3|0:4",
+            "w|param|-|04",
+        ] {
+            assert_eq!(RegionKey::parse(bad), None, "{bad:?}");
+        }
+    }
 }

@@ -137,7 +137,7 @@ mod tests {
 
     #[test]
     fn the_plans_choice_is_listed_and_nothing_faster_fits_unpinned() {
-        let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
         let model = read_model(&root.join("sample-models/gpt2-medium.json")).unwrap();
         let layout = read_layout(&root.join("layouts/a100-80gb-8x-nvlink.json")).unwrap();
         let m = Machine::new(&layout, &model);

@@ -1300,6 +1300,7 @@ mod tests {
         // tiny-llama's activations are gated, tiny-gpt2's plain.
         for name in ["tiny-llama", "tiny-gpt2"] {
             let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("../..")
                 .join(format!("sample-models/{name}.json"));
             let mut model = crate::model::read_model(&path).unwrap();
             for act in [
@@ -1436,6 +1437,7 @@ mod tests {
 
     fn sample(name: &str) -> ModelSpec {
         let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../..")
             .join(format!("sample-models/{name}.json"));
         crate::model::read_model(&path).unwrap()
     }

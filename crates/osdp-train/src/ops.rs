@@ -4,7 +4,7 @@
 
 use tch::{Kind, Tensor};
 
-use crate::model::Activation;
+use osdp_core::model::Activation;
 
 /// `y = x Wᵀ` for one column slice of a linear's weight (`x` narrowed to the same columns).
 pub fn linear_fwd(x: &Tensor, w: &Tensor) -> Tensor {

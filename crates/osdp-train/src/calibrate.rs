@@ -15,12 +15,12 @@ use super::exec::Profile;
 use super::exec::{adamw_update, OptimConfig};
 use super::measure::{measure_plan, median, on_rank_threads, threads_per_rank, StepSample};
 use super::TrainError;
-use crate::cluster::calibration::{
+use osdp_core::cluster::calibration::{
     fit_ring, Calibration, CollectivePoint, CurvePoint, OptimizerPoint,
 };
-use crate::cluster::{DeviceKind, Figure, Layout, LinkKind, LinkSpec};
-use crate::cost::{self, Machine, Strategy};
-use crate::model::ModelSpec;
+use osdp_core::cluster::{DeviceKind, Figure, Layout, LinkKind, LinkSpec};
+use osdp_core::cost::{self, Machine, Strategy};
+use osdp_core::model::ModelSpec;
 
 /// GPT-2- and LLaMA-shaped models small enough to time at many micro-batches: between them
 /// every operator kind the trainer runs, at the widths small models use.
@@ -45,11 +45,11 @@ pub fn generic_models() -> Vec<ModelSpec> {
     GENERIC_MODELS
         .iter()
         .filter_map(|(name, config)| {
-            let opts = crate::model::hf::ImportOptions {
+            let opts = osdp_core::model::hf::ImportOptions {
                 name: Some((*name).to_string()),
                 ..Default::default()
             };
-            crate::model::hf::import_str(Path::new(name), config, &opts).ok()
+            osdp_core::model::hf::import_str(Path::new(name), config, &opts).ok()
         })
         .collect()
 }
@@ -94,7 +94,7 @@ pub fn calibrate(cfg: &CalibrateConfig, progress: Progress<'_>) -> Result<Layout
                 done / total,
                 &format!("kernels: {} at micro-batch {batch}", model.name),
             );
-            let plan = crate::plan::uniform_plan(model, Strategy::Dp, batch);
+            let plan = osdp_core::plan::uniform_plan(model, Strategy::Dp, batch);
             let samples = measure_plan(model, &plan, ranks, 1, cfg.steps, |_| {})?;
             let mut slowest = 0.0f64;
             for (i, op) in model.ops.iter().enumerate() {
@@ -135,7 +135,7 @@ pub fn calibrate(cfg: &CalibrateConfig, progress: Progress<'_>) -> Result<Layout
             &format!("collectives: {} under ZeRO-3", model.name),
         );
         if ranks > 1 {
-            let plan = crate::plan::uniform_plan(model, Strategy::Zero3, 1);
+            let plan = osdp_core::plan::uniform_plan(model, Strategy::Zero3, 1);
             for s in measure_plan(model, &plan, ranks, 1, cfg.steps, |_| {})? {
                 for p in &s.profiles {
                     calls.extend_from_slice(&p.collectives);
@@ -233,7 +233,7 @@ pub fn calibrate(cfg: &CalibrateConfig, progress: Progress<'_>) -> Result<Layout
         cpu_steal_fraction: None,
         collectives,
     });
-    crate::cluster::validate_layout(&layout)
+    osdp_core::cluster::validate_layout(&layout)
         .map_err(|p| TrainError::Invalid(format!("the measured layout is not valid: {p}")))?;
     progress(
         1.0,
@@ -277,7 +277,7 @@ fn time_split_linears(
     let mut points = Vec::new();
     for &batch in ladder.iter().filter(|b| [1, 4, 16].contains(*b)) {
         let bases = graph.bases(model, &machine, batch);
-        let mut plan = crate::plan::uniform_plan(model, Strategy::Zero3, batch);
+        let mut plan = osdp_core::plan::uniform_plan(model, Strategy::Zero3, batch);
         let splits: Vec<usize> = (0..bases.len())
             .filter(|&i| cost::choices(&bases[i], SPLIT).contains(&split))
             .collect();
@@ -333,7 +333,7 @@ fn fold_points(mut pts: Vec<CurvePoint>) -> Vec<CurvePoint> {
         group.push(p);
     }
     flush(&mut group, &mut out);
-    out.truncate(crate::cluster::calibration::MAX_POINTS);
+    out.truncate(osdp_core::cluster::calibration::MAX_POINTS);
     out
 }
 
@@ -443,7 +443,7 @@ fn bin_collectives(mut calls: Vec<(f64, f64)>) -> Vec<CollectivePoint> {
         });
         i = j;
     }
-    out.truncate(crate::cluster::calibration::MAX_POINTS);
+    out.truncate(osdp_core::cluster::calibration::MAX_POINTS);
     out
 }
 
@@ -472,13 +472,13 @@ pub fn now_utc() -> String {
     let secs = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
-    crate::units::rfc3339(secs)
+    osdp_core::units::rfc3339(secs)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::OpKind;
+    use osdp_core::model::OpKind;
 
     #[test]
     fn points_of_the_same_size_merge_and_work_strictly_increases() {

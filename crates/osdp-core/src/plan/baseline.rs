@@ -244,7 +244,7 @@ mod tests {
     use std::path::Path;
 
     fn setup(model: &str, layout: &str) -> (ModelSpec, Machine) {
-        let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
         let model = read_model(&root.join(format!("sample-models/{model}.json"))).unwrap();
         let layout = read_layout(&root.join(format!("layouts/{layout}.json"))).unwrap();
         let m = Machine::new(&layout, &model);

@@ -15,6 +15,9 @@ pub mod memory;
 pub mod ops;
 pub mod tcp;
 
+/// The libtorch binding the trainer is built on, for the app's few direct uses (devices).
+pub use tch;
+
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
@@ -22,11 +25,11 @@ use std::time::Instant;
 
 use tch::Tensor;
 
-use crate::model::ModelSpec;
-use crate::plan::Plan;
-use crate::run::WorkerEvent;
 use collective::{Collective, LocalGroup};
 use exec::{Executor, Init, OptimConfig, Target};
+use osdp_core::model::ModelSpec;
+use osdp_core::plan::Plan;
+use osdp_core::run::WorkerEvent;
 
 /// Keep freed tensor memory inside the process rather than handing it back to the kernel after
 /// every op. The CPU trainer allocates and frees the same buffers (gathered weights, padded
@@ -154,7 +157,7 @@ pub fn run(
     let restored = match &cfg.resume_from {
         Some(dir) => {
             let (manifest, params) = checkpoint::load(dir)?;
-            let fp = crate::plan::fingerprint(&cfg.model);
+            let fp = osdp_core::plan::fingerprint(&cfg.model);
             if manifest.model_fingerprint != fp {
                 return Err(TrainError::Invalid(format!(
                     "checkpoint {} is of model {:?}, not {:?} (the operator graphs differ)",
@@ -335,7 +338,7 @@ fn terms(cfg: &TrainConfig, first_step: u64) -> tcp::Terms {
     };
     // The plan as its file would hold it, without the informational layout and figures: two
     // copies of one plan agree whatever their formatting.
-    let plan = crate::plan::PlanFile::new(&cfg.model, "", &cfg.plan, None);
+    let plan = osdp_core::plan::PlanFile::new(&cfg.model, "", &cfg.plan, None);
     let plan = format!(
         "{:08x}",
         crc32fast::hash(&serde_json::to_vec(&plan).unwrap_or_default())
@@ -343,12 +346,12 @@ fn terms(cfg: &TrainConfig, first_step: u64) -> tcp::Terms {
     let accumulation = accumulation(cfg.global_batch, cfg.world_size, cfg.plan.batch)
         .map_or_else(|e| e, |a| a.to_string());
     tcp::Terms::default()
-        .with("model", crate::plan::fingerprint(&cfg.model))
+        .with("model", osdp_core::plan::fingerprint(&cfg.model))
         .with("plan", plan)
         .with("world size", cfg.world_size)
         .with("device", device_label(cfg.target))
         .with("seed", cfg.seed)
-        .with("data", crate::text::printable(cfg.source.label()))
+        .with("data", osdp_core::text::printable(cfg.source.label()))
         .with("data checksum", data)
         .with("global batch", cfg.global_batch)
         .with("accumulation", accumulation)
@@ -598,7 +601,7 @@ fn save(
         let manifest = checkpoint::Manifest {
             version: checkpoint::CHECKPOINT_FORMAT_VERSION,
             model: cfg.model.name.clone(),
-            model_fingerprint: crate::plan::fingerprint(&cfg.model),
+            model_fingerprint: osdp_core::plan::fingerprint(&cfg.model),
             step,
             seed: cfg.seed,
             global_batch: cfg.global_batch,
@@ -613,7 +616,12 @@ fn save(
                     op.params
                         .iter()
                         .filter(|p| p.tied_to.is_none())
-                        .map(move |p| (crate::model::param_key(&op.id, &p.name), p.shape.clone()))
+                        .map(move |p| {
+                            (
+                                osdp_core::model::param_key(&op.id, &p.name),
+                                p.shape.clone(),
+                            )
+                        })
                 })
                 .collect(),
             manifest_crc32: None,

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-use crate::run::RUN_TOKEN_VAR;
+use osdp_core::run::RUN_TOKEN_VAR;
 
 const MAGIC: u32 = 0x05D9_7C01;
 /// Version of the join handshake: a rank of a build that speaks another is refused by name.
@@ -224,7 +224,7 @@ impl Terms {
 /// A value another process sent, as it may be printed: no control characters, not too long.
 fn shown(v: &str) -> String {
     const MOST: usize = 120;
-    let v = crate::text::printable(v);
+    let v = osdp_core::text::printable(v);
     match v.char_indices().nth(MOST) {
         Some((cut, _)) => format!("{}…", &v[..cut]),
         None => v.into_owned(),
@@ -674,8 +674,8 @@ mod tests {
     use tch::Tensor;
 
     use super::*;
-    use crate::train::collective::Collective;
-    use crate::train::tcp::TcpGroup;
+    use crate::collective::Collective;
+    use crate::tcp::TcpGroup;
 
     fn free_port() -> u16 {
         TcpListener::bind("127.0.0.1:0")

@@ -22,7 +22,7 @@ pub enum Category {
 const CATEGORIES: usize = 7;
 
 /// Bytes by category: the protocol's type, so a worker reports exactly what it counted.
-pub use crate::run::MemoryBreakdown as Breakdown;
+pub use osdp_core::run::MemoryBreakdown as Breakdown;
 
 fn from_array(a: &[u64; CATEGORIES]) -> Breakdown {
     Breakdown {

@@ -6,6 +6,7 @@ pub mod baseline;
 pub mod explain;
 mod file;
 mod frontier;
+pub mod request;
 mod search;
 
 pub use baseline::plan_with_baselines;
@@ -91,6 +92,17 @@ pub struct Prediction {
     pub step_overhead_s: f64,
     /// Per op: memory it holds (persistent + kept activations) and time it adds.
     pub ops: Vec<OpFigures>,
+}
+
+impl Prediction {
+    /// `8` or, with accumulation, `8×4` (micro-batch × micro-batches per step).
+    pub fn batch_label(&self) -> String {
+        if self.accumulation > 1 {
+            format!("{}×{}", self.batch_size, self.accumulation)
+        } else {
+            self.batch_size.to_string()
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -422,7 +434,7 @@ mod tests {
     use std::path::Path;
 
     fn setup() -> (ModelSpec, Machine) {
-        let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
         let model = read_model(&root.join("sample-models/gpt2.json")).unwrap();
         let layout = read_layout(&root.join("layouts/a100-80gb-8x-nvlink.json")).unwrap();
         let m = Machine::new(&layout, &model);

@@ -8,8 +8,8 @@ use super::data::{Sampler, Source};
 use super::exec::{Executor, Init, OptimConfig, Profile};
 use super::memory::Breakdown;
 use super::TrainError;
-use crate::model::ModelSpec;
-use crate::plan::Plan;
+use osdp_core::model::ModelSpec;
+use osdp_core::plan::Plan;
 
 /// One measured step.
 #[derive(Debug, Clone)]

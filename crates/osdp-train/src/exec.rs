@@ -9,13 +9,14 @@ use std::time::Instant;
 
 use tch::{Device, Kind, Tensor};
 
+use super::checkpoint::{RegionKey, Saved};
 use super::collective::{Aborted, Collective};
 use super::data::{Batch, SplitMix};
 use super::memory::{Category, Ledger};
 use super::ops::{self, AttentionShape};
-use crate::cost::{self, Holding};
-use crate::model::{Activation, AttentionImpl, ModelConfig, ModelSpec, OpKind, Positional};
-use crate::plan::{Blocks, Plan};
+use osdp_core::cost::{self, Holding};
+use osdp_core::model::{Activation, AttentionImpl, ModelConfig, ModelSpec, OpKind, Positional};
+use osdp_core::plan::{Blocks, Plan};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ExecError {
@@ -287,7 +288,7 @@ pub struct StepOutcome {
 /// Whether the executor can run `plan` on `model`; says why not. Cheap: no tensors.
 pub fn check_runnable(model: &ModelSpec, plan: &Plan) -> Result<()> {
     let c = &model.config;
-    if model.family == crate::model::Family::Bert || !c.causal {
+    if model.family == osdp_core::model::Family::Bert || !c.causal {
         return Err(ExecError::Unsupported(
             "masked-language (encoder) models; the trainer runs causal LMs (GPT-2, OPT, LLaMA families)".into(),
         ));
@@ -355,7 +356,7 @@ pub fn check_runnable(model: &ModelSpec, plan: &Plan) -> Result<()> {
 
 fn init_values(seed: u64, key: &str, shape: &[i64]) -> Vec<f32> {
     let numel: i64 = shape.iter().product();
-    let name = crate::model::split_param_key(key).map_or("", |(_, name)| name);
+    let name = osdp_core::model::split_param_key(key).map_or("", |(_, name)| name);
     if name == "bias" {
         return vec![0.0; numel as usize];
     }
@@ -437,7 +438,7 @@ impl Executor {
                 if param.tied_to.is_some() {
                     continue;
                 }
-                let key = crate::model::param_key(&op.id, &param.name);
+                let key = osdp_core::model::param_key(&op.id, &param.name);
                 if key.contains('|') {
                     return Err(ExecError::Unsupported(format!(
                         "parameter name {key:?} contains '|'"
@@ -1390,13 +1391,14 @@ impl Executor {
             if len == 0 {
                 continue;
             }
-            let cols = match unit.cols {
-                Some((s, l)) => format!("{s}:{l}"),
-                None => "-".to_string(),
-            };
-            for (state, t) in [("param", data), ("exp_avg", m), ("exp_avg_sq", v)] {
-                let key = format!("{}|{state}|{cols}|{flat_start}:{len}", unit.key);
-                out.push((key, t.to_device(Device::Cpu).contiguous()));
+            for (saved, t) in Saved::ALL.into_iter().zip([data, m, v]) {
+                let key = RegionKey {
+                    param: unit.key.clone(),
+                    saved,
+                    cols: unit.cols,
+                    flat: (flat_start, len),
+                };
+                out.push((key.to_string(), t.to_device(Device::Cpu).contiguous()));
             }
         }
         out
@@ -1461,9 +1463,9 @@ pub fn adamw_update(
 }
 
 /// The ops whose outputs op `i` reads in its backward: the rule the model description's
-/// saved-bytes figures are written by ([`crate::model::saved::backward_reads`]).
+/// saved-bytes figures are written by ([`osdp_core::model::saved::backward_reads`]).
 fn bwd_reads(kind: OpKind, i: usize, inputs: &[usize], config: &ModelConfig) -> Vec<usize> {
-    let reads = crate::model::saved::backward_reads(kind, inputs.len(), config);
+    let reads = osdp_core::model::saved::backward_reads(kind, inputs.len(), config);
     let output = reads.output.then_some(i);
     inputs[..reads.inputs]
         .iter()

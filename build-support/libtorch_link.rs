@@ -1,0 +1,32 @@
+// Included by the build scripts of the trainer crate and of the app (`include!`): link
+// arguments reach only the package whose build script prints them, so both print them.
+//
+// libtorch's CUDA library is reached only through static initialisers, so a linker that drops
+// "unused" shared libraries (`--as-needed`, the default on Debian/Ubuntu) silently leaves
+// CUDA unavailable. rustc places link arguments *after* the libraries torch-sys names, so a
+// bare `-Wl,--no-as-needed` comes too late: the CUDA libraries are named again here, between
+// `--no-as-needed` and `--as-needed`, which makes them NEEDED whatever the linker's default.
+// The rpath lets a binary find the libtorch it was built against without LD_LIBRARY_PATH.
+
+/// Print the link arguments for libtorch; its library directory and whether it has CUDA, or
+/// `None` when this build has no libtorch (torch-sys not in the graph).
+fn link_libtorch() -> Option<(std::path::PathBuf, bool)> {
+    let lib_dir = std::path::PathBuf::from(std::env::var("DEP_TCH_LIBTORCH_LIB").ok()?);
+    println!("cargo:rustc-link-arg=-Wl,-rpath,{}", lib_dir.display());
+    // The libtorch this build links (the GPU build looks for pip's NCCL beside it).
+    println!("cargo:rustc-env=OSDP_TORCH_LIB_DIR={}", lib_dir.display());
+    let cuda_libs: Vec<&str> = ["torch_cuda", "c10_cuda"]
+        .into_iter()
+        .filter(|l| lib_dir.join(format!("lib{l}.so")).exists())
+        .collect();
+    if cuda_libs.is_empty() {
+        // A CPU-only libtorch: `train --device cuda` says so when it starts.
+        return Some((lib_dir, false));
+    }
+    println!("cargo:rustc-link-arg=-Wl,--no-as-needed");
+    for l in &cuda_libs {
+        println!("cargo:rustc-link-arg=-l{l}");
+    }
+    println!("cargo:rustc-link-arg=-Wl,--as-needed");
+    Some((lib_dir, cuda_libs.contains(&"c10_cuda")))
+}

@@ -1,0 +1,78 @@
+//! What a planning request means before any search: whose budget binds, and what a pin names.
+//! The CLI and the dashboard both ask these questions; the answers live here, beside the
+//! planner, and print nowhere.
+
+use crate::cluster::Layout;
+use crate::cost::{Choice, Strategy};
+use crate::model::ModelSpec;
+use crate::units;
+
+/// One budget per GPU of `layout`: `--budget-per-gpu` if given (one per GPU), else `--budget`
+/// for all, else `fallback` (e.g. each local GPU's free memory), else the device's memory.
+pub fn per_gpu_budgets(
+    layout: &Layout,
+    budget: Option<u64>,
+    per_gpu: &[u64],
+    fallback: Option<Vec<u64>>,
+) -> Result<Vec<u64>, String> {
+    let ranks = layout.world_size() as usize;
+    if !per_gpu.is_empty() {
+        if per_gpu.len() != ranks {
+            return Err(format!(
+                "--budget-per-gpu lists {} budgets but layout {:?} has {ranks} GPUs",
+                per_gpu.len(),
+                layout.name
+            ));
+        }
+        return Ok(per_gpu.to_vec());
+    }
+    let memory = layout.memory_bytes();
+    Ok(match (budget, fallback) {
+        (Some(b), _) => vec![b; ranks],
+        (None, Some(f)) if f.len() == ranks => f,
+        _ if memory > super::MAX_BUDGET_BYTES => {
+            return Err(format!(
+                "layout {:?}: device.memory_gib {} is more than the {} per GPU the planner \
+                 takes; give --budget",
+                crate::text::printable(&layout.name),
+                layout.device.memory_gib.value,
+                units::bytes(super::MAX_BUDGET_BYTES)
+            ))
+        }
+        _ => vec![memory; ranks],
+    })
+}
+
+/// The GPU whose budget binds (the smallest) and that budget.
+pub fn binding(budgets: &[u64]) -> (usize, u64) {
+    budgets
+        .iter()
+        .copied()
+        .enumerate()
+        .min_by_key(|&(_, b)| b)
+        .unwrap_or((0, 0))
+}
+
+/// Parse `OP=STRATEGY` into (op index, choice), checking that the op can take it.
+pub fn parse_pin(model: &ModelSpec, pin: &str) -> Result<(usize, Choice), String> {
+    let (op, strategy) = pin.split_once('=').ok_or_else(|| {
+        format!("--pin {pin:?}: expected OP=STRATEGY, e.g. h0.mlp.c_fc=zero3/4:2")
+    })?;
+    let i = model
+        .ops
+        .iter()
+        .position(|o| o.id == op)
+        .ok_or_else(|| format!("--pin {pin:?}: model {:?} has no op {op:?}", model.name))?;
+    let choice = match strategy.split_once('/') {
+        None => Strategy::parse(strategy).map(Choice::plain),
+        Some(("zero3", rest)) => rest.split_once(':').and_then(|(k, m)| {
+            Some(Choice::zero3(k.parse().ok()?, m.parse().ok()?))
+        }),
+        Some(_) => None,
+    }
+    .ok_or_else(|| {
+        format!("--pin {pin:?}: unknown strategy {strategy:?} (none, dp, zero1, zero2, zero3, zero3/K:M)")
+    })?;
+    super::check_choice(model, i, choice).map_err(|e| format!("--pin {pin:?}: {e}"))?;
+    Ok((i, choice))
+}

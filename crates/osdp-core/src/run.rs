@@ -1,0 +1,353 @@
+//! Training runs as seen from outside the worker: the JSON-lines protocol a worker writes to
+//! its metrics stream, the run directory, and the status folded from the stream. No libtorch
+//! here, so the dashboard and `osdp-tui status` read runs without it; starting and stopping
+//! worker processes is the app's (`osdp_tui::supervisor`).
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+/// Bytes one rank held at its peak, by category (the executor's ledger).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MemoryBreakdown {
+    pub params: u64,
+    pub grads: u64,
+    pub optimizer: u64,
+    pub gathered: u64,
+    pub grad_buffers: u64,
+    pub activations: u64,
+    pub working: u64,
+}
+
+impl MemoryBreakdown {
+    pub fn total(&self) -> u64 {
+        self.params
+            + self.grads
+            + self.optimizer
+            + self.gathered
+            + self.grad_buffers
+            + self.activations
+            + self.working
+    }
+}
+
+/// One GPU rank's memory over a step from outside the executor's ledger; `None`: not
+/// available (a build without the allocator shim, or no NVML).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DeviceMemory {
+    /// Peak bytes the CUDA caching allocator handed out during the step.
+    pub allocated_peak_bytes: Option<u64>,
+    /// Peak bytes the allocator reserved from the driver (handed out plus cached).
+    pub reserved_peak_bytes: Option<u64>,
+    /// NVML's memory of the rank's process after the step: the reserve plus the CUDA context,
+    /// NCCL's buffers and library workspaces.
+    pub process_bytes: Option<u64>,
+}
+
+/// A number, or `null` (what serde_json writes for NaN and infinities) as NaN.
+fn number_or_nan<'de, D: serde::Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+    Ok(Option::<f64>::deserialize(d)?.unwrap_or(f64::NAN))
+}
+
+/// One line of a worker's metrics stream.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "event", rename_all = "snake_case")]
+pub enum WorkerEvent {
+    Started {
+        model: String,
+        world_size: usize,
+        global_batch: u64,
+        /// The step the run starts at (non-zero when resumed).
+        first_step: u64,
+        /// Where it will stop by itself; `None`: until stopped.
+        last_step: Option<u64>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        resumed_from: Option<String>,
+        data: String,
+        device: String,
+    },
+    Step {
+        /// Optimizer steps completed.
+        step: u64,
+        /// NaN or infinite when training diverged: JSON has no such numbers, so they are
+        /// written as `null` and read back as NaN.
+        #[serde(deserialize_with = "number_or_nan")]
+        loss: f64,
+        #[serde(deserialize_with = "number_or_nan")]
+        grad_norm: f64,
+        lr: f64,
+        step_time_s: f64,
+        samples_per_s: f64,
+        tokens_per_s: f64,
+        /// Peak bytes each rank's executor held during the step.
+        memory_bytes: Vec<u64>,
+        /// Rank 0's peak by category.
+        memory_breakdown: MemoryBreakdown,
+        /// On GPUs, each rank's memory as the CUDA allocator and NVML see it (absent on CPUs).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        device_memory: Option<Vec<DeviceMemory>>,
+    },
+    /// A checkpoint of `step` is being written.
+    Checkpointing {
+        step: u64,
+    },
+    Checkpoint {
+        step: u64,
+        path: String,
+        write_time_s: f64,
+    },
+    Stopped {
+        step: u64,
+        /// `completed` or `signal`.
+        reason: String,
+    },
+    Failed {
+        message: String,
+    },
+}
+
+/// The files of one run: the plan it uses, the metrics stream, checkpoints, the worker's log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunDir(pub PathBuf);
+
+impl RunDir {
+    /// Where the dashboard keeps a model's runs unless told: `runs/NAME`, with the name made a
+    /// single plain directory name (it comes from the model file, which anyone may write).
+    pub fn default_for(model_name: &str) -> RunDir {
+        RunDir(PathBuf::from("runs").join(crate::text::file_component(model_name)))
+    }
+
+    pub fn plan(&self) -> PathBuf {
+        self.0.join("plan.json")
+    }
+    pub fn metrics(&self) -> PathBuf {
+        self.0.join("metrics.jsonl")
+    }
+    pub fn checkpoints(&self) -> PathBuf {
+        self.0.join("checkpoints")
+    }
+    pub fn log(&self) -> PathBuf {
+        self.0.join("worker.log")
+    }
+    /// The planner's prediction for the plan the run uses (written by the dashboard).
+    pub fn predicted(&self) -> PathBuf {
+        self.0.join("predicted.json")
+    }
+    /// Whether a checkpoint to resume from exists (`latest.json` written by the worker).
+    pub fn has_checkpoint(&self) -> bool {
+        self.checkpoints().join("latest.json").exists()
+    }
+    /// The last `n` lines of the worker's log.
+    pub fn log_tail(&self, n: usize) -> Vec<String> {
+        let text = std::fs::read_to_string(self.log()).unwrap_or_default();
+        let lines: Vec<String> = text
+            .lines()
+            .flat_map(|l| l.rsplit('\r').next())
+            .filter(|l| !l.trim().is_empty())
+            .map(|l| l.replace("\u{1b}[2K", ""))
+            .collect();
+        lines[lines.len().saturating_sub(n)..].to_vec()
+    }
+}
+
+/// The planner's figures for a run's plan, beside which its measurements are shown.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Predicted {
+    pub samples_per_s: f64,
+    pub tokens_per_s: f64,
+    pub step_time_s: f64,
+    /// Peak per rank, runtime overhead included.
+    pub peak_memory_bytes: u64,
+    pub runtime_overhead_bytes: u64,
+}
+
+/// One step as the run reported it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct StepPoint {
+    pub step: u64,
+    pub loss: f64,
+    pub step_time_s: f64,
+    pub samples_per_s: f64,
+    pub tokens_per_s: f64,
+    pub memory_bytes: Vec<u64>,
+}
+
+/// Everything the metrics stream says so far, folded.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct RunStatus {
+    pub model: Option<String>,
+    pub world_size: usize,
+    pub global_batch: u64,
+    /// Steps of every segment of the run (restarts append), in order.
+    pub steps: Vec<StepPoint>,
+    pub last_checkpoint: Option<(u64, String)>,
+    /// A checkpoint being written (no `checkpoint` event yet).
+    pub checkpointing: Option<u64>,
+    /// Step each segment (start or restart) began at.
+    pub segments: Vec<u64>,
+    /// How the last segment ended: `completed`, `signal`, or the failure message.
+    pub ended: Option<String>,
+    pub failed: bool,
+    /// The planner's figures for the run's plan, when the run directory has them.
+    pub predicted: Option<Predicted>,
+}
+
+impl RunStatus {
+    pub fn apply(&mut self, ev: &WorkerEvent) {
+        match ev {
+            WorkerEvent::Started {
+                model,
+                world_size,
+                global_batch,
+                first_step,
+                ..
+            } => {
+                self.model = Some(model.clone());
+                self.world_size = *world_size;
+                self.global_batch = *global_batch;
+                self.segments.push(*first_step);
+                // A resumed segment replays nothing: drop steps past where it resumes.
+                self.steps.retain(|s| s.step <= *first_step);
+                self.ended = None;
+                self.failed = false;
+                self.checkpointing = None;
+            }
+            WorkerEvent::Step {
+                step,
+                loss,
+                step_time_s,
+                samples_per_s,
+                tokens_per_s,
+                memory_bytes,
+                ..
+            } => self.steps.push(StepPoint {
+                step: *step,
+                loss: *loss,
+                step_time_s: *step_time_s,
+                samples_per_s: *samples_per_s,
+                tokens_per_s: *tokens_per_s,
+                memory_bytes: memory_bytes.clone(),
+            }),
+            WorkerEvent::Checkpointing { step } => self.checkpointing = Some(*step),
+            WorkerEvent::Checkpoint { step, path, .. } => {
+                self.checkpointing = None;
+                self.last_checkpoint = Some((*step, path.clone()));
+            }
+            WorkerEvent::Stopped { reason, .. } => self.ended = Some(reason.clone()),
+            WorkerEvent::Failed { message } => {
+                self.ended = Some(message.clone());
+                self.failed = true;
+            }
+        }
+    }
+
+    /// Fold a whole metrics stream; lines that do not parse (a line cut by a crash) are skipped.
+    pub fn from_text(text: &str) -> RunStatus {
+        let mut s = RunStatus::default();
+        for line in text.lines() {
+            if let Ok(ev) = serde_json::from_str::<WorkerEvent>(line) {
+                s.apply(&ev);
+            }
+        }
+        s
+    }
+
+    pub fn last(&self) -> Option<&StepPoint> {
+        self.steps.last()
+    }
+}
+
+/// What a run is doing, as the dashboard's header shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RunState {
+    Idle,
+    Starting,
+    Running,
+    Checkpointing,
+    Stopping,
+    /// Why, and the last lines of the worker's log.
+    Failed {
+        why: String,
+        log_tail: Vec<String>,
+    },
+}
+
+impl RunState {
+    pub fn label(&self) -> &'static str {
+        match self {
+            RunState::Idle => "idle",
+            RunState::Starting => "starting",
+            RunState::Running => "running",
+            RunState::Checkpointing => "checkpointing",
+            RunState::Stopping => "stopping",
+            RunState::Failed { .. } => "failed",
+        }
+    }
+}
+
+/// The environment variable that carries a run's token to its rank processes: every rank
+/// presents it when it joins, and rank 0 turns away a process that does not.
+pub const RUN_TOKEN_VAR: &str = "OSDP_RUN_TOKEN";
+
+/// `osdp-tui status RUN_DIR`: the run's status from its metrics stream.
+pub fn read_status(dir: &Path) -> std::io::Result<RunStatus> {
+    let run = RunDir(dir.to_path_buf());
+    let text = std::fs::read_to_string(run.metrics())?;
+    let mut status = RunStatus::from_text(&text);
+    status.predicted = std::fs::read_to_string(run.predicted())
+        .ok()
+        .and_then(|t| serde_json::from_str(&t).ok());
+    Ok(status)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_resumed_segment_continues_the_step_count_and_drops_replayed_steps() {
+        let lines = [
+            r#"{"event":"started","model":"m","world_size":2,"global_batch":8,"first_step":0,"last_step":null,"data":"text","device":"cpu"}"#,
+            r#"{"event":"step","step":1,"loss":5.0,"grad_norm":1.0,"lr":0.1,"step_time_s":0.1,"samples_per_s":80.0,"tokens_per_s":1.0,"memory_bytes":[1,2],"memory_breakdown":{"params":0,"grads":0,"optimizer":0,"gathered":0,"grad_buffers":0,"activations":0,"working":0}}"#,
+            r#"{"event":"checkpointing","step":1}"#,
+            r#"{"event":"checkpoint","step":1,"path":"c/step-00000001","write_time_s":0.01}"#,
+            r#"{"event":"step","step":2,"loss":4.0,"grad_norm":1.0,"lr":0.1,"step_time_s":0.1,"samples_per_s":80.0,"tokens_per_s":1.0,"memory_bytes":[1,2],"memory_breakdown":{"params":0,"grads":0,"optimizer":0,"gathered":0,"grad_buffers":0,"activations":0,"working":0}}"#,
+            r#"{"event":"failed","message":"boom"}"#,
+            r#"{"event":"started","model":"m","world_size":2,"global_batch":8,"first_step":1,"last_step":9,"data":"text","device":"cpu"}"#,
+            r#"{"event":"step","step":2,"loss":4.1,"grad_norm":1.0,"lr":0.1,"step_time_s":0.1,"samples_per_s":80.0,"tokens_per_s":1.0,"memory_bytes":[1,2],"memory_breakdown":{"params":0,"grads":0,"optimizer":0,"gathered":0,"grad_buffers":0,"activations":0,"work"#,
+        ];
+        let s = RunStatus::from_text(&lines.join("\n"));
+        assert_eq!(s.segments, vec![0, 1]);
+        assert_eq!(s.steps.iter().map(|p| p.step).collect::<Vec<_>>(), vec![1]);
+        assert_eq!(s.last_checkpoint.as_ref().map(|c| c.0), Some(1));
+        assert!(!s.failed, "the restart cleared the failure");
+    }
+
+    #[test]
+    fn a_diverged_step_is_written_and_read_back_as_nan() {
+        let step = WorkerEvent::Step {
+            step: 3,
+            loss: f64::NAN,
+            grad_norm: f64::INFINITY,
+            lr: 0.1,
+            step_time_s: 0.1,
+            samples_per_s: 80.0,
+            tokens_per_s: 1.0,
+            memory_bytes: vec![1],
+            memory_breakdown: MemoryBreakdown::default(),
+            device_memory: None,
+        };
+        let line = serde_json::to_string(&step).unwrap();
+        assert!(line.contains(r#""loss":null"#), "{line}");
+        let s = RunStatus::from_text(&line);
+        assert_eq!(
+            s.steps.len(),
+            1,
+            "the step is read, not skipped as a broken line"
+        );
+        assert!(s.steps[0].loss.is_nan());
+    }
+}
