@@ -1,7 +1,10 @@
-//! The interactive dashboard: app state and actions ([`app`]), the planner worker ([`worker`]),
-//! drawing ([`view`]) and the event loop below.
+//! The interactive dashboard: app state and actions ([`app`]), the keys ([`keymap`]), the planner
+//! worker ([`worker`]), drawing ([`view`]) in one set of colours ([`theme`]), and the event loop
+//! below.
 
 pub mod app;
+pub mod keymap;
+pub mod theme;
 pub mod view;
 pub mod worker;
 
@@ -9,43 +12,15 @@ use std::io::IsTerminal;
 use std::time::Duration;
 
 use crossterm::event::{
-    DisableMouseCapture, EnableMouseCapture, Event, EventStream, KeyCode, KeyEventKind,
-    KeyModifiers, MouseEventKind,
+    DisableMouseCapture, EnableMouseCapture, Event, EventStream, KeyEventKind, MouseEventKind,
 };
 use crossterm::execute;
 use ratatui::backend::TestBackend;
 use ratatui::Terminal;
 
-use app::{Action, App};
+pub use keymap::action_for;
 
-/// Map a key to an action.
-pub fn action_for(code: KeyCode, modifiers: KeyModifiers) -> Option<Action> {
-    Some(match code {
-        KeyCode::Char('q') | KeyCode::Esc => Action::Quit,
-        KeyCode::Char('c') if modifiers.contains(KeyModifiers::CONTROL) => Action::Quit,
-        KeyCode::Char('+') | KeyCode::Char('=') => Action::RaiseBudget,
-        KeyCode::Char('-') | KeyCode::Char('_') => Action::LowerBudget,
-        KeyCode::Char(']') => Action::SplitUp,
-        KeyCode::Char('[') => Action::SplitDown,
-        KeyCode::Char('b') => Action::CycleBatch,
-        KeyCode::Char('B') => Action::CycleGlobalBatch,
-        KeyCode::Char('p') => Action::CyclePin,
-        KeyCode::Char('?') => Action::ToggleHelp,
-        KeyCode::Char('g') => Action::ToggleGraph,
-        KeyCode::Char('s') => Action::StartRun,
-        KeyCode::Char('x') => Action::StopRun,
-        KeyCode::Char('r') => Action::RestartRun,
-        KeyCode::Char('y') => Action::Yes,
-        KeyCode::Char('n') => Action::No,
-        KeyCode::Tab => Action::FocusNext,
-        KeyCode::Up | KeyCode::Char('k') => Action::Up,
-        KeyCode::Down | KeyCode::Char('j') => Action::Down,
-        KeyCode::PageUp => Action::PageUp,
-        KeyCode::PageDown => Action::PageDown,
-        KeyCode::Enter | KeyCode::Char(' ') => Action::Toggle,
-        _ => return None,
-    })
-}
+use app::{Action, App};
 
 /// Render one frame of the app as text (for `--once` and when stdout is not a terminal).
 pub fn render_text(app: &App, width: u16, height: u16) -> String {

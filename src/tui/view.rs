@@ -1,7 +1,7 @@
 //! Drawing: reads the [`App`], never changes it.
 
 use ratatui::layout::{Constraint, Layout, Rect};
-use ratatui::style::{Color, Modifier, Style, Stylize};
+use ratatui::style::{Modifier, Style, Stylize};
 use ratatui::symbols::Marker;
 use ratatui::text::{Line, Span};
 use ratatui::widgets::{
@@ -11,6 +11,7 @@ use ratatui::widgets::{
 use ratatui::Frame;
 
 use super::app::{App, Confirm, Focus, GpuView, Row};
+use super::{keymap, theme};
 use crate::cost::{Choice, Strategy};
 use crate::model::ModelSpec;
 use crate::run::RunState;
@@ -19,18 +20,6 @@ use crate::units;
 
 pub const MIN_WIDTH: u16 = 80;
 pub const MIN_HEIGHT: u16 = 24;
-
-/// Colour of a strategy badge.
-pub fn color(c: Choice) -> Color {
-    match c.strategy {
-        Strategy::None => Color::DarkGray,
-        Strategy::Dp => Color::Blue,
-        Strategy::Zero1 => Color::Cyan,
-        Strategy::Zero2 => Color::Green,
-        Strategy::Zero3 if c.split > 1 => Color::Magenta,
-        Strategy::Zero3 => Color::Yellow,
-    }
-}
 
 pub fn draw(app: &App, f: &mut Frame) {
     let area = f.area();
@@ -88,26 +77,23 @@ pub fn draw(app: &App, f: &mut Frame) {
     let footer_line = match (app.confirm, &app.message) {
         (Some(Confirm::StartUnpriced), _) => Line::from(Span::styled(
             " the plan on screen is still being priced: start with it anyway? y / n",
-            Style::new().fg(Color::Black).bg(Color::Yellow),
+            theme::PROMPT,
         )),
         (Some(Confirm::QuitWhileRunning), _) => Line::from(Span::styled(
             " a run is going: stop it (checkpoint) and quit? y / n",
-            Style::new().fg(Color::Black).bg(Color::Yellow),
+            theme::PROMPT,
         )),
         (Some(Confirm::RestartNewBatch { from, to }), _) => Line::from(Span::styled(
             format!(
                 " restarting changes the global batch from {from} to {to} samples per step \
                  (B sets it): restart anyway? y / n"
             ),
-            Style::new().fg(Color::Black).bg(Color::Yellow),
+            theme::PROMPT,
         )),
-        (None, Some(m)) => Line::from(Span::styled(
-            format!(" {}", printable(m)),
-            Style::new().fg(Color::Yellow),
-        )),
+        (None, Some(m)) => Line::from(Span::styled(format!(" {}", printable(m)), theme::WARN)),
         (None, None) => Line::from(Span::styled(
-            " +/- budget  ]/[ split  b/B batch  p pin  g graph  s start  x stop  r restart  ? help  q quit",
-            Style::new().fg(Color::DarkGray),
+            keymap::footer(usize::from(footer.width)),
+            theme::MUTED,
         )),
     };
     f.render_widget(Paragraph::new(footer_line), footer);
@@ -155,7 +141,7 @@ fn draw_detail(app: &App, detail: &super::app::OpDetail, f: &mut Frame, area: Re
             TableRow::new(vec![
                 Cell::from(Span::styled(
                     a.choice.label(),
-                    Style::new().fg(color(a.choice)),
+                    Style::new().fg(theme::strategy(a.choice)),
                 )),
                 Cell::from(signed_ms(a.delta_step_s)),
                 Cell::from(signed_bytes(a.delta_peak_bytes)),
@@ -192,7 +178,7 @@ fn draw_detail(app: &App, detail: &super::app::OpDetail, f: &mut Frame, area: Re
             "transient",
             "why not",
         ])
-        .style(Style::new().fg(Color::DarkGray)),
+        .style(theme::MUTED),
     )
     .block(Block::bordered().title(title));
     f.render_widget(Clear, r);
@@ -220,15 +206,12 @@ fn draw_header(app: &App, f: &mut Frame, area: Rect) {
                 " · calibrated {}",
                 printable(c.measured_at.get(..10).unwrap_or_default())
             ),
-            Style::new().fg(Color::Green),
+            theme::GOOD,
         ));
     } else {
         // Datasheet rates × efficiencies fitted to published runs (or generic ones):
         // `osdp-tui calibrate` measures the machine itself.
-        title.push(Span::styled(
-            " · uncalibrated",
-            Style::new().fg(Color::Yellow),
-        ));
+        title.push(Span::styled(" · uncalibrated", theme::WARN));
     }
     if let Some(t) = &app.training {
         let state = t.state();
@@ -241,7 +224,7 @@ fn draw_header(app: &App, f: &mut Frame, area: Rect) {
         title.push(Span::raw(" · run: "));
         title.push(Span::styled(
             format!("{}{step}", state.label()),
-            Style::new().bold().fg(run_color(&state)),
+            Style::new().bold().fg(theme::run(&state)),
         ));
     }
     let mut lines = vec![Line::from(title)];
@@ -273,7 +256,7 @@ fn draw_header(app: &App, f: &mut Frame, area: Rect) {
                     Span::raw(batch),
                     Span::styled(
                         format!("{:.1} samples/s", pr.throughput_samples_per_s),
-                        Style::new().bold().fg(Color::Green),
+                        theme::GOOD_BOLD,
                     ),
                     Span::raw(" · peak "),
                     Span::styled(
@@ -282,7 +265,7 @@ fn draw_header(app: &App, f: &mut Frame, area: Rect) {
                             units::bytes(pr.peak_memory_bytes),
                             units::bytes(budget)
                         ),
-                        Style::new().fg(if over { Color::Red } else { Color::Reset }),
+                        if over { theme::LIMIT } else { Style::new() },
                     ),
                     Span::raw(format!(" · step {}", units::seconds(pr.step_time_s))),
                 ];
@@ -300,7 +283,7 @@ fn draw_header(app: &App, f: &mut Frame, area: Rect) {
                     units::bytes(budget),
                     units::bytes(nf.min_budget_bytes)
                 ),
-                Style::new().fg(Color::Red).bold(),
+                theme::BAD,
             ))),
         },
     }
@@ -333,10 +316,7 @@ fn draw_header(app: &App, f: &mut Frame, area: Rect) {
         if app.pending { " · planning…" } else { "" }
     )));
     if let Some(n) = &app.notice {
-        lines.push(Line::from(Span::styled(
-            n.clone(),
-            Style::new().fg(Color::Yellow),
-        )));
+        lines.push(Line::from(Span::styled(n.clone(), theme::WARN)));
     }
     f.render_widget(Paragraph::new(lines), area);
 }
@@ -356,7 +336,7 @@ fn draw_strip(app: &App, f: &mut Frame, area: Rect) {
     let spans: Vec<Span> = (0..width)
         .map(|x| {
             let i = owners[x * owners.len() / width];
-            Span::styled("▆", Style::new().fg(color(p.plan.choices[i])))
+            Span::styled("▆", Style::new().fg(theme::strategy(p.plan.choices[i])))
         })
         .collect();
     f.render_widget(Paragraph::new(Line::from(spans)), area);
@@ -401,7 +381,7 @@ fn draw_ops(app: &App, f: &mut Frame, area: Rect) {
                     Cell::from(format!("{marker} block {b}")).bold(),
                     Cell::from(format!("{} ops", ops.len())),
                     Cell::from(units::count(params)),
-                    Cell::from(if recompute { "recompute" } else { "" }).fg(Color::Magenta),
+                    Cell::from(if recompute { "recompute" } else { "" }).style(theme::RECOMPUTE),
                     Cell::from(units::bytes(mem)),
                     Cell::from(format!("{:.1}%", 100.0 * time / total_time)),
                 ])
@@ -423,18 +403,18 @@ fn draw_ops(app: &App, f: &mut Frame, area: Rect) {
                         choice.label(),
                         if pinned { " 📌" } else { "" }
                     ))
-                    .style(Style::new().fg(color(choice)).add_modifier(Modifier::BOLD)),
+                    .style(
+                        Style::new()
+                            .fg(theme::strategy(choice))
+                            .add_modifier(Modifier::BOLD),
+                    ),
                     Cell::from(units::bytes(mem)),
                     Cell::from(format!("{:.1}%", 100.0 * time / total_time)),
                 ])
             }
         })
         .collect();
-    let border = if app.focus == Focus::Ops {
-        Color::White
-    } else {
-        Color::DarkGray
-    };
+    let border = theme::border(app.focus == Focus::Ops);
     let mut widths = vec![
         Constraint::Min(18),
         Constraint::Length(12),
@@ -450,12 +430,8 @@ fn draw_ops(app: &App, f: &mut Frame, area: Rect) {
     }
     let table = Table::new(table_rows, widths)
         .header(TableRow::new(titles).style(Style::new().bold().underlined()))
-        .block(
-            Block::bordered()
-                .title(" operators ")
-                .border_style(Style::new().fg(border)),
-        )
-        .row_highlight_style(Style::new().bg(Color::DarkGray));
+        .block(Block::bordered().title(" operators ").border_style(border))
+        .row_highlight_style(theme::SELECTED);
     let mut state = TableState::default()
         .with_selected(Some(app.selected_row.min(rows.len().saturating_sub(1))));
     f.render_stateful_widget(table, area, &mut state);
@@ -496,14 +472,8 @@ fn bar(used: u64, total: u64, budget: u64, width: usize) -> String {
 }
 
 fn draw_gpus(app: &App, f: &mut Frame, area: Rect) {
-    let border = if app.focus == Focus::Gpus {
-        Color::White
-    } else {
-        Color::DarkGray
-    };
-    let block = Block::bordered()
-        .title(" GPUs ")
-        .border_style(Style::new().fg(border));
+    let border = theme::border(app.focus == Focus::Gpus);
+    let block = Block::bordered().title(" GPUs ").border_style(border);
     let inner_width = area.width.saturating_sub(2) as usize;
     let bar_width = inner_width.saturating_sub(26).clamp(8, 40);
     let predicted = app.planned().map(|p| p.prediction.peak_memory_bytes);
@@ -547,21 +517,15 @@ fn draw_gpus(app: &App, f: &mut Frame, area: Rect) {
                     if let Some(h) = app.history.get(g.index) {
                         lines.push(Line::styled(
                             format!("  {}", sparkline(h, total, inner_width.saturating_sub(2))),
-                            Style::new().fg(Color::Cyan),
+                            theme::SERIES,
                         ));
                     }
                 }
             }
         }
         GpuView::Unavailable(why) => {
-            lines.push(Line::styled(
-                "live memory not available:",
-                Style::new().fg(Color::Yellow),
-            ));
-            lines.push(Line::styled(
-                format!("  {}", printable(why)),
-                Style::new().fg(Color::Yellow),
-            ));
+            lines.push(Line::styled("live memory not available:", theme::WARN));
+            lines.push(Line::styled(format!("  {}", printable(why)), theme::WARN));
             let total = app.layout.memory_bytes();
             for (i, &budget) in app.budgets.iter().enumerate() {
                 let sel = app.focus == Focus::Gpus && app.selected_gpu == i;
@@ -625,12 +589,12 @@ fn draw_frontier(app: &App, f: &mut Frame, area: Rect) {
         Dataset::default()
             .marker(Marker::Braille)
             .graph_type(GraphType::Line)
-            .style(Style::new().fg(Color::Green))
+            .style(theme::GOOD)
             .data(&stairs),
         Dataset::default()
             .marker(Marker::Braille)
             .graph_type(GraphType::Line)
-            .style(Style::new().fg(Color::Red))
+            .style(theme::LIMIT)
             .data(&budget),
     ];
     let chart = Chart::new(datasets)
@@ -646,15 +610,6 @@ fn draw_frontier(app: &App, f: &mut Frame, area: Rect) {
                 .labels(vec![Span::raw("0"), Span::raw(format!("{:.0}", y_max))]),
         );
     f.render_widget(chart, area);
-}
-
-fn run_color(state: &RunState) -> Color {
-    match state {
-        RunState::Idle => Color::DarkGray,
-        RunState::Starting | RunState::Checkpointing | RunState::Stopping => Color::Yellow,
-        RunState::Running => Color::Green,
-        RunState::Failed { .. } => Color::Red,
-    }
 }
 
 /// The training panel: the run's progress and measured figures beside the plan's prediction,
@@ -676,14 +631,14 @@ fn draw_training(app: &App, f: &mut Frame, area: Rect) {
     );
     let block = Block::bordered()
         .title(title)
-        .border_style(Style::new().fg(run_color(&state)));
+        .border_style(Style::new().fg(theme::run(&state)));
     let mut lines: Vec<Line> = Vec::new();
     let pred = t.run_plan.as_ref().map(|p| &p.prediction);
     let last = run.status.last();
     let plan_line = if app.plan_differs_from_run() {
         Span::styled(
             "the plan on screen differs from the run's: r restarts under it",
-            Style::new().fg(Color::Yellow),
+            theme::WARN,
         )
     } else {
         Span::raw("the run uses the plan on screen")
@@ -750,12 +705,12 @@ fn draw_training(app: &App, f: &mut Frame, area: Rect) {
                 "failed: {} · r restarts from the last checkpoint",
                 printable(why)
             ),
-            Style::new().fg(Color::Red).bold(),
+            theme::BAD,
         )));
         for l in log_tail.iter().rev().take(3).rev() {
             lines.push(Line::from(Span::styled(
                 format!("  {}", printable(l)),
-                Style::new().fg(Color::DarkGray),
+                theme::MUTED,
             )));
         }
     }
@@ -786,7 +741,7 @@ fn draw_loss(status: &crate::run::RunStatus, f: &mut Frame, area: Rect) {
     let datasets = vec![Dataset::default()
         .marker(Marker::Braille)
         .graph_type(GraphType::Line)
-        .style(Style::new().fg(Color::Cyan))
+        .style(theme::SERIES)
         .data(&pts)];
     let chart = Chart::new(datasets)
         .block(block)
@@ -802,47 +757,35 @@ fn draw_loss(status: &crate::run::RunStatus, f: &mut Frame, area: Rect) {
 }
 
 fn draw_help(f: &mut Frame, area: Rect) {
-    let w = 68.min(area.width);
-    let h = 22.min(area.height);
+    let w = 76.min(area.width);
+    let mut text: Vec<Line> = keymap::help_lines(usize::from(w.saturating_sub(2)))
+        .into_iter()
+        .map(Line::from)
+        .collect();
+    text.push(Line::from(""));
+    text.push(Line::from(
+        "uncalibrated: datasheet rates × efficiencies fitted to published runs;",
+    ));
+    text.push(Line::from(
+        "              `osdp-tui calibrate` measures this machine instead",
+    ));
+    let badge =
+        |label: &'static str, c: Choice| Span::styled(label, Style::new().fg(theme::strategy(c)));
+    text.push(Line::from(vec![
+        badge("dp ", Choice::DP),
+        badge("zero1 ", Choice::plain(Strategy::Zero1)),
+        badge("zero2 ", Choice::plain(Strategy::Zero2)),
+        badge("zero3 ", Choice::zero3(1, 1)),
+        badge("zero3/K:M (split K, M sharded) ", Choice::zero3(2, 1)),
+        Span::styled("recompute", theme::RECOMPUTE),
+    ]));
+    let h = (text.len() as u16 + 2).min(area.height);
     let r = Rect::new(
         area.x + (area.width - w) / 2,
         area.y + (area.height - h) / 2,
         w,
         h,
     );
-    let text = vec![
-        Line::from("+ / -      budget up / down (1 GiB steps; 16 MiB under 1 GiB)"),
-        Line::from("           (the selected GPU's when the GPU panel has focus)"),
-        Line::from("] / [      raise / lower the operator split limit"),
-        Line::from("b          micro-batch: auto, then 1, 2, 4, … fixed"),
-        Line::from("B          global batch: any (highest samples/s), then GPUs × 1, 2, 4, …"),
-        Line::from("p          pin the selected op: dp, zero1, zero2, zero3, none"),
-        Line::from("g          show the selected block's graph / the frontier chart"),
-        Line::from("Tab        move focus between operators and GPUs"),
-        Line::from("↑ ↓ PgUp PgDn  move          Enter  expand / collapse a block,"),
-        Line::from("               or an operator's choices, priced (Enter closes)"),
-        Line::from("s / x / r  start / stop (x twice: kill) / restart the training run"),
-        Line::from("?          this help         q      quit"),
-        Line::from("uncalibrated: datasheet rates × efficiencies fitted to published runs;"),
-        Line::from("           `osdp-tui calibrate` measures this machine instead"),
-        Line::from(""),
-        Line::from(vec![
-            Span::styled("dp ", Style::new().fg(color(Choice::DP))),
-            Span::styled(
-                "zero1 ",
-                Style::new().fg(color(Choice::plain(Strategy::Zero1))),
-            ),
-            Span::styled(
-                "zero2 ",
-                Style::new().fg(color(Choice::plain(Strategy::Zero2))),
-            ),
-            Span::styled("zero3 ", Style::new().fg(color(Choice::zero3(1, 1)))),
-            Span::styled(
-                "zero3/K:M (split K, M sharded)",
-                Style::new().fg(color(Choice::zero3(2, 1))),
-            ),
-        ]),
-    ];
     f.render_widget(Clear, r);
     f.render_widget(
         Paragraph::new(text).block(Block::bordered().title(" help ")),
@@ -931,17 +874,14 @@ pub fn graph_lines(app: &App, block: usize) -> Vec<Line<'static>> {
         let short = printable(short).into_owned();
         let mut spans = vec![
             Span::raw(gutter),
-            Span::styled("● ", Style::new().fg(color(choice))),
+            Span::styled("● ", Style::new().fg(theme::strategy(choice))),
             Span::raw(format!("{short} ")),
-            Span::styled(
-                op.kind.as_str().to_string(),
-                Style::new().fg(Color::DarkGray),
-            ),
+            Span::styled(op.kind.as_str().to_string(), theme::MUTED),
         ];
         if choice.strategy != Strategy::None {
             spans.push(Span::styled(
                 format!(" {}", choice.label()),
-                Style::new().fg(color(choice)).bold(),
+                Style::new().fg(theme::strategy(choice)).bold(),
             ));
         }
         out.push(Line::from(spans));

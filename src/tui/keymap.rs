@@ -1,0 +1,300 @@
+//! Every key the dashboard answers, in one table: key dispatch ([`action_for`]), the footer's
+//! reminder ([`footer`]) and the help overlay ([`help_lines`]) all read it, so a key cannot be
+//! bound in one place and documented in another.
+
+use crossterm::event::{KeyCode, KeyModifiers};
+
+use super::app::Action;
+
+/// One key: a code, with Ctrl held or not. Other modifiers are ignored (Shift arrives as the
+/// upper-case character).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Key {
+    pub code: KeyCode,
+    pub ctrl: bool,
+}
+
+const fn ch(c: char) -> Key {
+    Key {
+        code: KeyCode::Char(c),
+        ctrl: false,
+    }
+}
+
+const fn code(code: KeyCode) -> Key {
+    Key { code, ctrl: false }
+}
+
+const fn ctrl(c: char) -> Key {
+    Key {
+        code: KeyCode::Char(c),
+        ctrl: true,
+    }
+}
+
+/// One line of help: the keys as the user reads them, what they do, the footer's word for them
+/// (if they are worth a place there), and the bindings themselves.
+pub struct Entry {
+    pub keys: &'static str,
+    pub help: &'static str,
+    pub footer: Option<&'static str>,
+    pub bindings: &'static [(Key, Action)],
+}
+
+pub const KEYMAP: &[Entry] = &[
+    Entry {
+        keys: "+ / -",
+        help: "budget up / down (1 GiB steps; 16 MiB under 1 GiB); the selected GPU's when \
+               the GPU panel has focus",
+        footer: Some("budget"),
+        bindings: &[
+            (ch('+'), Action::RaiseBudget),
+            (ch('='), Action::RaiseBudget),
+            (ch('-'), Action::LowerBudget),
+            (ch('_'), Action::LowerBudget),
+        ],
+    },
+    Entry {
+        keys: "] / [",
+        help: "raise / lower the operator split limit",
+        footer: Some("split"),
+        bindings: &[(ch(']'), Action::SplitUp), (ch('['), Action::SplitDown)],
+    },
+    Entry {
+        keys: "b / B",
+        help: "micro-batch: auto, then 1, 2, 4, … fixed / global batch: any (highest \
+               samples/s), then GPUs × 1, 2, 4, …",
+        footer: Some("batch"),
+        bindings: &[
+            (ch('b'), Action::CycleBatch),
+            (ch('B'), Action::CycleGlobalBatch),
+        ],
+    },
+    Entry {
+        keys: "p",
+        help: "pin the selected op: dp, zero1, zero2, zero3, none",
+        footer: Some("pin"),
+        bindings: &[(ch('p'), Action::CyclePin)],
+    },
+    Entry {
+        keys: "g",
+        help: "show the selected block's graph / the frontier chart",
+        footer: Some("graph"),
+        bindings: &[(ch('g'), Action::ToggleGraph)],
+    },
+    Entry {
+        keys: "Tab",
+        help: "move focus between operators and GPUs",
+        footer: None,
+        bindings: &[(code(KeyCode::Tab), Action::FocusNext)],
+    },
+    Entry {
+        keys: "↑ ↓ k j PgUp PgDn",
+        help: "move (the mouse wheel scrolls too)",
+        footer: None,
+        bindings: &[
+            (code(KeyCode::Up), Action::Up),
+            (ch('k'), Action::Up),
+            (code(KeyCode::Down), Action::Down),
+            (ch('j'), Action::Down),
+            (code(KeyCode::PageUp), Action::PageUp),
+            (code(KeyCode::PageDown), Action::PageDown),
+        ],
+    },
+    Entry {
+        keys: "Enter Space",
+        help: "expand / collapse a block, or open an operator's choices, priced (again: close)",
+        footer: None,
+        bindings: &[
+            (code(KeyCode::Enter), Action::Toggle),
+            (ch(' '), Action::Toggle),
+        ],
+    },
+    Entry {
+        keys: "s",
+        help: "start training with the plan on screen",
+        footer: Some("start"),
+        bindings: &[(ch('s'), Action::StartRun)],
+    },
+    Entry {
+        keys: "x",
+        help: "stop the run (checkpoint first); x again: kill it",
+        footer: Some("stop"),
+        bindings: &[(ch('x'), Action::StopRun)],
+    },
+    Entry {
+        keys: "r",
+        help: "restart the run from its checkpoint under the plan on screen",
+        footer: Some("restart"),
+        bindings: &[(ch('r'), Action::RestartRun)],
+    },
+    Entry {
+        keys: "y / n",
+        help: "answer the question in the footer",
+        footer: None,
+        bindings: &[(ch('y'), Action::Yes), (ch('n'), Action::No)],
+    },
+    Entry {
+        keys: "?",
+        help: "this help",
+        footer: Some("help"),
+        bindings: &[(ch('?'), Action::ToggleHelp)],
+    },
+    Entry {
+        keys: "q Esc Ctrl-C",
+        help: "quit (asks first while a run is going)",
+        footer: Some("quit"),
+        bindings: &[
+            (ch('q'), Action::Quit),
+            (code(KeyCode::Esc), Action::Quit),
+            (ctrl('c'), Action::Quit),
+        ],
+    },
+];
+
+/// The action a key asks for, if any.
+pub fn action_for(code: KeyCode, modifiers: KeyModifiers) -> Option<Action> {
+    let ctrl_held = modifiers.contains(KeyModifiers::CONTROL);
+    KEYMAP
+        .iter()
+        .flat_map(|e| e.bindings)
+        .find(|(k, _)| k.code == code && (!k.ctrl || ctrl_held))
+        .map(|&(_, a)| a)
+}
+
+/// The footer's reminder, `+/- budget  ]/[ split  …  ? help  q quit`, as much of it as fits
+/// `width` columns: entries in table order, help and quit always.
+pub fn footer(width: usize) -> String {
+    let items: Vec<String> = KEYMAP
+        .iter()
+        .filter_map(|e| {
+            let word = e.footer?;
+            // `+ / -` reads `+/-` there; of several names (`q Esc Ctrl-C`) the first.
+            let keys = if e.keys.contains(" / ") {
+                e.keys.replace(" / ", "/")
+            } else {
+                e.keys
+                    .split_whitespace()
+                    .next()
+                    .unwrap_or(e.keys)
+                    .to_owned()
+            };
+            Some(format!(" {keys} {word} "))
+        })
+        .collect();
+    let (main, always) = items.split_at(items.len().saturating_sub(2));
+    let mut used: usize = always.iter().map(|i| i.chars().count()).sum();
+    let mut out = String::new();
+    for item in main {
+        let n = item.chars().count();
+        if used + n > width {
+            break;
+        }
+        used += n;
+        out.push_str(item);
+    }
+    out.extend(always.iter().map(String::as_str));
+    out.trim_end().to_owned()
+}
+
+/// The help overlay's lines: keys in a column, then what they do, wrapped to `width`.
+pub fn help_lines(width: usize) -> Vec<String> {
+    let col = KEYMAP
+        .iter()
+        .map(|e| e.keys.chars().count())
+        .max()
+        .unwrap_or(0)
+        + 2;
+    let text_width = width.saturating_sub(col).max(20);
+    let mut out = Vec::new();
+    for e in KEYMAP {
+        let mut line = format!("{:<col$}", e.keys);
+        let mut used = 0;
+        for word in e.help.split_whitespace() {
+            let n = word.chars().count();
+            if used > 0 && used + 1 + n > text_width {
+                out.push(line);
+                line = " ".repeat(col);
+                used = 0;
+            }
+            if used > 0 {
+                line.push(' ');
+                used += 1;
+            }
+            line.push_str(word);
+            used += n;
+        }
+        out.push(line);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn no_key_is_bound_twice() {
+        let all: Vec<Key> = KEYMAP
+            .iter()
+            .flat_map(|e| e.bindings.iter().map(|(k, _)| *k))
+            .collect();
+        for (i, k) in all.iter().enumerate() {
+            assert!(!all[i + 1..].contains(k), "{k:?} is bound twice");
+        }
+    }
+
+    #[test]
+    fn keys_answer_as_the_table_says() {
+        assert_eq!(
+            action_for(KeyCode::Char('c'), KeyModifiers::CONTROL),
+            Some(Action::Quit)
+        );
+        assert_eq!(action_for(KeyCode::Char('c'), KeyModifiers::NONE), None);
+        assert_eq!(
+            action_for(KeyCode::Char('B'), KeyModifiers::SHIFT),
+            Some(Action::CycleGlobalBatch)
+        );
+        assert_eq!(action_for(KeyCode::Char('z'), KeyModifiers::NONE), None);
+        for e in KEYMAP {
+            for &(k, a) in e.bindings {
+                let m = if k.ctrl {
+                    KeyModifiers::CONTROL
+                } else {
+                    KeyModifiers::NONE
+                };
+                assert_eq!(action_for(k.code, m), Some(a), "{}", e.keys);
+            }
+        }
+    }
+
+    #[test]
+    fn the_footer_names_the_main_keys_and_fits_the_terminal() {
+        let wide = footer(200);
+        for want in [
+            "+/- budget",
+            "]/[ split",
+            "s start",
+            "x stop",
+            "? help",
+            "q quit",
+        ] {
+            assert!(wide.contains(want), "{wide}");
+        }
+        for width in [80, 60, 30] {
+            let f = footer(width);
+            assert!(f.chars().count() <= width, "{f}");
+            assert!(f.ends_with("? help  q quit"), "{f}");
+        }
+        assert!(footer(80).contains("+/- budget"));
+    }
+
+    #[test]
+    fn help_has_a_line_for_every_entry_within_its_width() {
+        let lines = help_lines(64);
+        for e in KEYMAP {
+            assert!(lines.iter().any(|l| l.starts_with(e.keys)), "{}", e.keys);
+        }
+        assert!(lines.iter().all(|l| l.chars().count() <= 64), "{lines:#?}");
+    }
+}

@@ -1,0 +1,59 @@
+//! The dashboard's colours, by meaning: every style the view draws with comes from here, so a
+//! colour means one thing everywhere (green good, yellow attention, red over budget or failed,
+//! grey secondary) and a new palette is a one-file change.
+
+use ratatui::style::{Color, Modifier, Style};
+
+use crate::cost::{Choice, Strategy};
+use crate::run::RunState;
+
+/// Secondary text: column heads, hints, log lines.
+pub const MUTED: Style = Style::new().fg(Color::DarkGray);
+/// Good news: a throughput, a calibrated layout, the frontier curve.
+pub const GOOD: Style = Style::new().fg(Color::Green);
+pub const GOOD_BOLD: Style = Style::new().fg(Color::Green).add_modifier(Modifier::BOLD);
+/// Needs attention: uncalibrated prices, notices, a plan that differs from the run's.
+pub const WARN: Style = Style::new().fg(Color::Yellow);
+/// Over budget, failed, nothing fits.
+pub const BAD: Style = Style::new().fg(Color::Red).add_modifier(Modifier::BOLD);
+/// A limit drawn as a line (the budget on the frontier chart, memory over it).
+pub const LIMIT: Style = Style::new().fg(Color::Red);
+/// A question waiting for an answer (footer).
+pub const PROMPT: Style = Style::new().fg(Color::Black).bg(Color::Yellow);
+/// Measured series: memory sparklines, the loss curve.
+pub const SERIES: Style = Style::new().fg(Color::Cyan);
+/// Ops whose activations are recomputed (distinct from every strategy colour).
+pub const RECOMPUTE: Style = Style::new().fg(Color::Magenta);
+/// The selected row.
+pub const SELECTED: Style = Style::new().bg(Color::DarkGray);
+
+/// A panel's border: bright when it has the keys.
+pub const fn border(focused: bool) -> Style {
+    if focused {
+        Style::new().fg(Color::White)
+    } else {
+        MUTED
+    }
+}
+
+/// Colour of a strategy badge. Split zero3 has its own (not recompute's).
+pub const fn strategy(c: Choice) -> Color {
+    match c.strategy {
+        Strategy::None => Color::DarkGray,
+        Strategy::Dp => Color::Blue,
+        Strategy::Zero1 => Color::Cyan,
+        Strategy::Zero2 => Color::Green,
+        Strategy::Zero3 if c.split > 1 => Color::LightRed,
+        Strategy::Zero3 => Color::Yellow,
+    }
+}
+
+/// Colour of a training run's state.
+pub const fn run(state: &RunState) -> Color {
+    match state {
+        RunState::Idle => Color::DarkGray,
+        RunState::Starting | RunState::Checkpointing | RunState::Stopping => Color::Yellow,
+        RunState::Running => Color::Green,
+        RunState::Failed { .. } => Color::Red,
+    }
+}
