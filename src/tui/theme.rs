@@ -27,6 +27,19 @@ pub const RECOMPUTE: Style = Style::new().fg(Color::Magenta);
 /// The selected row.
 pub const SELECTED: Style = Style::new().bg(Color::DarkGray);
 
+/// The parts of a plan's memory in the header's bar: model states, kept activations, the
+/// largest transient, the runtime's own (CUDA context, NCCL, allocator).
+pub const MEMORY_PARTS: [Color; 4] = [Color::Blue, Color::Green, Color::Yellow, Color::DarkGray];
+/// The parts of a step's time: compute, recompute, exposed communication, optimizer, fixed
+/// per-step overhead.
+pub const TIME_PARTS: [Color; 5] = [
+    Color::Green,
+    Color::Magenta,
+    Color::Cyan,
+    Color::Blue,
+    Color::DarkGray,
+];
+
 /// A panel's border: bright when it has the keys.
 pub const fn border(focused: bool) -> Style {
     if focused {

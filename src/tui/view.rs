@@ -20,6 +20,8 @@ use crate::units;
 
 pub const MIN_WIDTH: u16 = 80;
 pub const MIN_HEIGHT: u16 = 24;
+/// From this height the header shows the memory and time split bars.
+const SPLIT_BARS_MIN_HEIGHT: u16 = 30;
 
 pub fn draw(app: &App, f: &mut Frame) {
     let area = f.area();
@@ -31,8 +33,14 @@ pub fn draw(app: &App, f: &mut Frame) {
         f.render_widget(Paragraph::new(msg).wrap(Wrap { trim: true }), area);
         return;
     }
+    // Tall screens get the plan's memory and time split into parts, two lines more.
+    let header_height = if area.height >= SPLIT_BARS_MIN_HEIGHT {
+        6
+    } else {
+        4
+    };
     let [header, strip, main, footer] = Layout::vertical([
-        Constraint::Length(4),
+        Constraint::Length(header_height),
         Constraint::Length(1),
         Constraint::Min(10),
         Constraint::Length(1),
@@ -276,6 +284,9 @@ fn draw_header(app: &App, f: &mut Frame, area: Rect) {
                     )));
                 }
                 lines.push(Line::from(spans));
+                if area.height >= 5 {
+                    lines.extend(split_bars(pr, budget, usize::from(area.width)));
+                }
             }
             Err(nf) => lines.push(Line::from(Span::styled(
                 format!(
@@ -319,6 +330,67 @@ fn draw_header(app: &App, f: &mut Frame, area: Rect) {
         lines.push(Line::from(Span::styled(n.clone(), theme::WARN)));
     }
     f.render_widget(Paragraph::new(lines), area);
+}
+
+/// The plan's memory against the budget and its step time, each a bar of coloured parts with
+/// the parts named beside it: what the peak is made of and where the time goes.
+fn split_bars(pr: &crate::plan::Prediction, budget: u64, width: usize) -> [Line<'static>; 2] {
+    let bar_width = (width / 5).clamp(10, 30);
+    let gib = |b: u64| units::bytes(b);
+    let memory = [
+        (
+            "states",
+            pr.persistent_bytes as f64,
+            gib(pr.persistent_bytes),
+        ),
+        (
+            "activations",
+            pr.activation_bytes as f64,
+            gib(pr.activation_bytes),
+        ),
+        (
+            "transient",
+            pr.max_transient_bytes as f64,
+            gib(pr.max_transient_bytes),
+        ),
+        ("runtime", pr.overhead_bytes as f64, gib(pr.overhead_bytes)),
+    ];
+    let step = pr.step_time_s.max(f64::MIN_POSITIVE);
+    let pct = |s: f64| format!("{:.0}%", 100.0 * s / step);
+    let time = [
+        ("compute", pr.compute_s, pct(pr.compute_s)),
+        ("recompute", pr.recompute_s, pct(pr.recompute_s)),
+        ("comm", pr.exposed_comm_s, pct(pr.exposed_comm_s)),
+        ("optimizer", pr.optimizer_s, pct(pr.optimizer_s)),
+        ("overhead", pr.step_overhead_s, pct(pr.step_overhead_s)),
+    ];
+    let line = |title: &'static str,
+                parts: &[(&'static str, f64, String)],
+                colors: &[ratatui::style::Color],
+                whole: f64| {
+        let mut spans = vec![Span::raw(title)];
+        let mut used = 0;
+        for ((_, v, _), &c) in parts.iter().zip(colors) {
+            let cells = ((v / whole) * bar_width as f64).round() as usize;
+            let cells = cells.min(bar_width - used);
+            used += cells;
+            spans.push(Span::styled("█".repeat(cells), Style::new().fg(c)));
+        }
+        spans.push(Span::styled("·".repeat(bar_width - used), theme::MUTED));
+        for ((name, v, label), &c) in parts.iter().zip(colors) {
+            if *v <= 0.0 {
+                continue;
+            }
+            spans.push(Span::styled(" ■", Style::new().fg(c)));
+            spans.push(Span::raw(format!(" {name} {label}")));
+        }
+        Line::from(spans)
+    };
+    let whole = (budget.max(pr.peak_memory_bytes) as f64).max(1.0);
+    [
+        line("memory ", &memory, &theme::MEMORY_PARTS, whole),
+        line("time   ", &time, &theme::TIME_PARTS, step),
+    ]
 }
 
 /// The whole model in one line, coloured by strategy (ops with parameters only).

@@ -141,3 +141,37 @@ fn enter_on_an_operator_shows_every_choice_priced() {
     a.update(Action::Quit);
     assert!(a.detail.is_none() && !a.quit);
 }
+
+/// Issue 19: on a tall screen the header splits the plan's peak into states, activations,
+/// transient and runtime (their sizes add up to the peak shown above them), and the step into
+/// compute, communication and optimizer; a 24-row screen keeps its rows for the operators.
+#[test]
+fn tall_screens_split_the_peak_and_the_step_into_parts() {
+    let a = app();
+    let p = a.planned().expect("a plan").prediction.clone();
+    let screen = render_text(&a, 120, 40);
+    let memory = screen
+        .lines()
+        .find(|l| l.starts_with("memory "))
+        .unwrap_or_else(|| panic!("no memory bar:\n{screen}"));
+    for (name, bytes) in [
+        ("states", p.persistent_bytes),
+        ("activations", p.activation_bytes),
+        ("transient", p.max_transient_bytes),
+        ("runtime", p.overhead_bytes),
+    ] {
+        let want = format!("{name} {}", osdp_tui::units::bytes(bytes));
+        assert!(memory.contains(&want), "{want:?} not in {memory:?}");
+    }
+    assert_eq!(
+        p.persistent_bytes + p.activation_bytes + p.max_transient_bytes + p.overhead_bytes,
+        p.peak_memory_bytes
+    );
+    let time = screen
+        .lines()
+        .find(|l| l.starts_with("time "))
+        .unwrap_or_else(|| panic!("no time bar:\n{screen}"));
+    assert!(time.contains("compute "), "{time}");
+    let short = render_text(&a, 80, 24);
+    assert!(!short.lines().any(|l| l.starts_with("memory ")), "{short}");
+}
