@@ -169,7 +169,7 @@ impl App {
         let machine = Machine::new(&layout, &model);
         let blocks = Blocks::of(&model);
         let expanded = HashSet::from([0]);
-        App {
+        let mut app = App {
             model: Arc::new(model),
             layout,
             machine,
@@ -198,7 +198,14 @@ impl App {
             next_request: 0,
             worker: None,
             gpu_rx: None,
-        }
+        };
+        // The cursor starts on the first block, so the graph panel has a block to draw.
+        app.selected_row = app
+            .rows()
+            .iter()
+            .position(|r| matches!(r, Row::Block(_)))
+            .unwrap_or(0);
+        app
     }
 
     /// Plan in the background from now on (the interactive dashboard).
@@ -576,15 +583,7 @@ impl App {
             Action::ToggleGraph => self.show_graph = !self.show_graph,
             Action::RaiseBudget | Action::LowerBudget => {
                 let up = matches!(action, Action::RaiseBudget);
-                // 1 GiB steps down to 1 GiB, then 16 MiB steps (CPU runs and small models).
-                const FINE: u64 = 16 << 20;
-                let step = |b: u64| match (up, b < GIB) {
-                    (true, true) => (b + FINE).min(GIB),
-                    (true, false) => b.saturating_add(GIB).min(crate::plan::MAX_BUDGET_BYTES),
-                    (false, true) => b.saturating_sub(FINE).max(FINE),
-                    (false, false) if b == GIB => GIB - FINE,
-                    (false, false) => b.saturating_sub(GIB).max(GIB),
-                };
+                let step = |b: u64| budget_step(b, up);
                 if self.focus == Focus::Gpus {
                     if let Some(b) = self.budgets.get_mut(self.selected_gpu) {
                         *b = step(*b);
@@ -709,5 +708,18 @@ impl App {
 
     pub fn pin_of(&self, op: usize) -> Option<Choice> {
         self.pins.iter().find(|(i, _)| *i == op).map(|(_, c)| *c)
+    }
+}
+
+/// The budget one press of + (`up`) or - moves to from `b`: 1 GiB steps down to 1 GiB, then
+/// 16 MiB steps (CPU runs and small models).
+pub fn budget_step(b: u64, up: bool) -> u64 {
+    const FINE: u64 = 16 << 20;
+    match (up, b < GIB) {
+        (true, true) => (b + FINE).min(GIB),
+        (true, false) => b.saturating_add(GIB).min(crate::plan::MAX_BUDGET_BYTES),
+        (false, true) => b.saturating_sub(FINE).max(FINE),
+        (false, false) if b == GIB => GIB - FINE,
+        (false, false) => b.saturating_sub(GIB).max(GIB),
     }
 }

@@ -502,7 +502,12 @@ fn draw_ops(app: &App, f: &mut Frame, area: Rect) {
     }
     let table = Table::new(table_rows, widths)
         .header(TableRow::new(titles).style(Style::new().bold().underlined()))
-        .block(Block::bordered().title(" operators ").border_style(border))
+        .block(
+            Block::bordered()
+                .title(" operators ")
+                .title_bottom(strategy_legend(false))
+                .border_style(border),
+        )
         .row_highlight_style(theme::SELECTED);
     let mut state = TableState::default()
         .with_selected(Some(app.selected_row.min(rows.len().saturating_sub(1))));
@@ -626,19 +631,56 @@ fn draw_gpus(app: &App, f: &mut Frame, area: Rect) {
     );
 }
 
+/// The best throughput the frontier `curve` (memory, samples/s) offers within `budget`.
+fn throughput_within(curve: &[(u64, f64)], budget: u64) -> Option<f64> {
+    curve
+        .iter()
+        .filter(|&&(m, _)| m <= budget)
+        .map(|&(_, t)| t)
+        .reduce(f64::max)
+}
+
+/// An axis label with as many decimals as the axis' span needs (no two labels read "0").
+fn tick(v: f64, span: f64) -> String {
+    match span {
+        s if s >= 20.0 => format!("{v:.0}"),
+        s if s >= 2.0 => format!("{v:.1}"),
+        _ => format!("{v:.2}"),
+    }
+}
+
+/// The frontier: the best samples/s at every per-GPU budget, the budget as a cursor, and what
+/// one press of + or - would gain or cost.
 fn draw_frontier(app: &App, f: &mut Frame, area: Rect) {
-    let block = Block::bordered().title(" samples/s vs budget (GiB) ");
     let Some(ready) = &app.plan else {
+        let block = Block::bordered().title(" samples/s vs budget (GiB) ");
         f.render_widget(Paragraph::new("planning…").block(block), area);
         return;
     };
+    let budget = app.budget();
+    let now = throughput_within(&ready.curve, budget);
+    let delta = |up: bool| {
+        let b = super::app::budget_step(budget, up);
+        let t = throughput_within(&ready.curve, b);
+        let step = units::bytes(b.abs_diff(budget));
+        let sign = if up { '+' } else { '−' };
+        match (now, t) {
+            (Some(a), Some(b)) => format!("{sign}{step} {:+.1}", b - a).replace('-', "−"),
+            (_, None) => format!("{sign}{step} no fit"),
+            (None, Some(b)) => format!("{sign}{step} {b:.1}"),
+        }
+    };
+    let mut block = Block::bordered().title(" samples/s vs budget (GiB) ");
+    if let Some(t) = now {
+        block = block.title_bottom(format!(" {t:.1}/s · {} · {} ", delta(true), delta(false)));
+    }
     let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
     let pts: Vec<(f64, f64)> = ready.curve.iter().map(|&(m, t)| (gib(m), t)).collect();
     if pts.is_empty() {
         f.render_widget(Paragraph::new("no plan fits any budget").block(block), area);
         return;
     }
-    let x_max = gib(app.layout.memory_bytes()).max(gib(app.budget()));
+    let x_max = gib(app.layout.memory_bytes()).max(gib(budget));
     let pts: Vec<(f64, f64)> = pts.into_iter().filter(|p| p.0 <= x_max).collect();
     if pts.is_empty() {
         f.render_widget(
@@ -647,6 +689,9 @@ fn draw_frontier(app: &App, f: &mut Frame, area: Rect) {
         );
         return;
     }
+    // From a little below the smallest budget that fits (or the cursor, if lower).
+    let first = pts.first().map_or(0.0, |p| p.0).min(gib(budget));
+    let x_min = (first - 0.05 * (x_max - first)).max(0.0);
     let y_max = pts.iter().map(|p| p.1).fold(0.0f64, f64::max) * 1.1;
     // The curve as a staircase: the best throughput at every budget.
     let mut stairs: Vec<(f64, f64)> = Vec::new();
@@ -656,7 +701,7 @@ fn draw_frontier(app: &App, f: &mut Frame, area: Rect) {
     }
     stairs.push(*pts.last().expect("non-empty"));
     stairs.push((x_max, pts.last().expect("non-empty").1));
-    let budget = [(gib(app.budget()), 0.0), (gib(app.budget()), y_max)];
+    let cursor = [(gib(budget), 0.0), (gib(budget), y_max)];
     let datasets = vec![
         Dataset::default()
             .marker(Marker::Braille)
@@ -667,20 +712,21 @@ fn draw_frontier(app: &App, f: &mut Frame, area: Rect) {
             .marker(Marker::Braille)
             .graph_type(GraphType::Line)
             .style(theme::LIMIT)
-            .data(&budget),
+            .data(&cursor),
     ];
+    let x_span = x_max - x_min;
     let chart = Chart::new(datasets)
         .block(block)
-        .x_axis(Axis::default().bounds([0.0, x_max]).labels(vec![
-            Span::raw("0"),
-            Span::raw(format!("{:.0}", x_max / 2.0)),
-            Span::raw(format!("{x_max:.0}")),
+        .x_axis(Axis::default().bounds([x_min, x_max]).labels(vec![
+            Span::raw(tick(x_min, x_span)),
+            Span::raw(tick((x_min + x_max) / 2.0, x_span)),
+            Span::raw(tick(x_max, x_span)),
         ]))
-        .y_axis(
-            Axis::default()
-                .bounds([0.0, y_max])
-                .labels(vec![Span::raw("0"), Span::raw(format!("{:.0}", y_max))]),
-        );
+        .y_axis(Axis::default().bounds([0.0, y_max]).labels(vec![
+            Span::raw("0"),
+            Span::raw(tick(y_max / 2.0, y_max)),
+            Span::raw(tick(y_max, y_max)),
+        ]));
     f.render_widget(chart, area);
 }
 
@@ -828,6 +874,28 @@ fn draw_loss(status: &crate::run::RunStatus, f: &mut Frame, area: Rect) {
     f.render_widget(chart, area);
 }
 
+/// What each strategy colour means (the operators panel's bottom edge; `long` in help).
+fn strategy_legend(long: bool) -> Line<'static> {
+    let badge =
+        |label: &'static str, c: Choice| Span::styled(label, Style::new().fg(theme::strategy(c)));
+    Line::from(vec![
+        Span::raw(" "),
+        badge("dp ", Choice::DP),
+        badge("zero1 ", Choice::plain(Strategy::Zero1)),
+        badge("zero2 ", Choice::plain(Strategy::Zero2)),
+        badge("zero3 ", Choice::zero3(1, 1)),
+        badge(
+            if long {
+                "zero3/K:M (split K, M sharded) "
+            } else {
+                "zero3/K:M "
+            },
+            Choice::zero3(2, 1),
+        ),
+        Span::styled("recompute ", theme::RECOMPUTE),
+    ])
+}
+
 fn draw_help(f: &mut Frame, area: Rect) {
     let w = 76.min(area.width);
     let mut text: Vec<Line> = keymap::help_lines(usize::from(w.saturating_sub(2)))
@@ -841,16 +909,7 @@ fn draw_help(f: &mut Frame, area: Rect) {
     text.push(Line::from(
         "              `osdp-tui calibrate` measures this machine instead",
     ));
-    let badge =
-        |label: &'static str, c: Choice| Span::styled(label, Style::new().fg(theme::strategy(c)));
-    text.push(Line::from(vec![
-        badge("dp ", Choice::DP),
-        badge("zero1 ", Choice::plain(Strategy::Zero1)),
-        badge("zero2 ", Choice::plain(Strategy::Zero2)),
-        badge("zero3 ", Choice::zero3(1, 1)),
-        badge("zero3/K:M (split K, M sharded) ", Choice::zero3(2, 1)),
-        Span::styled("recompute", theme::RECOMPUTE),
-    ]));
+    text.push(strategy_legend(true));
     let h = (text.len() as u16 + 2).min(area.height);
     let r = Rect::new(
         area.x + (area.width - w) / 2,

@@ -114,7 +114,12 @@ fn blocks_expand_and_ops_can_be_pinned() {
     let rows = a.rows().len();
     // Move to block 1's header and expand it.
     let target = a.rows().iter().position(|r| *r == Row::Block(1)).unwrap();
-    for _ in 0..target {
+    assert_eq!(
+        a.selected(),
+        Some(Row::Block(0)),
+        "the cursor starts on block 0"
+    );
+    for _ in a.selected_row..target {
         a.update(Action::Down);
     }
     a.update(Action::Toggle);
@@ -384,4 +389,32 @@ fn status_reads_a_run_directory_from_another_terminal() {
         .output()
         .unwrap();
     assert_eq!(missing.status.code(), Some(2));
+}
+
+/// Issue 19: the frontier's read-out says what one press of + would gain, and pressing + gains
+/// exactly that (the curve and the planner agree).
+#[test]
+fn the_frontier_read_out_matches_what_plus_really_gives() {
+    let mut a = app("gpt2", "a100-80gb-8x-nvlink", 4 * GIB);
+    let screen = render_text(&a, 120, 40);
+    let line = screen
+        .lines()
+        .find(|l| l.contains("/s · +1.0 GiB "))
+        .unwrap_or_else(|| panic!("no read-out:\n{screen}"));
+    let gain: f64 = line
+        .split("+1.0 GiB ")
+        .nth(1)
+        .and_then(|r| r.split_whitespace().next())
+        .map(|g| g.replace('−', "-"))
+        .and_then(|g| g.parse().ok())
+        .unwrap_or_else(|| panic!("no gain in {line:?}"));
+    let before = a.planned().unwrap().prediction.throughput_samples_per_s;
+    a.update(Action::RaiseBudget);
+    let after = a.planned().unwrap().prediction.throughput_samples_per_s;
+    assert!(
+        ((after - before) - gain).abs() < 0.051,
+        "read-out {gain:+.1}, pressing + gave {:+.2}",
+        after - before
+    );
+    assert!(gain > 0.0, "4 GiB binds gpt2 on 8×A100: {line}");
 }

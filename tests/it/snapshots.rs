@@ -121,7 +121,7 @@ fn enter_on_an_operator_shows_every_choice_priced() {
         .iter()
         .position(|r| matches!(r, Row::Op(i) if a.model.ops[*i].id == "h0.attn.c_attn"))
         .expect("block 0's qkv projection is listed");
-    for _ in 0..target {
+    for _ in a.selected_row..target {
         a.update(Action::Down);
     }
     a.update(Action::Toggle);
