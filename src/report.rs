@@ -390,35 +390,8 @@ fn print_prediction(what: &str, p: &Prediction) {
 
 /// One line per run of blocks with the same choices, then the ops outside blocks.
 fn print_plan_by_block(spec: &ModelSpec, plan: &plan::Plan, blocks: &Blocks) {
-    let describe = |b: usize| -> String {
-        let mut parts: Vec<String> = blocks.ops[b]
-            .iter()
-            .filter(|&&i| plan.choices[i].strategy != Strategy::None)
-            .map(|&i| {
-                let id = &spec.ops[i].id;
-                let short = id.split_once('.').map_or(id.as_str(), |(_, rest)| rest);
-                format!("{}={}", printable(short), plan.choices[i].label())
-            })
-            .collect();
-        if plan.recompute[b] {
-            parts.push("recompute".into());
-        }
-        parts.join(" ")
-    };
-    let mut b = 0;
-    while b < blocks.ops.len() {
-        let d = describe(b);
-        let mut e = b;
-        while e + 1 < blocks.ops.len() && describe(e + 1) == d {
-            e += 1;
-        }
-        let range = if e == b {
-            format!("block {b}")
-        } else {
-            format!("blocks {b}-{e}")
-        };
-        println!("  {range:<14}{d}");
-        b = e + 1;
+    for run in blocks.runs(spec, plan) {
+        println!("  {:<14}{}", run.range(), run.description);
     }
     let outside: Vec<String> = spec
         .ops

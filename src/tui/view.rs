@@ -414,6 +414,37 @@ fn draw_strip(app: &App, f: &mut Frame, area: Rect) {
     f.render_widget(Paragraph::new(Line::from(spans)), area);
 }
 
+/// A collapsed block's strategy cell: the choice most of its parameter-owning ops take, `*` when
+/// some differ (the graph panel names them), and `rc` when the block is recomputed.
+fn block_badge(app: &App, b: usize, recompute: bool) -> Line<'static> {
+    let Some(p) = app.planned() else {
+        return Line::from("");
+    };
+    let choices: Vec<Choice> = app.blocks.ops[b]
+        .iter()
+        .map(|&i| p.plan.choices[i])
+        .filter(|c| c.strategy != Strategy::None)
+        .collect();
+    let most = choices
+        .iter()
+        .max_by_key(|c| choices.iter().filter(|d| d == c).count())
+        .copied();
+    let mut spans = Vec::new();
+    if let Some(c) = most {
+        let mixed = choices.iter().any(|&d| d != c);
+        spans.push(Span::styled(
+            format!("{}{}", c.label(), if mixed { "*" } else { "" }),
+            Style::new()
+                .fg(theme::strategy(c))
+                .add_modifier(Modifier::BOLD),
+        ));
+    }
+    if recompute {
+        spans.push(Span::styled(" rc", theme::RECOMPUTE));
+    }
+    Line::from(spans)
+}
+
 fn draw_ops(app: &App, f: &mut Frame, area: Rect) {
     let plan = app.planned();
     let total_time = plan.map_or(1.0, |p| p.prediction.step_time_s);
@@ -453,7 +484,7 @@ fn draw_ops(app: &App, f: &mut Frame, area: Rect) {
                     Cell::from(format!("{marker} block {b}")).bold(),
                     Cell::from(format!("{} ops", ops.len())),
                     Cell::from(units::count(params)),
-                    Cell::from(if recompute { "recompute" } else { "" }).style(theme::RECOMPUTE),
+                    Cell::from(block_badge(app, b, recompute)),
                     Cell::from(units::bytes(mem)),
                     Cell::from(format!("{:.1}%", 100.0 * time / total_time)),
                 ])
@@ -1034,8 +1065,25 @@ fn draw_graph(app: &App, f: &mut Frame, area: Rect) {
         " block {b} graph{} ",
         if recompute { " · recomputed" } else { "" }
     );
+    let mut lines = Vec::new();
+    if let Some(p) = app.planned() {
+        if let Some(run) = app
+            .blocks
+            .runs(&app.model, &p.plan)
+            .into_iter()
+            .find(|r| (r.first..=r.last).contains(&b))
+        {
+            lines.push(Line::styled(
+                format!("{}: {}", run.range(), run.description),
+                theme::MUTED,
+            ));
+        }
+    }
+    lines.extend(graph_lines(app, b));
     f.render_widget(
-        Paragraph::new(graph_lines(app, b)).block(Block::bordered().title(title)),
+        Paragraph::new(lines)
+            .wrap(Wrap { trim: false })
+            .block(Block::bordered().title(title)),
         area,
     );
 }

@@ -122,7 +122,66 @@ pub struct Blocks {
     pub input_bytes_per_sample: Vec<u64>,
 }
 
+/// Consecutive blocks a plan treats alike: `first..=last`, and what it does to each op that
+/// owns parameters (`attn.c_attn=zero3 mlp.c_fc=zero2 recompute`, ids without the block prefix).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BlockRun {
+    pub first: usize,
+    pub last: usize,
+    pub description: String,
+}
+
+impl BlockRun {
+    /// `block 3` or `blocks 0-16`.
+    pub fn range(&self) -> String {
+        if self.first == self.last {
+            format!("block {}", self.first)
+        } else {
+            format!("blocks {}-{}", self.first, self.last)
+        }
+    }
+}
+
 impl Blocks {
+    /// What `plan` does to block `b`'s ops, as [`BlockRun::description`] words.
+    pub fn describe(&self, model: &ModelSpec, plan: &Plan, b: usize) -> String {
+        let mut parts: Vec<String> = self.ops[b]
+            .iter()
+            .filter(|&&i| plan.choices[i].strategy != Strategy::None)
+            .map(|&i| {
+                let id = &model.ops[i].id;
+                let short = id.split_once('.').map_or(id.as_str(), |(_, rest)| rest);
+                format!(
+                    "{}={}",
+                    crate::text::printable(short),
+                    plan.choices[i].label()
+                )
+            })
+            .collect();
+        if plan.recompute.get(b).copied().unwrap_or(false) {
+            parts.push("recompute".into());
+        }
+        parts.join(" ")
+    }
+
+    /// The plan's blocks grouped into runs of alike blocks, in order: collapsed blocks hide no
+    /// difference when shown this way.
+    pub fn runs(&self, model: &ModelSpec, plan: &Plan) -> Vec<BlockRun> {
+        let mut out: Vec<BlockRun> = Vec::new();
+        for b in 0..self.ops.len() {
+            let d = self.describe(model, plan, b);
+            match out.last_mut() {
+                Some(run) if run.description == d => run.last = b,
+                _ => out.push(BlockRun {
+                    first: b,
+                    last: b,
+                    description: d,
+                }),
+            }
+        }
+        out
+    }
+
     pub fn of(model: &ModelSpec) -> Blocks {
         let n = model.config.layers as usize;
         let index = model.op_index();
@@ -439,6 +498,41 @@ mod tests {
         let layout = read_layout(&root.join("layouts/a100-80gb-8x-nvlink.json")).unwrap();
         let m = Machine::new(&layout, &model);
         (model, m)
+    }
+
+    #[test]
+    fn block_runs_group_alike_blocks_and_show_every_difference() {
+        let (model, _) = setup();
+        let blocks = Blocks::of(&model);
+        let mut plan = uniform_plan(&model, Strategy::Zero3, 1);
+        let n = blocks.ops.len();
+        let whole = blocks.runs(&model, &plan);
+        assert_eq!(whole.len(), 1);
+        assert_eq!(whole[0].range(), format!("blocks 0-{}", n - 1));
+        assert!(whole[0].description.contains("attn.c_attn=zero3"));
+        // One op of block 3 differs, block 5 is recomputed: five runs, and each says why.
+        let c_proj = model
+            .ops
+            .iter()
+            .position(|o| o.id == "h3.attn.c_proj")
+            .unwrap();
+        plan.choices[c_proj] = Choice::DP;
+        plan.recompute[5] = true;
+        let runs = blocks.runs(&model, &plan);
+        let ranges: Vec<String> = runs.iter().map(BlockRun::range).collect();
+        assert_eq!(
+            ranges,
+            [
+                "blocks 0-2",
+                "block 3",
+                "block 4",
+                "block 5",
+                &format!("blocks 6-{}", n - 1)
+            ]
+        );
+        assert!(runs[1].description.contains("attn.c_proj=dp"), "{runs:?}");
+        assert!(runs[3].description.ends_with("recompute"), "{runs:?}");
+        assert_eq!(runs[2].description, runs[0].description);
     }
 
     #[test]
