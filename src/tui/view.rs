@@ -235,6 +235,17 @@ fn draw_header(app: &App, f: &mut Frame, area: Rect) {
             Style::new().bold().fg(theme::run(&state)),
         ));
     }
+    // The state of the run and the pricing source matter more than the device's full name: on
+    // a narrow terminal the description shortens before they are cut.
+    if Line::from(title.clone()).width() > usize::from(area.width) {
+        title[1] = Span::raw(format!(
+            "{} ({}) on {} ({} ranks)",
+            printable(&m.name),
+            units::count(m.param_count()),
+            printable(&app.layout.name),
+            app.layout.world_size(),
+        ));
+    }
     let mut lines = vec![Line::from(title)];
     let budget = app.budget();
     let batch_mode = if app.batch.is_some() { "fixed" } else { "auto" };
