@@ -155,7 +155,27 @@ fn load(model: &Path, layout: &Path) -> Result<(ModelSpec, Layout), Failure> {
     Ok((spec, layout))
 }
 
-pub fn plan(req: PlanRequest) -> Result<(), Failure> {
+/// Everything `plan` found, before anything is printed: the text and JSON renderers below
+/// read this and compute nothing.
+pub struct PlanReport {
+    pub spec: ModelSpec,
+    pub layout: Layout,
+    pub budget: u64,
+    /// The GPU whose budget binds, when budgets differ per GPU.
+    pub binding_gpu: Option<usize>,
+    pub chosen: plan::GlobalBatch,
+    pub cpu: bool,
+    pub timing_source: String,
+    pub search_ms: f64,
+    pub planned: Planned,
+    pub baselines: Vec<(Baseline, Outcome)>,
+    /// `--explain`: per op, every choice priced in the plan.
+    pub explained: Vec<(usize, Vec<plan::explain::Alternative>)>,
+    pub blocks: Blocks,
+}
+
+/// Run the planner for a checked request.
+pub fn plan_report(req: &PlanRequest) -> Result<PlanReport, Failure> {
     let (spec, layout) = load(&req.model, &req.layout)?;
     let machine = Machine::new(&layout, &spec);
     let budgets = plan::request::per_gpu_budgets(&layout, req.budget, &req.budget_per_gpu, None)
@@ -214,14 +234,7 @@ pub fn plan(req: PlanRequest) -> Result<(), Failure> {
     let started = Instant::now();
     let result = plan_with_baselines(&spec, &machine, options, budget);
     let search_ms = started.elapsed().as_secs_f64() * 1e3;
-    let (
-        Planned {
-            plan,
-            prediction,
-            coarsened_bytes,
-        },
-        baselines,
-    ) = result.map_err(|nf| Failure {
+    let (planned, baselines) = result.map_err(|nf| Failure {
         code: EXIT_NO_FIT,
         message: format!(
             "no plan of {} fits {} per GPU on {}; the smallest budget that fits is {} ({} bytes)",
@@ -232,29 +245,79 @@ pub fn plan(req: PlanRequest) -> Result<(), Failure> {
             nf.min_budget_bytes
         ),
     })?;
-    if let Some(path) = &req.output {
-        let file = PlanFile::new(&spec, &layout.name, &plan, Some(&prediction));
-        crate::input::write_json_atomically(path, &file).map_err(|e| Failure::output(path, e))?;
-    }
     let explained: Vec<(usize, Vec<plan::explain::Alternative>)> = explain
         .iter()
         .map(|&op| {
-            let alts =
-                plan::explain::alternatives(&spec, &machine, &plan, op, req.max_split, budget);
+            let alts = plan::explain::alternatives(
+                &spec,
+                &machine,
+                &planned.plan,
+                op,
+                req.max_split,
+                budget,
+            );
             (op, alts)
         })
         .collect();
-    let blocks = Blocks::of(&spec);
+    Ok(PlanReport {
+        blocks: Blocks::of(&spec),
+        timing_source: machine.timing_source(),
+        spec,
+        layout,
+        budget,
+        binding_gpu,
+        chosen,
+        cpu,
+        search_ms,
+        planned,
+        baselines,
+        explained,
+    })
+}
+
+/// `plan`: plan, write the plan file if asked, print the report.
+pub fn plan(req: PlanRequest) -> Result<(), Failure> {
+    let r = plan_report(&req)?;
+    if let Some(path) = &req.output {
+        let file = PlanFile::new(
+            &r.spec,
+            &r.layout.name,
+            &r.planned.plan,
+            Some(&r.planned.prediction),
+        );
+        crate::input::write_json_atomically(path, &file).map_err(|e| Failure::output(path, e))?;
+    }
     if req.json {
-        let out = PlanOut {
+        print_json(&r.json());
+        return Ok(());
+    }
+    r.print_text();
+    if let Some(path) = &req.output {
+        println!("\nwrote {}", printable(&path.display().to_string()));
+    }
+    Ok(())
+}
+
+impl PlanReport {
+    /// The `--json` form.
+    fn json(&self) -> PlanOut<'_> {
+        let (spec, layout, plan, prediction, blocks) = (
+            &self.spec,
+            &self.layout,
+            &self.planned.plan,
+            &self.planned.prediction,
+            &self.blocks,
+        );
+        let (budget, binding_gpu, chosen) = (self.budget, self.binding_gpu, self.chosen);
+        PlanOut {
             model: &spec.name,
             layout: &layout.name,
             ranks: layout.world_size(),
-            headline: Headline::of(&prediction, budget),
+            headline: Headline::of(prediction, budget),
             binding_gpu,
-            search_time_ms: search_ms,
-            timing_source: machine.timing_source(),
-            prediction: &prediction,
+            search_time_ms: self.search_ms,
+            timing_source: self.timing_source.clone(),
+            prediction,
             ops: spec
                 .ops
                 .iter()
@@ -274,78 +337,89 @@ pub fn plan(req: PlanRequest) -> Result<(), Failure> {
                 plan::GlobalBatch::Default(_) => "default",
                 plan::GlobalBatch::Any => "any",
             },
-            baselines: baselines
+            baselines: self
+                .baselines
                 .iter()
                 .map(|(b, o)| (b.name(), BaselineOut::of(*b, o)))
                 .collect(),
-            explain: explained
-                .into_iter()
-                .map(|(op, alts)| (spec.ops[op].id.clone(), alts))
+            explain: self
+                .explained
+                .iter()
+                .map(|(op, alts)| (spec.ops[*op].id.clone(), alts.clone()))
                 .collect(),
-        };
-        print_json(&out);
-        return Ok(());
-    }
-    println!(
-        "{} on {} ({} ranks), budget {} per GPU{}",
-        printable(&spec.name),
-        printable(&layout.name),
-        layout.world_size(),
-        units::bytes(budget),
-        binding_gpu
-            .map(|g| format!(" (GPU {g} binds)"))
-            .unwrap_or_default()
-    );
-    print_prediction("plan", &prediction);
-    match chosen {
-        plan::GlobalBatch::Default(_) => println!(
-            "  {} is the default; --global-batch N sets it, `any` plans for the most samples/s",
-            chosen.explain_default(&spec, cpu).unwrap_or_default()
-        ),
-        plan::GlobalBatch::Any => println!("  global batch: any (the most samples/s)"),
-        plan::GlobalBatch::Given(_) => {}
-    }
-    println!("  prices: {}", printable(&machine.timing_source()));
-    println!("  searched in {search_ms:.2} ms (baselines included)");
-    if coarsened_bytes > 0 {
-        println!(
-            "  note: the model has too many distinct transient sizes to search exactly; memory was resolved to {} (the peak may be that much above the best plan's)",
-            units::bytes(coarsened_bytes)
-        );
-    }
-    println!();
-    print_plan_by_block(&spec, &plan, &blocks);
-    println!();
-    println!(
-        "  {:<12}{:>14}{:>14}{:>12}{:>10}",
-        "baseline", "batch", "samples/s", "peak", "plan is"
-    );
-    for (b, o) in &baselines {
-        match o {
-            Outcome::Fits(p) => println!(
-                "  {:<12}{:>14}{:>14.2}{:>12}{:>9.2}×",
-                b.name(),
-                p.prediction.batch_label(),
-                p.prediction.throughput_samples_per_s,
-                units::bytes(p.prediction.peak_memory_bytes),
-                prediction.throughput_samples_per_s / p.prediction.throughput_samples_per_s
-            ),
-            Outcome::Needs(n) if *n < u64::MAX => println!(
-                "  {:<12}{:>14}  needs ≥ {} per GPU",
-                b.name(),
-                "does not fit",
-                units::bytes(*n)
-            ),
-            Outcome::Needs(_) => println!("  {:<12}{:>14}", b.name(), "does not fit"),
         }
     }
-    for (op, alts) in &explained {
-        print_alternatives(&spec, *op, alts);
+
+    /// The text form.
+    fn print_text(&self) {
+        let (spec, layout, prediction, blocks) = (
+            &self.spec,
+            &self.layout,
+            &self.planned.prediction,
+            &self.blocks,
+        );
+        let (budget, binding_gpu, chosen, cpu) =
+            (self.budget, self.binding_gpu, self.chosen, self.cpu);
+        println!(
+            "{} on {} ({} ranks), budget {} per GPU{}",
+            printable(&spec.name),
+            printable(&layout.name),
+            layout.world_size(),
+            units::bytes(budget),
+            binding_gpu
+                .map(|g| format!(" (GPU {g} binds)"))
+                .unwrap_or_default()
+        );
+        print_prediction("plan", prediction);
+        match chosen {
+            plan::GlobalBatch::Default(_) => println!(
+                "  {} is the default; --global-batch N sets it, `any` plans for the most samples/s",
+                chosen.explain_default(spec, cpu).unwrap_or_default()
+            ),
+            plan::GlobalBatch::Any => println!("  global batch: any (the most samples/s)"),
+            plan::GlobalBatch::Given(_) => {}
+        }
+        println!("  prices: {}", printable(&self.timing_source));
+        println!(
+            "  searched in {:.2} ms (baselines included)",
+            self.search_ms
+        );
+        if self.planned.coarsened_bytes > 0 {
+            println!(
+            "  note: the model has too many distinct transient sizes to search exactly; memory was resolved to {} (the peak may be that much above the best plan's)",
+            units::bytes(self.planned.coarsened_bytes)
+        );
+        }
+        println!();
+        print_plan_by_block(spec, &self.planned.plan, blocks);
+        println!();
+        println!(
+            "  {:<12}{:>14}{:>14}{:>12}{:>10}",
+            "baseline", "batch", "samples/s", "peak", "plan is"
+        );
+        for (b, o) in &self.baselines {
+            match o {
+                Outcome::Fits(p) => println!(
+                    "  {:<12}{:>14}{:>14.2}{:>12}{:>9.2}×",
+                    b.name(),
+                    p.prediction.batch_label(),
+                    p.prediction.throughput_samples_per_s,
+                    units::bytes(p.prediction.peak_memory_bytes),
+                    prediction.throughput_samples_per_s / p.prediction.throughput_samples_per_s
+                ),
+                Outcome::Needs(n) if *n < u64::MAX => println!(
+                    "  {:<12}{:>14}  needs ≥ {} per GPU",
+                    b.name(),
+                    "does not fit",
+                    units::bytes(*n)
+                ),
+                Outcome::Needs(_) => println!("  {:<12}{:>14}", b.name(), "does not fit"),
+            }
+        }
+        for (op, alts) in &self.explained {
+            print_alternatives(spec, *op, alts);
+        }
     }
-    if let Some(path) = &req.output {
-        println!("\nwrote {}", printable(&path.display().to_string()));
-    }
-    Ok(())
 }
 
 fn print_prediction(what: &str, p: &Prediction) {
