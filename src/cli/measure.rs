@@ -271,10 +271,92 @@ pub fn calibrate(args: CalibrateArgs) -> Result<(), Failure> {
     Ok(())
 }
 
+/// `validate`: measure the plan, then print what was measured beside the prediction.
 #[cfg(feature = "train")]
 pub fn validate(args: ValidateArgs) -> Result<(), Failure> {
+    let r = validate_report(&args)?;
+    if args.json {
+        crate::report::print_json(&r);
+    } else {
+        r.print_text();
+    }
+    Ok(())
+}
+
+#[cfg(feature = "train")]
+/// The plan's prediction beside what `validate` measured; `--json` prints it as it is.
+#[derive(serde::Serialize)]
+struct ValidateReport {
+    model: String,
+    layout: String,
+    timing_source: String,
+    ranks: usize,
+    batch_size: u64,
+    warmup_steps: usize,
+    timed_steps: usize,
+    repeats: u64,
+    cpu_steal_fraction: Option<f64>,
+    predicted: Figures,
+    measured: Measured,
+    ratio: Ratios,
+    collectives: PredictedMeasured,
+    compute_by_kind: std::collections::BTreeMap<String, PredictedMeasured>,
+}
+
+#[cfg(feature = "train")]
+/// A step's time and a rank's peak memory, split as the cost model splits them.
+#[derive(serde::Serialize)]
+struct Figures {
+    step_time_s: f64,
+    operators_s: f64,
+    optimizer_s: f64,
+    other_s: f64,
+    peak_memory_bytes: u64,
+    states_bytes: u64,
+    activation_bytes: u64,
+    transient_bytes: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    runtime_overhead_bytes: Option<u64>,
+}
+
+#[cfg(feature = "train")]
+#[derive(serde::Serialize)]
+struct Measured {
+    #[serde(flatten)]
+    figures: Figures,
+    step_time_s_per_repeat: Vec<f64>,
+    per_rank: Vec<RankFigures>,
+}
+
+#[cfg(feature = "train")]
+/// One rank's own accounts (medians over the timed steps).
+#[derive(serde::Serialize)]
+struct RankFigures {
+    compute_s: f64,
+    collectives_in_ops_s: f64,
+    collective_calls: f64,
+    sync_s: f64,
+    optimizer_s: f64,
+    step_s: f64,
+}
+
+#[cfg(feature = "train")]
+#[derive(serde::Serialize)]
+struct Ratios {
+    step_time: f64,
+    peak_memory: f64,
+}
+
+#[cfg(feature = "train")]
+#[derive(serde::Serialize)]
+struct PredictedMeasured {
+    predicted_s: f64,
+    measured_s: f64,
+}
+
+#[cfg(feature = "train")]
+fn validate_report(args: &ValidateArgs) -> Result<ValidateReport, Failure> {
     use crate::train::measure::{measure_plan, median};
-    use crate::units;
 
     let model = crate::model::read_model(&args.model).map_err(Failure::input)?;
     let layout = crate::cluster::read_layout(&args.layout).map_err(Failure::input)?;
@@ -344,16 +426,16 @@ pub fn validate(args: ValidateArgs) -> Result<(), Failure> {
     let m_comm = cat(&|p| p.fwd_coll_s.iter().chain(&p.bwd_coll_s).sum::<f64>() + p.sync_s);
     // Each rank's own accounts (medians over the timed steps): the ranks wait for the slowest
     // at every collective, so imbalance shows here.
-    let per_rank: Vec<serde_json::Value> = (0..ranks)
-        .map(|r| {
-            serde_json::json!({
-                "compute_s": rank_median(r, &|p| p.fwd_s.iter().chain(&p.bwd_s).sum::<f64>()),
-                "collectives_in_ops_s": rank_median(r, &|p| p.collectives.iter().map(|c| c.1).sum::<f64>()),
-                "collective_calls": rank_median(r, &|p| p.collectives.len() as f64),
-                "sync_s": rank_median(r, &|p| p.sync_s),
-                "optimizer_s": rank_median(r, &|p| p.optimizer_s),
-                "step_s": rank_median(r, &|p| p.step_s),
-            })
+    let per_rank: Vec<RankFigures> = (0..ranks)
+        .map(|r| RankFigures {
+            compute_s: rank_median(r, &|p| p.fwd_s.iter().chain(&p.bwd_s).sum::<f64>()),
+            collectives_in_ops_s: rank_median(r, &|p| {
+                p.collectives.iter().map(|c| c.1).sum::<f64>()
+            }),
+            collective_calls: rank_median(r, &|p| p.collectives.len() as f64),
+            sync_s: rank_median(r, &|p| p.sync_s),
+            optimizer_s: rank_median(r, &|p| p.optimizer_s),
+            step_s: rank_median(r, &|p| p.step_s),
         })
         .collect();
     let m_step = median(&mut medians.clone());
@@ -370,141 +452,175 @@ pub fn validate(args: ValidateArgs) -> Result<(), Failure> {
     let m_states = peak.params + peak.grads + peak.optimizer;
     let m_transient = peak.gathered + peak.grad_buffers + peak.working;
     let p_peak = predicted.peak_memory_bytes - predicted.overhead_bytes;
-    let (lo, hi) = medians
-        .iter()
-        .fold((f64::MAX, 0.0f64), |(lo, hi), &t| (lo.min(t), hi.max(t)));
     let ratio_time = m_step / predicted.step_time_s;
     let ratio_mem = peak.total() as f64 / p_peak as f64;
-    if args.json {
-        crate::report::print_json(&serde_json::json!({
-            "model": model.name,
-            "layout": layout.name,
-            "timing_source": machine.timing_source(),
-            "ranks": ranks,
-            "batch_size": plan.batch,
-            "warmup_steps": args.warmup,
-            "timed_steps": steps,
-            "repeats": args.repeat,
-            "cpu_steal_fraction": steal,
-            "predicted": {
-                "step_time_s": predicted.step_time_s,
-                "operators_s": p_ops,
-                "optimizer_s": predicted.optimizer_s,
-                "other_s": predicted.step_overhead_s,
-                "peak_memory_bytes": p_peak,
-                "states_bytes": predicted.persistent_bytes,
-                "activation_bytes": predicted.activation_bytes,
-                "transient_bytes": predicted.max_transient_bytes,
-                "runtime_overhead_bytes": predicted.overhead_bytes,
+    Ok(ValidateReport {
+        model: model.name.clone(),
+        layout: layout.name.clone(),
+        timing_source: machine.timing_source(),
+        ranks,
+        batch_size: plan.batch,
+        warmup_steps: args.warmup,
+        timed_steps: steps,
+        repeats: args.repeat,
+        cpu_steal_fraction: steal,
+        predicted: Figures {
+            step_time_s: predicted.step_time_s,
+            operators_s: p_ops,
+            optimizer_s: predicted.optimizer_s,
+            other_s: predicted.step_overhead_s,
+            peak_memory_bytes: p_peak,
+            states_bytes: predicted.persistent_bytes,
+            activation_bytes: predicted.activation_bytes,
+            transient_bytes: predicted.max_transient_bytes,
+            runtime_overhead_bytes: Some(predicted.overhead_bytes),
+        },
+        measured: Measured {
+            figures: Figures {
+                step_time_s: m_step,
+                operators_s: m_ops,
+                optimizer_s: m_opt,
+                other_s: m_other,
+                peak_memory_bytes: peak.total(),
+                states_bytes: m_states,
+                activation_bytes: peak.activations,
+                transient_bytes: m_transient,
+                runtime_overhead_bytes: None,
             },
-            "measured": {
-                "step_time_s": m_step,
-                "step_time_s_per_repeat": medians,
-                "operators_s": m_ops,
-                "optimizer_s": m_opt,
-                "other_s": m_other,
-                "peak_memory_bytes": peak.total(),
-                "states_bytes": m_states,
-                "activation_bytes": peak.activations,
-                "transient_bytes": m_transient,
-                "per_rank": per_rank,
-            },
-            "ratio": { "step_time": ratio_time, "peak_memory": ratio_mem },
-            "collectives": { "predicted_s": predicted.exposed_comm_s, "measured_s": m_comm },
-            "compute_by_kind": by_kind
-                .iter()
-                .map(|(k, (p, m))| (k.to_string(), serde_json::json!({ "predicted_s": p, "measured_s": m })))
-                .collect::<serde_json::Map<_, _>>(),
-        }));
-        return Ok(());
-    }
-    println!(
-        "{} on {} ({ranks} ranks), micro-batch {}: {steps} timed steps after {} warm-up, {} repetition(s)",
-        model.name, layout.name, plan.batch, args.warmup, args.repeat
-    );
-    println!("  prices: {}", machine.timing_source());
-    if let Some(f) = steal {
+            step_time_s_per_repeat: medians,
+            per_rank,
+        },
+        ratio: Ratios {
+            step_time: ratio_time,
+            peak_memory: ratio_mem,
+        },
+        collectives: PredictedMeasured {
+            predicted_s: predicted.exposed_comm_s,
+            measured_s: m_comm,
+        },
+        compute_by_kind: by_kind
+            .into_iter()
+            .map(|(k, (p, m))| {
+                (
+                    k.to_string(),
+                    PredictedMeasured {
+                        predicted_s: p,
+                        measured_s: m,
+                    },
+                )
+            })
+            .collect(),
+    })
+}
+
+#[cfg(feature = "train")]
+impl ValidateReport {
+    fn print_text(&self) {
+        use crate::units;
+        let (p, m) = (&self.predicted, &self.measured.figures);
+        let (lo, hi) = self
+            .measured
+            .step_time_s_per_repeat
+            .iter()
+            .fold((f64::MAX, 0.0f64), |(lo, hi), &t| (lo.min(t), hi.max(t)));
         println!(
-            "  CPU stolen by the hypervisor while measuring: {:.1} %",
-            f * 100.0
-        );
-    }
-    println!(
-        "  {:<34}{:>12}{:>12}{:>10}",
-        "", "predicted", "measured", "ratio"
+        "{} on {} ({} ranks), micro-batch {}: {} timed steps after {} warm-up, {} repetition(s)",
+        self.model,
+        self.layout,
+        self.ranks,
+        self.batch_size,
+        self.timed_steps,
+        self.warmup_steps,
+        self.repeats
     );
-    let ms = |s: f64| format!("{:.1} ms", s * 1e3);
-    let row = |name: &str, p: String, m: String, r: Option<f64>| {
+        println!("  prices: {}", self.timing_source);
+        if let Some(f) = self.cpu_steal_fraction {
+            println!(
+                "  CPU stolen by the hypervisor while measuring: {:.1} %",
+                f * 100.0
+            );
+        }
         println!(
-            "  {name:<34}{p:>12}{m:>12}{:>10}",
-            r.map_or(String::new(), |r| format!("{r:.2}"))
+            "  {:<34}{:>12}{:>12}{:>10}",
+            "", "predicted", "measured", "ratio"
         );
-    };
-    let ratio = |m: f64, p: f64| (p > 0.0).then(|| m / p);
-    row(
-        "step time",
-        ms(predicted.step_time_s),
-        ms(m_step),
-        Some(ratio_time),
-    );
-    if args.repeat > 1 {
+        let ms = |s: f64| format!("{:.1} ms", s * 1e3);
+        let row = |name: &str, p: String, m: String, r: Option<f64>| {
+            println!(
+                "  {name:<34}{p:>12}{m:>12}{:>10}",
+                r.map_or(String::new(), |r| format!("{r:.2}"))
+            );
+        };
+        let ratio = |m: f64, p: f64| (p > 0.0).then(|| m / p);
         row(
-            "  spread over repetitions",
-            String::new(),
-            format!("{}–{}", ms(lo), ms(hi)),
-            None,
+            "step time",
+            ms(p.step_time_s),
+            ms(m.step_time_s),
+            Some(self.ratio.step_time),
+        );
+        if self.repeats > 1 {
+            row(
+                "  spread over repetitions",
+                String::new(),
+                format!("{}–{}", ms(lo), ms(hi)),
+                None,
+            );
+        }
+        row(
+            "  operators and collectives",
+            ms(p.operators_s),
+            ms(m.operators_s),
+            ratio(m.operators_s, p.operators_s),
+        );
+        for (k, f) in &self.compute_by_kind {
+            row(
+                &format!("    {k}"),
+                ms(f.predicted_s),
+                ms(f.measured_s),
+                ratio(f.measured_s, f.predicted_s),
+            );
+        }
+        row(
+            "    collectives",
+            ms(self.collectives.predicted_s),
+            ms(self.collectives.measured_s),
+            ratio(self.collectives.measured_s, self.collectives.predicted_s),
+        );
+        row(
+            "  optimizer",
+            ms(p.optimizer_s),
+            ms(m.optimizer_s),
+            ratio(m.optimizer_s, p.optimizer_s),
+        );
+        row(
+            "  other",
+            ms(p.other_s),
+            ms(m.other_s),
+            ratio(m.other_s, p.other_s),
+        );
+        row(
+            "peak memory per rank (no runtime)",
+            units::bytes(p.peak_memory_bytes),
+            units::bytes(m.peak_memory_bytes),
+            Some(self.ratio.peak_memory),
+        );
+        row(
+            "  parameters, gradients, optimizer",
+            units::bytes(p.states_bytes),
+            units::bytes(m.states_bytes),
+            ratio(m.states_bytes as f64, p.states_bytes as f64),
+        );
+        row(
+            "  activations",
+            units::bytes(p.activation_bytes),
+            units::bytes(m.activation_bytes),
+            ratio(m.activation_bytes as f64, p.activation_bytes as f64),
+        );
+        row(
+            "  transient",
+            units::bytes(p.transient_bytes),
+            units::bytes(m.transient_bytes),
+            ratio(m.transient_bytes as f64, p.transient_bytes as f64),
         );
     }
-    row(
-        "  operators and collectives",
-        ms(p_ops),
-        ms(m_ops),
-        ratio(m_ops, p_ops),
-    );
-    for (k, (p, m)) in &by_kind {
-        row(&format!("    {k}"), ms(*p), ms(*m), ratio(*m, *p));
-    }
-    row(
-        "    collectives",
-        ms(predicted.exposed_comm_s),
-        ms(m_comm),
-        ratio(m_comm, predicted.exposed_comm_s),
-    );
-    row(
-        "  optimizer",
-        ms(predicted.optimizer_s),
-        ms(m_opt),
-        ratio(m_opt, predicted.optimizer_s),
-    );
-    row(
-        "  other",
-        ms(predicted.step_overhead_s),
-        ms(m_other),
-        ratio(m_other, predicted.step_overhead_s),
-    );
-    row(
-        "peak memory per rank (no runtime)",
-        units::bytes(p_peak),
-        units::bytes(peak.total()),
-        Some(ratio_mem),
-    );
-    row(
-        "  parameters, gradients, optimizer",
-        units::bytes(predicted.persistent_bytes),
-        units::bytes(m_states),
-        ratio(m_states as f64, predicted.persistent_bytes as f64),
-    );
-    row(
-        "  activations",
-        units::bytes(predicted.activation_bytes),
-        units::bytes(peak.activations),
-        ratio(peak.activations as f64, predicted.activation_bytes as f64),
-    );
-    row(
-        "  transient",
-        units::bytes(predicted.max_transient_bytes),
-        units::bytes(m_transient),
-        ratio(m_transient as f64, predicted.max_transient_bytes as f64),
-    );
-    Ok(())
 }
