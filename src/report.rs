@@ -93,7 +93,7 @@ pub fn binding(budgets: &[u64]) -> (usize, u64) {
 pub const EXIT_NO_FIT: u8 = 3;
 
 /// Parse `OP=STRATEGY` into (op index, choice), checking that the op can take it.
-pub fn parse_pin(model: &ModelSpec, pin: &str) -> Result<(usize, Choice), String> {
+pub fn parse_pin(model: &ModelSpec, m: &Machine, pin: &str) -> Result<(usize, Choice), String> {
     let (op, strategy) = pin.split_once('=').ok_or_else(|| {
         format!("--pin {pin:?}: expected OP=STRATEGY, e.g. h0.mlp.c_fc=zero3/4:2")
     })?;
@@ -110,9 +110,12 @@ pub fn parse_pin(model: &ModelSpec, pin: &str) -> Result<(usize, Choice), String
         Some(_) => None,
     }
     .ok_or_else(|| {
-        format!("--pin {pin:?}: unknown strategy {strategy:?} (none, dp, zero1, zero2, zero3, zero3/K:M)")
+        format!("--pin {pin:?}: unknown strategy {strategy:?} (none, dp, zero1, zero2, zero3, zero3/K:M, hsdp)")
     })?;
     plan::check_choice(model, i, choice).map_err(|e| format!("--pin {pin:?}: {e}"))?;
+    if let Some(why) = m.refuses(choice.strategy) {
+        return Err(format!("--pin {pin:?}: {why}"));
+    }
     Ok((i, choice))
 }
 
@@ -234,7 +237,7 @@ pub fn plan(req: PlanRequest) -> Result<(), Failure> {
     let pins = req
         .pins
         .iter()
-        .map(|p| parse_pin(&spec, p))
+        .map(|p| parse_pin(&spec, &machine, p))
         .collect::<Result<Vec<_>, _>>()
         .map_err(Failure::input)?;
     // Two pins of one op: which should win is the user's call, not the order of flags.
@@ -538,6 +541,13 @@ pub fn evaluate(
         plan.accumulation = pairs.first().map_or(1, |&(_, a)| a);
     }
     let machine = Machine::new(&layout, &spec);
+    plan::check_machine(&spec, &plan, &machine).map_err(|e| {
+        Failure::input(format!(
+            "{} on layout {:?}: {e}",
+            plan_path.display(),
+            printable(&layout.name)
+        ))
+    })?;
     let p = plan::evaluate(&spec, &machine, &plan);
     let budget = budget.unwrap_or_else(|| layout.memory_bytes());
     let fits = p.peak_memory_bytes <= budget;

@@ -343,6 +343,9 @@ pub struct Launch<'a> {
     pub plan_json: &'a str,
     pub ranks: Ranks,
     pub world_size: usize,
+    /// The ranks as nodes of this many (a CPU layout of several nodes, for hsdp plans);
+    /// `None`: one node.
+    pub ranks_per_node: Option<usize>,
     /// Samples per step over all ranks.
     pub global_batch: u64,
     pub predicted: Option<Predicted>,
@@ -422,6 +425,9 @@ impl Supervisor {
             match launch.ranks {
                 Ranks::CpuThreads => {
                     cmd.arg("--world-size").arg(launch.world_size.to_string());
+                    if let Some(n) = launch.ranks_per_node {
+                        cmd.arg("--ranks-per-node").arg(n.to_string());
+                    }
                 }
                 Ranks::GpuProcesses => {
                     let n = processes.to_string();

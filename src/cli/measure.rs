@@ -289,6 +289,8 @@ pub fn validate(args: ValidateArgs) -> Result<(), Failure> {
         )));
     }
     let machine = crate::cost::Machine::new(&layout, &model);
+    crate::plan::check_machine(&model, &plan, &machine)
+        .map_err(|e| Failure::input(format!("{}: {e}", args.plan.display())))?;
     let predicted = crate::plan::evaluate(&model, &machine, &plan);
     let ranks = layout.world_size() as usize;
 

@@ -29,6 +29,7 @@ pub fn color(c: Choice) -> Color {
         Strategy::Zero2 => Color::Green,
         Strategy::Zero3 if c.split > 1 => Color::Magenta,
         Strategy::Zero3 => Color::Yellow,
+        Strategy::Hsdp => Color::LightRed,
     }
 }
 
@@ -838,8 +839,12 @@ fn draw_help(f: &mut Frame, area: Rect) {
             ),
             Span::styled("zero3 ", Style::new().fg(color(Choice::zero3(1, 1)))),
             Span::styled(
-                "zero3/K:M (split K, M sharded)",
+                "zero3/K:M (split K, M sharded) ",
                 Style::new().fg(color(Choice::zero3(2, 1))),
+            ),
+            Span::styled(
+                "hsdp",
+                Style::new().fg(color(Choice::plain(Strategy::Hsdp))),
             ),
         ]),
     ];
