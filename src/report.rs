@@ -185,7 +185,7 @@ pub fn plan_report(req: &PlanRequest) -> Result<PlanReport, Failure> {
     let pins = req
         .pins
         .iter()
-        .map(|p| plan::request::parse_pin(&spec, p))
+        .map(|p| plan::request::parse_pin(&spec, &machine, p))
         .collect::<Result<Vec<_>, _>>()
         .map_err(Failure::input)?;
     // Two pins of one op: which should win is the user's call, not the order of flags.
@@ -507,6 +507,13 @@ pub fn evaluate(
         plan.accumulation = pairs.first().map_or(1, |&(_, a)| a);
     }
     let machine = Machine::new(&layout, &spec);
+    plan::check_machine(&spec, &plan, &machine).map_err(|e| {
+        Failure::input(format!(
+            "{} on layout {:?}: {e}",
+            plan_path.display(),
+            printable(&layout.name)
+        ))
+    })?;
     let p = plan::evaluate(&spec, &machine, &plan);
     let budget = budget.unwrap_or_else(|| layout.memory_bytes());
     let fits = p.peak_memory_bytes <= budget;

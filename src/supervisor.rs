@@ -58,6 +58,9 @@ pub struct Launch<'a> {
     pub plan_json: &'a str,
     pub ranks: Ranks,
     pub world_size: usize,
+    /// The ranks as nodes of this many (a CPU layout of several nodes, for hsdp plans);
+    /// `None`: one node.
+    pub ranks_per_node: Option<usize>,
     /// Samples per step over all ranks.
     pub global_batch: u64,
     pub predicted: Option<Predicted>,
@@ -112,6 +115,10 @@ impl Supervisor {
                 plan: dir.plan(),
                 world_size: match launch.ranks {
                     Ranks::CpuThreads => Some(launch.world_size),
+                    Ranks::GpuProcesses => None,
+                },
+                ranks_per_node: match launch.ranks {
+                    Ranks::CpuThreads => launch.ranks_per_node,
                     Ranks::GpuProcesses => None,
                 },
                 global_batch: Some(launch.global_batch),

@@ -371,6 +371,8 @@ fn validate_report(args: &ValidateArgs) -> Result<ValidateReport, Failure> {
         )));
     }
     let machine = crate::cost::Machine::new(&layout, &model);
+    crate::plan::check_machine(&model, &plan, &machine)
+        .map_err(|e| Failure::input(format!("{}: {e}", args.plan.display())))?;
     let predicted = crate::plan::evaluate(&model, &machine, &plan);
     let ranks = layout.world_size() as usize;
 

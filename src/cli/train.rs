@@ -34,6 +34,12 @@ pub struct TrainArgs {
     /// the world size is `WORLD_SIZE`.
     #[arg(long, value_name = "N", value_parser = parse_world_size)]
     pub world_size: Option<usize>,
+    /// Arrange the ranks as nodes of N consecutive ranks: what an hsdp plan shards over
+    /// (inside a node) and replicates across (the nodes). N divides the world size [default:
+    /// under torchrun or Slurm `LOCAL_WORLD_SIZE` or `SLURM_NTASKS_PER_NODE`; else all ranks
+    /// one node].
+    #[arg(long, value_name = "N", value_parser = parse_world_size)]
+    pub ranks_per_node: Option<usize>,
     /// Samples per optimizer step over all ranks, run as the plan's micro-batches with
     /// gradient accumulation [default: micro-batch × accumulation × world size, the global
     /// batch the plan was made for; when resuming, the checkpoint's].
@@ -90,6 +96,7 @@ impl TrainArgs {
             model,
             plan,
             world_size,
+            ranks_per_node,
             global_batch,
             device,
             precision,
@@ -120,6 +127,10 @@ impl TrainArgs {
         };
         opt("--plan", Some(plan.into()));
         opt("--world-size", world_size.map(|n| n.to_string().into()));
+        opt(
+            "--ranks-per-node",
+            ranks_per_node.map(|n| n.to_string().into()),
+        );
         opt("--global-batch", global_batch.map(|n| n.to_string().into()));
         opt("--device", Some(name(*device).into()));
         opt("--precision", precision.map(|p| name(p).into()));
@@ -456,10 +467,19 @@ pub fn train(args: TrainArgs) -> Result<(), Failure> {
         signal_hook::flag::register(sig, Arc::clone(&stop))
             .map_err(|e| Failure::input(format!("cannot install the signal handler: {e}")))?;
     }
+    // Under a launcher, its processes per machine are a node.
+    let ranks_per_node = args.ranks_per_node.or_else(|| {
+        membership.as_ref().and_then(|_| {
+            ["LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE"]
+                .iter()
+                .find_map(|v| std::env::var(v).ok()?.trim().parse::<usize>().ok())
+        })
+    });
     let cfg = TrainConfig {
         model,
         plan,
         world_size,
+        ranks_per_node,
         global_batch,
         steps: args.steps,
         seed,
@@ -731,6 +751,8 @@ mod command_line {
                         model,
                         plan,
                         world_size,
+                        // Nodes of half the ranks where the world splits in two.
+                        ranks_per_node: world_size.filter(|w| w % 2 == 0).map(|w| w / 2),
                         global_batch,
                         device: if cuda {
                             DeviceArg::Cuda

@@ -415,6 +415,7 @@ impl App {
             plan_json: &json,
             ranks,
             world_size: world,
+            ranks_per_node: (self.layout.nodes > 1).then_some(self.layout.gpus_per_node as usize),
             global_batch: planned.plan.batch * planned.plan.accumulation * world as u64,
             predicted: Some(predicted),
         };
@@ -677,17 +678,22 @@ impl App {
         }
     }
 
-    /// Pin the op to the next strategy it allows (dp → zero1 → zero2 → zero3 → unpinned).
+    /// Pin the op to the next strategy it allows (dp → zero1 → zero2 → zero3 → hsdp on
+    /// several nodes → unpinned).
     fn cycle_pin(&mut self, op: usize) -> bool {
         if !cost::owns_params(&self.model.ops[op]) {
             return false;
         }
-        let order = [
+        let order: Vec<Strategy> = [
             Strategy::Dp,
             Strategy::Zero1,
             Strategy::Zero2,
             Strategy::Zero3,
-        ];
+            Strategy::Hsdp,
+        ]
+        .into_iter()
+        .filter(|&s| self.machine.refuses(s).is_none())
+        .collect();
         let current = self.pins.iter().position(|(i, _)| *i == op);
         let next = match current.map(|k| self.pins[k].1.strategy) {
             None => Some(order[0]),

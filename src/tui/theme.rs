@@ -58,6 +58,7 @@ pub const fn strategy(c: Choice) -> Color {
         Strategy::Zero2 => Color::Green,
         Strategy::Zero3 if c.split > 1 => Color::LightRed,
         Strategy::Zero3 => Color::Yellow,
+        Strategy::Hsdp => Color::LightBlue,
     }
 }
 

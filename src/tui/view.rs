@@ -934,6 +934,7 @@ fn strategy_legend(long: bool) -> Line<'static> {
             },
             Choice::zero3(2, 1),
         ),
+        badge("hsdp ", Choice::plain(Strategy::Hsdp)),
         Span::styled("recompute ", theme::RECOMPUTE),
     ])
 }

@@ -28,7 +28,7 @@ pub struct PlanRequest {
 pub struct PlanReady {
     pub id: u64,
     pub result: Result<Planned, NoFit>,
-    /// Every baseline of [`Baseline::ALL`] at the same budget and batch.
+    /// Every baseline of the machine ([`Baseline::of`]) at the same budget and batch.
     pub baselines: Vec<(Baseline, Outcome)>,
     /// (peak bytes, samples/s) of the best plans over budgets.
     pub curve: Vec<(u64, f64)>,

@@ -298,6 +298,7 @@ fn gpu_ranks_are_one_process_each_and_one_failing_ends_the_run() {
         plan_json: "{}",
         ranks: Ranks::GpuProcesses,
         world_size: 2,
+        ranks_per_node: None,
         global_batch: 8,
         predicted: None,
     };

@@ -1,7 +1,8 @@
 //! Prediction equals execution (issue 21 §1, issue 17 item 5): for the tiny models on the CPU
 //! with two ranks, under every strategy, with and without recomputation, one training step's
 //! ledger holds exactly the bytes the cost model prices — op by op for state and for kept
-//! activations, and per category — and never more than `plan::evaluate`'s peak.
+//! activations, and per category — and never more than `plan::evaluate`'s peak. hsdp likewise on
+//! four ranks arranged as two nodes of two.
 
 use osdp_tui::cost::{self, Choice, Machine, OpBase, Strategy};
 use osdp_tui::model::{self, saved, ModelSpec, OpKind};
@@ -9,13 +10,16 @@ use osdp_tui::plan::{self, Blocks, Plan, Prediction};
 use osdp_tui::train::collective::Collective;
 use osdp_tui::train::data::{Sampler, Source};
 use osdp_tui::train::exec::{Executor, ForwardMemory, Init, OptimConfig, Target};
-use osdp_tui::train::measure::on_rank_threads;
+use osdp_tui::train::measure::on_rank_threads_in_nodes;
 use osdp_tui::train::memory::Breakdown;
 use osdp_tui::train::TrainError;
 
 use super::root;
 
-const RANKS: usize = 2;
+/// Ranks and ranks per node: two on one node, as the CPU layout has them.
+const RANKS: (usize, usize) = (2, 2);
+/// Four as two nodes of two, for hsdp.
+const NODES: (usize, usize) = (4, 2);
 /// Samples per rank per micro-batch.
 const BATCH: u64 = 2;
 
@@ -23,11 +27,17 @@ fn tiny(name: &str) -> ModelSpec {
     model::read_model(&root().join(format!("sample-models/{name}.json"))).expect("sample loads")
 }
 
-/// The CPU layout at two ranks: fp32 states and activations, as the CPU trainer runs.
-fn machine(m: &ModelSpec) -> Machine {
-    let layout = osdp_tui::cluster::read_layout(&root().join("layouts/cpu.json")).unwrap();
+/// The CPU layout (fp32 states and activations, as the CPU trainer runs) at `(ranks, ranks
+/// per node)`: its two ranks, or nodes of it joined by its own link.
+fn machine(m: &ModelSpec, (ranks, per_node): (usize, usize)) -> Machine {
+    let mut layout = osdp_tui::cluster::read_layout(&root().join("layouts/cpu.json")).unwrap();
+    layout.gpus_per_node = per_node as u32;
+    layout.nodes = (ranks / per_node) as u32;
+    if layout.nodes > 1 {
+        layout.inter_node = Some(layout.intra_node.clone());
+    }
     let machine = Machine::new(&layout, m);
-    assert_eq!(machine.ranks as usize, RANKS);
+    assert_eq!(machine.ranks as usize, ranks);
     machine
 }
 
@@ -89,9 +99,13 @@ fn plans(m: &ModelSpec) -> Vec<(String, Plan)> {
     out
 }
 
-/// One training step on each of two rank threads: what each held when its forward pass
-/// ended, and its ledger's peak over the step.
-fn one_step(m: &ModelSpec, plan: &Plan) -> Vec<(ForwardMemory, Breakdown)> {
+/// One training step on each rank thread of `(ranks, ranks per node)`: what each held when
+/// its forward pass ended, and its ledger's peak over the step.
+fn one_step(
+    m: &ModelSpec,
+    plan: &Plan,
+    (ranks, per_node): (usize, usize),
+) -> Vec<(ForwardMemory, Breakdown)> {
     let sampler = Sampler {
         source: Source::Random,
         seed: 0,
@@ -99,7 +113,7 @@ fn one_step(m: &ModelSpec, plan: &Plan) -> Vec<(ForwardMemory, Breakdown)> {
         vocab: m.config.vocab_size,
     };
     let rows = plan.batch as usize;
-    on_rank_threads(RANKS, |group| {
+    on_rank_threads_in_nodes(ranks, per_node, |group| {
         let rank = group.rank();
         let failed = |e: osdp_tui::train::exec::ExecError| TrainError::Invalid(e.to_string());
         let mut exec = Executor::new(
@@ -293,18 +307,22 @@ fn check_totals(
 
 fn check_model(name: &str) {
     let m = tiny(name);
-    let machine = machine(&m);
-    for (what, plan) in plans(&m) {
+    check_plans(&m, name, RANKS, plans(&m));
+}
+
+fn check_plans(m: &ModelSpec, name: &str, ranks: (usize, usize), plans: Vec<(String, Plan)>) {
+    let machine = machine(m, ranks);
+    for (what, plan) in plans {
         let what = format!("{name} {what}");
-        let bases = cost::op_bases(&m, &machine, plan.batch);
-        let blocks = Blocks::of(&m);
-        let predicted = plan::evaluate(&m, &machine, &plan);
+        let bases = cost::op_bases(m, &machine, plan.batch);
+        let blocks = Blocks::of(m);
+        let predicted = plan::evaluate(m, &machine, &plan);
         let check = OpCheck {
-            model: &m,
+            model: m,
             plan: &plan,
             what: &what,
         };
-        for (rank, (held, peak)) in one_step(&m, &plan).iter().enumerate() {
+        for (rank, (held, peak)) in one_step(m, &plan, ranks).iter().enumerate() {
             let what = format!("{what} rank {rank}");
             let check = OpCheck {
                 what: &what,
@@ -325,6 +343,22 @@ fn the_ledger_holds_exactly_what_the_cost_model_prices_gpt2() {
 #[test]
 fn the_ledger_holds_exactly_what_the_cost_model_prices_llama() {
     check_model("tiny-llama");
+}
+
+/// hsdp on 2 nodes × 2 ranks: a node's share of every unit, priced over the node's ranks.
+#[test]
+fn the_ledger_holds_exactly_what_the_cost_model_prices_for_hsdp() {
+    let hsdp = Choice::plain(Strategy::Hsdp);
+    for name in ["tiny-gpt2", "tiny-llama"] {
+        let m = tiny(name);
+        let mut plans: Vec<(String, Plan)> = [false, true]
+            .into_iter()
+            .map(|r| (format!("hsdp (recompute: {r})"), plan_of(&m, hsdp, hsdp, r)))
+            .collect();
+        let mixed = plan_of(&m, hsdp, Choice::zero3(1, 1), true);
+        plans.push(("hsdp linears, zero3 others".into(), mixed));
+        check_plans(&m, name, NODES, plans);
+    }
 }
 
 /// A description that prices eager attention (seq² probabilities) is refused: the trainer's

@@ -106,6 +106,104 @@ fn plan_json_and_evaluate_agree() {
     assert_eq!(e["fits"].as_bool(), Some(false));
 }
 
+/// `plan` then `evaluate` of the plan file, both `--json` on `layout`: the two predictions.
+fn plan_then_evaluate(
+    model: &str,
+    layout: &str,
+    file: &std::path::Path,
+) -> (serde_json::Value, serde_json::Value) {
+    let file_s = file.to_str().unwrap();
+    let p = run_json(&["plan", model, "--layout", layout, "--json", "-o", file_s]);
+    let e = run_json(&[
+        "evaluate", model, "--layout", layout, "--plan", file_s, "--json",
+    ]);
+    for key in [
+        "batch_size",
+        "accumulation",
+        "global_batch",
+        "step_time_s",
+        "throughput_samples_per_s",
+        "peak_memory_bytes",
+    ] {
+        assert_eq!(e[key], p[key], "{model} on {layout}: {key}");
+    }
+    (p, e)
+}
+
+/// How many ops of `plan --json` are hsdp.
+fn hsdp_ops(p: &serde_json::Value) -> usize {
+    p["ops"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|o| o["strategy"] == "hsdp")
+        .count()
+}
+
+/// Issue 18's acceptance: llama-2-13b on 2 × 8 H100 takes hsdp where the cost model says it
+/// wins, and `evaluate` of the plan says what `plan` said. With eight NDR NICs a node, a ring
+/// over both nodes runs at NVLink speed and the step's communication hides behind compute:
+/// zero3 wins (hsdp would hold twice the state and update twice the parameters for nothing),
+/// and hsdp is listed as a baseline. With one NIC a node, hsdp is chosen.
+#[test]
+fn llama_2_13b_on_two_h100_nodes_takes_hsdp_where_it_wins_and_evaluate_agrees() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = "sample-models/llama-2-13b.json";
+    let (p, _) = plan_then_evaluate(
+        model,
+        "layouts/h100-sxm-2x8-ib-ndr.json",
+        &dir.path().join("eight.json"),
+    );
+    assert_eq!(hsdp_ops(&p), 0);
+    let (fsdp, hsdp) = (&p["baselines"]["fsdp"], &p["baselines"]["hsdp"]);
+    assert_eq!(hsdp["fits"].as_bool(), Some(true), "{hsdp}");
+    let t = |b: &serde_json::Value| b["throughput_samples_per_s"].as_f64().unwrap();
+    assert!(t(hsdp) < t(fsdp), "hsdp {hsdp} vs fsdp {fsdp}");
+    // One NIC a node.
+    let mut layout: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(root().join("layouts/h100-sxm-2x8-ib-ndr.json")).unwrap(),
+    )
+    .unwrap();
+    layout["inter_node"]["nics_per_node"]["value"] = 1.into();
+    let one_nic = dir.path().join("one-nic.json");
+    std::fs::write(&one_nic, layout.to_string()).unwrap();
+    let file = dir.path().join("one.json");
+    let (p, _) = plan_then_evaluate(model, one_nic.to_str().unwrap(), &file);
+    assert!(hsdp_ops(&p) > 0, "{}", p["ops"]);
+    assert!(t(&p["baselines"]["hsdp"]) > t(&p["baselines"]["fsdp"]));
+    // The hsdp plan on one node is refused, naming the op and why.
+    let out = osdp()
+        .args([
+            "evaluate",
+            model,
+            "--layout",
+            "layouts/h100-sxm-8x-nvlink.json",
+        ])
+        .arg("--plan")
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("is hsdp: hsdp shards inside a node") && err.contains("on one node"),
+        "{err}"
+    );
+    // And so is a pin.
+    let out = osdp()
+        .args(["plan", "sample-models/gpt2.json", "--layout"])
+        .args([
+            "layouts/a100-80gb-8x-nvlink.json",
+            "--pin",
+            "h0.mlp.c_fc=hsdp",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--pin") && err.contains("one node"), "{err}");
+}
+
 #[test]
 fn bad_plan_inputs_exit_2_with_the_reason() {
     let dir = tempfile::tempdir().unwrap();

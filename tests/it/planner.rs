@@ -69,10 +69,31 @@ fn small_model(hidden: u64, seq: u64, vocab: u64, blocks: u64, tied: bool) -> Mo
     g.finish("small", Family::Gpt2, None)
 }
 
+/// The machine of `layouts/{layout}.json`; `NAME+1nic`: that layout's nodes with one NIC
+/// each, where hybrid sharding's node-local gathers beat rings across the slow network.
 fn machine(layout: &str, model: &ModelSpec) -> Machine {
-    let l = read_layout(&crate::root().join(format!("layouts/{layout}.json"))).unwrap();
+    let (name, one_nic) = match layout.strip_suffix("+1nic") {
+        Some(name) => (name, true),
+        None => (layout, false),
+    };
+    let mut l = read_layout(&crate::root().join(format!("layouts/{name}.json"))).unwrap();
+    if one_nic {
+        if let Some(n) = l.inter_node.as_mut().and_then(|i| i.nics_per_node.as_mut()) {
+            n.value = 1.0;
+        }
+    }
     Machine::new(&l, model)
 }
+
+/// Layouts the exhaustive comparisons run on: one node (NVLink, PCIe, the CPU) and two nodes
+/// (with every NIC, and with one), where hsdp is a choice.
+const LAYOUTS: [&str; 5] = [
+    "a100-80gb-8x-nvlink",
+    "osdp-paper-8x-titan-rtx-pcie3",
+    "cpu",
+    "a100-80gb-2x8-ib-hdr",
+    "a100-80gb-2x8-ib-hdr+1nic",
+];
 
 /// Best throughput that fits `budget` over every plan of `batches` (see [`all_plans`]).
 fn exhaustive(
@@ -103,7 +124,7 @@ proptest! {
         vocab in prop::sample::select(vec![64u64, 1000]),
         // Exhaustive search grows as options^ops: two blocks only without splitting.
         (blocks, max_split, tied) in prop::sample::select(vec![(1u64, 1u32, false), (1, 2, false), (1, 2, true), (2, 1, true)]),
-        layout in prop::sample::select(vec!["a100-80gb-8x-nvlink", "osdp-paper-8x-titan-rtx-pcie3", "cpu"]),
+        layout in prop::sample::select(LAYOUTS.to_vec()),
         batch in 1u64..=3,
         budget_frac in 0.0f64..1.0,
     ) {
@@ -209,7 +230,10 @@ fn all_plans_accumulated(
     max_split: u32,
 ) -> Vec<(u64, f64)> {
     let bases = cost::op_bases(model, m, 1);
-    let options: Vec<Vec<Choice>> = bases.iter().map(|b| cost::choices(b, max_split)).collect();
+    let options: Vec<Vec<Choice>> = bases
+        .iter()
+        .map(|b| cost::choices(b, m, max_split))
+        .collect();
     let layers = model.config.layers as usize;
     let mut out = Vec::new();
     for &(batch, accumulation) in batches {
@@ -248,7 +272,7 @@ proptest! {
     fn one_planner_answers_every_budget_over_the_ladder(
         hidden in prop::sample::select(vec![128u64, 512]),
         seq in prop::sample::select(vec![64u64, 256]),
-        layout in prop::sample::select(vec!["a100-80gb-8x-nvlink", "osdp-paper-8x-titan-rtx-pcie3"]),
+        layout in prop::sample::select(vec!["a100-80gb-8x-nvlink", "osdp-paper-8x-titan-rtx-pcie3", "a100-80gb-2x8-ib-hdr+1nic"]),
         fracs in prop::collection::vec(0.0f64..1.0, 6),
     ) {
         let model = small_model(hidden, seq, 1000, 1, true);
@@ -267,6 +291,46 @@ proptest! {
                 "budget {budget}: planner {} vs exhaustive {want}", got.prediction.throughput_samples_per_s);
         }
     }
+}
+
+/// Two nodes with one NIC each: a flat ring crawls at one NIC's speed, while hsdp gathers over
+/// NVLink and sends only each rank's 1/8 gradient shard across, once a step. The planner takes
+/// it where it pays, exactly (against every plan, hsdp ones included), at a fixed global batch.
+#[test]
+fn on_two_nodes_of_one_nic_the_planner_takes_hsdp_exactly() {
+    use osdp_tui::cost::Strategy;
+    let model = small_model(1024, 512, 1000, 1, true);
+    let m = machine("a100-80gb-2x8-ib-hdr+1nic", &model);
+    assert!(m.hybrid());
+    let global = 8 * u64::from(m.ranks);
+    let options = PlanOptions {
+        global_batch: Some(global),
+        max_split: 2,
+        ..Default::default()
+    };
+    let pairs = osdp_tui::plan::batch_options(&options, m.ranks).unwrap();
+    let plans = all_plans_accumulated(&model, &m, &pairs, 2);
+    let want = plans.iter().map(|p| p.1).fold(0.0, f64::max);
+    let budget = 80u64 << 30;
+    let got = Planner::new(&model, m.clone(), options, budget)
+        .best(budget)
+        .unwrap();
+    assert!(close(got.prediction.throughput_samples_per_s, want));
+    assert!(
+        got.plan
+            .choices
+            .iter()
+            .any(|c| c.strategy == Strategy::Hsdp),
+        "{:?}",
+        got.plan.choices
+    );
+    assert_eq!(evaluate(&model, &m, &got.plan), got.prediction);
+    // One node offers no hsdp.
+    let one = machine("a100-80gb-8x-nvlink", &model);
+    let bases = cost::op_bases(&model, &one, 1);
+    assert!(bases.iter().all(|b| cost::choices(b, &one, 8)
+        .iter()
+        .all(|c| c.strategy != Strategy::Hsdp)));
 }
 
 #[test]
@@ -296,7 +360,7 @@ proptest! {
     fn at_a_fixed_global_batch_the_planner_matches_exhaustive_search(
         hidden in prop::sample::select(vec![128u64, 512]),
         seq in prop::sample::select(vec![64u64, 256]),
-        layout in prop::sample::select(vec!["a100-80gb-8x-nvlink", "osdp-paper-8x-titan-rtx-pcie3", "cpu"]),
+        layout in prop::sample::select(LAYOUTS.to_vec()),
         per_rank in prop::sample::select(vec![1u64, 4, 6, 12]),
         frac in 0.0f64..1.0,
     ) {

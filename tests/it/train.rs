@@ -79,6 +79,49 @@ fn mixed_plan(m: &ModelSpec, per_rank_batch: u64) -> Plan {
     }
 }
 
+/// Hybrid sharding among the others: linears cycle through hsdp, zero3 split 4 with 2 of 4
+/// slices sharded, zero1, hsdp, zero2 and dp; other ops through hsdp, zero3, zero2, dp; blocks
+/// 0 and 2 recompute.
+fn hsdp_plan(m: &ModelSpec, micro_batch: u64, accumulation: u64) -> Plan {
+    let hsdp = Choice::plain(Strategy::Hsdp);
+    let linear = [
+        hsdp,
+        Choice::zero3(4, 2),
+        Choice::plain(Strategy::Zero1),
+        hsdp,
+        Choice::plain(Strategy::Zero2),
+        Choice::DP,
+    ];
+    let other = [
+        hsdp,
+        Choice::zero3(1, 1),
+        Choice::plain(Strategy::Zero2),
+        Choice::DP,
+    ];
+    let (mut li, mut oi) = (0, 0);
+    let choices = m
+        .ops
+        .iter()
+        .map(|o| {
+            if !cost::owns_params(o) {
+                Choice::NONE
+            } else if o.kind == OpKind::Linear {
+                li += 1;
+                linear[(li - 1) % linear.len()]
+            } else {
+                oi += 1;
+                other[(oi - 1) % other.len()]
+            }
+        })
+        .collect();
+    Plan {
+        batch: micro_batch,
+        accumulation,
+        choices,
+        recompute: (0..m.config.layers).map(|b| b % 2 == 0).collect(),
+    }
+}
+
 /// ZeRO-3 (FSDP) everywhere.
 fn zero3_plan(m: &ModelSpec, per_rank_batch: u64) -> Plan {
     Plan {
@@ -104,6 +147,7 @@ fn config(m: &ModelSpec, plan: Plan, world: usize, steps: u64) -> TrainConfig {
         model: m.clone(),
         plan,
         world_size: world,
+        ranks_per_node: None,
         global_batch: GLOBAL_BATCH,
         steps,
         seed: 3,
@@ -313,6 +357,77 @@ fn mixed_plans_on_two_and_four_ranks_train_exactly_like_one_dp_rank_llama() {
 #[test]
 fn mixed_plans_on_two_and_four_ranks_train_exactly_like_one_dp_rank_opt() {
     check_equivalence("tiny-opt", true);
+}
+
+/// Hybrid sharding (issue 18 item 4): 4 ranks as 2 nodes × 2, hsdp among every other
+/// strategy, with and without accumulation (the nodes' shards meet once a step), train as one
+/// dp rank does.
+#[test]
+fn hsdp_plans_on_two_nodes_of_two_ranks_train_exactly_like_one_dp_rank() {
+    for name in ["tiny-gpt2", "tiny-llama"] {
+        let m = tiny(name);
+        let reference = train(&config(&m, dp_plan(&m), 1, 20));
+        // 2 samples per rank: one micro-batch of 2, or 2 of 1 accumulated.
+        for (micro, accumulation) in [(2, 1), (1, 2)] {
+            let mut cfg = config(&m, hsdp_plan(&m, micro, accumulation), 4, 20);
+            cfg.ranks_per_node = Some(2);
+            let run = train(&cfg);
+            let what = format!("{name}, 2 nodes × 2 ranks, hsdp plan {micro} × {accumulation}");
+            assert_same_losses(&reference.losses, &run.losses, &what);
+            assert_same_params(&reference.final_params, &run.final_params, &what);
+        }
+    }
+}
+
+/// A run checkpointed under hsdp (2 nodes × 2) resumes under a plan without it on 2 ranks,
+/// then under hsdp again on 4 nodes of one rank, and continues the same run.
+#[test]
+fn an_hsdp_checkpoint_resumes_under_other_plans_and_node_shapes() {
+    let m = tiny("tiny-llama");
+    let straight = train(&config(&m, dp_plan(&m), 1, 30));
+    let dir = tempfile::tempdir().unwrap();
+    let mut first = config(&m, hsdp_plan(&m, 2, 1), 4, 10);
+    first.ranks_per_node = Some(2);
+    first.checkpoint_dir = Some(dir.path().to_path_buf());
+    let a = train(&first);
+    let resume = |cfg: &mut TrainConfig| {
+        cfg.resume_from = Some(
+            train::checkpoint::latest(dir.path())
+                .unwrap()
+                .expect("a checkpoint"),
+        );
+        cfg.checkpoint_dir = Some(dir.path().to_path_buf());
+    };
+    let mut second = config(&m, mixed_plan(&m, 4), 2, 10);
+    resume(&mut second);
+    let b = train(&second);
+    let mut third = config(&m, hsdp_plan(&m, 2, 1), 4, 10);
+    third.ranks_per_node = Some(1);
+    resume(&mut third);
+    let c = train(&third);
+    assert_eq!((c.first_step, c.last_step), (20, 30));
+    let joined: Vec<f64> = [a.losses, b.losses, c.losses].concat();
+    assert_same_losses(&straight.losses, &joined, "hsdp 10 + mixed 10 + hsdp 10");
+    assert_same_params(&straight.final_params, &c.final_params, "hsdp, mixed, hsdp");
+}
+
+/// hsdp needs ranks in several nodes: on one, or with nodes that do not divide the ranks, the
+/// run is refused with the reason.
+#[test]
+fn hsdp_without_nodes_is_refused_with_the_reason() {
+    let m = tiny("tiny-gpt2");
+    let refused = |ranks_per_node: Option<usize>, needle: &str| {
+        let mut cfg = config(&m, hsdp_plan(&m, 2, 1), 4, 1);
+        cfg.ranks_per_node = ranks_per_node;
+        let err = train::run(&cfg, &AtomicBool::new(false), |_| {})
+            .err()
+            .expect("refused")
+            .to_string();
+        assert!(err.contains(needle), "{err}");
+    };
+    refused(None, "the 4 ranks are one node: give --ranks-per-node");
+    refused(Some(4), "the 4 ranks are one node");
+    refused(Some(3), "3 ranks per node do not divide the 4 ranks");
 }
 
 #[test]
@@ -775,6 +890,51 @@ fn ranks_as_processes_over_tcp_train_exactly_like_ranks_as_threads() {
         2,
         "rank 0 reports both ranks' memory"
     );
+}
+
+/// hsdp across processes: 4 processes over TCP as 2 nodes × 2 (`--ranks-per-node 2`) log the
+/// losses of 4 threads arranged the same way.
+#[test]
+fn hsdp_over_tcp_processes_trains_like_hsdp_over_threads() {
+    let m = tiny("tiny-gpt2");
+    let dir = tempfile::tempdir().unwrap();
+    let plan = write_plan(dir.path(), &m, &hsdp_plan(&m, 2, 1), "plan.json");
+    let (threads, procs) = (
+        dir.path().join("threads.jsonl"),
+        dir.path().join("procs.jsonl"),
+    );
+    let common = |metrics: &Path| -> Vec<std::ffi::OsString> {
+        let mut v: Vec<std::ffi::OsString> =
+            vec!["train".into(), sample("tiny-gpt2").into(), "--plan".into()];
+        v.push(plan.clone().into());
+        for a in ["--ranks-per-node", "2", "--steps", "3", "--metrics"] {
+            v.push(a.into());
+        }
+        v.push(metrics.into());
+        v
+    };
+    osdp()
+        .args(common(&threads))
+        .args(["--world-size", "4"])
+        .assert()
+        .success();
+    let port = free_port();
+    let args = common(&procs);
+    let refs: Vec<&std::ffi::OsStr> = args.iter().map(|a| a.as_os_str()).collect();
+    let children: Vec<_> = (0..4)
+        .map(|r| {
+            rank_process(r, 4, port, &refs)
+                .stderr(std::process::Stdio::null())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    for mut c in children {
+        assert!(c.wait().unwrap().success());
+    }
+    let (a, b) = (losses(&threads), losses(&procs));
+    assert_eq!(a.len(), 3);
+    assert_same_losses(&a, &b, "hsdp: 4 processes over TCP vs 4 threads");
 }
 
 #[test]

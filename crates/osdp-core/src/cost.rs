@@ -90,6 +90,10 @@ pub enum Strategy {
     Zero2,
     /// Everything sharded (FSDP FULL_SHARD); parameters gathered for use.
     Zero3,
+    /// Hybrid sharding (FSDP HYBRID_SHARD, ZeRO++ hpZ): everything sharded over the ranks of
+    /// a node and replicated across nodes; parameters gathered inside the node, gradient
+    /// shards all-reduced across the nodes once a step. Multi-node layouts only.
+    Hsdp,
 }
 
 impl Strategy {
@@ -100,6 +104,7 @@ impl Strategy {
             Strategy::Zero1 => "zero1",
             Strategy::Zero2 => "zero2",
             Strategy::Zero3 => "zero3",
+            Strategy::Hsdp => "hsdp",
         }
     }
 
@@ -110,6 +115,7 @@ impl Strategy {
             "zero1" => Strategy::Zero1,
             "zero2" => Strategy::Zero2,
             "zero3" | "fsdp" => Strategy::Zero3,
+            "hsdp" => Strategy::Hsdp,
             _ => return None,
         })
     }
@@ -168,9 +174,20 @@ pub enum Holding {
     Zero2,
     /// Everything sharded; gathered for use.
     Zero3,
+    /// Everything sharded over the ranks of a node (hsdp), replicated across nodes.
+    Hybrid,
 }
 
 impl Holding {
+    /// How many ranks a unit held this way is shared among: a node's for [`Holding::Hybrid`],
+    /// all of them otherwise. The share every rank holds, gathers and updates is of this many.
+    pub fn shard_ranks(self, ranks: u64, ranks_per_node: u64) -> u64 {
+        match self {
+            Holding::Hybrid => ranks_per_node.clamp(1, ranks.max(1)),
+            _ => ranks,
+        }
+    }
+
     /// Elements of a sharded unit of `numel` each of `ranks` holds: an equal share of the unit
     /// padded to a multiple of the ranks, so that collectives move equal pieces.
     pub fn share(numel: u64, ranks: u64) -> u64 {
@@ -192,7 +209,7 @@ impl Holding {
         let (params, grads) = match self {
             Holding::Replicated | Holding::Zero1 => (numel, numel),
             Holding::Zero2 => (numel, share),
-            Holding::Zero3 => (share, share),
+            Holding::Zero3 | Holding::Hybrid => (share, share),
         };
         precision.param_bytes * params
             + precision.grad_bytes * grads
@@ -230,6 +247,7 @@ impl Choice {
                 Holding::Replicated
             }
             Strategy::Zero3 => Holding::Zero3,
+            Strategy::Hsdp => Holding::Hybrid,
         };
         (0..k).map(move |j| match k {
             1 => Unit {
@@ -266,6 +284,14 @@ pub struct Machine {
     pub link_latency_s: f64,
     /// Per-step latency of the ring steps that cross nodes (`nodes − 1` of a ring's steps).
     pub cross_node_latency_s: f64,
+    /// Ranks in one node (hybrid sharding's shard group); `ranks` on one node.
+    pub ranks_per_node: u32,
+    /// Bus bandwidth of a ring over the ranks of one node (the intra-node link), bytes/s.
+    pub node_link_bytes_per_s: f64,
+    /// Bus bandwidth of one cross-node ring of one rank per node (hybrid sharding's replica
+    /// group), bytes/s: each of a node's ranks runs its own such ring at once, so each gets
+    /// its share of the node's NICs.
+    pub replica_link_bytes_per_s: f64,
     /// Fixed latency of one collective besides its steps (NCCL's launch and set-up).
     pub collective_base_s: f64,
     /// Bytes per element of reduced gradients on the wire.
@@ -386,13 +412,23 @@ impl Machine {
         // lesser of the NVLink (or PCIe) one and all of a node's NICs together, and only
         // the steps that cross nodes pay the network's latency.
         let intra = &layout.intra_node;
-        let (bw, cross_lat) = match &layout.inter_node {
-            Some(inter) if layout.nodes > 1 => (
-                (inter.bus_bandwidth_gb_per_s.value * inter.nics())
-                    .min(intra.bus_bandwidth_gb_per_s.value),
-                inter.latency_us.value,
+        let per_node = layout.gpus_per_node.max(1);
+        let (bw, cross_lat, replica_bw) = match &layout.inter_node {
+            Some(inter) if layout.nodes > 1 => {
+                let nics = inter.bus_bandwidth_gb_per_s.value * inter.nics();
+                (
+                    nics.min(intra.bus_bandwidth_gb_per_s.value),
+                    inter.latency_us.value,
+                    // A node's ranks each run a ring of one rank per node, side by side:
+                    // they share the node's NICs.
+                    (nics / f64::from(per_node)).min(intra.bus_bandwidth_gb_per_s.value),
+                )
+            }
+            _ => (
+                intra.bus_bandwidth_gb_per_s.value,
+                intra.latency_us.value,
+                intra.bus_bandwidth_gb_per_s.value,
             ),
-            _ => (intra.bus_bandwidth_gb_per_s.value, intra.latency_us.value),
         };
         Machine {
             ranks: layout.world_size(),
@@ -402,6 +438,9 @@ impl Machine {
             link_bytes_per_s: bw * 1e9,
             link_latency_s: intra.latency_us.value * 1e-6,
             cross_node_latency_s: cross_lat * 1e-6,
+            ranks_per_node: per_node.min(layout.world_size().max(1)),
+            node_link_bytes_per_s: intra.bus_bandwidth_gb_per_s.value * 1e9,
+            replica_link_bytes_per_s: replica_bw * 1e9,
             collective_base_s: match layout.device.kind {
                 DeviceKind::Gpu => NCCL_BASE_LATENCY_S,
                 // Calibrated CPU links fold it into the per-step figure.
@@ -469,6 +508,45 @@ impl Machine {
 
     pub fn reduce_scatter_s(&self, bytes: f64) -> f64 {
         self.all_gather_s(bytes)
+    }
+
+    /// Whether hybrid sharding applies: the ranks span more than one node.
+    pub fn hybrid(&self) -> bool {
+        self.nodes > 1 && self.ranks > self.ranks_per_node
+    }
+
+    /// Why `strategy` cannot run on this machine, if it cannot: hybrid sharding on one node.
+    pub fn refuses(&self, strategy: Strategy) -> Option<String> {
+        (strategy == Strategy::Hsdp && !self.hybrid()).then(|| {
+            format!(
+                "hsdp shards inside a node and replicates across nodes, but all {} ranks are on \
+                 one node: use zero3 (the same sharding over all ranks), or a layout of several \
+                 nodes",
+                self.ranks
+            )
+        })
+    }
+
+    /// A ring collective of `bytes` over the ranks of one node (hybrid sharding's gathers and
+    /// reduce-scatters), paying `latency_share` of its latency.
+    fn node_ring_s(&self, bytes: f64, latency_share: f64) -> f64 {
+        let n = f64::from(self.ranks_per_node.min(self.ranks));
+        if n <= 1.0 {
+            return 0.0;
+        }
+        latency_share * (self.collective_base_s + (n - 1.0) * self.link_latency_s)
+            + (n - 1.0) / n * bytes / self.node_link_bytes_per_s
+    }
+
+    /// A ring collective of `bytes` over one rank per node (hybrid sharding's replica group):
+    /// every step crosses nodes.
+    fn replica_ring_s(&self, bytes: f64, latency_share: f64) -> f64 {
+        let n = f64::from(self.nodes.clamp(1, self.ranks.max(1)));
+        if n <= 1.0 {
+            return 0.0;
+        }
+        latency_share * (self.collective_base_s + (n - 1.0) * self.cross_node_latency_s)
+            + (n - 1.0) / n * bytes / self.replica_link_bytes_per_s
     }
 
     /// Ring all-reduce = reduce-scatter + all-gather.
@@ -712,10 +790,12 @@ pub fn price(base: &OpBase, choice: Choice, m: &Machine) -> OpCost {
     // gradients, ZeRO-3 gathers and reduce-scatters for every micro-batch.
     let none = Comm::default();
     // State and optimizer work follow the units the trainer holds (padded shares per unit).
+    let per_node = u64::from(m.ranks_per_node);
     let (mut persistent, mut updated, mut replicated_p) = (0, 0, 0);
     for u in base.units(choice) {
-        persistent += u.holding.state_bytes(u.numel, n, pr);
-        updated += u.holding.updated(u.numel, n);
+        let over = u.holding.shard_ranks(n, per_node);
+        persistent += u.holding.state_bytes(u.numel, over, pr);
+        updated += u.holding.updated(u.numel, over);
         if u.holding == Holding::Replicated {
             replicated_p += u.numel;
         }
@@ -766,6 +846,21 @@ pub fn price(base: &OpBase, choice: Choice, m: &Machine) -> OpCost {
                 },
             )
         }
+        // ZeRO-3 inside the node for every micro-batch; the node's gradient shards summed
+        // across nodes once a step (a rank's 1/ranks-per-node share, over its NICs' share).
+        Strategy::Hsdp => {
+            let node = |bytes: f64| m.node_ring_s(bytes, share);
+            let shard = (rb * p) as f64 / per_node.max(1) as f64;
+            (
+                (pb + gb) * p,
+                Comm {
+                    micro_fwd: extra_gathers * node((pb * p) as f64),
+                    micro_bwd: extra_gathers * node((pb * p) as f64) + node((rb * p) as f64),
+                    step_bwd: 2.0 * m.replica_ring_s(shard, share),
+                    ..none
+                },
+            )
+        }
     };
     // A split op runs its matmuls slice by slice: k smaller matmuls instead of one, forward and
     // backward. A calibration prices the k slices from its `linear/split` curve (slices timed
@@ -802,7 +897,7 @@ pub fn price(base: &OpBase, choice: Choice, m: &Machine) -> OpCost {
         exposed_comm_s: exposed,
         optimizer_s: match &m.calibration {
             _ if updated == 0 => 0.0,
-            Some(cal) => calibrated_optimizer_s(cal, base, choice, n),
+            Some(cal) => calibrated_optimizer_s(cal, base, choice, m),
             None => {
                 (OPTIMIZER_BYTES_PER_PARAM * updated) as f64
                     / (m.memory_bytes_per_s * m.efficiency.memory)
@@ -830,16 +925,20 @@ impl Comm {
 
 /// Measured optimizer time of one op's tensors on one rank, unit by unit as the trainer
 /// updates them ([`Choice::units`]): each unit whole or as this rank's share.
-fn calibrated_optimizer_s(cal: &Calibration, base: &OpBase, choice: Choice, n: u64) -> f64 {
+fn calibrated_optimizer_s(cal: &Calibration, base: &OpBase, choice: Choice, m: &Machine) -> f64 {
+    let (n, per_node) = (u64::from(m.ranks.max(1)), u64::from(m.ranks_per_node));
     base.units(choice)
-        .map(|u| cal.optimizer_s(u.holding.updated(u.numel, n)))
+        .map(|u| {
+            let over = u.holding.shard_ranks(n, per_node);
+            cal.optimizer_s(u.holding.updated(u.numel, over))
+        })
         .sum()
 }
 
-/// Every choice the planner may make for an op: `None` for parameter-free ops; DP, ZeRO-1/2/3
-/// otherwise; and for splittable ops ZeRO-3 split into `k` = 2, 4, … ≤ `max_split` slices with
-/// 1..=k of them sharded.
-pub fn choices(base: &OpBase, max_split: u32) -> Vec<Choice> {
+/// Every choice the planner may make for an op on `m`: `None` for parameter-free ops; DP,
+/// ZeRO-1/2/3 otherwise, and HSDP where the ranks span several nodes; and for splittable ops
+/// ZeRO-3 split into `k` = 2, 4, … ≤ `max_split` slices with 1..=k of them sharded.
+pub fn choices(base: &OpBase, m: &Machine, max_split: u32) -> Vec<Choice> {
     if base.params == 0 {
         return vec![Choice::NONE];
     }
@@ -849,6 +948,9 @@ pub fn choices(base: &OpBase, max_split: u32) -> Vec<Choice> {
         Choice::plain(Strategy::Zero2),
         Choice::zero3(1, 1),
     ];
+    if m.hybrid() {
+        out.push(Choice::plain(Strategy::Hsdp));
+    }
     if base.splittable {
         let mut k = 2;
         while k <= max_split {
@@ -984,6 +1086,9 @@ mod tests {
             link_bytes_per_s: 100e9,
             link_latency_s: 10e-6,
             cross_node_latency_s: 10e-6,
+            ranks_per_node: ranks,
+            node_link_bytes_per_s: 100e9,
+            replica_link_bytes_per_s: 100e9,
             collective_base_s: 0.0,
             reduce_bytes: 2,
             efficiency: Efficiencies::GENERIC,
@@ -1419,7 +1524,8 @@ mod tests {
     #[test]
     fn choices_cover_the_osdp_space() {
         let b = linear_base(1000);
-        let c = choices(&b, 4);
+        let m = machine(8);
+        let c = choices(&b, &m, 4);
         // dp, zero1, zero2, zero3; then k = 2 with 1..=2 sharded, k = 4 with 1..=4.
         assert_eq!(c.len(), 4 + 2 + 4);
         assert!(c.contains(&Choice::zero3(4, 3)));
@@ -1427,12 +1533,12 @@ mod tests {
             splittable: false,
             ..linear_base(1000)
         };
-        assert_eq!(choices(&norm, 8).len(), 4);
+        assert_eq!(choices(&norm, &m, 8).len(), 4);
         let free = OpBase {
             params: 0,
             ..linear_base(0)
         };
-        assert_eq!(choices(&free, 8), vec![Choice::NONE]);
+        assert_eq!(choices(&free, &m, 8), vec![Choice::NONE]);
     }
 
     fn sample(name: &str) -> ModelSpec {
@@ -1478,6 +1584,45 @@ mod tests {
         let base = NCCL_BASE_LATENCY_S;
         assert!((eight.all_gather_s(0.0) - (base + 56.0 * 10e-6 + 7.0 * 15e-6)).abs() < 1e-12);
         assert!((one.all_gather_s(0.0) - (base + 7.0 * 10e-6)).abs() < 1e-12);
+    }
+
+    #[test]
+    fn hsdp_holds_a_nodes_share_gathers_over_nvlink_and_syncs_across_nodes_once_a_step() {
+        // Two nodes of 8: NVLink 370 GB/s and 10 µs per step; eight 46 GB/s NICs, 15 µs.
+        let mut m = cluster(2, 8.0);
+        m.overlap = false;
+        assert_eq!((m.ranks, m.ranks_per_node, m.nodes), (16, 8, 2));
+        // Each of a node's 8 ranks runs its own cross-node ring over one NIC.
+        assert!((m.replica_link_bytes_per_s - 46e9).abs() < 1e-3);
+        let p = 1_000_000_000u64;
+        let mut b = linear_base(p);
+        b.accumulation = 4;
+        let hsdp = Choice::plain(Strategy::Hsdp);
+        let c = price(&b, hsdp, &m);
+        // ZeRO's 16 bytes per parameter over the node's 8 ranks, not all 16.
+        assert_eq!(c.persistent_bytes, 16 * p / 8);
+        assert_eq!(
+            c.transient_bytes,
+            price(&b, Choice::zero3(1, 1), &m).transient_bytes
+        );
+        // Per micro-batch two gathers and a reduce-scatter of 2 GB inside the node; once a
+        // step an all-reduce of the rank's 1/8 gradient shard over the 2 nodes.
+        let base = NCCL_BASE_LATENCY_S;
+        let node = base + 7.0 * 10e-6 + 7.0 / 8.0 * 2e9 / 370e9;
+        let across = 2.0 * (base + 15e-6 + 0.5 * (2e9 / 8.0) / 46e9);
+        let want = 4.0 * 3.0 * node + across;
+        assert!((c.comm_s - want).abs() < 1e-12, "{} vs {want}", c.comm_s);
+        // The optimizer updates the node share.
+        let z3 = price(&b, Choice::zero3(1, 1), &m).optimizer_s;
+        assert!((c.optimizer_s - 2.0 * z3).abs() < 1e-15);
+        // Offered, and runnable, only where the ranks span nodes.
+        assert!(choices(&b, &m, 1).contains(&hsdp));
+        assert_eq!(m.refuses(Strategy::Hsdp), None);
+        let one = cluster(1, 8.0);
+        assert!(!choices(&b, &one, 8).contains(&hsdp));
+        let why = one.refuses(Strategy::Hsdp).unwrap();
+        assert!(why.contains("one node"), "{why}");
+        assert_eq!(one.refuses(Strategy::Zero3), None);
     }
 
     #[test]

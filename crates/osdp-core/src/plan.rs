@@ -241,6 +241,21 @@ impl Blocks {
     }
 }
 
+/// Whether machine `m` can run every choice of `plan`: names the first op it cannot (hsdp
+/// on a layout of one node).
+pub fn check_machine(model: &ModelSpec, plan: &Plan, m: &Machine) -> Result<(), String> {
+    for (op, choice) in model.ops.iter().zip(&plan.choices) {
+        if let Some(why) = m.refuses(choice.strategy) {
+            return Err(format!(
+                "op {:?} is {}: {why}",
+                crate::text::printable(&op.id),
+                choice.label()
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// Price a plan. The planner's figures are these, by construction.
 pub fn evaluate(model: &ModelSpec, m: &Machine, plan: &Plan) -> Prediction {
     let mut bases = cost::op_bases(model, m, plan.batch);

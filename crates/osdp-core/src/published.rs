@@ -2,10 +2,10 @@
 //! that other people measured (`docs/published-runs.json`, with a link for every figure).
 //!
 //! Each run is reproduced as a plan the planner could have chosen — one strategy on every
-//! op (FSDP `FULL_SHARD` is ZeRO-3, `SHARD_GRAD_OP` ZeRO-2, DDP), full activation
-//! checkpointing as recomputation of every block, the run's micro-batch and accumulation —
-//! on the layout of its GPUs, and priced by [`crate::plan::evaluate`], the same function
-//! `osdp-tui evaluate` uses.
+//! op (FSDP `FULL_SHARD` is ZeRO-3, `SHARD_GRAD_OP` ZeRO-2, `HYBRID_SHARD` hsdp, DDP), full
+//! activation checkpointing as recomputation of every block, the run's micro-batch and
+//! accumulation — on the layout of its GPUs, and priced by [`crate::plan::evaluate`], the same
+//! function `osdp-tui evaluate` uses.
 
 use std::path::{Path, PathBuf};
 
@@ -307,6 +307,7 @@ const NCCL_NETWORK_EFFICIENCY: f64 = 0.92;
 pub fn strategy_of(sharding: &str) -> Result<Strategy, String> {
     Ok(match sharding.to_uppercase().as_str() {
         "FULL_SHARD" | "ZERO3" => Strategy::Zero3,
+        "HYBRID_SHARD" | "HSDP" => Strategy::Hsdp,
         "SHARD_GRAD_OP" | "ZERO2" => Strategy::Zero2,
         "ZERO1" => Strategy::Zero1,
         "NO_SHARD" | "DDP" => Strategy::Dp,

@@ -279,7 +279,7 @@ fn time_split_linears(
         let bases = graph.bases(model, &machine, batch);
         let mut plan = osdp_core::plan::uniform_plan(model, Strategy::Zero3, batch);
         let splits: Vec<usize> = (0..bases.len())
-            .filter(|&i| cost::choices(&bases[i], SPLIT).contains(&split))
+            .filter(|&i| cost::choices(&bases[i], &machine, SPLIT).contains(&split))
             .collect();
         for &i in &splits {
             plan.choices[i] = split;

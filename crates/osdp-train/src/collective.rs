@@ -24,6 +24,39 @@ pub trait Collective: Send {
     /// `root`'s tensor on every rank.
     fn broadcast(&self, t: &Tensor, root: usize) -> Result<Tensor, Aborted>;
     fn barrier(&self) -> Result<(), Aborted>;
+    /// Hybrid sharding's two groups of this rank, where the backend arranged the ranks in
+    /// nodes; `None` where all of them are one node.
+    fn nodes(&self) -> Option<&NodeGroups> {
+        None
+    }
+}
+
+/// A rank's groups when the ranks are arranged as nodes of `ranks_per_node` consecutive ranks:
+/// rank `r` is local rank `r % ranks_per_node` of node `r / ranks_per_node`.
+pub struct NodeGroups {
+    /// The ranks of this rank's node, in rank order (group rank = local rank): hybrid
+    /// sharding's shard group.
+    pub shard: Box<dyn Collective>,
+    /// The ranks with this rank's local index, one per node, in node order (group rank =
+    /// node): hybrid sharding's replica group.
+    pub replica: Box<dyn Collective>,
+}
+
+impl NodeGroups {
+    /// This rank's node (its index in the replica group).
+    pub fn node(&self) -> usize {
+        self.replica.rank()
+    }
+}
+
+/// Why `ranks_per_node` cannot arrange `world` ranks in several nodes, if it cannot.
+pub fn check_nodes(world: usize, ranks_per_node: usize) -> Result<(), String> {
+    if ranks_per_node == 0 || world % ranks_per_node != 0 {
+        return Err(format!(
+            "{ranks_per_node} ranks per node do not divide the {world} ranks into whole nodes"
+        ));
+    }
+    Ok(())
 }
 
 /// One rank: nothing to exchange.
@@ -71,28 +104,77 @@ pub struct LocalGroup {
     rank: usize,
     world: usize,
     shared: Arc<Shared>,
+    /// Every group made with this one (its node groups and the other ranks'): a failed rank
+    /// aborts them all, wherever the others wait.
+    family: Arc<Vec<Arc<Shared>>>,
+    nodes: Option<NodeGroups>,
+}
+
+fn shared(world: usize) -> Arc<Shared> {
+    Arc::new(Shared {
+        state: Mutex::new(State {
+            world,
+            arrived: 0,
+            generation: 0,
+            aborted: None,
+            slots: (0..world).map(|_| None).collect(),
+        }),
+        turn: Condvar::new(),
+    })
 }
 
 impl LocalGroup {
-    /// Handles for `world` ranks, rank order.
+    /// Handles for `world` ranks, rank order, all on one node.
     pub fn new(world: usize) -> Vec<LocalGroup> {
-        let shared = Arc::new(Shared {
-            state: Mutex::new(State {
-                world,
-                arrived: 0,
-                generation: 0,
-                aborted: None,
-                slots: (0..world).map(|_| None).collect(),
-            }),
-            turn: Condvar::new(),
-        });
+        let one = shared(world);
+        let family = Arc::new(vec![Arc::clone(&one)]);
         (0..world)
             .map(|rank| LocalGroup {
                 rank,
                 world,
-                shared: Arc::clone(&shared),
+                shared: Arc::clone(&one),
+                family: Arc::clone(&family),
+                nodes: None,
             })
             .collect()
+    }
+
+    /// Handles for `world` ranks arranged as nodes of `ranks_per_node` consecutive ranks,
+    /// each with its [`NodeGroups`] (none when that is one node).
+    pub fn with_nodes(world: usize, ranks_per_node: usize) -> Result<Vec<LocalGroup>, String> {
+        check_nodes(world, ranks_per_node)?;
+        if ranks_per_node >= world {
+            return Ok(LocalGroup::new(world));
+        }
+        let nodes = world / ranks_per_node;
+        let all = shared(world);
+        let shard: Vec<Arc<Shared>> = (0..nodes).map(|_| shared(ranks_per_node)).collect();
+        let replica: Vec<Arc<Shared>> = (0..ranks_per_node).map(|_| shared(nodes)).collect();
+        let family: Arc<Vec<Arc<Shared>>> = Arc::new(
+            std::iter::once(Arc::clone(&all))
+                .chain(shard.iter().cloned())
+                .chain(replica.iter().cloned())
+                .collect(),
+        );
+        let member = |rank: usize, world: usize, shared: &Arc<Shared>| LocalGroup {
+            rank,
+            world,
+            shared: Arc::clone(shared),
+            family: Arc::clone(&family),
+            nodes: None,
+        };
+        Ok((0..world)
+            .map(|rank| {
+                let (node, local) = (rank / ranks_per_node, rank % ranks_per_node);
+                LocalGroup {
+                    nodes: Some(NodeGroups {
+                        shard: Box::new(member(local, ranks_per_node, &shard[node])),
+                        replica: Box::new(member(node, nodes, &replica[local])),
+                    }),
+                    ..member(rank, world, &all)
+                }
+            })
+            .collect())
     }
 
     /// Make every rank's current and future collectives fail with `why` (a rank failed).
@@ -100,9 +182,10 @@ impl LocalGroup {
         self.abort_handle().abort(why);
     }
 
-    /// A handle that aborts the group from anywhere (a rank's error path).
+    /// A handle that aborts the group, and every group made with it, from anywhere (a
+    /// rank's error path).
     pub fn abort_handle(&self) -> AbortHandle {
-        AbortHandle(Arc::clone(&self.shared))
+        AbortHandle(Arc::clone(&self.family))
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
@@ -164,21 +247,23 @@ impl LocalGroup {
     }
 }
 
-/// Aborts a [`LocalGroup`]: every waiting and future collective fails.
+/// Aborts a [`LocalGroup`] and the groups made with it: every waiting and future collective
+/// fails.
 #[derive(Clone)]
-pub struct AbortHandle(Arc<Shared>);
+pub struct AbortHandle(Arc<Vec<Arc<Shared>>>);
 
 impl AbortHandle {
     pub fn abort(&self, why: &str) {
-        let mut st = self
-            .0
-            .state
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if st.aborted.is_none() {
-            st.aborted = Some(why.to_string());
+        for shared in self.0.iter() {
+            let mut st = shared
+                .state
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            if st.aborted.is_none() {
+                st.aborted = Some(why.to_string());
+            }
+            shared.turn.notify_all();
         }
-        self.0.turn.notify_all();
     }
 }
 
@@ -220,6 +305,9 @@ impl Collective for LocalGroup {
     }
     fn barrier(&self) -> Result<(), Aborted> {
         self.sync()
+    }
+    fn nodes(&self) -> Option<&NodeGroups> {
+        self.nodes.as_ref()
     }
 }
 
@@ -266,6 +354,62 @@ mod tests {
             assert_eq!(scattered, expected);
             assert_eq!(reduced, vec![3.0]);
             assert_eq!(bcast, vec![2.0]);
+        }
+    }
+
+    #[test]
+    fn node_groups_are_a_nodes_consecutive_ranks_and_one_rank_per_node() {
+        let handles: Vec<_> = LocalGroup::with_nodes(6, 3)
+            .unwrap()
+            .into_iter()
+            .map(|g| {
+                std::thread::spawn(move || {
+                    let r = g.rank() as f32;
+                    let n = g.nodes().unwrap();
+                    let shard = values(&n.shard.all_gather(&Tensor::from_slice(&[r])).unwrap());
+                    let replica = values(&n.replica.all_reduce(&Tensor::from_slice(&[r])).unwrap());
+                    // Both groups at once, then the whole world: no group waits on another.
+                    let world = values(&g.all_reduce(&Tensor::from_slice(&[r])).unwrap());
+                    (n.shard.rank(), n.node(), shard, replica, world)
+                })
+            })
+            .collect();
+        for (rank, h) in handles.into_iter().enumerate() {
+            let (local, node, shard, replica, world) = h.join().unwrap();
+            assert_eq!((local, node), (rank % 3, rank / 3));
+            let first = (3 * node) as f32;
+            assert_eq!(shard, vec![first, first + 1.0, first + 2.0]);
+            // Ranks l and l + 3.
+            assert_eq!(replica, vec![(2 * local + 3) as f32]);
+            assert_eq!(world, vec![15.0]);
+        }
+        assert!(LocalGroup::with_nodes(6, 4).is_err());
+        assert!(LocalGroup::with_nodes(4, 4).unwrap()[0].nodes().is_none());
+    }
+
+    #[test]
+    fn a_failed_rank_releases_the_others_in_every_node_group() {
+        let handles: Vec<_> = LocalGroup::with_nodes(4, 2)
+            .unwrap()
+            .into_iter()
+            .map(|g| {
+                std::thread::spawn(move || {
+                    if g.rank() == 0 {
+                        g.abort("rank 0 failed");
+                        return Err(Aborted("rank 0 failed".into()));
+                    }
+                    // Rank 1 waits for rank 0 in their node; ranks 2 and 3 meet in theirs,
+                    // then wait for ranks 0 and 1 across nodes.
+                    let n = g.nodes().unwrap();
+                    n.shard.barrier()?;
+                    n.replica
+                        .all_reduce(&Tensor::from_slice(&[1.0f32]))
+                        .map(|_| ())
+                })
+            })
+            .collect();
+        for h in handles {
+            assert_eq!(h.join().unwrap(), Err(Aborted("rank 0 failed".into())));
         }
     }
 

@@ -126,11 +126,13 @@ struct Unit {
     shape: Vec<i64>,
     numel: i64,
     class: Holding,
-    /// `ceil(numel / world)`: each rank's share of the padded flat unit.
+    /// `ceil(numel / ranks)`: each rank's share of the padded flat unit, over the ranks it is
+    /// sharded among (all of them; a node's for hsdp).
     shard_len: i64,
     /// This rank's real (unpadded) share: `(start, len)` in the flat unit.
     region: (i64, i64),
-    /// Full unit (dp, zero1, zero2) or this rank's padded shard (zero3), in the compute kind.
+    /// Full unit (dp, zero1, zero2) or this rank's padded shard (zero3, hsdp), in the compute
+    /// kind.
     data: Tensor,
     /// Mixed precision only: the fp32 master of what this rank updates — the full unit (dp)
     /// or its padded share (zero1, zero2, zero3). In fp32 `data` is its own master.
@@ -422,8 +424,28 @@ impl Executor {
             })
             .collect();
 
-        let rank = comm.rank() as i64;
-        let world = comm.world() as i64;
+        if let Some(i) = plan
+            .choices
+            .iter()
+            .position(|c| c.strategy == cost::Strategy::Hsdp)
+        {
+            if comm.nodes().is_none() {
+                return Err(ExecError::Unsupported(format!(
+                    "op {:?} is hsdp, which shards inside a node and replicates across nodes, \
+                     but these {} ranks are one node: arrange them in nodes (train \
+                     --ranks-per-node N, N dividing the world size and smaller than it)",
+                    model.ops[i].id,
+                    comm.world()
+                )));
+            }
+        }
+        // The ranks a unit is sharded among: all of them, or for hsdp this rank's node.
+        let sharding = |class: Holding| -> (i64, i64) {
+            match (class, comm.nodes()) {
+                (Holding::Hybrid, Some(n)) => (n.shard.rank() as i64, n.shard.world() as i64),
+                _ => (comm.rank() as i64, comm.world() as i64),
+            }
+        };
         let mut units = Vec::new();
         let mut uses: Vec<Vec<Vec<usize>>> = model
             .ops
@@ -491,6 +513,7 @@ impl Executor {
                     let (pv, mv, vv) = (take(&full_p), take(&full_m), take(&full_v));
                     let shape = pv.size();
                     let numel: i64 = shape.iter().product();
+                    let (rank, world) = sharding(class);
                     let shard_len = (numel + world - 1) / world;
                     let start = (rank * shard_len).min(numel);
                     let len = (numel - start).clamp(0, shard_len);
@@ -507,7 +530,7 @@ impl Executor {
                         _ => padded_share(&pv),
                     };
                     let data = match class {
-                        Holding::Zero3 => owned.to_kind(kind),
+                        Holding::Zero3 | Holding::Hybrid => owned.to_kind(kind),
                         _ => pv.to_kind(kind).to_device(device),
                     };
                     let master = mixed.then_some(owned);
@@ -661,14 +684,28 @@ impl Executor {
         self.comm.as_ref()
     }
 
-    /// The full weight of a unit for compute: gathered (and counted) for ZeRO-3.
+    /// The ranks a unit held as `class` is sharded among: hsdp's node, else all of them.
+    fn sharding(&self, class: Holding) -> &dyn Collective {
+        match (class, self.comm.nodes()) {
+            (Holding::Hybrid, Some(n)) => n.shard.as_ref(),
+            _ => self.comm.as_ref(),
+        }
+    }
+
+    /// Whether this rank writes and counts the shards of hsdp units: those of the first node
+    /// (the other nodes hold copies).
+    fn first_node(&self) -> bool {
+        self.comm.nodes().is_none_or(|n| n.node() == 0)
+    }
+
+    /// The full weight of a unit for compute: gathered (and counted) for ZeRO-3 and hsdp.
     fn weight(&mut self, u: usize) -> Result<Tensor> {
         let unit = &self.units[u];
-        if unit.class != Holding::Zero3 {
+        if !matches!(unit.class, Holding::Zero3 | Holding::Hybrid) {
             return Ok(unit.data.shallow_clone());
         }
         let t0 = Instant::now();
-        let full = self.comm.all_gather(&unit.data)?;
+        let full = self.sharding(unit.class).all_gather(&unit.data)?;
         let w = full.narrow(0, 0, unit.numel).reshape(unit.shape.as_slice());
         self.record_collective(nbytes(&full), t0);
         self.ledger.add(Category::Gathered, nbytes(&full));
@@ -688,8 +725,9 @@ impl Executor {
     }
 
     fn release(&mut self, u: usize, w: Tensor) {
-        if self.units[u].class == Holding::Zero3 {
-            let padded = self.units[u].shard_len * self.comm.world() as i64;
+        let class = self.units[u].class;
+        if matches!(class, Holding::Zero3 | Holding::Hybrid) {
+            let padded = self.units[u].shard_len * self.sharding(class).world() as i64;
             self.ledger.sub(
                 Category::Gathered,
                 padded as u64 * w.kind().elt_size_in_bytes() as u64,
@@ -698,19 +736,19 @@ impl Executor {
         drop(w);
     }
 
-    /// Add one use's gradient to a unit: kept whole (dp, zero1) or reduce-scattered now.
+    /// Add one use's gradient to a unit: kept whole (dp, zero1) or reduce-scattered now (over
+    /// the node for hsdp).
     fn add_param_grad(&mut self, u: usize, g: Tensor) -> Result<()> {
-        let world = self.comm.world() as i64;
-        let unit = &self.units[u];
+        let (class, shard_len) = (self.units[u].class, self.units[u].shard_len);
         let g = g.to_kind(self.kind);
-        let contribution = match unit.class {
+        let contribution = match class {
             Holding::Replicated | Holding::Zero1 => g,
-            Holding::Zero2 | Holding::Zero3 => {
-                let padded = pad_flat(&g, unit.shard_len * world);
+            Holding::Zero2 | Holding::Zero3 | Holding::Hybrid => {
+                let padded = pad_flat(&g, shard_len * self.sharding(class).world() as i64);
                 let bytes = nbytes(&padded);
                 self.ledger.add(Category::GradBuffers, bytes);
                 let t0 = Instant::now();
-                let shard = self.comm.reduce_scatter(&padded)?;
+                let shard = self.sharding(class).reduce_scatter(&padded)?;
                 self.record_collective(bytes, t0);
                 drop(padded);
                 self.ledger.sub(Category::GradBuffers, bytes);
@@ -729,7 +767,7 @@ impl Executor {
         for unit in &mut self.units {
             let shape = match unit.class {
                 Holding::Replicated | Holding::Zero1 => unit.shape.clone(),
-                Holding::Zero2 | Holding::Zero3 => vec![unit.shard_len],
+                Holding::Zero2 | Holding::Zero3 | Holding::Hybrid => vec![unit.shard_len],
             };
             let g = Tensor::zeros(shape.as_slice(), (self.kind, self.device));
             self.ledger.add(Category::Grads, nbytes(&g));
@@ -1233,7 +1271,8 @@ impl Executor {
         let world = self.comm.world() as i64;
         let rank = self.comm.rank();
         let t_sync = Instant::now();
-        // 1. Synchronise: dp all-reduces, zero1 reduce-scatters; zero2/3 already hold shards.
+        // 1. Synchronise: dp all-reduces, zero1 reduce-scatters; zero2/3 already hold shards;
+        // hsdp's node shards are summed across the nodes.
         let mut shards: Vec<Option<Tensor>> = Vec::with_capacity(self.units.len());
         let mut held_bytes = 0;
         for u in 0..self.units.len() {
@@ -1250,6 +1289,10 @@ impl Executor {
                     self.comm.reduce_scatter(&padded)?
                 }
                 Holding::Zero2 | Holding::Zero3 => grad,
+                Holding::Hybrid => match self.comm.nodes() {
+                    Some(n) => n.replica.all_reduce(&grad)?,
+                    None => grad,
+                },
             };
             self.ledger.sub(Category::Grads, held);
             held_bytes += nbytes(&synced);
@@ -1258,13 +1301,20 @@ impl Executor {
         }
         let mut sync_s = t_sync.elapsed().as_secs_f64();
         let t_update = Instant::now();
-        // 2. Global norm: replicated gradients counted once (by rank 0), shards by their owner.
+        // 2. Global norm: replicated gradients counted once (by rank 0), shards by their owner
+        // (hsdp's by their owner in the first node).
         // Summed on the device and read once: a read per tensor would wait for the device
         // hundreds of times a step.
         let mut local_sq = Tensor::zeros([], (Kind::Double, self.device));
+        let first_node = self.first_node();
         for (u, g) in shards.iter().enumerate() {
             if let Some(g) = g {
-                if self.units[u].class != Holding::Replicated || rank == 0 {
+                let counted = match self.units[u].class {
+                    Holding::Replicated => rank == 0,
+                    Holding::Hybrid => first_node,
+                    _ => true,
+                };
+                if counted {
                     local_sq += g.square().sum(Kind::Double);
                 }
             }
@@ -1289,7 +1339,7 @@ impl Executor {
             let (start, len) = unit.region;
             let g = g.to_kind(Kind::Float);
             let (mut p, g, mut m, mut v) = match unit.class {
-                Holding::Replicated | Holding::Zero3 => (
+                Holding::Replicated | Holding::Zero3 | Holding::Hybrid => (
                     unit.master.as_ref().unwrap_or(&unit.data).reshape([-1]),
                     g.reshape([-1]),
                     unit.m.reshape([-1]),
@@ -1308,7 +1358,8 @@ impl Executor {
             let decay = if unit.decay { o.weight_decay } else { 0.0 };
             adamw_update(&mut p, &g, &mut m, &mut v, &o, lr, decay, clip, (bc1, bc2));
             // The compute copy follows the master (zero1/zero2 after the gather below).
-            if let (Some(master), Holding::Replicated | Holding::Zero3) = (&unit.master, unit.class)
+            if let (Some(master), Holding::Replicated | Holding::Zero3 | Holding::Hybrid) =
+                (&unit.master, unit.class)
             {
                 unit.data.reshape([-1]).copy_(&master.reshape([-1]));
             }
@@ -1355,11 +1406,14 @@ impl Executor {
     /// which parameter they hold (see `checkpoint`).
     pub fn checkpoint_tensors(&self) -> Vec<(String, Tensor)> {
         let rank = self.comm.rank();
+        let first_node = self.first_node();
         let mut out = Vec::new();
         for unit in &self.units {
-            // The fp32 values this rank updates: the master in mixed precision.
+            // The fp32 values this rank updates: the master in mixed precision. Replicated
+            // units are written by rank 0, hsdp's shards by the first node.
             let (flat_start, len, data, m, v) = match (unit.class, &unit.master) {
                 (Holding::Replicated, _) if rank != 0 => continue,
+                (Holding::Hybrid, _) if !first_node => continue,
                 (Holding::Replicated, master) => (
                     0,
                     unit.numel,

@@ -69,6 +69,9 @@ pub struct TrainConfig {
     pub model: ModelSpec,
     pub plan: Plan,
     pub world_size: usize,
+    /// The ranks arranged as nodes of this many consecutive ranks (hsdp shards inside a node
+    /// and replicates across nodes); `None`: all ranks are one node.
+    pub ranks_per_node: Option<usize>,
     pub global_batch: u64,
     /// Steps to run in this invocation (0: until stopped).
     pub steps: u64,
@@ -154,6 +157,7 @@ pub fn run(
     }
     accumulation(cfg.global_batch, world, cfg.plan.batch).map_err(TrainError::Invalid)?;
     exec::check_runnable(&cfg.model, &cfg.plan).map_err(|e| TrainError::Invalid(e.to_string()))?;
+    check_nodes(cfg)?;
     let restored = match &cfg.resume_from {
         Some(dir) => {
             let (manifest, params) = checkpoint::load(dir)?;
@@ -202,7 +206,8 @@ pub fn run(
     // release the others when it fails; a failed process drops its connections instead.
     let members: Vec<(Box<dyn Collective>, Option<collective::AbortHandle>)> = match &cfg.membership
     {
-        None => LocalGroup::new(world)
+        None => LocalGroup::with_nodes(world, cfg.ranks_per_node.unwrap_or(world))
+            .map_err(TrainError::Invalid)?
             .into_iter()
             .map(|g| {
                 let abort = g.abort_handle();
@@ -210,7 +215,12 @@ pub fn run(
             })
             .collect(),
         Some(m) => vec![(
-            join_group(m, cfg.target.device, &terms(cfg, first_step))?,
+            join_group(
+                m,
+                cfg.target.device,
+                &terms(cfg, first_step),
+                cfg.ranks_per_node.unwrap_or(world),
+            )?,
             None,
         )],
     };
@@ -349,6 +359,10 @@ fn terms(cfg: &TrainConfig, first_step: u64) -> tcp::Terms {
         .with("model", osdp_core::plan::fingerprint(&cfg.model))
         .with("plan", plan)
         .with("world size", cfg.world_size)
+        .with(
+            "ranks per node",
+            cfg.ranks_per_node.unwrap_or(cfg.world_size),
+        )
         .with("device", device_label(cfg.target))
         .with("seed", cfg.seed)
         .with("data", osdp_core::text::printable(cfg.source.label()))
@@ -368,11 +382,47 @@ fn terms(cfg: &TrainConfig, first_step: u64) -> tcp::Terms {
         .with("checkpoint every", cfg.checkpoint_every)
 }
 
-/// This process's handle on a multi-process group: NCCL between GPUs, TCP between CPU ranks.
+/// Whether the run's ranks can be arranged as its plan needs: `ranks_per_node` divides the
+/// world, and hsdp (which needs several nodes) has them on the CPU backends.
+fn check_nodes(cfg: &TrainConfig) -> Result<(), TrainError> {
+    let world = cfg.world_size;
+    if let Some(n) = cfg.ranks_per_node {
+        collective::check_nodes(world, n)
+            .map_err(|e| TrainError::Invalid(format!("--ranks-per-node: {e}")))?;
+    }
+    let Some(i) = cfg
+        .plan
+        .choices
+        .iter()
+        .position(|c| c.strategy == osdp_core::cost::Strategy::Hsdp)
+    else {
+        return Ok(());
+    };
+    let op = &cfg.model.ops[i].id;
+    if cfg.target.device.is_cuda() {
+        return Err(TrainError::Invalid(format!(
+            "op {op:?} is hsdp, which the GPU trainer does not run yet (its NCCL backend has one \
+             communicator, without the node and replica groups hsdp needs); plan with zero3 \
+             instead, or train the hsdp plan on the CPU"
+        )));
+    }
+    if cfg.ranks_per_node.unwrap_or(world) >= world {
+        return Err(TrainError::Invalid(format!(
+            "op {op:?} is hsdp, which shards inside a node and replicates across nodes, but \
+             the {world} ranks are one node: give --ranks-per-node N (N dividing {world} and \
+             smaller), or plan for one node"
+        )));
+    }
+    Ok(())
+}
+
+/// This process's handle on a multi-process group: NCCL between GPUs, TCP between CPU ranks
+/// (arranged in nodes of `ranks_per_node`).
 fn join_group(
     m: &tcp::Membership,
     device: tch::Device,
     terms: &tcp::Terms,
+    ranks_per_node: usize,
 ) -> Result<Box<dyn Collective>, TrainError> {
     if device.is_cuda() {
         #[cfg(feature = "cuda")]
@@ -385,7 +435,9 @@ fn join_group(
         ));
     }
     Ok(Box::new(
-        tcp::TcpGroup::join(m, terms).map_err(TrainError::Invalid)?,
+        tcp::TcpGroup::join(m, terms)
+            .and_then(|g| g.with_nodes(ranks_per_node))
+            .map_err(TrainError::Invalid)?,
     ))
 }
 

@@ -38,12 +38,22 @@ pub fn on_rank_threads<T: Send>(
     ranks: usize,
     f: impl Fn(LocalGroup) -> Result<T, TrainError> + Sync,
 ) -> Result<Vec<T>, TrainError> {
+    on_rank_threads_in_nodes(ranks, ranks, f)
+}
+
+/// [`on_rank_threads`] with the ranks arranged as nodes of `ranks_per_node` (for hsdp).
+pub fn on_rank_threads_in_nodes<T: Send>(
+    ranks: usize,
+    ranks_per_node: usize,
+    f: impl Fn(LocalGroup) -> Result<T, TrainError> + Sync,
+) -> Result<Vec<T>, TrainError> {
     if ranks == 0 {
         return Err(TrainError::Invalid("at least one rank is needed".into()));
     }
+    let groups = LocalGroup::with_nodes(ranks, ranks_per_node).map_err(TrainError::Invalid)?;
     tch::set_num_threads(threads_per_rank(ranks) as i32);
     let results: Vec<Result<T, TrainError>> = std::thread::scope(|scope| {
-        let handles: Vec<_> = LocalGroup::new(ranks)
+        let handles: Vec<_> = groups
             .into_iter()
             .map(|group| {
                 let f = &f;

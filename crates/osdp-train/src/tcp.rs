@@ -12,15 +12,26 @@ use std::net::TcpStream;
 
 use tch::{Kind, Tensor};
 
-use super::collective::{sum_in_rank_order, Aborted, Collective};
+use std::sync::Arc;
+
+use super::collective::{check_nodes, sum_in_rank_order, Aborted, Collective, NodeGroups};
 pub use join::{Membership, RunToken, Terms};
 
 /// One process's handle on the group.
 pub struct TcpGroup {
+    links: Links,
+    /// The node groups, when [`TcpGroup::with_nodes`] arranged the ranks in several nodes.
+    nodes: Option<NodeGroups>,
+}
+
+/// The connections of one process, shared by its group and its node groups (every collective
+/// of any of them goes through rank 0, one at a time).
+#[derive(Clone)]
+struct Links {
     rank: usize,
     world: usize,
     /// Rank 0: streams to ranks 1.. in order. Others: one stream to rank 0.
-    peers: Vec<TcpStream>,
+    peers: Arc<Vec<TcpStream>>,
 }
 
 fn io_abort(e: std::io::Error) -> Aborted {
@@ -38,18 +49,50 @@ impl TcpGroup {
             vec![join::enter(m, terms)?]
         };
         Ok(TcpGroup {
-            rank: m.rank,
-            world: m.world,
-            peers,
+            links: Links {
+                rank: m.rank,
+                world: m.world,
+                peers: Arc::new(peers),
+            },
+            nodes: None,
+        })
+    }
+
+    /// The group with its ranks arranged as nodes of `ranks_per_node` consecutive ranks (see
+    /// [`NodeGroups`]); unchanged when that is one node. Every process must arrange the same.
+    pub fn with_nodes(self, ranks_per_node: usize) -> Result<TcpGroup, String> {
+        let world = self.links.world;
+        check_nodes(world, ranks_per_node)?;
+        if ranks_per_node >= world {
+            return Ok(self);
+        }
+        let part = |across| {
+            Box::new(TcpPart {
+                links: self.links.clone(),
+                ranks_per_node,
+                across,
+            }) as Box<dyn Collective>
+        };
+        let nodes = NodeGroups {
+            shard: part(false),
+            replica: part(true),
+        };
+        Ok(TcpGroup {
+            nodes: Some(nodes),
+            ..self
         })
     }
 
     /// The connections to the other processes (rank 0: one per other rank; the others: one
     /// to rank 0), for a backend that bootstraps over this group and then watches them.
     pub fn into_streams(self) -> Vec<TcpStream> {
-        self.peers
+        drop(self.nodes);
+        Arc::try_unwrap(self.links.peers)
+            .unwrap_or_else(|shared| shared.iter().filter_map(|s| s.try_clone().ok()).collect())
     }
+}
 
+impl Links {
     /// Rank 0: every rank's tensor, in rank order (its own first). Others: send theirs.
     fn gather_to_root(&self, t: &Tensor) -> Result<Option<Vec<Tensor>>, Aborted> {
         if self.rank == 0 {
@@ -57,7 +100,7 @@ impl TcpGroup {
             // before a byte of it is allocated.
             let expected = Wire::of(t.kind(), t.numel());
             let mut all = vec![t.reshape([-1])];
-            for s in &self.peers {
+            for s in self.peers.iter() {
                 all.push(recv_tensor(s, expected)?);
             }
             Ok(Some(all))
@@ -182,29 +225,35 @@ fn recv_tensor(mut s: &TcpStream, expected: Wire) -> Result<Tensor, Aborted> {
 
 impl Collective for TcpGroup {
     fn rank(&self) -> usize {
-        self.rank
+        self.links.rank
     }
     fn world(&self) -> usize {
-        self.world
+        self.links.world
     }
     fn all_gather(&self, shard: &Tensor) -> Result<Tensor, Aborted> {
         let kind = shard.kind();
-        let full = self.gather_to_root(shard)?.map(|a| Tensor::cat(&a, 0));
+        let full = self
+            .links
+            .gather_to_root(shard)?
+            .map(|a| Tensor::cat(&a, 0));
         let same = full.as_ref().map(|f| move |_: usize| f.shallow_clone());
-        let out = self.scatter_from_root(
+        let out = self.links.scatter_from_root(
             same.as_ref().map(|c| c as &dyn Fn(usize) -> Tensor),
-            Wire::of(kind, shard.numel() * self.world),
+            Wire::of(kind, shard.numel() * self.links.world),
         )?;
         Ok(out.to_kind(kind))
     }
     fn reduce_scatter(&self, full: &Tensor) -> Result<Tensor, Aborted> {
         let kind = full.kind();
-        let chunk = full.size()[0] / self.world as i64;
-        let sum = self.gather_to_root(full)?.map(|a| sum_in_rank_order(&a));
+        let chunk = full.size()[0] / self.links.world as i64;
+        let sum = self
+            .links
+            .gather_to_root(full)?
+            .map(|a| sum_in_rank_order(&a));
         let part = sum
             .as_ref()
             .map(|s| move |r: usize| s.narrow(0, r as i64 * chunk, chunk));
-        let out = self.scatter_from_root(
+        let out = self.links.scatter_from_root(
             part.as_ref().map(|c| c as &dyn Fn(usize) -> Tensor),
             Wire::of(kind, chunk as usize),
         )?;
@@ -212,9 +261,9 @@ impl Collective for TcpGroup {
     }
     fn all_reduce(&self, t: &Tensor) -> Result<Tensor, Aborted> {
         let (kind, shape) = (t.kind(), t.size());
-        let sum = self.gather_to_root(t)?.map(|a| sum_in_rank_order(&a));
+        let sum = self.links.gather_to_root(t)?.map(|a| sum_in_rank_order(&a));
         let same = sum.as_ref().map(|f| move |_: usize| f.shallow_clone());
-        let out = self.scatter_from_root(
+        let out = self.links.scatter_from_root(
             same.as_ref().map(|c| c as &dyn Fn(usize) -> Tensor),
             Wire::of(kind, t.numel()),
         )?;
@@ -222,10 +271,157 @@ impl Collective for TcpGroup {
     }
     fn broadcast(&self, t: &Tensor, root: usize) -> Result<Tensor, Aborted> {
         let (kind, shape) = (t.kind(), t.size());
-        let chosen = self.gather_to_root(t)?.map(|a| a[root].shallow_clone());
+        let chosen = self
+            .links
+            .gather_to_root(t)?
+            .map(|a| a[root].shallow_clone());
         let same = chosen.as_ref().map(|f| move |_: usize| f.shallow_clone());
-        let out = self.scatter_from_root(
+        let out = self.links.scatter_from_root(
             same.as_ref().map(|c| c as &dyn Fn(usize) -> Tensor),
+            Wire::of(kind, t.numel()),
+        )?;
+        Ok(out.to_kind(kind).reshape(shape.as_slice()))
+    }
+    fn barrier(&self) -> Result<(), Aborted> {
+        self.all_reduce(&Tensor::from(0.0f64)).map(|_| ())
+    }
+    fn nodes(&self) -> Option<&NodeGroups> {
+        self.nodes.as_ref()
+    }
+}
+
+/// One of the groups the ranks are partitioned into — every node's ranks, or every local
+/// index's ranks across the nodes — over the whole group's connections. Every rank runs the
+/// same collective on its own group at the same time (the executor's ranks run in step), so
+/// rank 0 receives every rank's tensor, reduces each group in its rank order and sends each
+/// rank its group's result: the local backend's bits.
+struct TcpPart {
+    links: Links,
+    ranks_per_node: usize,
+    /// The replica groups (one rank per node) rather than the nodes.
+    across: bool,
+}
+
+impl TcpPart {
+    /// Which group rank `r` is in, and its rank there.
+    fn place(&self, r: usize) -> (usize, usize) {
+        let (node, local) = (r / self.ranks_per_node, r % self.ranks_per_node);
+        if self.across {
+            (local, node)
+        } else {
+            (node, local)
+        }
+    }
+
+    fn size(&self) -> usize {
+        if self.across {
+            self.links.world / self.ranks_per_node
+        } else {
+            self.ranks_per_node
+        }
+    }
+
+    /// The world ranks of group `g`, in group rank order.
+    fn members(&self, g: usize) -> Vec<usize> {
+        let rpn = self.ranks_per_node;
+        (0..self.size())
+            .map(|k| {
+                if self.across {
+                    k * rpn + g
+                } else {
+                    g * rpn + k
+                }
+            })
+            .collect()
+    }
+
+    /// Rank 0: every group's tensors in group rank order, by group. Others: send theirs.
+    fn by_group(&self, t: &Tensor) -> Result<Option<Vec<Vec<Tensor>>>, Aborted> {
+        let groups = self.links.world / self.size();
+        Ok(self.links.gather_to_root(t)?.map(|all| {
+            (0..groups)
+                .map(|g| {
+                    self.members(g)
+                        .into_iter()
+                        .map(|r| all[r].shallow_clone())
+                        .collect()
+                })
+                .collect()
+        }))
+    }
+
+    /// Rank 0 sends each rank `out(group, group rank)`; the others receive theirs.
+    fn reply(
+        &self,
+        out: Option<impl Fn(usize, usize) -> Tensor>,
+        expected: Wire,
+    ) -> Result<Tensor, Aborted> {
+        let to_rank = out.map(|f| {
+            move |r: usize| {
+                let (g, k) = self.place(r);
+                f(g, k)
+            }
+        });
+        self.links.scatter_from_root(
+            to_rank.as_ref().map(|c| c as &dyn Fn(usize) -> Tensor),
+            expected,
+        )
+    }
+}
+
+impl Collective for TcpPart {
+    fn rank(&self) -> usize {
+        self.place(self.links.rank).1
+    }
+    fn world(&self) -> usize {
+        self.size()
+    }
+    fn all_gather(&self, shard: &Tensor) -> Result<Tensor, Aborted> {
+        let kind = shard.kind();
+        let full: Option<Vec<Tensor>> = self
+            .by_group(shard)?
+            .map(|groups| groups.iter().map(|g| Tensor::cat(g, 0)).collect());
+        let out = self.reply(
+            full.as_ref()
+                .map(|f| move |g: usize, _| f[g].shallow_clone()),
+            Wire::of(kind, shard.numel() * self.size()),
+        )?;
+        Ok(out.to_kind(kind))
+    }
+    fn reduce_scatter(&self, full: &Tensor) -> Result<Tensor, Aborted> {
+        let kind = full.kind();
+        let chunk = full.size()[0] / self.size() as i64;
+        let sums: Option<Vec<Tensor>> = self
+            .by_group(full)?
+            .map(|groups| groups.iter().map(|g| sum_in_rank_order(g)).collect());
+        let out = self.reply(
+            sums.as_ref()
+                .map(|s| move |g: usize, k: usize| s[g].narrow(0, k as i64 * chunk, chunk)),
+            Wire::of(kind, chunk as usize),
+        )?;
+        Ok(out.to_kind(kind))
+    }
+    fn all_reduce(&self, t: &Tensor) -> Result<Tensor, Aborted> {
+        let (kind, shape) = (t.kind(), t.size());
+        let sums: Option<Vec<Tensor>> = self
+            .by_group(t)?
+            .map(|groups| groups.iter().map(|g| sum_in_rank_order(g)).collect());
+        let out = self.reply(
+            sums.as_ref()
+                .map(|s| move |g: usize, _| s[g].shallow_clone()),
+            Wire::of(kind, t.numel()),
+        )?;
+        Ok(out.to_kind(kind).reshape(shape.as_slice()))
+    }
+    fn broadcast(&self, t: &Tensor, root: usize) -> Result<Tensor, Aborted> {
+        let (kind, shape) = (t.kind(), t.size());
+        let chosen: Option<Vec<Tensor>> = self
+            .by_group(t)?
+            .map(|groups| groups.iter().map(|g| g[root].shallow_clone()).collect());
+        let out = self.reply(
+            chosen
+                .as_ref()
+                .map(|c| move |g: usize, _| c[g].shallow_clone()),
             Wire::of(kind, t.numel()),
         )?;
         Ok(out.to_kind(kind).reshape(shape.as_slice()))
@@ -243,6 +439,64 @@ mod tests {
 
     use super::join::{hello_bytes, read_answer, Answer};
     use super::*;
+
+    /// Four processes (threads here) as two nodes of two: each node's ranks and each local
+    /// index's ranks exchange as their own groups, with the local backend's results.
+    #[test]
+    fn node_groups_over_tcp_give_the_local_backends_results() {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .unwrap()
+            .port();
+        let run = |rank: usize, g: &dyn Collective| -> Vec<Vec<f32>> {
+            let n = g.nodes().expect("two nodes");
+            let r = rank as f32;
+            let full = Tensor::from_slice(&[r, 1.0, 2.0 * r, 3.0]);
+            let out = [
+                n.shard.all_gather(&Tensor::from_slice(&[r, r + 10.0])),
+                n.shard.reduce_scatter(&full),
+                n.replica.all_reduce(&Tensor::from_slice(&[r])),
+                n.replica.reduce_scatter(&full),
+                n.shard.broadcast(&Tensor::from_slice(&[r]), 1),
+                g.all_reduce(&Tensor::from_slice(&[r])),
+            ];
+            out.into_iter()
+                .map(|t| Vec::<f32>::try_from(t.unwrap().reshape([-1])).unwrap())
+                .collect()
+        };
+        let handles: Vec<_> = (0..4)
+            .map(|rank| {
+                std::thread::spawn(move || {
+                    let m = Membership {
+                        rank,
+                        world: 4,
+                        master: format!("127.0.0.1:{port}"),
+                        join_timeout: Duration::from_secs(20),
+                        token: RunToken::default(),
+                    };
+                    let g = TcpGroup::join(&m, &Terms::default())
+                        .and_then(|g| g.with_nodes(2))
+                        .unwrap();
+                    run(rank, &g)
+                })
+            })
+            .collect();
+        let tcp: Vec<_> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+        let local: Vec<_> = crate::collective::LocalGroup::with_nodes(4, 2)
+            .unwrap()
+            .into_iter()
+            .enumerate()
+            .map(|(rank, g)| std::thread::spawn(move || run(rank, &g)))
+            .collect::<Vec<_>>()
+            .into_iter()
+            .map(|h| h.join().unwrap())
+            .collect();
+        assert_eq!(tcp, local);
+        // Rank 3 is local rank 1 of node 1: its node is ranks 2 and 3, its replicas 1 and 3.
+        assert_eq!(tcp[3][0], vec![2.0, 12.0, 3.0, 13.0]);
+        assert_eq!(tcp[3][2], vec![4.0]);
+        assert_eq!(tcp[3][4], vec![3.0]);
+    }
 
     /// Past the join, a peer that announces a tensor of another size (here 1 TiB) ends the
     /// run with a message instead of an allocation.

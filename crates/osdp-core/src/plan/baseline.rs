@@ -1,5 +1,6 @@
 //! The baselines a plan is measured against, set up the way their users run them: one strategy
-//! on every op — DDP, ZeRO-2, FSDP's `FULL_SHARD` (ZeRO-3) — with or without full activation
+//! on every op — DDP, ZeRO-2, FSDP's `FULL_SHARD` (ZeRO-3), and on several nodes FSDP's
+//! `HYBRID_SHARD` (hsdp) — with or without full activation
 //! checkpointing, each at its own best micro-batch (and, at a fixed global batch, the
 //! accumulation that goes with it) under the same budget. Comparing a plan that recomputes
 //! with a baseline that may not would flatter the plan.
@@ -28,6 +29,17 @@ impl Baseline {
         Baseline::new(Strategy::Zero3, true),
     ];
 
+    /// The baselines of machine `m`: [`Baseline::ALL`], and hsdp with and without
+    /// checkpointing where the ranks span several nodes.
+    pub fn of(m: &Machine) -> Vec<Baseline> {
+        let hybrid = [
+            Baseline::new(Strategy::Hsdp, false),
+            Baseline::new(Strategy::Hsdp, true),
+        ];
+        let extra = if m.hybrid() { &hybrid[..] } else { &[] };
+        Baseline::ALL.iter().chain(extra).copied().collect()
+    }
+
     const fn new(strategy: Strategy, checkpointing: bool) -> Baseline {
         Baseline {
             strategy,
@@ -44,6 +56,8 @@ impl Baseline {
             (Strategy::Zero2, true) => "zero2+ckpt",
             (Strategy::Zero3, false) => "fsdp",
             (Strategy::Zero3, true) => "fsdp+ckpt",
+            (Strategy::Hsdp, false) => "hsdp",
+            (Strategy::Hsdp, true) => "hsdp+ckpt",
             (s, _) => s.as_str(),
         }
     }
@@ -91,7 +105,9 @@ impl Outcome {
 /// them without pricing anything (the dashboard's budget keys).
 #[derive(Debug, Clone)]
 pub struct BaselineTable {
-    /// Per baseline of [`Baseline::ALL`]: its plan at every candidate priced.
+    /// The machine's baselines ([`Baseline::of`]).
+    baselines: Vec<Baseline>,
+    /// Per baseline: its plan at every candidate priced.
     plans: Vec<Vec<Planned>>,
 }
 
@@ -119,12 +135,13 @@ impl BaselineTable {
         };
         let graph = cost::OpGraph::of(model);
         let blocks = Blocks::of(model);
-        let mut plans: Vec<Vec<Planned>> = vec![Vec::new(); Baseline::ALL.len()];
+        let baselines = Baseline::of(machine);
+        let mut plans: Vec<Vec<Planned>> = vec![Vec::new(); baselines.len()];
         for (batch, accumulation) in candidates {
             let mut bases = graph.bases(model, machine, batch);
             cost::set_accumulation(&mut bases, accumulation);
             let mut any_fits = false;
-            for (k, b) in Baseline::ALL.iter().enumerate() {
+            for (k, b) in baselines.iter().enumerate() {
                 let plan = b.plan(model, batch, accumulation);
                 let prediction = evaluate_with(model, machine, &plan, &bases, &blocks);
                 any_fits |= prediction.peak_memory_bytes <= max_budget;
@@ -139,12 +156,12 @@ impl BaselineTable {
                 break;
             }
         }
-        BaselineTable { plans }
+        BaselineTable { baselines, plans }
     }
 
     /// Each baseline under `budget`: its fastest plan that fits, or the least budget it needs.
     pub fn at(&self, budget: u64) -> Vec<(Baseline, Outcome)> {
-        Baseline::ALL
+        self.baselines
             .iter()
             .zip(&self.plans)
             .map(|(&b, plans)| {
@@ -176,7 +193,7 @@ impl BaselineTable {
     }
 }
 
-/// Every baseline of [`Baseline::ALL`] under `budget`, at the batch `options` fixes (a
+/// Every baseline of the machine ([`Baseline::of`]) under `budget`, at the batch `options` fixes (a
 /// micro-batch, a global batch, or neither: the batch ladder up to what fits).
 pub fn baselines(
     model: &ModelSpec,
@@ -270,6 +287,32 @@ mod tests {
         let fsdp = results[4].1.planned().unwrap();
         let ckpt = results[5].1.planned().unwrap();
         assert!(ckpt.plan.batch >= fsdp.plan.batch);
+    }
+
+    #[test]
+    fn hsdp_is_a_baseline_on_several_nodes_only() {
+        let names = |layout| {
+            let (model, m) = setup("gpt2-xl", layout);
+            let options = PlanOptions {
+                global_batch: Some(512),
+                ..Default::default()
+            };
+            baselines(&model, &m, 40 << 30, &options)
+                .into_iter()
+                .map(|(b, o)| {
+                    let batch = o.planned().map(|p| p.prediction.global_batch);
+                    (b.name(), batch)
+                })
+                .collect::<Vec<_>>()
+        };
+        let one = names("a100-80gb-8x-nvlink");
+        assert!(one.iter().all(|(n, _)| !n.starts_with("hsdp")), "{one:?}");
+        let two = names("a100-80gb-2x8-ib-hdr");
+        assert_eq!(two.len(), one.len() + 2);
+        assert_eq!(
+            &two[one.len()..],
+            &[("hsdp", Some(512)), ("hsdp+ckpt", Some(512))]
+        );
     }
 
     #[test]

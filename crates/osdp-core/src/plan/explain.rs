@@ -75,7 +75,7 @@ pub fn alternatives(
     };
     let now: Prediction = evaluate_with(model, m, plan, &bases, &blocks);
     let chosen = plan.choices[op];
-    let mut options = cost::choices(base, max_split.max(chosen.split));
+    let mut options = cost::choices(base, m, max_split.max(chosen.split));
     if !options.contains(&chosen) {
         options.push(chosen);
     }

@@ -210,7 +210,7 @@ pub fn check_choice(model: &ModelSpec, i: usize, c: Choice) -> Result<(), String
     match c.strategy {
         Strategy::None if owns => {
             return Err(format!(
-                "op {:?} owns parameters: strategy must be dp, zero1, zero2 or zero3",
+                "op {:?} owns parameters: strategy must be dp, zero1, zero2, zero3 or hsdp",
                 op.id
             ))
         }

@@ -3,7 +3,7 @@
 //! planner, and print nowhere.
 
 use crate::cluster::Layout;
-use crate::cost::{Choice, Strategy};
+use crate::cost::{Choice, Machine, Strategy};
 use crate::model::ModelSpec;
 use crate::units;
 
@@ -54,7 +54,7 @@ pub fn binding(budgets: &[u64]) -> (usize, u64) {
 }
 
 /// Parse `OP=STRATEGY` into (op index, choice), checking that the op can take it.
-pub fn parse_pin(model: &ModelSpec, pin: &str) -> Result<(usize, Choice), String> {
+pub fn parse_pin(model: &ModelSpec, m: &Machine, pin: &str) -> Result<(usize, Choice), String> {
     let (op, strategy) = pin.split_once('=').ok_or_else(|| {
         format!("--pin {pin:?}: expected OP=STRATEGY, e.g. h0.mlp.c_fc=zero3/4:2")
     })?;
@@ -71,8 +71,11 @@ pub fn parse_pin(model: &ModelSpec, pin: &str) -> Result<(usize, Choice), String
         Some(_) => None,
     }
     .ok_or_else(|| {
-        format!("--pin {pin:?}: unknown strategy {strategy:?} (none, dp, zero1, zero2, zero3, zero3/K:M)")
+        format!("--pin {pin:?}: unknown strategy {strategy:?} (none, dp, zero1, zero2, zero3, zero3/K:M, hsdp)")
     })?;
     super::check_choice(model, i, choice).map_err(|e| format!("--pin {pin:?}: {e}"))?;
+    if let Some(why) = m.refuses(choice.strategy) {
+        return Err(format!("--pin {pin:?}: {why}"));
+    }
     Ok((i, choice))
 }

@@ -442,7 +442,7 @@ impl<'m> Planner<'m> {
                 let base = &bases[i];
                 let choices = match pins.get(&i) {
                     Some(c) => vec![*c],
-                    None => cost::choices(base, self.options.max_split),
+                    None => cost::choices(base, m, self.options.max_split),
                 };
                 let mut v: Vec<Opt> = choices
                     .into_iter()
