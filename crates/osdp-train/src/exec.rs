@@ -371,21 +371,19 @@ fn init_values(seed: u64, key: &str, shape: &[i64]) -> Vec<f32> {
         .collect()
 }
 
-impl Executor {
-    /// Build one rank's executor. Checks everything about the model and plan the executor
-    /// needs before it allocates.
-    pub fn new(
-        model: &ModelSpec,
-        plan: &Plan,
-        comm: Box<dyn Collective>,
-        target: Target,
-        init: Init<'_>,
-        optim: OptimConfig,
-    ) -> Result<Executor> {
-        check_runnable(model, plan)?;
-        let device = target.device;
-        let kind = target.numerics.compute_kind();
-        let mixed = target.numerics == Numerics::Bf16Mixed;
+/// The graph as the executor walks it: each op's inputs and consumers, what backward reads,
+/// what forward keeps, and which ops recompute in which block.
+struct Dataflow {
+    inputs: Vec<Vec<usize>>,
+    consumers: Vec<Vec<usize>>,
+    need_bwd: Vec<bool>,
+    keep_fwd: Vec<bool>,
+    recomputed_block: Vec<Option<usize>>,
+    blocks: Blocks,
+}
+
+impl Dataflow {
+    fn of(model: &ModelSpec, plan: &Plan) -> Dataflow {
         let c = &model.config;
         let n = model.ops.len();
         let index = model.op_index();
@@ -424,6 +422,209 @@ impl Executor {
             })
             .collect();
 
+        Dataflow {
+            inputs,
+            consumers,
+            need_bwd,
+            keep_fwd,
+            recomputed_block,
+            blocks,
+        }
+    }
+}
+
+/// The parameter units this rank holds (its shares, gathered on use).
+struct Units {
+    units: Vec<Unit>,
+    /// Per op, per parameter: the units it reads.
+    uses: Vec<Vec<Vec<usize>>>,
+    /// Per parameter key: its units (several when split by columns).
+    by_key: HashMap<String, Vec<usize>>,
+    /// What the units hold, by category.
+    ledger: Ledger,
+}
+
+/// Build this rank's [`Units`] under `plan`, from fresh or restored values.
+fn build_units(
+    model: &ModelSpec,
+    plan: &Plan,
+    comm: &dyn Collective,
+    target: Target,
+    init: &Init<'_>,
+) -> Result<Units> {
+    let device = target.device;
+    let kind = target.numerics.compute_kind();
+    let mixed = target.numerics == Numerics::Bf16Mixed;
+    // The ranks a unit is sharded among: all of them, or for hsdp this rank's node.
+    let sharding = |class: Holding| -> (i64, i64) {
+        match (class, comm.nodes()) {
+            (Holding::Hybrid, Some(n)) => (n.shard.rank() as i64, n.shard.world() as i64),
+            _ => (comm.rank() as i64, comm.world() as i64),
+        }
+    };
+    let mut units = Vec::new();
+    let mut uses: Vec<Vec<Vec<usize>>> = model
+        .ops
+        .iter()
+        .map(|o| vec![Vec::new(); o.params.len()])
+        .collect();
+    let mut by_key: HashMap<String, Vec<usize>> = HashMap::new();
+    let mut ledger = Ledger::default();
+    for (i, op) in model.ops.iter().enumerate() {
+        let choice = plan.choices[i];
+        for (p, param) in op.params.iter().enumerate() {
+            if param.tied_to.is_some() {
+                continue;
+            }
+            let key = osdp_core::model::param_key(&op.id, &param.name);
+            if key.contains('|') {
+                return Err(ExecError::Unsupported(format!(
+                    "parameter name {key:?} contains '|'"
+                )));
+            }
+            let (full_p, full_m, full_v) = match init {
+                Init::Fresh { seed } => FullState {
+                    shape: param.shape.clone(),
+                    param: init_values(*seed, &key, &param.shape),
+                    m: Vec::new(),
+                    v: Vec::new(),
+                }
+                .tensors(),
+                Init::Restored { params, .. } => {
+                    let s = params.get(&key).ok_or_else(|| {
+                        ExecError::Unsupported(format!("the checkpoint has no parameter {key:?}"))
+                    })?;
+                    if s.shape != param.shape {
+                        return Err(ExecError::Unsupported(format!(
+                            "the checkpoint's {key:?} has shape {:?}, the model says {:?}",
+                            s.shape, param.shape
+                        )));
+                    }
+                    s.tensors()
+                }
+            };
+            // The cost model prices the same units (`cost::Choice::units`).
+            let cut = cost::cut_by_split(op.kind, &param.name);
+            for unit in choice.units(param.numel(), cut) {
+                let class = unit.holding;
+                let cols = match unit.slice {
+                    Some((j, k)) => {
+                        let (j, k, in_features) = (i64::from(j), i64::from(k), param.shape[1]);
+                        if in_features % k != 0 {
+                            return Err(ExecError::Unsupported(format!(
+                                "op {:?} has {in_features} input features, which {k} slices do not divide",
+                                op.id
+                            )));
+                        }
+                        Some((j * in_features / k, in_features / k))
+                    }
+                    None => None,
+                };
+                let take = |t: &Tensor| match cols {
+                    Some((start, len)) => t.narrow(1, start, len).contiguous(),
+                    None => t.shallow_clone(),
+                };
+                let (pv, mv, vv) = (take(&full_p), take(&full_m), take(&full_v));
+                let shape = pv.size();
+                let numel: i64 = shape.iter().product();
+                let (rank, world) = sharding(class);
+                let shard_len = (numel + world - 1) / world;
+                let start = (rank * shard_len).min(numel);
+                let len = (numel - start).clamp(0, shard_len);
+                let padded_share = |t: &Tensor| {
+                    let flat = t.reshape([-1]);
+                    let share = Tensor::zeros([shard_len], (Kind::Float, Device::Cpu));
+                    if len > 0 {
+                        share.narrow(0, 0, len).copy_(&flat.narrow(0, start, len));
+                    }
+                    share.to_device(device)
+                };
+                let owned = match class {
+                    Holding::Replicated => pv.to_kind(Kind::Float).to_device(device),
+                    _ => padded_share(&pv),
+                };
+                let data = match class {
+                    Holding::Zero3 | Holding::Hybrid => owned.to_kind(kind),
+                    _ => pv.to_kind(kind).to_device(device),
+                };
+                let master = mixed.then_some(owned);
+                let (m, v) = match class {
+                    Holding::Replicated => (mv.to_device(device), vv.to_device(device)),
+                    _ => (padded_share(&mv), padded_share(&vv)),
+                };
+                ledger.add(Category::Params, nbytes(&data));
+                let master_bytes = master.as_ref().map_or(0, nbytes);
+                ledger.add(Category::Optimizer, nbytes(&m) + nbytes(&v) + master_bytes);
+                by_key.entry(key.clone()).or_default().push(units.len());
+                uses[i][p].push(units.len());
+                units.push(Unit {
+                    key: key.clone(),
+                    op: i,
+                    cols,
+                    numel,
+                    shape,
+                    class,
+                    shard_len,
+                    region: (start, len),
+                    data,
+                    master,
+                    grad: None,
+                    m,
+                    v,
+                    decay: param.shape.len() >= 2,
+                });
+            }
+        }
+    }
+    Ok(Units {
+        units,
+        uses,
+        by_key,
+        ledger,
+    })
+}
+
+/// Point every tied parameter at its owner's unit (a tie to a split or unknown parameter is
+/// refused).
+fn resolve_ties(
+    model: &ModelSpec,
+    by_key: &HashMap<String, Vec<usize>>,
+    uses: &mut [Vec<Vec<usize>>],
+) -> Result<()> {
+    for (i, op) in model.ops.iter().enumerate() {
+        for (p, param) in op.params.iter().enumerate() {
+            if let Some(target) = &param.tied_to {
+                let owner = by_key.get(target).ok_or_else(|| {
+                    ExecError::Unsupported(format!("op {:?} is tied to unknown {target:?}", op.id))
+                })?;
+                if owner.len() != 1 {
+                    return Err(ExecError::Unsupported(format!(
+                        "op {:?} is tied to {target:?}, which is split",
+                        op.id
+                    )));
+                }
+                uses[i][p] = owner.clone();
+            }
+        }
+    }
+    Ok(())
+}
+
+impl Executor {
+    /// Build one rank's executor. Checks everything about the model and plan the executor
+    /// needs before it allocates.
+    pub fn new(
+        model: &ModelSpec,
+        plan: &Plan,
+        comm: Box<dyn Collective>,
+        target: Target,
+        init: Init<'_>,
+        optim: OptimConfig,
+    ) -> Result<Executor> {
+        check_runnable(model, plan)?;
+        let device = target.device;
+        let kind = target.numerics.compute_kind();
+        let c = &model.config;
         if let Some(i) = plan
             .choices
             .iter()
@@ -439,148 +640,15 @@ impl Executor {
                 )));
             }
         }
-        // The ranks a unit is sharded among: all of them, or for hsdp this rank's node.
-        let sharding = |class: Holding| -> (i64, i64) {
-            match (class, comm.nodes()) {
-                (Holding::Hybrid, Some(n)) => (n.shard.rank() as i64, n.shard.world() as i64),
-                _ => (comm.rank() as i64, comm.world() as i64),
-            }
-        };
-        let mut units = Vec::new();
-        let mut uses: Vec<Vec<Vec<usize>>> = model
-            .ops
-            .iter()
-            .map(|o| vec![Vec::new(); o.params.len()])
-            .collect();
-        let mut by_key: HashMap<String, Vec<usize>> = HashMap::new();
-        let mut ledger = Ledger::default();
-        for (i, op) in model.ops.iter().enumerate() {
-            let choice = plan.choices[i];
-            for (p, param) in op.params.iter().enumerate() {
-                if param.tied_to.is_some() {
-                    continue;
-                }
-                let key = osdp_core::model::param_key(&op.id, &param.name);
-                if key.contains('|') {
-                    return Err(ExecError::Unsupported(format!(
-                        "parameter name {key:?} contains '|'"
-                    )));
-                }
-                let (full_p, full_m, full_v) = match &init {
-                    Init::Fresh { seed } => FullState {
-                        shape: param.shape.clone(),
-                        param: init_values(*seed, &key, &param.shape),
-                        m: Vec::new(),
-                        v: Vec::new(),
-                    }
-                    .tensors(),
-                    Init::Restored { params, .. } => {
-                        let s = params.get(&key).ok_or_else(|| {
-                            ExecError::Unsupported(format!(
-                                "the checkpoint has no parameter {key:?}"
-                            ))
-                        })?;
-                        if s.shape != param.shape {
-                            return Err(ExecError::Unsupported(format!(
-                                "the checkpoint's {key:?} has shape {:?}, the model says {:?}",
-                                s.shape, param.shape
-                            )));
-                        }
-                        s.tensors()
-                    }
-                };
-                // The cost model prices the same units (`cost::Choice::units`).
-                let cut = cost::cut_by_split(op.kind, &param.name);
-                for unit in choice.units(param.numel(), cut) {
-                    let class = unit.holding;
-                    let cols = match unit.slice {
-                        Some((j, k)) => {
-                            let (j, k, in_features) = (i64::from(j), i64::from(k), param.shape[1]);
-                            if in_features % k != 0 {
-                                return Err(ExecError::Unsupported(format!(
-                                    "op {:?} has {in_features} input features, which {k} slices do not divide",
-                                    op.id
-                                )));
-                            }
-                            Some((j * in_features / k, in_features / k))
-                        }
-                        None => None,
-                    };
-                    let take = |t: &Tensor| match cols {
-                        Some((start, len)) => t.narrow(1, start, len).contiguous(),
-                        None => t.shallow_clone(),
-                    };
-                    let (pv, mv, vv) = (take(&full_p), take(&full_m), take(&full_v));
-                    let shape = pv.size();
-                    let numel: i64 = shape.iter().product();
-                    let (rank, world) = sharding(class);
-                    let shard_len = (numel + world - 1) / world;
-                    let start = (rank * shard_len).min(numel);
-                    let len = (numel - start).clamp(0, shard_len);
-                    let padded_share = |t: &Tensor| {
-                        let flat = t.reshape([-1]);
-                        let share = Tensor::zeros([shard_len], (Kind::Float, Device::Cpu));
-                        if len > 0 {
-                            share.narrow(0, 0, len).copy_(&flat.narrow(0, start, len));
-                        }
-                        share.to_device(device)
-                    };
-                    let owned = match class {
-                        Holding::Replicated => pv.to_kind(Kind::Float).to_device(device),
-                        _ => padded_share(&pv),
-                    };
-                    let data = match class {
-                        Holding::Zero3 | Holding::Hybrid => owned.to_kind(kind),
-                        _ => pv.to_kind(kind).to_device(device),
-                    };
-                    let master = mixed.then_some(owned);
-                    let (m, v) = match class {
-                        Holding::Replicated => (mv.to_device(device), vv.to_device(device)),
-                        _ => (padded_share(&mv), padded_share(&vv)),
-                    };
-                    ledger.add(Category::Params, nbytes(&data));
-                    let master_bytes = master.as_ref().map_or(0, nbytes);
-                    ledger.add(Category::Optimizer, nbytes(&m) + nbytes(&v) + master_bytes);
-                    by_key.entry(key.clone()).or_default().push(units.len());
-                    uses[i][p].push(units.len());
-                    units.push(Unit {
-                        key: key.clone(),
-                        op: i,
-                        cols,
-                        numel,
-                        shape,
-                        class,
-                        shard_len,
-                        region: (start, len),
-                        data,
-                        master,
-                        grad: None,
-                        m,
-                        v,
-                        decay: param.shape.len() >= 2,
-                    });
-                }
-            }
-        }
-        for (i, op) in model.ops.iter().enumerate() {
-            for (p, param) in op.params.iter().enumerate() {
-                if let Some(target) = &param.tied_to {
-                    let owner = by_key.get(target).ok_or_else(|| {
-                        ExecError::Unsupported(format!(
-                            "op {:?} is tied to unknown {target:?}",
-                            op.id
-                        ))
-                    })?;
-                    if owner.len() != 1 {
-                        return Err(ExecError::Unsupported(format!(
-                            "op {:?} is tied to {target:?}, which is split",
-                            op.id
-                        )));
-                    }
-                    uses[i][p] = owner.clone();
-                }
-            }
-        }
+        let n = model.ops.len();
+        let flow = Dataflow::of(model, plan);
+        let Units {
+            units,
+            mut uses,
+            by_key,
+            ledger,
+        } = build_units(model, plan, comm.as_ref(), target, &init)?;
+        resolve_ties(model, &by_key, &mut uses)?;
         let attn = AttentionShape {
             heads: c.heads as i64,
             kv_heads: c.kv_heads as i64,
@@ -604,12 +672,12 @@ impl Executor {
             kind,
             units,
             uses,
-            inputs,
-            consumers,
-            need_bwd,
-            keep_fwd,
-            recomputed_block,
-            blocks,
+            inputs: flow.inputs,
+            consumers: flow.consumers,
+            need_bwd: flow.need_bwd,
+            keep_fwd: flow.keep_fwd,
+            recomputed_block: flow.recomputed_block,
+            blocks: flow.blocks,
             attn,
             rope,
             act: c.activation,
