@@ -37,6 +37,7 @@ pub fn action_for(code: KeyCode, modifiers: KeyModifiers) -> Option<Action> {
         KeyCode::Char('r') => Action::RestartRun,
         KeyCode::Char('y') => Action::Yes,
         KeyCode::Char('n') => Action::No,
+        KeyCode::Char('d') => Action::Detach,
         KeyCode::Tab => Action::FocusNext,
         KeyCode::Up | KeyCode::Char('k') => Action::Up,
         KeyCode::Down | KeyCode::Char('j') => Action::Down,
