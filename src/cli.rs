@@ -1,7 +1,8 @@
 //! Command line: parse, run the headless subcommands, report errors with an exit code.
 //!
 //! Exit codes: 0 success, 1 failure while writing output, 2 bad input (unreadable or invalid
-//! files, bad arguments — clap uses 2 for usage errors too).
+//! files, bad arguments — clap uses 2 for usage errors too); `plan` 3 when nothing fits;
+//! `status --follow` 4 when the run failed or its worker died.
 
 pub use crate::failure::Failure;
 use std::path::{Path, PathBuf};
@@ -15,6 +16,7 @@ use crate::text::printable;
 use crate::units;
 
 mod measure;
+mod status;
 pub(crate) mod train;
 
 #[derive(Debug, Parser)]
@@ -165,15 +167,21 @@ enum Command {
     /// `osdp-tui validate sample-models/tiny-gpt2.json --layout layouts/local-cpu.json --plan
     /// plan.json --repeat 3`.
     Validate(measure::ValidateArgs),
-    /// Follow a training run from another terminal: step, loss, speed, memory, checkpoints.
+    /// Follow a training run from another terminal: step, loss, speed, memory, checkpoints,
+    /// and whether its worker is alive (the run directory's lock names it).
     ///
     /// RUN_DIR is a run directory (the dashboard's --run-dir, or any directory whose
-    /// metrics.jsonl a `train --metrics` wrote).
+    /// metrics.jsonl a `train --metrics` wrote). With --follow, exit codes: 0 the run stopped,
+    /// 4 it failed or its worker died without a word.
     Status {
         run_dir: PathBuf,
-        /// Print JSON (model, world_size, global_batch, steps, last_checkpoint, ended, ...).
+        /// Print JSON (model, world_size, global_batch, steps, last_checkpoint, ended, state,
+        /// ...); with --follow, one object per line: the status, then each event.
         #[arg(long)]
         json: bool,
+        /// Print each new step and event until the run ends.
+        #[arg(long)]
+        follow: bool,
     },
     /// Show a cluster layout: devices, memory, rates, links, with the source of each figure.
     Layout {
@@ -367,7 +375,14 @@ fn run(cli: Cli) -> Result<(), Failure> {
         (Some(Command::Train(args)), _) => train::train(args),
         (Some(Command::Calibrate(args)), _) => measure::calibrate(args),
         (Some(Command::Validate(args)), _) => measure::validate(args),
-        (Some(Command::Status { run_dir, json }), _) => run_status(&run_dir, json),
+        (
+            Some(Command::Status {
+                run_dir,
+                json,
+                follow,
+            }),
+            _,
+        ) => status::status(&run_dir, json, follow),
         (Some(Command::Plan(args)), _) => crate::report::plan(args.into_request()?),
         (
             Some(Command::Evaluate {
@@ -620,62 +635,6 @@ struct DashboardArgs {
     run_dir: Option<PathBuf>,
     checkpoint_every: u64,
     hang_after: u64,
-}
-
-fn run_status(dir: &Path, json: bool) -> Result<(), Failure> {
-    let status = crate::run::read_status(dir)
-        .map_err(|e| Failure::input(format!("{}: no run here ({e})", dir.display())))?;
-    if json {
-        crate::report::print_json(&status);
-        return Ok(());
-    }
-    let model = printable(status.model.as_deref().unwrap_or("?"));
-    println!(
-        "run {} · {model} · {} rank(s) · {} samples per step",
-        printable(&dir.display().to_string()),
-        status.world_size,
-        status.global_batch
-    );
-    match status.last() {
-        Some(p) => {
-            let first = status.steps.first().map_or(p.loss, |s| s.loss);
-            let mem: Vec<String> = p.memory_bytes.iter().map(|&b| units::bytes(b)).collect();
-            println!(
-                "step {} · loss {:.4} (first {first:.4}) · {:.3} s/step · {:.1} samples/s · {} tokens/s",
-                p.step,
-                p.loss,
-                p.step_time_s,
-                p.samples_per_s,
-                units::count(p.tokens_per_s as u64)
-            );
-            println!("memory per rank {}", mem.join(" "));
-            if let Some(pr) = &status.predicted {
-                println!(
-                    "predicted by the plan: {:.1} samples/s · {:.3} s/step · peak {} per rank ({} of it runtime)",
-                    pr.samples_per_s,
-                    pr.step_time_s,
-                    units::bytes(pr.peak_memory_bytes),
-                    units::bytes(pr.runtime_overhead_bytes)
-                );
-            }
-        }
-        None => println!("no step yet"),
-    }
-    match &status.last_checkpoint {
-        Some((step, path)) => println!("last checkpoint: step {step} ({})", printable(path)),
-        None => println!("no checkpoint yet"),
-    }
-    let state = match (&status.ended, status.failed, status.checkpointing) {
-        (Some(m), true, _) => format!("failed: {}", printable(m)),
-        (Some(r), false, _) => format!("stopped ({})", printable(r)),
-        (None, _, Some(s)) => format!("checkpointing step {s}"),
-        (None, _, None) => "running (or killed without a word: see worker.log)".into(),
-    };
-    println!(
-        "state: {state} · segments started at steps {:?}",
-        status.segments
-    );
-    Ok(())
 }
 
 /// The layout planned for when none is given.

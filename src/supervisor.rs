@@ -1,15 +1,29 @@
 //! Running a worker: launch its processes (one for CPU threads, one per GPU), follow what it
-//! writes to its run directory, and stop it. The protocol and the run directory themselves live
-//! in `osdp_core::run`; this is the process side, which only the app needs.
+//! writes to its run directory, stop it, or leave it running (detach). A run another process
+//! owns is followed read-only. The protocol, the run directory and its lock live in
+//! `osdp_core`; this is the process side, which only the app needs.
+//!
+//! Who owns a run: starting a worker takes the run directory's lock and names the worker's
+//! rank 0 in it; rank 0 inherits the lock file, so the lock is held exactly as long as the
+//! worker lives, whether a dashboard watches it or not. A later dashboard (or `osdp-tui status`)
+//! reads the lock to know whether the run is alive. Each worker process has a lifeline
+//! ([`crate::lifeline`]) and sits in the run's own process group: a dashboard that dies stops
+//! its worker (step, checkpoint, exit); one that detaches leaves it running, and SIGTERM to the
+//! group stops it later.
 
-use std::io::{Read, Seek, SeekFrom};
+use std::io::Read;
+use std::os::unix::io::AsRawFd;
+use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::cli::train::{DeviceArg, TrainArgs};
-use osdp_core::run::{Predicted, RunDir, RunState, RunStatus, WorkerEvent, RUN_TOKEN_VAR};
-
+use crate::lifeline::{self, Lifeline};
+use osdp_core::lock::{DirLock, LockOwner};
+use osdp_core::run::{
+    MetricsTail, Predicted, RunDir, RunState, RunStatus, Standing, WorkerEvent, RUN_TOKEN_VAR,
+};
 /// A fresh run token: 128 bits from the kernel's generator, as hex.
 pub fn new_run_token() -> String {
     let mut bytes = [0u8; 16];
@@ -66,27 +80,71 @@ pub struct Launch<'a> {
     pub predicted: Option<Predicted>,
 }
 
-/// A worker process and what it has said. Poll it; it never blocks.
+/// Who runs the run a [`Supervisor`] shows.
+enum Workers {
+    /// Processes this dashboard started, rank 0 first; the run directory's lock, shared with
+    /// rank 0 and released here when they end; a lifeline to each.
+    Own {
+        children: Vec<Child>,
+        lock: Option<DirLock>,
+        lifelines: Vec<Lifeline>,
+    },
+    /// A run another process holds (named in the lock), followed read-only.
+    Attached(LockOwner),
+    /// No process: the run has ended (or this dashboard detached from it).
+    Ended,
+}
+
+/// A run and what it has said: one this dashboard started, or one it found in the run
+/// directory. Poll it; it never blocks.
 pub struct Supervisor {
     pub dir: RunDir,
     pub state: RunState,
     pub status: RunStatus,
-    /// The worker processes, rank 0 first (one for CPU threads, one per GPU otherwise).
-    children: Vec<Child>,
-    read_offset: u64,
-    partial: String,
+    workers: Workers,
+    tail: MetricsTail,
+    /// When the last event arrived.
     last_progress: Instant,
+    /// When the last step arrived (seen by this dashboard).
+    last_step_at: Option<Instant>,
     hang_after: Duration,
     term_sent: bool,
+    kill_sent: bool,
     /// When this dashboard saw the last checkpoint land.
     pub last_checkpoint_at: Option<Instant>,
+    /// What the state alone does not say about how the run ended (a kill that lost steps).
+    pub note: Option<String>,
+}
+
+/// How long a worker may go without an event before it is declared hung: not at all before
+/// its first step (loading, joining the other ranks, resuming and the first step take as long
+/// as they take) nor while it writes a checkpoint (an interrupted write is the worst outcome);
+/// otherwise `hang_after`, or ten predicted steps when that is longer (a plan with slow steps
+/// is not hung).
+pub fn hang_limit(
+    hang_after: Duration,
+    stepped: bool,
+    checkpointing: bool,
+    predicted_step_s: Option<f64>,
+) -> Option<Duration> {
+    if !stepped || checkpointing {
+        return None;
+    }
+    let steps = predicted_step_s
+        .filter(|s| s.is_finite() && *s > 0.0)
+        .map_or(Duration::ZERO, |s| Duration::from_secs_f64(10.0 * s));
+    Some(hang_after.max(steps))
 }
 
 impl Supervisor {
     /// Start a worker on `plan_json` (written into the run directory first). Resumes from the
-    /// run's latest checkpoint when it has one.
+    /// run's latest checkpoint when it has one. Fails when another live process holds the run
+    /// directory.
     pub fn start(spec: &LaunchSpec, dir: RunDir, launch: &Launch) -> std::io::Result<Supervisor> {
         std::fs::create_dir_all(&dir.0)?;
+        // A lock taken over from a worker that is gone needs no note: the run on screen says
+        // how that worker ended.
+        let (lock, _) = DirLock::acquire(&dir.0, "run directory").map_err(std::io::Error::other)?;
         osdp_core::input::write_atomically(&dir.plan(), launch.plan_json.as_bytes())?;
         if let Some(p) = &launch.predicted {
             osdp_core::input::write_json_atomically(&dir.predicted(), p)?;
@@ -109,7 +167,19 @@ impl Supervisor {
         // One token per start: a process of another run (or a stranger) cannot join this one.
         let token = new_run_token();
         let mut children: Vec<Child> = Vec::with_capacity(processes);
+        let mut lifelines: Vec<Lifeline> = Vec::with_capacity(processes);
+        let give_up = |children: Vec<Child>, e: std::io::Error| {
+            for mut c in children {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+            Err(e)
+        };
         for rank in 0..processes {
+            let (line, line_end) = match Lifeline::new() {
+                Ok(l) => l,
+                Err(e) => return give_up(children, e),
+            };
             let args = TrainArgs {
                 model: spec.model.clone(),
                 plan: dir.plan(),
@@ -132,6 +202,7 @@ impl Supervisor {
                 checkpoint_dir: Some(dir.checkpoints()),
                 checkpoint_every: spec.checkpoint_every.max(1),
                 resume: dir.has_checkpoint(),
+                supervisor_fd: Some(line_end.as_raw_fd()),
                 ..TrainArgs::new(spec.model.clone(), dir.plan())
             };
             let mut cmd = Command::new(&spec.exe);
@@ -147,71 +218,216 @@ impl Supervisor {
                 cmd.env_remove(var);
             }
             if launch.ranks == Ranks::GpuProcesses {
-                {
-                    let n = processes.to_string();
-                    cmd.env("RANK", rank.to_string())
-                        .env("LOCAL_RANK", rank.to_string())
-                        .env("WORLD_SIZE", &n)
-                        .env("LOCAL_WORLD_SIZE", &n)
-                        .env("MASTER_ADDR", "127.0.0.1")
-                        .env("MASTER_PORT", port.to_string())
-                        .env(RUN_TOKEN_VAR, &token)
-                        .env_remove("OSDP_PORT");
-                }
+                let n = processes.to_string();
+                cmd.env("RANK", rank.to_string())
+                    .env("LOCAL_RANK", rank.to_string())
+                    .env("WORLD_SIZE", &n)
+                    .env("LOCAL_WORLD_SIZE", &n)
+                    .env("MASTER_ADDR", "127.0.0.1")
+                    .env("MASTER_PORT", port.to_string())
+                    .env(RUN_TOKEN_VAR, &token)
+                    .env_remove("OSDP_PORT");
             }
             cmd.stdin(Stdio::null())
                 .stdout(Stdio::from(log.try_clone()?))
                 .stderr(Stdio::from(log.try_clone()?));
-            stop_with_parent(&mut cmd);
-            match cmd.spawn() {
-                Ok(child) => children.push(child),
-                Err(e) => {
-                    for mut c in children {
-                        let _ = c.kill();
-                        let _ = c.wait();
-                    }
-                    return Err(e);
+            lifeline::inherit(&mut cmd, line_end.as_raw_fd());
+            // The run's own process group (rank 0's pid): the terminal's signals (^C, a closed
+            // window) do not reach it, and one signal to the group reaches every rank.
+            match children.first() {
+                None => {
+                    lifeline::inherit(&mut cmd, lock.as_raw_fd());
+                    cmd.process_group(0);
                 }
+                Some(first) => {
+                    cmd.process_group(first.id() as i32);
+                }
+            }
+            match cmd.spawn() {
+                Ok(child) => {
+                    if children.is_empty() {
+                        if let Err(e) = lock.name_holder(child.id()) {
+                            children.push(child);
+                            return give_up(children, e);
+                        }
+                    }
+                    children.push(child);
+                    lifelines.push(line);
+                }
+                Err(e) => return give_up(children, e),
             }
         }
         // Earlier segments' events give the loss curve its history.
         let earlier = std::fs::read_to_string(dir.metrics()).unwrap_or_default();
+        let mut status = RunStatus::from_text(&earlier);
+        status.predicted = launch.predicted;
+        // What the worker will say when it starts; the screen shows it while it loads.
+        status.global_batch = launch.global_batch;
         Ok(Supervisor {
-            status: RunStatus::from_text(&earlier),
+            status,
+            tail: MetricsTail::new(dir.metrics(), metrics_len),
             dir,
             state: RunState::Starting,
-            children,
-            read_offset: metrics_len,
-            partial: String::new(),
+            workers: Workers::Own {
+                children,
+                lock: Some(lock),
+                lifelines,
+            },
             last_progress: Instant::now(),
+            last_step_at: None,
             hang_after: spec.hang_after,
             term_sent: false,
+            kill_sent: false,
             last_checkpoint_at: None,
+            note: None,
         })
     }
 
-    /// Rank 0's process.
-    pub fn pid(&self) -> Option<u32> {
-        self.children.first().map(Child::id)
-    }
-
-    pub fn is_live(&self) -> bool {
-        !self.children.is_empty()
-    }
-
-    /// Read new events, notice an exit or a hang. The run has ended when every process has;
-    /// one process failing ends the others (their collectives could only wait for it).
-    pub fn poll(&mut self) {
-        self.read_events();
-        if self.children.is_empty() {
-            return;
+    /// The run already in `dir`: followed read-only while a live process holds the
+    /// directory, else shown as it ended. `None` when there is no run there.
+    pub fn open(dir: RunDir, hang_after: Duration) -> Option<Supervisor> {
+        let owner = dir.owner();
+        let live = owner.as_ref().is_some_and(|o| o.alive);
+        if !live && !dir.metrics().exists() {
+            return None;
         }
+        let mut run = Supervisor {
+            status: RunStatus {
+                predicted: dir.read_predicted(),
+                ..RunStatus::default()
+            },
+            tail: MetricsTail::new(dir.metrics(), 0),
+            dir,
+            state: RunState::Idle,
+            workers: Workers::Ended,
+            last_progress: Instant::now(),
+            last_step_at: None,
+            hang_after,
+            term_sent: false,
+            kill_sent: false,
+            last_checkpoint_at: None,
+            note: None,
+        };
+        run.read_events();
+        run.settle(owner);
+        Some(run)
+    }
+
+    /// Rank 0's process (for a run another process holds: the one its lock names).
+    pub fn pid(&self) -> Option<u32> {
+        match &self.workers {
+            Workers::Own { children, .. } => children.first().map(Child::id),
+            Workers::Attached(o) => Some(o.pid),
+            Workers::Ended => None,
+        }
+    }
+
+    /// Whether a worker is going (this dashboard's or another's).
+    pub fn is_live(&self) -> bool {
+        match &self.workers {
+            Workers::Own { children, .. } => !children.is_empty(),
+            Workers::Attached(_) => true,
+            Workers::Ended => false,
+        }
+    }
+
+    /// Who holds the run when another process does (this dashboard only follows it).
+    pub fn owner(&self) -> Option<&LockOwner> {
+        match &self.workers {
+            Workers::Attached(o) => Some(o),
+            _ => None,
+        }
+    }
+
+    /// Read new events, notice an exit, a hang, or (for a run another process holds) its
+    /// end. The run has ended when every process has; one process failing ends the others
+    /// (their collectives could only wait for it).
+    pub fn poll(&mut self) {
+        match self.workers {
+            Workers::Own { .. } => self.poll_own(),
+            // Another process's run, or none: the lock says whether one is going (a run may
+            // start here from another dashboard).
+            Workers::Attached(_) | Workers::Ended => {
+                let owner = self.dir.owner();
+                let was_live = self.is_live();
+                self.read_events();
+                if was_live || owner.as_ref().is_some_and(|o| o.alive) {
+                    self.settle(owner);
+                }
+            }
+        }
+    }
+
+    /// Where a run not started here stands, from `owner` (read before the last events).
+    fn settle(&mut self, owner: Option<LockOwner>) {
+        let was_live = self.is_live();
+        match Standing::of(&self.status, owner) {
+            Standing::Running { owner: Some(o) } => {
+                if !was_live {
+                    // A (new) worker: nothing asked of the previous one applies.
+                    self.term_sent = false;
+                    self.kill_sent = false;
+                    self.note = None;
+                }
+                self.workers = Workers::Attached(o);
+                self.state = self.live_state();
+            }
+            Standing::Running { owner: None } => {
+                self.workers = Workers::Ended;
+                self.fail(
+                    "the run never said it ended and no lock names a worker: it is not \
+                     running (see worker.log)"
+                        .into(),
+                );
+            }
+            Standing::Stopped { .. } => {
+                self.workers = Workers::Ended;
+                self.state = RunState::Stopped;
+            }
+            Standing::Failed { message } => {
+                self.workers = Workers::Ended;
+                self.fail(message);
+            }
+            Standing::Dead { owner } => {
+                self.workers = Workers::Ended;
+                if self.kill_sent {
+                    self.record_kill();
+                } else {
+                    self.fail(Standing::dead_text(&owner));
+                }
+            }
+        }
+    }
+
+    /// The state of a going run, from what it has said.
+    fn live_state(&self) -> RunState {
+        let segment_start = self.status.segments.last().copied();
+        let stepped = self
+            .status
+            .last()
+            .is_some_and(|p| Some(p.step) > segment_start);
+        if self.term_sent {
+            RunState::Stopping
+        } else if self.status.checkpointing.is_some() {
+            RunState::Checkpointing
+        } else if stepped {
+            RunState::Running
+        } else {
+            RunState::Starting
+        }
+    }
+
+    fn poll_own(&mut self) {
+        self.read_events();
+        let Workers::Own { children, .. } = &mut self.workers else {
+            return;
+        };
         let mut failure: Option<String> = None;
         let mut i = 0;
-        while i < self.children.len() {
-            match self.children[i].try_wait() {
+        while i < children.len() {
+            match children[i].try_wait() {
                 Ok(Some(status)) => {
-                    let _ = self.children.remove(i).wait(); // already reaped: returns its status
+                    let _ = children.remove(i).wait(); // already reaped: returns its status
                     if !status.success() && failure.is_none() {
                         failure = Some(match status.code() {
                             Some(c) => format!("the worker exited with status {c}"),
@@ -227,42 +443,67 @@ impl Supervisor {
                 }
             }
         }
+        let all_exited = children.is_empty();
         if let Some(why) = failure {
             self.kill_all();
             self.read_events();
+            if self.kill_sent {
+                self.record_kill();
+                return;
+            }
             let why = match self.status.ended.clone() {
                 Some(msg) if self.status.failed => msg,
                 _ => why,
             };
+            self.record_end(WorkerEvent::Failed {
+                message: why.clone(),
+            });
             self.fail(why);
             return;
         }
-        if self.children.is_empty() {
+        if all_exited {
+            // The lock and the lifelines go with the processes.
+            self.workers = Workers::Ended;
             self.read_events();
             if self.status.failed {
                 let why = self.status.ended.clone().unwrap_or_default();
                 self.fail(why);
             } else {
-                self.state = RunState::Idle;
+                self.state = RunState::Stopped;
             }
             return;
         }
-        if !matches!(self.state, RunState::Stopping)
-            && self.last_progress.elapsed() > self.hang_after
-        {
-            let secs = self.hang_after.as_secs();
-            self.kill_all();
-            self.fail(format!(
-                "no progress for {secs} s: the worker was hung and is stopped"
-            ));
+        let limit = hang_limit(
+            self.hang_after,
+            self.last_step_at.is_some(),
+            self.status.checkpointing.is_some(),
+            self.status.predicted.map(|p| p.step_time_s),
+        );
+        if let Some(limit) = limit.filter(|_| self.state != RunState::Stopping) {
+            if self.last_progress.elapsed() > limit {
+                self.kill_all();
+                let why = format!(
+                    "no progress for {} s after step {}: the worker was hung and is stopped",
+                    limit.as_secs(),
+                    self.status.step()
+                );
+                self.record_end(WorkerEvent::Failed {
+                    message: why.clone(),
+                });
+                self.fail(why);
+            }
         }
     }
 
+    /// Kill every process this dashboard started and let go of the run.
     fn kill_all(&mut self) {
-        for mut c in self.children.drain(..) {
-            let _ = c.kill();
-            let _ = c.wait();
+        if let Workers::Own { children, .. } = &mut self.workers {
+            for mut c in children.drain(..) {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
         }
+        self.workers = Workers::Ended;
     }
 
     fn fail(&mut self, why: String) {
@@ -272,68 +513,141 @@ impl Supervisor {
         };
     }
 
-    fn read_events(&mut self) {
-        let Ok(mut f) = std::fs::File::open(self.dir.metrics()) else {
-            return;
-        };
-        if f.seek(SeekFrom::Start(self.read_offset)).is_err() {
-            return;
+    /// Write the end the worker could not (killed, hung) into the stream, so whoever reads the
+    /// run later knows how it ended; nothing when the stream already says.
+    fn record_end(&mut self, ev: WorkerEvent) {
+        if self.status.ended.is_none() && self.dir.append_event(&ev).is_ok() {
+            self.read_events();
         }
-        let mut buf = String::new();
-        let Ok(n) = f.read_to_string(&mut buf) else {
-            return;
-        };
-        self.read_offset += n as u64;
-        self.partial.push_str(&buf);
-        while let Some(nl) = self.partial.find('\n') {
-            let line: String = self.partial.drain(..=nl).collect();
-            if let Ok(ev) = serde_json::from_str::<WorkerEvent>(line.trim_end()) {
-                self.status.apply(&ev);
-                self.last_progress = Instant::now();
-                if matches!(ev, WorkerEvent::Checkpoint { .. }) {
-                    self.last_checkpoint_at = Some(Instant::now());
-                }
-                if !self.children.is_empty() && self.state != RunState::Stopping {
-                    self.state = match (&ev, self.status.checkpointing) {
-                        (_, Some(_)) => RunState::Checkpointing,
-                        (WorkerEvent::Started { .. }, _) => RunState::Starting,
-                        _ => RunState::Running,
-                    };
-                }
+    }
+
+    /// The run was killed on the user's word: say what that cost.
+    fn record_kill(&mut self) {
+        let at = self.status.step();
+        self.record_end(WorkerEvent::Stopped {
+            step: at,
+            reason: "killed".into(),
+        });
+        self.state = RunState::Stopped;
+        let saved = self
+            .status
+            .last_checkpoint
+            .as_ref()
+            .map(|c| c.0)
+            .filter(|_| self.dir.has_checkpoint());
+        self.note = Some(match saved {
+            None => format!("killed at step {at} with no checkpoint: a new start begins at step 0"),
+            Some(k) if k < at => format!(
+                "killed at step {at}: the last checkpoint is step {k}, where a new start resumes"
+            ),
+            Some(_) => format!("killed at step {at}, which the last checkpoint holds"),
+        });
+    }
+
+    fn read_events(&mut self) {
+        for ev in self.tail.read_new() {
+            self.status.apply(&ev);
+            self.last_progress = Instant::now();
+            match ev {
+                WorkerEvent::Step { .. } => self.last_step_at = Some(Instant::now()),
+                WorkerEvent::Checkpoint { .. } => self.last_checkpoint_at = Some(Instant::now()),
+                _ => {}
+            }
+            if self.is_live() && self.state != RunState::Stopping {
+                self.state = match (&ev, self.status.checkpointing) {
+                    (_, Some(_)) => RunState::Checkpointing,
+                    (WorkerEvent::Started { .. }, _) => RunState::Starting,
+                    _ => RunState::Running,
+                };
             }
         }
     }
 
+    /// The step the worker is finishing after `x`, and about how long that takes in whole
+    /// seconds: the last step's time (else the predicted one) less the time since it ended,
+    /// at least 1 s. `None` before the first step.
+    pub fn finishing(&self) -> Option<(u64, f64)> {
+        let last = self.status.last()?;
+        if Some(last.step) <= self.status.segments.last().copied() {
+            return None;
+        }
+        let step_s = match last.step_time_s {
+            t if t.is_finite() && t > 0.0 => t,
+            _ => self.status.predicted.map_or(0.0, |p| p.step_time_s),
+        };
+        let since = self.last_step_at.map_or(0.0, |t| t.elapsed().as_secs_f64());
+        Some((last.step + 1, (step_s - since).ceil().max(1.0)))
+    }
+
     /// Ask the worker to stop: the first call lets it finish the step and checkpoint
-    /// (SIGTERM); a second call kills it.
-    pub fn stop(&mut self) {
-        if self.children.is_empty() {
-            return;
+    /// (SIGTERM); a second call kills it. A run another process holds is signalled the same
+    /// way when it is this machine's; otherwise why not.
+    pub fn stop(&mut self) -> Result<(), String> {
+        let signal = if self.term_sent {
+            libc::SIGKILL
+        } else {
+            libc::SIGTERM
+        };
+        match &mut self.workers {
+            Workers::Ended => return Ok(()),
+            Workers::Own { children, .. } => {
+                for c in children.iter() {
+                    send(c.id(), signal);
+                }
+            }
+            Workers::Attached(o) => {
+                if !o.local {
+                    return Err(format!("run owned by {o}: stop it there"));
+                }
+                // The lock is read again just before the signal: the pid must still be the
+                // process that holds it.
+                match self.dir.owner() {
+                    Some(now) if now.alive && now.pid == o.pid => send_group(o.pid, signal)
+                        .map_err(|e| format!("cannot signal the worker (pid {}): {e}", o.pid))?,
+                    _ => return Ok(()),
+                }
+            }
         }
         if self.term_sent {
-            for c in &mut self.children {
-                let _ = c.kill();
-            }
-            return;
+            self.kill_sent = true;
+        } else {
+            self.term_sent = true;
+            self.state = RunState::Stopping;
         }
-        self.term_sent = true;
-        self.state = RunState::Stopping;
-        for c in &self.children {
-            terminate(c.id());
+        Ok(())
+    }
+
+    /// Leave the run going when this dashboard exits: tell each worker process it is on its
+    /// own and hand the run directory's lock to rank 0, which the lock already names.
+    pub fn detach(&mut self) {
+        if let Workers::Own {
+            children,
+            lock,
+            lifelines,
+        } = std::mem::replace(&mut self.workers, Workers::Ended)
+        {
+            for line in lifelines {
+                line.detach();
+            }
+            if let Some(lock) = lock {
+                lock.hand_over();
+            }
+            // Not waited for: they outlive this process, and init reaps them.
+            drop(children);
         }
     }
 
     /// Stop and wait up to `limit` for the worker to exit (killing it after that).
     pub fn stop_and_wait(&mut self, limit: Duration) {
-        self.stop();
+        let _ = self.stop();
         let deadline = Instant::now() + limit;
-        while !self.children.is_empty() && Instant::now() < deadline {
+        while matches!(self.workers, Workers::Own { .. }) && Instant::now() < deadline {
             self.poll();
             std::thread::sleep(Duration::from_millis(20));
         }
-        if !self.children.is_empty() {
+        if matches!(self.workers, Workers::Own { .. }) {
             self.kill_all();
-            self.state = RunState::Idle;
+            self.state = RunState::Stopped;
         }
     }
 }
@@ -347,44 +661,66 @@ fn free_port() -> std::io::Result<u16> {
 
 impl Drop for Supervisor {
     fn drop(&mut self) {
-        // Never leave a worker behind the dashboard: ask it to checkpoint and go.
-        if !self.children.is_empty() {
+        // Never leave a worker behind the dashboard unless it detached: ask it to checkpoint
+        // and go.
+        if self.is_live() && matches!(self.workers, Workers::Own { .. }) {
             self.stop_and_wait(Duration::from_secs(30));
         }
     }
 }
 
-/// If the dashboard dies without stopping its worker (killed, terminal closed), the worker gets
-/// SIGTERM: it finishes its step, checkpoints and exits instead of training on unseen.
-#[cfg(target_os = "linux")]
-fn stop_with_parent(cmd: &mut Command) {
-    use std::os::unix::process::CommandExt;
-    // SAFETY: prctl(PR_SET_PDEATHSIG) is async-signal-safe and touches no memory of ours.
+/// Send `signal` to this machine's process `pid`.
+fn send(pid: u32, signal: libc::c_int) {
+    // SAFETY: kill(2) with a valid signal number has no memory effects.
     unsafe {
-        cmd.pre_exec(|| {
-            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
-            Ok(())
-        });
+        libc::kill(pid as libc::pid_t, signal);
     }
 }
 
-#[cfg(not(target_os = "linux"))]
-fn stop_with_parent(_cmd: &mut Command) {}
-
-#[cfg(unix)]
-fn terminate(pid: u32) {
-    // SAFETY: kill(2) with a pid we spawned and a valid signal number has no memory effects.
-    unsafe {
-        libc::kill(pid as libc::pid_t, libc::SIGTERM);
+/// Send `signal` to the process group `pid` leads (every rank of a run started here), or to
+/// `pid` alone when it leads none.
+fn send_group(pid: u32, signal: libc::c_int) -> std::io::Result<()> {
+    let pid = pid as libc::pid_t;
+    // SAFETY: getpgid and kill(2) read and signal processes; no memory is involved.
+    let sent = unsafe {
+        let target = if libc::getpgid(pid) == pid { -pid } else { pid };
+        libc::kill(target, signal)
+    };
+    match sent {
+        0 => Ok(()),
+        _ => Err(std::io::Error::last_os_error()),
     }
 }
-
-#[cfg(not(unix))]
-fn terminate(_pid: u32) {}
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_hang_detector_waits_for_the_first_step_and_for_slow_plans() {
+        let two_min = Duration::from_secs(120);
+        assert_eq!(
+            hang_limit(two_min, false, false, Some(0.5)),
+            None,
+            "loading and the first step take what they take"
+        );
+        assert_eq!(
+            hang_limit(two_min, true, true, Some(0.5)),
+            None,
+            "a checkpoint being written is never cut"
+        );
+        assert_eq!(hang_limit(two_min, true, false, Some(0.5)), Some(two_min));
+        assert_eq!(hang_limit(two_min, true, false, None), Some(two_min));
+        assert_eq!(
+            hang_limit(two_min, true, false, Some(60.0)),
+            Some(Duration::from_secs(600)),
+            "ten steps of a plan with one-minute steps"
+        );
+        assert_eq!(
+            hang_limit(two_min, true, false, Some(f64::NAN)),
+            Some(two_min)
+        );
+    }
 
     #[test]
     fn every_start_of_a_run_gets_its_own_token() {

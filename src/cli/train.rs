@@ -85,6 +85,11 @@ pub struct TrainArgs {
     /// Print the run's summary as JSON at the end.
     #[arg(long)]
     pub json: bool,
+    /// The read end of the lifeline from the dashboard that started this worker: when it
+    /// closes without the dashboard detaching first, the run stops as on SIGTERM
+    /// (`osdp_tui::lifeline`).
+    #[arg(long, value_name = "FD", hide = true)]
+    pub supervisor_fd: Option<i32>,
 }
 
 impl TrainArgs {
@@ -110,6 +115,7 @@ impl TrainArgs {
             resume,
             resume_from,
             json,
+            supervisor_fd,
         } = self;
         fn name(v: impl ValueEnum) -> String {
             v.to_possible_value()
@@ -146,6 +152,10 @@ impl TrainArgs {
             Some(checkpoint_every.to_string().into()),
         );
         opt("--resume-from", resume_from.as_ref().map(Into::into));
+        opt(
+            "--supervisor-fd",
+            supervisor_fd.map(|n| n.to_string().into()),
+        );
         if *resume {
             out.push("--resume".into());
         }
@@ -475,6 +485,21 @@ pub fn train(args: TrainArgs) -> Result<(), Failure> {
                 .find_map(|v| std::env::var(v).ok()?.trim().parse::<usize>().ok())
         })
     });
+    if let Some(fd) = args.supervisor_fd {
+        let line = crate::lifeline::adopt(fd).map_err(Failure::input)?;
+        let stop = Arc::clone(&stop);
+        std::thread::Builder::new()
+            .name("lifeline".into())
+            .spawn(move || {
+                if crate::lifeline::watch(line) == crate::lifeline::Ended::Gone {
+                    eprintln!(
+                        "the dashboard that started this run is gone: stopping with a checkpoint"
+                    );
+                    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+                }
+            })
+            .map_err(|e| Failure::input(format!("cannot watch the dashboard: {e}")))?;
+    }
     let cfg = TrainConfig {
         model,
         plan,
@@ -640,24 +665,8 @@ fn open_metrics(path: &std::path::Path, append: bool) -> Result<std::fs::File, F
         o.write(true).truncate(true);
     }
     let mut f = o.open(path).map_err(|e| Failure::output(path, e))?;
-    // A run killed mid-line leaves a cut line: end it, so the next event starts on a line of
-    // its own instead of being swallowed by the broken one.
     if append {
-        use std::io::{Read, Seek, SeekFrom, Write};
-        let mut last = [0u8; 1];
-        let cut = std::fs::File::open(path)
-            .and_then(|mut r| {
-                if r.seek(SeekFrom::End(0))? == 0 {
-                    return Ok(false);
-                }
-                r.seek(SeekFrom::End(-1))?;
-                r.read_exact(&mut last)?;
-                Ok(last[0] != b'\n')
-            })
-            .unwrap_or(false);
-        if cut {
-            f.write_all(b"\n").map_err(|e| Failure::output(path, e))?;
-        }
+        crate::run::end_cut_line(path, &mut f).map_err(|e| Failure::output(path, e))?;
     }
     Ok(f)
 }
@@ -737,6 +746,7 @@ mod command_line {
             (proptest::option::of("[a-z./ -]{1,12}"), 1e-12f64..10.0),
             (proptest::option::of(path()), proptest::option::of(path())),
             (0u64..1000, 0u8..3, any::<bool>()),
+            proptest::option::of(3i32..1 << 20),
         )
             .prop_map(
                 |(
@@ -746,6 +756,7 @@ mod command_line {
                     (data, lr),
                     (metrics, dir),
                     (every, resume, json),
+                    supervisor_fd,
                 )| {
                     TrainArgs {
                         model,
@@ -771,6 +782,7 @@ mod command_line {
                         resume: resume == 1,
                         resume_from: (resume == 2).then(|| PathBuf::from("ck/step-00000001")),
                         json,
+                        supervisor_fd,
                     }
                 },
             )
@@ -789,5 +801,6 @@ mod command_line {
         assert_eq!(parse(&a), a);
         assert_eq!((a.steps, a.lr, a.device), (100, 1e-3, DeviceArg::Cpu));
         assert!(a.world_size.is_none() && !a.resume && a.metrics.is_none());
+        assert!(a.supervisor_fd.is_none());
     }
 }

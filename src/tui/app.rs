@@ -51,6 +51,8 @@ pub enum Action {
     /// Answer a question the screen asked.
     Yes,
     No,
+    /// Quit leaving the run going (the answer `d` to quitting with a run going).
+    Detach,
     Quit,
 }
 
@@ -66,7 +68,7 @@ pub struct OpDetail {
 pub enum Confirm {
     /// The plan on screen is still being priced.
     StartUnpriced,
-    /// Quitting would stop the run.
+    /// A run is going: detach (it keeps going), stop it and quit, or stay.
     QuitWhileRunning,
     /// Restarting under the plan on screen would change the run's global batch (samples per
     /// optimizer step), which changes how it converges.
@@ -81,19 +83,28 @@ pub struct Training {
     pub run: Option<crate::supervisor::Supervisor>,
     /// The plan the run uses and its prediction (the screen's may have moved on).
     pub run_plan: Option<Planned>,
+    /// The plan in the run directory, for a run this dashboard found there (not started).
+    found_plan: Option<crate::plan::Plan>,
     restart_pending: bool,
     quit_when_stopped: bool,
+    /// The footer says what `x` is waiting for; the run's end replaces it.
+    stop_notice: bool,
 }
 
 impl Training {
+    /// Training into run directory `dir`; a run already there is shown, and followed
+    /// read-only while its worker lives.
     pub fn new(spec: crate::supervisor::LaunchSpec, dir: std::path::PathBuf) -> Training {
+        let dir = crate::run::RunDir(dir);
         Training {
+            run: crate::supervisor::Supervisor::open(dir.clone(), spec.hang_after),
             spec,
-            dir: crate::run::RunDir(dir),
-            run: None,
+            dir,
             run_plan: None,
+            found_plan: None,
             restart_pending: false,
             quit_when_stopped: false,
+            stop_notice: false,
         }
     }
 
@@ -106,6 +117,20 @@ impl Training {
             Some(r) => r.state.clone(),
             None => crate::run::RunState::Idle,
         }
+    }
+
+    /// Who holds the run, when another process does (this dashboard only follows it).
+    pub fn owner(&self) -> Option<&crate::lock::LockOwner> {
+        self.run.as_ref().and_then(|r| r.owner())
+    }
+}
+
+/// Why this dashboard cannot start or restart a run another process holds.
+pub fn owned_by(owner: &crate::lock::LockOwner) -> String {
+    if owner.local {
+        format!("run owned by {owner}; stop it there or x here to ask it to stop")
+    } else {
+        format!("run owned by {owner}; stop it there")
     }
 }
 
@@ -227,7 +252,18 @@ impl App {
     /// Launch training runs from this dashboard.
     pub fn with_training(mut self, t: Training) -> App {
         self.training = Some(t);
+        self.read_found_plan();
         self
+    }
+
+    /// The plan of a run found in the run directory, to compare with the screen's.
+    fn read_found_plan(&mut self) {
+        if let Some(t) = self.training.as_mut() {
+            t.found_plan = t
+                .run
+                .as_ref()
+                .and_then(|_| crate::plan::read_plan(&t.dir.plan(), &self.model).ok());
+        }
     }
 
     /// The current plan, when one fits.
@@ -330,6 +366,10 @@ impl App {
         if let Some(run) = t.run.as_mut() {
             run.poll();
         }
+        if t.stop_notice && !t.is_live() {
+            t.stop_notice = false;
+            self.message = t.run.as_ref().and_then(|r| r.note.clone());
+        }
         if !t.is_live() {
             if t.quit_when_stopped {
                 self.quit = true;
@@ -342,11 +382,14 @@ impl App {
 
     /// Whether the plan on screen differs from the one the run uses.
     pub fn plan_differs_from_run(&self) -> bool {
-        match (
-            self.training.as_ref().and_then(|t| t.run_plan.as_ref()),
-            self.planned(),
-        ) {
-            (Some(run), Some(screen)) => run.plan != screen.plan,
+        let run = self.training.as_ref().and_then(|t| {
+            t.run_plan
+                .as_ref()
+                .map(|p| &p.plan)
+                .or(t.found_plan.as_ref())
+        });
+        match (run, self.planned()) {
+            (Some(run), Some(screen)) => *run != screen.plan,
             _ => false,
         }
     }
@@ -356,6 +399,10 @@ impl App {
             self.message = Some("training needs the dashboard to be opened on a model file".into());
             return;
         };
+        if let Some(owner) = t.owner() {
+            self.message = Some(owned_by(owner));
+            return;
+        }
         if t.is_live() {
             self.message =
                 Some("a run is going: r restarts it with the plan on screen, x stops it".into());
@@ -426,10 +473,14 @@ impl App {
                 self.message = None;
             }
             Err(e) => {
-                self.message = Some(format!(
-                    "cannot start the worker {}: {e}",
-                    t.spec.exe.display()
-                ))
+                // Another dashboard may have started a run here since this one looked: follow
+                // it instead.
+                t.run = crate::supervisor::Supervisor::open(t.dir.clone(), t.spec.hang_after);
+                self.message = Some(match t.owner() {
+                    Some(owner) => owned_by(owner),
+                    None => format!("cannot start the worker {}: {e}", t.spec.exe.display()),
+                });
+                self.read_found_plan();
             }
         }
     }
@@ -464,14 +515,39 @@ impl App {
         Ok(crate::supervisor::Ranks::GpuProcesses)
     }
 
+    /// `x`: ask the run to finish its step, checkpoint and exit; again: kill it.
     fn stop_run(&mut self) {
-        match self.training.as_mut().and_then(|t| t.run.as_mut()) {
-            Some(run) if run.is_live() => run.stop(),
-            _ => self.message = Some("no run is going".into()),
+        let Some(run) = self
+            .training
+            .as_mut()
+            .and_then(|t| t.run.as_mut())
+            .filter(|r| r.is_live())
+        else {
+            self.message = Some("no run is going".into());
+            return;
+        };
+        let killing = run.state == crate::run::RunState::Stopping;
+        if let Err(why) = run.stop() {
+            self.message = Some(why);
+            return;
+        }
+        self.message = Some(match run.finishing() {
+            _ if killing => "killing the worker".into(),
+            Some((step, secs)) => {
+                format!("finishing step {step} (~{secs:.0} s); x again to kill")
+            }
+            None => "stopping before the first step; x again to kill".into(),
+        });
+        if let Some(t) = self.training.as_mut() {
+            t.stop_notice = true;
         }
     }
 
     fn restart_run(&mut self) {
+        if let Some(owner) = self.training.as_ref().and_then(Training::owner) {
+            self.message = Some(owned_by(owner));
+            return;
+        }
         let running = self
             .training
             .as_ref()
@@ -497,7 +573,9 @@ impl App {
         };
         match t.run.as_mut() {
             Some(run) if run.is_live() => {
-                run.stop();
+                // This dashboard's own run (restart_run turned away another's): stopping it
+                // cannot be refused.
+                let _ = run.stop();
                 t.restart_pending = true;
             }
             _ => self.start_run(false),
@@ -549,20 +627,27 @@ impl App {
         let rows = self.rows().len();
         let mut replan = false;
         if let Some(question) = self.confirm.take() {
-            // A question on screen takes the next key: y answers, anything else cancels.
-            if action == Action::Yes {
-                match question {
-                    Confirm::StartUnpriced => self.start_run(true),
-                    Confirm::RestartNewBatch { .. } => self.restart_confirmed(),
-                    Confirm::QuitWhileRunning => {
-                        if let Some(t) = self.training.as_mut() {
-                            t.quit_when_stopped = true;
-                            if let Some(run) = t.run.as_mut() {
-                                run.stop();
-                            }
-                        }
+            // A question on screen takes the next key: its answers act, anything else cancels.
+            match (question, action) {
+                (Confirm::StartUnpriced, Action::Yes) => self.start_run(true),
+                (Confirm::RestartNewBatch { .. }, Action::Yes) => self.restart_confirmed(),
+                (Confirm::QuitWhileRunning, Action::Detach) => {
+                    if let Some(run) = self.training.as_mut().and_then(|t| t.run.as_mut()) {
+                        run.detach();
+                    }
+                    self.quit = true;
+                }
+                (Confirm::QuitWhileRunning, Action::StartRun | Action::StopRun) => {
+                    self.stop_run();
+                    if let Some(t) = self.training.as_mut() {
+                        // Unless the run cannot be stopped from here (another machine's).
+                        t.quit_when_stopped = t
+                            .run
+                            .as_ref()
+                            .is_some_and(|r| r.state == crate::run::RunState::Stopping);
                     }
                 }
+                _ => {}
             }
             return;
         }
@@ -579,7 +664,7 @@ impl App {
             Action::StartRun => self.start_run(false),
             Action::StopRun => self.stop_run(),
             Action::RestartRun => self.restart_run(),
-            Action::Yes | Action::No => {}
+            Action::Yes | Action::No | Action::Detach => {}
             Action::ToggleHelp => self.show_help = !self.show_help,
             Action::ToggleGraph => self.show_graph = !self.show_graph,
             Action::RaiseBudget | Action::LowerBudget => {

@@ -135,6 +135,13 @@ pub const KEYMAP: &[Entry] = &[
         bindings: &[(ch('y'), Action::Yes), (ch('n'), Action::No)],
     },
     Entry {
+        keys: "d",
+        help: "when quitting with a run going: detach (the run keeps going; a later dashboard \
+               attaches to it)",
+        footer: None,
+        bindings: &[(ch('d'), Action::Detach)],
+    },
+    Entry {
         keys: "?",
         help: "this help",
         footer: Some("help"),

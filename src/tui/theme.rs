@@ -24,6 +24,8 @@ pub const PROMPT: Style = Style::new().fg(Color::Black).bg(Color::Yellow);
 pub const SERIES: Style = Style::new().fg(Color::Cyan);
 /// Ops whose activations are recomputed (distinct from every strategy colour).
 pub const RECOMPUTE: Style = Style::new().fg(Color::Magenta);
+/// Someone else's run, followed read-only.
+pub const ATTACHED: Style = Style::new().fg(Color::Cyan);
 /// The selected row.
 pub const SELECTED: Style = Style::new().bg(Color::DarkGray);
 
@@ -65,7 +67,7 @@ pub const fn strategy(c: Choice) -> Color {
 /// Colour of a training run's state.
 pub const fn run(state: &RunState) -> Color {
     match state {
-        RunState::Idle => Color::DarkGray,
+        RunState::Idle | RunState::Stopped => Color::DarkGray,
         RunState::Starting | RunState::Checkpointing | RunState::Stopping => Color::Yellow,
         RunState::Running => Color::Green,
         RunState::Failed { .. } => Color::Red,

@@ -88,7 +88,7 @@ pub fn draw(app: &App, f: &mut Frame) {
             theme::PROMPT,
         )),
         (Some(Confirm::QuitWhileRunning), _) => Line::from(Span::styled(
-            " a run is going: stop it (checkpoint) and quit? y / n",
+            " a run is going: d detach (the run keeps going) · s stop (checkpoint and stop) · esc cancel",
             theme::PROMPT,
         )),
         (Some(Confirm::RestartNewBatch { from, to }), _) => Line::from(Span::styled(
@@ -793,9 +793,17 @@ fn draw_training(app: &App, f: &mut Frame, area: Rect) {
         .title(title)
         .border_style(Style::new().fg(theme::run(&state)));
     let mut lines: Vec<Line> = Vec::new();
-    let pred = t.run_plan.as_ref().map(|p| &p.prediction);
+    let pred = run.status.predicted.as_ref();
     let last = run.status.last();
-    let plan_line = if app.plan_differs_from_run() {
+    let plan_line = if let Some(owner) = run.owner() {
+        Span::styled(
+            format!(
+                "attached, read-only: {}",
+                printable(&super::app::owned_by(owner))
+            ),
+            theme::ATTACHED,
+        )
+    } else if app.plan_differs_from_run() {
         Span::styled(
             "the plan on screen differs from the run's: r restarts under it",
             theme::WARN,
@@ -813,8 +821,7 @@ fn draw_training(app: &App, f: &mut Frame, area: Rect) {
                 units::seconds(p.step_time_s),
                 pred.map_or("—".into(), |x| units::seconds(x.step_time_s))
             )));
-            let (ps, pt) =
-                pred.map_or((0.0, 0.0), |x| (x.throughput_samples_per_s, x.tokens_per_s));
+            let (ps, pt) = pred.map_or((0.0, 0.0), |x| (x.samples_per_s, x.tokens_per_s));
             lines.push(Line::from(format!(
                 "samples/s {:.1} measured · {:.1} predicted",
                 p.samples_per_s, ps
@@ -829,8 +836,8 @@ fn draw_training(app: &App, f: &mut Frame, area: Rect) {
                 .map(|x| {
                     format!(
                         "{} (+{} runtime)",
-                        units::bytes(x.peak_memory_bytes.saturating_sub(x.overhead_bytes)),
-                        units::bytes(x.overhead_bytes)
+                        units::bytes(x.peak_memory_bytes.saturating_sub(x.runtime_overhead_bytes)),
+                        units::bytes(x.runtime_overhead_bytes)
                     )
                 })
                 .unwrap_or_else(|| "—".into());
@@ -843,7 +850,7 @@ fn draw_training(app: &App, f: &mut Frame, area: Rect) {
             Some(x) => format!(
                 "waiting for the first step (predicted {} a step, global batch {})…",
                 units::seconds(x.step_time_s),
-                x.global_batch
+                run.status.global_batch
             ),
             None => "waiting for the first step…".into(),
         })),
@@ -859,6 +866,22 @@ fn draw_training(app: &App, f: &mut Frame, area: Rect) {
         (None, _) => "no checkpoint yet".into(),
     };
     lines.push(Line::from(ckpt));
+    if state == RunState::Stopping {
+        let finishing = match run.finishing() {
+            Some((step, secs)) => format!("finishing step {step} (~{secs:.0} s)"),
+            None => "stopping before the first step".into(),
+        };
+        lines.push(Line::from(Span::styled(
+            format!("{finishing}, then a checkpoint; x again to kill"),
+            theme::WARN,
+        )));
+    }
+    if let Some(note) = &run.note {
+        lines.push(Line::from(Span::styled(
+            printable(note).into_owned(),
+            theme::WARN.add_modifier(Modifier::BOLD),
+        )));
+    }
     if let RunState::Failed { why, log_tail } = &state {
         lines.push(Line::from(Span::styled(
             format!(

@@ -218,6 +218,9 @@ fn failed_run(worker_lines: &[&str], tail: &str, hang_after_s: u64) -> (String, 
     let dir = tempfile::tempdir().unwrap();
     let exe = fake_worker(dir.path(), worker_lines, tail);
     let mut a = app("tiny-gpt2", "cpu", GIB);
+    // Steps of about 20 ms: the hang limit is --hang-after, not ten predicted steps.
+    a.batch = Some(1);
+    a.replan();
     let launch = LaunchSpec {
         exe,
         model: root().join("sample-models/tiny-gpt2.json"),
@@ -354,9 +357,9 @@ fn a_crashing_worker_is_shown_failed_with_its_log() {
 }
 
 #[test]
-fn a_worker_without_progress_is_declared_hung_and_stopped() {
-    let (why, screen) = failed_run(&[STARTED], "exec sleep 600\n", 1);
-    assert!(why.starts_with("no progress for 1 s"), "{why}");
+fn a_worker_without_progress_after_a_step_is_declared_hung_and_stopped() {
+    let (why, screen) = failed_run(&[STARTED, STEP1], "exec sleep 600\n", 1);
+    assert!(why.starts_with("no progress for 1 s after step 1"), "{why}");
     assert!(screen.contains("run: failed"), "{screen}");
 }
 
@@ -418,4 +421,489 @@ fn the_frontier_read_out_matches_what_plus_really_gives() {
         after - before
     );
     assert!(gain > 0.0, "4 GiB binds gpt2 on 8×A100: {line}");
+}
+
+const STEP1: &str = r#"{"event":"step","step":1,"loss":4.5,"grad_norm":1.0,"lr":0.001,"step_time_s":0.2,"samples_per_s":40.0,"tokens_per_s":5120.0,"memory_bytes":[1048576],"memory_breakdown":{"params":0,"grads":0,"optimizer":0,"gathered":0,"grad_buffers":0,"activations":0,"working":0}}"#;
+const STEP2: &str = r#"{"event":"step","step":2,"loss":4.25,"grad_norm":1.0,"lr":0.001,"step_time_s":0.2,"samples_per_s":40.0,"tokens_per_s":5120.0,"memory_bytes":[1048576],"memory_breakdown":{"params":0,"grads":0,"optimizer":0,"gathered":0,"grad_buffers":0,"activations":0,"working":0}}"#;
+
+/// A stand-in for a real worker: counts its starts in `starts`, writes a start and step 1,
+/// writes step 2 on SIGUSR1, and on SIGTERM writes `stopped` and exits 0, as `train` does.
+fn polite_worker(dir: &std::path::Path) -> std::path::PathBuf {
+    // The traps first: a signal may come as soon as step 1 is seen.
+    let tail = format!(
+        "echo start >> {starts}\n\
+         trap 'echo '\\''{STEP2}'\\'' >> \"$metrics\"' USR1\n\
+         trap 'echo '\\''{{\"event\":\"stopped\",\"step\":2,\"reason\":\"signal\"}}'\\'' >> \"$metrics\"; kill $sleeper; exit 0' TERM\n\
+         echo '{STARTED}' >> \"$metrics\"\n\
+         echo '{STEP1}' >> \"$metrics\"\n\
+         sleep 600 & sleeper=$!\n\
+         while kill -0 $sleeper 2>/dev/null; do wait $sleeper; done\n",
+        starts = dir.join("starts").display()
+    );
+    fake_worker(dir, &[], &tail)
+}
+
+/// A dashboard for tiny-gpt2 on the CPU whose runs start `exe` in `run_dir`.
+fn dashboard_with(exe: &std::path::Path, run_dir: &std::path::Path, hang_after_s: u64) -> App {
+    let launch = osdp_tui::supervisor::LaunchSpec {
+        exe: exe.to_path_buf(),
+        model: root().join("sample-models/tiny-gpt2.json"),
+        checkpoint_every: 10,
+        hang_after: std::time::Duration::from_secs(hang_after_s),
+    };
+    app("tiny-gpt2", "cpu", GIB).with_training(osdp_tui::tui::app::Training::new(
+        launch,
+        run_dir.to_path_buf(),
+    ))
+}
+
+/// Poll `a` as the event loop does until `done`; its screen then (wide enough for the whole
+/// header).
+fn poll_until(a: &mut App, what: &str, done: impl Fn(&App) -> bool) -> String {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        a.poll_background();
+        if done(a) {
+            return render_text(a, 180, 44);
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "timed out waiting for {what}:\n{}",
+            render_text(a, 180, 44)
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+fn key(a: &mut App, c: char) {
+    use crossterm::event::{KeyCode, KeyModifiers};
+    let code = if c == '\u{1b}' {
+        KeyCode::Esc
+    } else {
+        KeyCode::Char(c)
+    };
+    a.update(osdp_tui::tui::action_for(code, KeyModifiers::NONE).expect("a mapped key"));
+}
+
+fn last_step(a: &App) -> u64 {
+    let run = a.training.as_ref().and_then(|t| t.run.as_ref());
+    run.and_then(|r| r.status.last()).map_or(0, |p| p.step)
+}
+
+fn run_state(a: &App) -> osdp_tui::run::RunState {
+    a.training.as_ref().unwrap().state()
+}
+
+fn worker_pid(a: &App) -> u32 {
+    a.training
+        .as_ref()
+        .and_then(|t| t.run.as_ref())
+        .and_then(|r| r.pid())
+        .expect("a worker")
+}
+
+/// Whether process `pid` runs (a zombie has ended).
+fn alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| s.rfind(')').map(|i| s[i + 1..].trim_start().to_string()))
+        .is_some_and(|rest| !rest.starts_with('Z'))
+}
+
+/// `kill -SIG PID`; a `-` before SIG signals the process group PID leads.
+fn signal(pid: u32, sig: &str) {
+    let (sig, target) = match sig.strip_prefix('-') {
+        Some(s) => (s, format!("-{pid}")),
+        None => (sig, pid.to_string()),
+    };
+    let ok = std::process::Command::new("kill")
+        .args([&format!("-{sig}"), "--", &target])
+        .status()
+        .unwrap();
+    assert!(ok.success(), "kill -{sig} {target}");
+}
+
+/// Reap `pid` if it is this process's child (a worker a dashboard of this test left behind).
+fn reap(pid: u32) {
+    // SAFETY: waitpid on a pid; no memory is shared.
+    unsafe {
+        libc::waitpid(pid as libc::pid_t, std::ptr::null_mut(), libc::WNOHANG);
+    }
+}
+
+fn starts(dir: &std::path::Path) -> usize {
+    std::fs::read_to_string(dir.join("starts"))
+        .unwrap_or_default()
+        .lines()
+        .count()
+}
+
+#[test]
+fn a_second_dashboard_attaches_read_only_and_its_x_stops_the_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let exe = polite_worker(dir.path());
+    let run_dir = dir.path().join("run");
+    let mut first = dashboard_with(&exe, &run_dir, 60);
+    key(&mut first, 's');
+    poll_until(&mut first, "step 1", |a| last_step(a) == 1);
+    let pid = worker_pid(&first);
+
+    let mut second = dashboard_with(&exe, &run_dir, 60);
+    let screen = poll_until(&mut second, "the attached run", |_| true);
+    assert!(screen.contains("run: running step 1"), "{screen}");
+    assert!(
+        screen.contains(&format!("attached, read-only: run owned by pid {pid} on ")),
+        "{screen}"
+    );
+    assert!(screen.contains("loss by step"), "{screen}");
+    for k in ['s', 'r'] {
+        key(&mut second, k);
+        let message = second.message.clone().unwrap_or_default();
+        assert!(
+            message.starts_with(&format!("run owned by pid {pid} on "))
+                && message.contains(" since ")
+                && message.ends_with("; stop it there or x here to ask it to stop"),
+            "{k}: {message}"
+        );
+    }
+    assert_eq!(
+        starts(dir.path()),
+        1,
+        "the second dashboard started nothing"
+    );
+
+    // It follows the run: a new step shows up on its screen.
+    signal(pid, "USR1");
+    let screen = poll_until(&mut second, "step 2", |a| last_step(a) == 2);
+    assert!(screen.contains("run: running step 2"), "{screen}");
+
+    key(&mut second, 'x');
+    let message = second.message.clone().unwrap_or_default();
+    assert!(
+        message.starts_with("finishing step 3 (~") && message.ends_with(" s); x again to kill"),
+        "{message}"
+    );
+    let screen = poll_until(&mut second, "the stop", |a| {
+        run_state(a) == osdp_tui::run::RunState::Stopped
+    });
+    assert!(screen.contains("run: stopped step 2"), "{screen}");
+    assert_eq!(second.message, None, "the stop is no longer pending");
+    poll_until(&mut first, "the stop, in the first", |a| {
+        run_state(a) == osdp_tui::run::RunState::Stopped
+    });
+    assert!(!alive(pid));
+}
+
+#[test]
+fn quitting_asks_and_a_detached_worker_runs_on_until_a_later_dashboard_stops_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let exe = polite_worker(dir.path());
+    let run_dir = dir.path().join("run");
+    let mut first = dashboard_with(&exe, &run_dir, 60);
+    key(&mut first, 's');
+    poll_until(&mut first, "step 1", |a| last_step(a) == 1);
+    let pid = worker_pid(&first);
+
+    key(&mut first, 'q');
+    let screen = render_text(&first, 180, 44);
+    assert!(
+        screen.contains(
+            "a run is going: d detach (the run keeps going) · s stop (checkpoint and stop) · esc cancel"
+        ),
+        "{screen}"
+    );
+    key(&mut first, '\u{1b}');
+    assert!(!first.quit && first.confirm.is_none(), "esc cancels");
+    key(&mut first, 'q');
+    key(&mut first, 'd');
+    assert!(first.quit, "d quits");
+    drop(first);
+    assert!(alive(pid), "the detached worker outlives its dashboard");
+
+    // The next dashboard finds it running and follows it; quitting it asks again, s stops it.
+    let mut later = dashboard_with(&exe, &run_dir, 60);
+    let screen = poll_until(&mut later, "the attached run", |_| true);
+    assert!(screen.contains("run: running step 1"), "{screen}");
+    key(&mut later, 's');
+    assert_eq!(starts(dir.path()), 1, "no second worker");
+    key(&mut later, 'q');
+    key(&mut later, 's');
+    poll_until(&mut later, "the quit", |a| a.quit);
+    reap(pid);
+    assert!(!alive(pid), "stopped");
+    let out = crate::osdp().arg("status").arg(&run_dir).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("state: stopped (signal)"), "{text}");
+
+    // The run directory is free again: a new start is this dashboard's own.
+    let mut again = dashboard_with(&exe, &run_dir, 60);
+    key(&mut again, 's');
+    assert_eq!(again.message, None, "started");
+    let counted = dir.path().to_path_buf();
+    poll_until(&mut again, "the new run", |a| {
+        starts(&counted) == 2 && run_state(a) == osdp_tui::run::RunState::Running
+    });
+    assert!(
+        again.training.as_ref().unwrap().owner().is_none(),
+        "its own"
+    );
+}
+
+#[test]
+fn x_names_the_step_it_finishes_and_a_kill_without_a_checkpoint_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    // A worker deaf to SIGTERM: only the second x ends it.
+    let exe = fake_worker(
+        dir.path(),
+        &[STARTED, STEP1],
+        "trap '' TERM\nexec sleep 600\n",
+    );
+    let run_dir = dir.path().join("run");
+    let mut a = dashboard_with(&exe, &run_dir, 60);
+    key(&mut a, 's');
+    poll_until(&mut a, "step 1", |a| last_step(a) == 1);
+    key(&mut a, 'x');
+    let message = a.message.clone().unwrap_or_default();
+    assert!(
+        message.starts_with("finishing step 2 (~") && message.ends_with("x again to kill"),
+        "{message}"
+    );
+    let screen = render_text(&a, 180, 44);
+    assert!(screen.contains("run: stopping"), "{screen}");
+    assert!(
+        screen.contains("finishing step 2 (~")
+            && screen.contains("then a checkpoint; x again to kill"),
+        "{screen}"
+    );
+    key(&mut a, 'x');
+    let screen = poll_until(&mut a, "the kill", |a| {
+        run_state(a) == osdp_tui::run::RunState::Stopped
+    });
+    assert!(
+        screen.contains("killed at step 1 with no checkpoint: a new start begins at step 0"),
+        "{screen}"
+    );
+    assert_eq!(
+        a.message.as_deref(),
+        Some("killed at step 1 with no checkpoint: a new start begins at step 0"),
+        "the footer too (the panel is hidden on small screens)"
+    );
+    let out = crate::osdp().arg("status").arg(&run_dir).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("state: stopped (killed)"), "{text}");
+}
+
+/// The lock record of a process of this machine that has ended.
+fn stale_lock(dir: &std::path::Path) -> u32 {
+    let mut child = std::process::Command::new("true").spawn().unwrap();
+    let pid = child.id();
+    child.wait().unwrap();
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap();
+    std::fs::write(
+        dir.join(osdp_tui::lock::LOCK_FILE),
+        format!(
+            r#"{{"pid":{pid},"start_ticks":1,"started":"2026-01-01 00:00:00 UTC","host":"{}"}}"#,
+            host.trim()
+        ),
+    )
+    .unwrap();
+    pid
+}
+
+#[test]
+fn opening_a_run_directory_shows_how_its_run_ended() {
+    let dir = tempfile::tempdir().unwrap();
+    let exe = fake_worker(dir.path(), &[], "exit 0\n");
+    let failed = r#"{"event":"failed","message":"CUDA error: out of memory"}"#;
+    std::fs::write(
+        dir.path().join("metrics.jsonl"),
+        [STARTED, STEP1, STEP2, failed].join("\n") + "\n",
+    )
+    .unwrap();
+    let mut a = dashboard_with(&exe, dir.path(), 60);
+    let screen = poll_until(&mut a, "a frame", |_| true);
+    assert!(screen.contains("run: failed step 2"), "{screen}");
+    assert!(
+        screen.contains("failed: CUDA error: out of memory"),
+        "{screen}"
+    );
+    assert!(screen.contains("loss by step"), "{screen}");
+
+    // A stream that never ended, and a lock naming a worker that is gone: dead.
+    std::fs::write(
+        dir.path().join("metrics.jsonl"),
+        [STARTED, STEP1].join("\n") + "\n",
+    )
+    .unwrap();
+    let pid = stale_lock(dir.path());
+    let mut a = dashboard_with(&exe, dir.path(), 60);
+    let screen = poll_until(&mut a, "a frame", |_| true);
+    assert!(screen.contains("run: failed step 1"), "{screen}");
+    assert!(
+        screen.contains(&format!("the worker (pid {pid} on ")),
+        "{screen}"
+    );
+    let out = crate::osdp()
+        .arg("status")
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "a plain status reports");
+    assert!(
+        text.contains(&format!("state: dead: the worker (pid {pid} on ")),
+        "{text}"
+    );
+    let out = crate::osdp()
+        .arg("status")
+        .arg(dir.path())
+        .arg("--follow")
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(4),
+        "a dead run ends --follow at once"
+    );
+}
+
+/// `status --follow` as a child, its stdout read line by line as it comes.
+struct Follow {
+    child: std::process::Child,
+    lines: std::sync::mpsc::Receiver<String>,
+    seen: Vec<String>,
+}
+
+impl Follow {
+    fn start(run_dir: &std::path::Path, json: bool) -> Follow {
+        let mut cmd = std::process::Command::new(assert_cmd::cargo::cargo_bin("osdp-tui"));
+        cmd.arg("status").arg(run_dir).arg("--follow");
+        if json {
+            cmd.arg("--json");
+        }
+        let mut child = cmd
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let out = child.stdout.take().unwrap();
+        let (tx, lines) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            use std::io::BufRead;
+            for l in std::io::BufReader::new(out).lines().map_while(Result::ok) {
+                let _ = tx.send(l);
+            }
+        });
+        Follow {
+            child,
+            lines,
+            seen: Vec::new(),
+        }
+    }
+
+    /// Lines until one contains `needle`.
+    fn until(&mut self, needle: &str) {
+        loop {
+            match self.lines.recv_timeout(std::time::Duration::from_secs(20)) {
+                Ok(l) => {
+                    let found = l.contains(needle);
+                    self.seen.push(l);
+                    if found {
+                        return;
+                    }
+                }
+                Err(_) => panic!("no {needle:?} in:\n{}", self.seen.join("\n")),
+            }
+        }
+    }
+
+    /// The exit code, and every line printed.
+    fn finish(mut self) -> (Option<i32>, Vec<String>) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        let status = loop {
+            if let Some(s) = self.child.try_wait().unwrap() {
+                break s;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "--follow never ended:\n{}",
+                self.seen.join("\n")
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        };
+        while let Ok(l) = self.lines.recv_timeout(std::time::Duration::from_secs(5)) {
+            self.seen.push(l);
+        }
+        (status.code(), self.seen)
+    }
+}
+
+#[test]
+fn status_follow_prints_new_steps_until_the_run_stops() {
+    let dir = tempfile::tempdir().unwrap();
+    let exe = polite_worker(dir.path());
+    let run_dir = dir.path().join("run");
+    let mut a = dashboard_with(&exe, &run_dir, 60);
+    key(&mut a, 's');
+    poll_until(&mut a, "step 1", |a| last_step(a) == 1);
+    let pid = worker_pid(&a);
+
+    let mut text = Follow::start(&run_dir, false);
+    text.until(&format!("state: running (pid {pid} on "));
+    let mut json = Follow::start(&run_dir, true);
+    json.until(r#""event":"status""#);
+    signal(pid, "USR1");
+    text.until("step 2 · loss 4.2500");
+    json.until(r#""step":2"#);
+    key(&mut a, 'x');
+    let (code, lines) = text.finish();
+    assert_eq!(code, Some(0), "{lines:?}");
+    assert_eq!(lines.last().unwrap(), "stopped at step 2 (signal)");
+    let (code, lines) = json.finish();
+    assert_eq!(code, Some(0), "{lines:?}");
+    let events: Vec<String> = lines
+        .iter()
+        .map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).expect("one JSON object a line");
+            v["event"].as_str().unwrap().to_string()
+        })
+        .collect();
+    assert_eq!(events, ["status", "step", "stopped"], "{lines:?}");
+}
+
+#[test]
+fn status_follow_calls_a_worker_killed_without_a_word_dead() {
+    let dir = tempfile::tempdir().unwrap();
+    let exe = polite_worker(dir.path());
+    let run_dir = dir.path().join("run");
+    let mut a = dashboard_with(&exe, &run_dir, 60);
+    key(&mut a, 's');
+    poll_until(&mut a, "step 1", |a| last_step(a) == 1);
+    let pid = worker_pid(&a);
+    // Detached, so that no dashboard records the end.
+    key(&mut a, 'q');
+    key(&mut a, 'd');
+    drop(a);
+    let mut text = Follow::start(&run_dir, false);
+    text.until("state: running");
+    let mut json = Follow::start(&run_dir, true);
+    json.until(r#""event":"status""#);
+    // The whole group, as the out-of-memory killer or a crash would leave nothing behind.
+    signal(pid, "KILL");
+    signal(pid, "-KILL");
+    reap(pid);
+    let (code, lines) = text.finish();
+    assert_eq!(code, Some(4), "{lines:?}");
+    assert!(
+        lines
+            .last()
+            .unwrap()
+            .starts_with(&format!("dead: the worker (pid {pid} on ")),
+        "{lines:?}"
+    );
+    let (code, lines) = json.finish();
+    assert_eq!(code, Some(4), "{lines:?}");
+    let last: serde_json::Value = serde_json::from_str(lines.last().unwrap()).unwrap();
+    assert_eq!(last["event"], "dead");
+    assert_eq!(last["owner"]["pid"], pid);
 }

@@ -152,8 +152,8 @@ fn start_replan_restart_and_stop_keep_the_step_count_and_the_loss_curve() {
     assert_eq!(state(&app), RunState::Running);
 
     press(&mut app, 'x');
-    let screen = run_until(&mut app, "the stop", |a| state(a) == RunState::Idle);
-    assert!(screen.contains("run: idle"), "{screen}");
+    let screen = run_until(&mut app, "the stop", |a| state(a) == RunState::Stopped);
+    assert!(screen.contains("run: stopped"), "{screen}");
     let latest = osdp_tui::train::checkpoint::latest(&run_dir.join("checkpoints"))
         .unwrap()
         .expect("a checkpoint");
@@ -224,11 +224,150 @@ fn a_worker_killed_from_outside_shows_as_failed_and_r_resumes() {
     osdp_tui::train::checkpoint::load(std::path::Path::new(&checkpoint.1)).expect("not corrupted");
     press(&mut app, 'q');
     assert!(!app.quit, "quitting a running dashboard asks first");
-    press(&mut app, 'y');
+    press(&mut app, 's');
     run_until(&mut app, "the quit", |a| a.quit);
     assert_eq!(
         state(&app),
-        RunState::Idle,
+        RunState::Stopped,
         "the run was stopped gracefully"
     );
+    assert_eq!(
+        osdp_tui::run::read_status(&run_dir)
+            .unwrap()
+            .ended
+            .as_deref(),
+        Some("signal")
+    );
+}
+
+/// The acceptance path: start a run, quit detaching it, reopen (the run is followed, not
+/// restarted), `x` there stops it with a checkpoint.
+#[test]
+fn a_detached_run_keeps_training_and_a_later_dashboard_attaches_and_stops_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let run_dir = dir.path().join("run");
+    let mut app = dashboard(&run_dir);
+    press(&mut app, 's');
+    run_until(&mut app, "steps", |a| last_step(a) >= 2);
+    let pid = run(&app).pid().unwrap();
+    press(&mut app, 'q');
+    press(&mut app, 'd');
+    assert!(app.quit);
+    drop(app);
+
+    let mut later = dashboard(&run_dir);
+    let seen = last_step(&later);
+    let screen = run_until(&mut later, "steps trained while detached", |a| {
+        last_step(a) > seen + 1
+    });
+    assert!(
+        screen.contains(&format!("attached, read-only: run owned by pid {pid} on ")),
+        "{screen}"
+    );
+    assert_eq!(
+        run(&later).pid(),
+        Some(pid),
+        "the same worker, not a new one"
+    );
+    press(&mut later, 'x');
+    let screen = run_until(&mut later, "the stop", |a| state(a) == RunState::Stopped);
+    assert!(screen.contains("run: stopped"), "{screen}");
+    let status = osdp_tui::run::read_status(&run_dir).unwrap();
+    assert_eq!(status.ended.as_deref(), Some("signal"));
+    assert_eq!(status.segments, vec![0], "one run, never restarted");
+    let (step, path) = status
+        .last_checkpoint
+        .clone()
+        .expect("a checkpoint at the stop");
+    assert_eq!(step, status.last().unwrap().step);
+    osdp_tui::train::checkpoint::load(std::path::Path::new(&path)).expect("which loads");
+    // SAFETY: waitpid on this test's own (exited) child; no memory is shared.
+    unsafe {
+        libc::waitpid(pid as libc::pid_t, std::ptr::null_mut(), 0);
+    }
+}
+
+/// A worker started by hand with a lifeline: when the line closes without a word (its
+/// dashboard crashed, was killed), it finishes its step, checkpoints and exits 0; after
+/// `detach`, it trains on.
+#[test]
+fn a_worker_stops_when_its_dashboard_dies_and_runs_on_when_it_detaches() {
+    use osdp_tui::lifeline::Lifeline;
+    use std::os::unix::io::AsRawFd;
+    let dir = tempfile::tempdir().unwrap();
+    let plan = dir.path().join("plan.json");
+    super::stdout_ok(
+        super::osdp()
+            .args([
+                "plan",
+                "sample-models/tiny-gpt2.json",
+                "--layout",
+                "layouts/cpu.json",
+                "--budget",
+                "360MiB",
+                "--batch",
+                "4",
+                "-o",
+            ])
+            .arg(&plan),
+    );
+    for detach in [false, true] {
+        let run_dir = dir.path().join(format!("run-{detach}"));
+        std::fs::create_dir_all(&run_dir).unwrap();
+        let (line, line_end) = Lifeline::new().unwrap();
+        let mut cmd = std::process::Command::new(assert_cmd::cargo::cargo_bin("osdp-tui"));
+        cmd.arg("train")
+            .arg(root().join("sample-models/tiny-gpt2.json"))
+            .arg(format!("--plan={}", plan.display()))
+            .args(["--world-size=2", "--steps=0"])
+            .arg(format!(
+                "--metrics={}",
+                run_dir.join("metrics.jsonl").display()
+            ))
+            .arg(format!(
+                "--checkpoint-dir={}",
+                run_dir.join("checkpoints").display()
+            ))
+            .arg(format!("--supervisor-fd={}", line_end.as_raw_fd()))
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped());
+        osdp_tui::lifeline::inherit(&mut cmd, line_end.as_raw_fd());
+        let mut child = cmd.spawn().unwrap();
+        drop(line_end);
+        let steps = || {
+            osdp_tui::run::read_status(&run_dir)
+                .ok()
+                .and_then(|s| s.last().map(|p| p.step))
+                .unwrap_or(0)
+        };
+        let wait_for = |what: &str, done: &dyn Fn() -> bool| {
+            let deadline = Instant::now() + Duration::from_secs(90);
+            while !done() {
+                assert!(Instant::now() < deadline, "timed out waiting for {what}");
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        };
+        wait_for("a step", &|| steps() >= 1);
+        if detach {
+            line.detach();
+            let now = steps();
+            wait_for("more steps", &|| steps() >= now + 2);
+            assert!(child.try_wait().unwrap().is_none(), "it trains on");
+            // SAFETY: kill(2) on this test's child.
+            unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
+        } else {
+            drop(line);
+        }
+        let out = child.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{stderr}");
+        assert_eq!(
+            stderr.contains("the dashboard that started this run is gone"),
+            !detach,
+            "{stderr}"
+        );
+        let status = osdp_tui::run::read_status(&run_dir).unwrap();
+        assert_eq!(status.ended.as_deref(), Some("signal"));
+        assert!(status.last_checkpoint.is_some(), "a checkpoint at the stop");
+    }
 }

@@ -1,8 +1,9 @@
-//! One process at a time in a directory (a checkpoint directory now, a run directory later):
-//! a lock file in it names the holder — pid, process start time, host — and is held with
-//! `flock` while the holder lives. A second process is refused with the holder's name; a lock
-//! left by a process that is gone (or whose pid now belongs to a process started later) is
-//! taken over, with a note saying so.
+//! One process at a time in a directory (a checkpoint directory, a run directory): a lock file
+//! in it names the holder — pid, process start time, host — and is held with `flock` while the
+//! holder lives. A second process is refused with the holder's name; a lock left by a process
+//! that is gone (or whose pid now belongs to a process started later) is taken over, with a
+//! note saying so. A holder may hand its lock to a child that inherited the lock file (a
+//! dashboard to the worker it starts), and anyone may read who holds a lock ([`owner`]).
 
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom, Write};
@@ -57,14 +58,23 @@ struct Holder {
 
 impl Holder {
     fn me() -> Holder {
-        let pid = std::process::id();
-        let start_ticks = process_start(pid).map_or(0, |(ticks, _)| ticks);
-        Holder {
+        Holder::of(std::process::id()).unwrap_or(Holder {
+            pid: std::process::id(),
+            start_ticks: 0,
+            started: started_text(0),
+            host: this_host(),
+        })
+    }
+
+    /// This machine's process `pid`, when it exists.
+    fn of(pid: u32) -> Option<Holder> {
+        let (start_ticks, _) = process_start(pid)?;
+        Some(Holder {
             pid,
             start_ticks,
             started: started_text(start_ticks),
             host: this_host(),
-        }
+        })
     }
 
     /// Whether the process this names is still running (on this machine: on another, it
@@ -79,6 +89,8 @@ impl Holder {
 pub struct DirLock {
     path: PathBuf,
     file: File,
+    /// Whether dropping it removes the lock file (not after [`DirLock::hand_over`]).
+    remove_on_drop: bool,
 }
 
 impl DirLock {
@@ -126,7 +138,12 @@ impl DirLock {
                 None => None,
             };
             write_holder(&file, &Holder::me()).map_err(io)?;
-            return Ok((DirLock { path, file }, note));
+            let lock = DirLock {
+                path,
+                file,
+                remove_on_drop: true,
+            };
+            return Ok((lock, note));
         }
         Err(io(std::io::Error::other(
             "the lock file keeps changing under this process",
@@ -134,14 +151,101 @@ impl DirLock {
     }
 }
 
+impl DirLock {
+    /// Name this machine's process `pid` as the holder. It must have the lock file open
+    /// (a child that inherited [`DirLock::as_raw_fd`]): the flock is shared by every
+    /// descriptor of the open file, so the lock lives as long as that process does.
+    pub fn name_holder(&self, pid: u32) -> std::io::Result<()> {
+        let holder = Holder::of(pid)
+            .ok_or_else(|| std::io::Error::other(format!("no process {pid} to hold the lock")))?;
+        write_holder(&self.file, &holder)
+    }
+
+    /// Let go of the lock without removing it: the process named by
+    /// [`DirLock::name_holder`] holds it from now on, and its end releases it.
+    pub fn hand_over(mut self) {
+        self.remove_on_drop = false;
+    }
+}
+
+#[cfg(unix)]
+impl std::os::unix::io::AsRawFd for DirLock {
+    /// The lock file's descriptor, for a child process to inherit.
+    fn as_raw_fd(&self) -> std::os::unix::io::RawFd {
+        self.file.as_raw_fd()
+    }
+}
+
 impl Drop for DirLock {
     fn drop(&mut self) {
         // Remove the file while still holding it, so that whoever opens the path next finds
         // no lock or a fresh one; closing the file then releases the flock.
-        if is_same_file(&self.file, &self.path) {
+        if self.remove_on_drop && is_same_file(&self.file, &self.path) {
             let _ = std::fs::remove_file(&self.path);
         }
     }
+}
+
+/// A directory's lock as someone who does not hold it sees it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct LockOwner {
+    pub pid: u32,
+    /// The holder's machine (empty when the record does not say).
+    pub host: String,
+    /// When the holder started, UTC.
+    pub started: String,
+    /// Whether the holder is this machine's process (only then can it be signalled).
+    pub local: bool,
+    /// Whether the holder still holds the lock: on this machine, the process with that pid and
+    /// start time runs; on another, the lock file's flock is held.
+    pub alive: bool,
+}
+
+impl std::fmt::Display for LockOwner {
+    /// `pid N on HOST since T`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let host = if self.host.is_empty() {
+            "this machine".into()
+        } else {
+            crate::text::printable(&self.host)
+        };
+        let started = crate::text::printable(&self.started);
+        write!(f, "pid {} on {host} since {started}", self.pid)
+    }
+}
+
+/// Who holds `dir`'s lock, read without taking it; `None` when there is no lock file or no
+/// record in it.
+pub fn owner(dir: &Path) -> Option<LockOwner> {
+    let path = dir.join(LOCK_FILE);
+    let mut options = std::fs::OpenOptions::new();
+    options.read(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        options.custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC);
+    }
+    let file = options.open(&path).ok()?;
+    if !file.metadata().ok()?.is_file() {
+        return None;
+    }
+    let h = read_holder(&file)?;
+    let local = h.host.is_empty() || h.host == this_host();
+    // Another machine's process cannot be looked up: its flock, which it holds while it runs
+    // (on a file system that passes flock between machines), says. A shared probe is released
+    // as soon as the file closes.
+    let alive = if local {
+        h.is_running()
+    } else {
+        !matches!(flock_shared(&file), Ok(()))
+    };
+    Some(LockOwner {
+        pid: h.pid,
+        host: h.host,
+        started: h.started,
+        local,
+        alive,
+    })
 }
 
 fn in_use(what: &str, dir: &Path, holder: Option<Holder>) -> LockError {
@@ -194,6 +298,22 @@ fn flock(file: &File) -> std::io::Result<()> {
 
 #[cfg(not(unix))]
 fn flock(_file: &File) -> std::io::Result<()> {
+    Err(std::io::ErrorKind::Unsupported.into())
+}
+
+/// Take `file`'s shared flock without waiting (fails while someone holds it exclusively).
+#[cfg(unix)]
+fn flock_shared(file: &File) -> std::io::Result<()> {
+    use std::os::unix::io::AsRawFd;
+    // SAFETY: as in `flock`.
+    match unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_SH | libc::LOCK_NB) } {
+        0 => Ok(()),
+        _ => Err(std::io::Error::last_os_error()),
+    }
+}
+
+#[cfg(not(unix))]
+fn flock_shared(_file: &File) -> std::io::Result<()> {
     Err(std::io::ErrorKind::Unsupported.into())
 }
 
@@ -331,6 +451,36 @@ mod tests {
         // Garbage where the record should be is no holder.
         std::fs::write(dir.path().join(LOCK_FILE), "\u{0}\u{1}garbage").unwrap();
         assert!(DirLock::acquire(dir.path(), "run directory").is_ok());
+    }
+
+    #[test]
+    fn a_lock_handed_to_a_child_names_it_while_it_lives_and_outlives_the_hand_over() {
+        let dir = tempfile::tempdir().unwrap();
+        assert_eq!(owner(dir.path()), None, "no lock file, no owner");
+        let (lock, _) = DirLock::acquire(dir.path(), "run directory").unwrap();
+        let me = owner(dir.path()).unwrap();
+        assert_eq!(
+            (me.pid, me.alive, me.local),
+            (std::process::id(), true, true)
+        );
+        let mut child = std::process::Command::new("sleep")
+            .arg("600")
+            .spawn()
+            .unwrap();
+        lock.name_holder(child.id()).unwrap();
+        lock.hand_over();
+        let held = owner(dir.path()).expect("the file stays after the hand-over");
+        assert_eq!((held.pid, held.alive), (child.id(), true));
+        assert!(held
+            .to_string()
+            .starts_with(&format!("pid {} on ", child.id())));
+        child.kill().unwrap();
+        child.wait().unwrap();
+        let gone = owner(dir.path()).unwrap();
+        assert_eq!((gone.pid, gone.alive), (child.id(), false));
+        // Its lock is taken over like any left by a process that is gone.
+        let (_, note) = DirLock::acquire(dir.path(), "run directory").unwrap();
+        assert!(note.is_some_and(|n| n.contains("no longer running")));
     }
 
     #[test]

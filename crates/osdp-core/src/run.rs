@@ -1,7 +1,8 @@
 //! Training runs as seen from outside the worker: the JSON-lines protocol a worker writes to
-//! its metrics stream, the run directory, and the status folded from the stream. No libtorch
-//! here, so the dashboard and `osdp-tui status` read runs without it; starting and stopping
-//! worker processes is the app's (`osdp_tui::supervisor`).
+//! its metrics stream, the run directory and its lock, the status folded from the stream, and
+//! where a run stands (stream and lock together). No libtorch here, so the dashboard and
+//! `osdp-tui status` read runs without it; starting and stopping worker processes is the app's
+//! (`osdp_tui::supervisor`).
 
 use std::path::{Path, PathBuf};
 
@@ -135,10 +136,37 @@ impl RunDir {
     pub fn predicted(&self) -> PathBuf {
         self.0.join("predicted.json")
     }
+    /// The planner's figures for the run's plan, when the directory has them.
+    pub fn read_predicted(&self) -> Option<Predicted> {
+        std::fs::read_to_string(self.predicted())
+            .ok()
+            .and_then(|t| serde_json::from_str(&t).ok())
+    }
     /// Whether a checkpoint to resume from exists (`latest.json` written by the worker).
     pub fn has_checkpoint(&self) -> bool {
         self.checkpoints().join("latest.json").exists()
     }
+    /// Who holds the run: the run directory's lock (a dashboard names its worker there), else
+    /// the checkpoint directory's (held by any `train --checkpoint-dir` while it runs).
+    pub fn owner(&self) -> Option<crate::lock::LockOwner> {
+        crate::lock::owner(&self.0).or_else(|| crate::lock::owner(&self.checkpoints()))
+    }
+
+    /// Append `ev` to the metrics stream: how a supervisor records an end the worker could
+    /// not write (killed, hung), so that whoever reads the run later knows how it ended.
+    pub fn append_event(&self, ev: &WorkerEvent) -> std::io::Result<()> {
+        use std::io::Write;
+        let path = self.metrics();
+        let mut f = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)?;
+        end_cut_line(&path, &mut f)?;
+        let line = serde_json::to_string(ev).map_err(std::io::Error::other)?;
+        writeln!(f, "{line}")?;
+        f.flush()
+    }
+
     /// The last `n` lines of the worker's log.
     pub fn log_tail(&self, n: usize) -> Vec<String> {
         let text = std::fs::read_to_string(self.log()).unwrap_or_default();
@@ -149,6 +177,80 @@ impl RunDir {
             .map(|l| l.replace("\u{1b}[2K", ""))
             .collect();
         lines[lines.len().saturating_sub(n)..].to_vec()
+    }
+}
+
+/// A process killed mid-line leaves a cut line at the end of `path`: end it, through `f` (open
+/// for appending), so the next event starts on a line of its own instead of being swallowed by
+/// the broken one.
+pub fn end_cut_line(path: &Path, f: &mut std::fs::File) -> std::io::Result<()> {
+    use std::io::{Read, Seek, SeekFrom, Write};
+    let mut last = [0u8; 1];
+    let cut = std::fs::File::open(path)
+        .and_then(|mut r| {
+            if r.seek(SeekFrom::End(0))? == 0 {
+                return Ok(false);
+            }
+            r.seek(SeekFrom::End(-1))?;
+            r.read_exact(&mut last)?;
+            Ok(last[0] != b'\n')
+        })
+        .unwrap_or(false);
+    if cut {
+        f.write_all(b"\n")?;
+    }
+    Ok(())
+}
+
+/// Follows a metrics stream as it grows: each read returns the events of the lines completed
+/// since the last one (a line still being written waits for its end).
+#[derive(Debug)]
+pub struct MetricsTail {
+    path: PathBuf,
+    offset: u64,
+    partial: String,
+}
+
+impl MetricsTail {
+    /// From byte `offset` of the stream at `path` (0: from the start).
+    pub fn new(path: PathBuf, offset: u64) -> MetricsTail {
+        MetricsTail {
+            path,
+            offset,
+            partial: String::new(),
+        }
+    }
+
+    /// The events written since the last read; none when the file is missing or unreadable.
+    /// Lines that do not parse are skipped, as [`RunStatus::from_text`] skips them.
+    pub fn read_new(&mut self) -> Vec<WorkerEvent> {
+        use std::io::{Read, Seek, SeekFrom};
+        let Ok(mut f) = std::fs::File::open(&self.path) else {
+            return Vec::new();
+        };
+        if f.seek(SeekFrom::Start(self.offset)).is_err() {
+            return Vec::new();
+        }
+        let mut buf = Vec::new();
+        let Ok(n) = f.read_to_end(&mut buf) else {
+            return Vec::new();
+        };
+        self.offset += n as u64;
+        self.partial.push_str(&String::from_utf8_lossy(&buf));
+        let mut events = Vec::new();
+        while let Some(nl) = self.partial.find('\n') {
+            let line: String = self.partial.drain(..=nl).collect();
+            if let Ok(ev) = serde_json::from_str::<WorkerEvent>(line.trim_end()) {
+                events.push(ev);
+            }
+        }
+        // A last line without its newline is whole when it parses: a JSON object has no
+        // complete prefix.
+        if let Ok(ev) = serde_json::from_str::<WorkerEvent>(&self.partial) {
+            events.push(ev);
+            self.partial.clear();
+        }
+        events
     }
 }
 
@@ -258,16 +360,77 @@ impl RunStatus {
     pub fn last(&self) -> Option<&StepPoint> {
         self.steps.last()
     }
+
+    /// The step the run is at: its last step, or where its last segment began.
+    pub fn step(&self) -> u64 {
+        self.last()
+            .map(|p| p.step)
+            .or(self.segments.last().copied())
+            .unwrap_or(0)
+    }
+}
+
+/// Where a run stands, from its metrics stream and its lock together.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "state", rename_all = "snake_case")]
+pub enum Standing {
+    /// A live process holds the run (`owner`), or no lock says who does and the stream has not
+    /// ended (`owner` is `None`: it cannot be told).
+    Running {
+        owner: Option<crate::lock::LockOwner>,
+    },
+    /// The stream's last segment ended: `completed`, `signal`, `killed`.
+    Stopped {
+        reason: String,
+    },
+    Failed {
+        message: String,
+    },
+    /// The lock names a worker that is gone, and the stream never said it ended.
+    Dead {
+        owner: crate::lock::LockOwner,
+    },
+}
+
+impl Standing {
+    /// `owner` is [`RunDir::owner`] read *before* the stream was last read: a worker that wrote
+    /// its end and then exited is then stopped, never dead.
+    pub fn of(status: &RunStatus, owner: Option<crate::lock::LockOwner>) -> Standing {
+        match (owner, &status.ended) {
+            // A live holder may be a new worker that has not written `started` yet.
+            (Some(o), _) if o.alive => Standing::Running { owner: Some(o) },
+            (_, Some(m)) if status.failed => Standing::Failed { message: m.clone() },
+            (_, Some(r)) => Standing::Stopped { reason: r.clone() },
+            (Some(o), None) => Standing::Dead { owner: o },
+            (None, None) => Standing::Running { owner: None },
+        }
+    }
+
+    /// Whether the run has ended (stopped, failed or dead).
+    pub fn is_over(&self) -> bool {
+        !matches!(self, Standing::Running { .. })
+    }
+
+    /// What a dead worker is, in words.
+    pub fn dead_text(owner: &crate::lock::LockOwner) -> String {
+        format!(
+            "the worker ({owner}) is gone without a stopped or failed event (killed, or its \
+             machine went down): see worker.log"
+        )
+    }
 }
 
 /// What a run is doing, as the dashboard's header shows it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RunState {
+    /// No run in this directory yet.
     Idle,
     Starting,
     Running,
     Checkpointing,
     Stopping,
+    /// The run ended: stopped, completed or killed (its history stays on screen).
+    Stopped,
     /// Why, and the last lines of the worker's log.
     Failed {
         why: String,
@@ -283,6 +446,7 @@ impl RunState {
             RunState::Running => "running",
             RunState::Checkpointing => "checkpointing",
             RunState::Stopping => "stopping",
+            RunState::Stopped => "stopped",
             RunState::Failed { .. } => "failed",
         }
     }
@@ -297,9 +461,7 @@ pub fn read_status(dir: &Path) -> std::io::Result<RunStatus> {
     let run = RunDir(dir.to_path_buf());
     let text = std::fs::read_to_string(run.metrics())?;
     let mut status = RunStatus::from_text(&text);
-    status.predicted = std::fs::read_to_string(run.predicted())
-        .ok()
-        .and_then(|t| serde_json::from_str(&t).ok());
+    status.predicted = run.read_predicted();
     Ok(status)
 }
 
