@@ -376,6 +376,21 @@ pub fn train(args: TrainArgs) -> Result<(), Failure> {
     if world_size == 0 {
         return Err(Failure::input("--world-size must be at least 1"));
     }
+    // Under a launcher, its processes per machine are a node (what an hsdp plan needs; other
+    // plans are left alone, whatever the launcher's shape).
+    let hybrid = plan
+        .choices
+        .iter()
+        .any(|c| c.strategy == crate::cost::Strategy::Hsdp);
+    let ranks_per_node = args.ranks_per_node.or_else(|| {
+        membership.as_ref().filter(|_| hybrid).and_then(|_| {
+            ["LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE"]
+                .iter()
+                .find_map(|v| std::env::var(v).ok()?.trim().parse::<usize>().ok())
+        })
+    });
+    crate::train::check_nodes(&model, &plan, world_size, ranks_per_node, target.device)
+        .map_err(|e| Failure::input(format!("{}: {e}", args.plan.display())))?;
     // One trainer per checkpoint directory: a second would interleave its checkpoints with
     // ours. Rank 0 holds the lock for a run of several processes, which share the directory.
     // An existing directory is locked before its checkpoints are looked at.
@@ -477,14 +492,6 @@ pub fn train(args: TrainArgs) -> Result<(), Failure> {
         signal_hook::flag::register(sig, Arc::clone(&stop))
             .map_err(|e| Failure::input(format!("cannot install the signal handler: {e}")))?;
     }
-    // Under a launcher, its processes per machine are a node.
-    let ranks_per_node = args.ranks_per_node.or_else(|| {
-        membership.as_ref().and_then(|_| {
-            ["LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE"]
-                .iter()
-                .find_map(|v| std::env::var(v).ok()?.trim().parse::<usize>().ok())
-        })
-    });
     if let Some(fd) = args.supervisor_fd {
         let line = crate::lifeline::adopt(fd).map_err(Failure::input)?;
         let stop = Arc::clone(&stop);

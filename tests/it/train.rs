@@ -758,6 +758,17 @@ fn bad_training_input_is_refused_before_anything_is_written() {
     unsplittable.choices[i] = Choice::zero3(256, 1);
     let bad = write_plan(dir.path(), &gpt, &unsplittable, "unsplittable.json");
     refused(&["--metrics", m], &bad, "cannot be split into 256 slices");
+    let hsdp = write_plan(dir.path(), &gpt, &hsdp_plan(&gpt, 2, 1), "hsdp.json");
+    refused(
+        &["--world-size", "4", "--metrics", m, "--checkpoint-dir", c],
+        &hsdp,
+        "the 4 ranks are one node: give --ranks-per-node",
+    );
+    refused(
+        &["--world-size", "4", "--ranks-per-node", "3", "--metrics", m],
+        &hsdp,
+        "3 ranks per node do not divide the 4 ranks",
+    );
     refused(
         &[
             "--world-size",

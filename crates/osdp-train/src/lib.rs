@@ -157,7 +157,14 @@ pub fn run(
     }
     accumulation(cfg.global_batch, world, cfg.plan.batch).map_err(TrainError::Invalid)?;
     exec::check_runnable(&cfg.model, &cfg.plan).map_err(|e| TrainError::Invalid(e.to_string()))?;
-    check_nodes(cfg)?;
+    check_nodes(
+        &cfg.model,
+        &cfg.plan,
+        world,
+        cfg.ranks_per_node,
+        cfg.target.device,
+    )
+    .map_err(TrainError::Invalid)?;
     let restored = match &cfg.resume_from {
         Some(dir) => {
             let (manifest, params) = checkpoint::load(dir)?;
@@ -382,36 +389,40 @@ fn terms(cfg: &TrainConfig, first_step: u64) -> tcp::Terms {
         .with("checkpoint every", cfg.checkpoint_every)
 }
 
-/// Whether the run's ranks can be arranged as its plan needs: `ranks_per_node` divides the
-/// world, and hsdp (which needs several nodes) has them on the CPU backends.
-fn check_nodes(cfg: &TrainConfig) -> Result<(), TrainError> {
-    let world = cfg.world_size;
-    if let Some(n) = cfg.ranks_per_node {
-        collective::check_nodes(world, n)
-            .map_err(|e| TrainError::Invalid(format!("--ranks-per-node: {e}")))?;
+/// Whether `world` ranks on `device`, as nodes of `ranks_per_node` (`None`: one node), can
+/// run `plan`: the nodes divide the ranks, and hsdp (which needs several nodes) has them on
+/// the CPU backends. Says why not.
+pub fn check_nodes(
+    model: &ModelSpec,
+    plan: &Plan,
+    world: usize,
+    ranks_per_node: Option<usize>,
+    device: tch::Device,
+) -> Result<(), String> {
+    if let Some(n) = ranks_per_node {
+        collective::check_nodes(world, n).map_err(|e| format!("--ranks-per-node: {e}"))?;
     }
-    let Some(i) = cfg
-        .plan
+    let Some(i) = plan
         .choices
         .iter()
         .position(|c| c.strategy == osdp_core::cost::Strategy::Hsdp)
     else {
         return Ok(());
     };
-    let op = &cfg.model.ops[i].id;
-    if cfg.target.device.is_cuda() {
-        return Err(TrainError::Invalid(format!(
+    let op = &model.ops[i].id;
+    if device.is_cuda() {
+        return Err(format!(
             "op {op:?} is hsdp, which the GPU trainer does not run yet (its NCCL backend has one \
              communicator, without the node and replica groups hsdp needs); plan with zero3 \
              instead, or train the hsdp plan on the CPU"
-        )));
+        ));
     }
-    if cfg.ranks_per_node.unwrap_or(world) >= world {
-        return Err(TrainError::Invalid(format!(
+    if ranks_per_node.unwrap_or(world) >= world {
+        return Err(format!(
             "op {op:?} is hsdp, which shards inside a node and replicates across nodes, but \
              the {world} ranks are one node: give --ranks-per-node N (N dividing {world} and \
              smaller), or plan for one node"
-        )));
+        ));
     }
     Ok(())
 }
