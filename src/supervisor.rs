@@ -107,6 +107,11 @@ pub struct Supervisor {
     last_progress: Instant,
     /// When the last step arrived (seen by this dashboard).
     last_step_at: Option<Instant>,
+    /// When this supervisor started the workers (`None` for a run it attached to).
+    started_at: Option<Instant>,
+    /// From the start to the first step this start ran: start-up (libtorch, rendezvous,
+    /// building the model, a checkpoint read) plus one step.
+    pub first_step_after: Option<Duration>,
     hang_after: Duration,
     term_sent: bool,
     kill_sent: bool,
@@ -275,6 +280,8 @@ impl Supervisor {
             },
             last_progress: Instant::now(),
             last_step_at: None,
+            started_at: Some(Instant::now()),
+            first_step_after: None,
             hang_after: spec.hang_after,
             term_sent: false,
             kill_sent: false,
@@ -302,6 +309,8 @@ impl Supervisor {
             workers: Workers::Ended,
             last_progress: Instant::now(),
             last_step_at: None,
+            started_at: None,
+            first_step_after: None,
             hang_after,
             term_sent: false,
             kill_sent: false,
@@ -549,7 +558,12 @@ impl Supervisor {
             self.status.apply(&ev);
             self.last_progress = Instant::now();
             match ev {
-                WorkerEvent::Step { .. } => self.last_step_at = Some(Instant::now()),
+                WorkerEvent::Step { .. } => {
+                    self.last_step_at = Some(Instant::now());
+                    if self.first_step_after.is_none() {
+                        self.first_step_after = self.started_at.map(|t| t.elapsed());
+                    }
+                }
                 WorkerEvent::Checkpoint { .. } => self.last_checkpoint_at = Some(Instant::now()),
                 _ => {}
             }

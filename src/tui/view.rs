@@ -845,6 +845,12 @@ fn draw_training(app: &App, f: &mut Frame, area: Rect) {
                 "memory/rank {} measured · {predicted} predicted",
                 measured.join(" ")
             )));
+            if let Some(t) = run.first_step_after {
+                lines.push(Line::from(format!(
+                    "first step {} after start (start-up and one step)",
+                    units::seconds(t.as_secs_f64())
+                )));
+            }
         }
         None => lines.push(Line::from(match pred {
             Some(x) => format!(

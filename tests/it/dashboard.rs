@@ -907,3 +907,51 @@ fn status_follow_calls_a_worker_killed_without_a_word_dead() {
     assert_eq!(last["event"], "dead");
     assert_eq!(last["owner"]["pid"], pid);
 }
+
+/// Issue 18: once the first step of a start lands, the training panel says how long it took
+/// from pressing `s` (start-up and one step), beside the predicted step time.
+#[test]
+fn the_panel_says_how_long_the_first_step_took() {
+    use osdp_tui::supervisor::LaunchSpec;
+    let dir = tempfile::tempdir().unwrap();
+    let exe = fake_worker(
+        dir.path(),
+        &[STARTED],
+        &format!("sleep 0.3\necho '{STEP1}' >> \"$metrics\"\nexec sleep 600\n"),
+    );
+    let mut a = app("tiny-gpt2", "cpu", GIB);
+    let launch = LaunchSpec {
+        exe,
+        model: root().join("sample-models/tiny-gpt2.json"),
+        checkpoint_every: 10,
+        hang_after: std::time::Duration::from_secs(60),
+    };
+    a = a.with_training(osdp_tui::tui::app::Training::new(
+        launch,
+        dir.path().join("run"),
+    ));
+    let pressed = std::time::Instant::now();
+    a.update(Action::StartRun);
+    let deadline = pressed + std::time::Duration::from_secs(20);
+    let took = loop {
+        a.poll_background();
+        if let Some(t) = a
+            .training
+            .as_ref()
+            .and_then(|t| t.run.as_ref()?.first_step_after)
+        {
+            break t;
+        }
+        assert!(std::time::Instant::now() < deadline, "no first step");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    assert!(took >= std::time::Duration::from_millis(300), "{took:?}");
+    assert!(took <= pressed.elapsed(), "{took:?}");
+    let screen = render_text(&a, 120, 40);
+    assert!(
+        screen.contains("first step ") && screen.contains(" after start"),
+        "{screen}"
+    );
+    a.update(Action::StopRun);
+    a.update(Action::StopRun);
+}
