@@ -845,6 +845,16 @@ fn draw_training(app: &App, f: &mut Frame, area: Rect) {
                 "memory/rank {} measured · {predicted} predicted",
                 measured.join(" ")
             )));
+            let seen = p.step * run.status.global_batch * app.model.config.seq_len;
+            lines.push(Line::from(format!(
+                "lr {:.2e} · grad-norm {:.3} · loss smoothed {} · {} tokens seen",
+                p.lr,
+                p.grad_norm,
+                run.status
+                    .smoothed_loss()
+                    .map_or("—".into(), |l| format!("{l:.4}")),
+                units::count(seen)
+            )));
             if let Some(t) = run.first_step_after {
                 lines.push(Line::from(format!(
                     "first step {} after start (start-up and one step)",

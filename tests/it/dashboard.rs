@@ -952,6 +952,12 @@ fn the_panel_says_how_long_the_first_step_took() {
         screen.contains("first step ") && screen.contains(" after start"),
         "{screen}"
     );
+    // Step 1's own figures, as the worker wrote them.
+    assert!(
+        screen.contains("lr 1.00e-3 · grad-norm 1.000 · loss smoothed 4.5000"),
+        "{screen}"
+    );
+    assert!(screen.contains("tokens seen"), "{screen}");
     a.update(Action::StopRun);
     a.update(Action::StopRun);
 }

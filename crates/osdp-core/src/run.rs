@@ -271,6 +271,8 @@ pub struct Predicted {
 pub struct StepPoint {
     pub step: u64,
     pub loss: f64,
+    pub grad_norm: f64,
+    pub lr: f64,
     pub step_time_s: f64,
     pub samples_per_s: f64,
     pub tokens_per_s: f64,
@@ -298,6 +300,16 @@ pub struct RunStatus {
 }
 
 impl RunStatus {
+    /// The loss smoothed over recent steps (an exponential average with weight 0.1 on the
+    /// newest, over the finite losses): the trend under the noise of single batches.
+    pub fn smoothed_loss(&self) -> Option<f64> {
+        self.steps
+            .iter()
+            .map(|p| p.loss)
+            .filter(|l| l.is_finite())
+            .reduce(|avg, l| 0.9 * avg + 0.1 * l)
+    }
+
     pub fn apply(&mut self, ev: &WorkerEvent) {
         match ev {
             WorkerEvent::Started {
@@ -320,6 +332,8 @@ impl RunStatus {
             WorkerEvent::Step {
                 step,
                 loss,
+                grad_norm,
+                lr,
                 step_time_s,
                 samples_per_s,
                 tokens_per_s,
@@ -328,6 +342,8 @@ impl RunStatus {
             } => self.steps.push(StepPoint {
                 step: *step,
                 loss: *loss,
+                grad_norm: *grad_norm,
+                lr: *lr,
                 step_time_s: *step_time_s,
                 samples_per_s: *samples_per_s,
                 tokens_per_s: *tokens_per_s,
@@ -468,6 +484,32 @@ pub fn read_status(dir: &Path) -> std::io::Result<RunStatus> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_smoothed_loss_follows_the_trend_and_skips_diverged_steps() {
+        let mut status = RunStatus::default();
+        assert_eq!(status.smoothed_loss(), None);
+        for (step, loss) in [(1, 5.0), (2, f64::NAN), (3, 4.0)] {
+            status.apply(&WorkerEvent::Step {
+                step,
+                loss,
+                grad_norm: 1.0,
+                lr: 1e-3,
+                step_time_s: 0.1,
+                samples_per_s: 1.0,
+                tokens_per_s: 1.0,
+                memory_bytes: vec![],
+                memory_breakdown: MemoryBreakdown::default(),
+                device_memory: Default::default(),
+            });
+        }
+        let s = status.smoothed_loss().unwrap();
+        assert!((s - (0.9 * 5.0 + 0.1 * 4.0)).abs() < 1e-12, "{s}");
+        assert_eq!(
+            status.last().map(|p| (p.lr, p.grad_norm)),
+            Some((1e-3, 1.0))
+        );
+    }
 
     #[test]
     fn a_resumed_segment_continues_the_step_count_and_drops_replayed_steps() {
