@@ -845,21 +845,25 @@ fn draw_training(app: &App, f: &mut Frame, area: Rect) {
                 "memory/rank {} measured · {predicted} predicted",
                 measured.join(" ")
             )));
+            // A failure's reason and log tail need the rows more than these figures.
+            let failed = matches!(state, RunState::Failed { .. });
             let seen = p.step * run.status.global_batch * app.model.config.seq_len;
-            lines.push(Line::from(format!(
-                "lr {:.2e} · grad-norm {:.3} · loss smoothed {} · {} tokens seen",
-                p.lr,
-                p.grad_norm,
-                run.status
-                    .smoothed_loss()
-                    .map_or("—".into(), |l| format!("{l:.4}")),
-                units::count(seen)
-            )));
-            if let Some(t) = run.first_step_after {
+            if !failed {
                 lines.push(Line::from(format!(
-                    "first step {} after start (start-up and one step)",
-                    units::seconds(t.as_secs_f64())
+                    "lr {:.2e} · grad-norm {:.3} · loss smoothed {} · {} tokens seen",
+                    p.lr,
+                    p.grad_norm,
+                    run.status
+                        .smoothed_loss()
+                        .map_or("—".into(), |l| format!("{l:.4}")),
+                    units::count(seen)
                 )));
+                if let Some(t) = run.first_step_after {
+                    lines.push(Line::from(format!(
+                        "first step {} after start (start-up and one step)",
+                        units::seconds(t.as_secs_f64())
+                    )));
+                }
             }
         }
         None => lines.push(Line::from(match pred {

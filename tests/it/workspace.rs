@@ -4,11 +4,11 @@
 
 use std::process::Command;
 
-/// Names of the crates in `package`'s dependency tree (`cargo tree`, offline: the build that
-/// runs this test has every crate at hand).
+/// Names of the crates in `package`'s dependency tree (`cargo tree`; on a machine that built
+/// only the default members, cargo fetches the trainer's crates' manifests first).
 fn crates_in_tree(package: &str, extra: &[&str]) -> Vec<String> {
     let out = Command::new(env!("CARGO"))
-        .args(["tree", "--offline", "--package", package])
+        .args(["tree", "--package", package])
         .args(["--prefix", "none", "--format", "{p}"])
         .args(extra)
         .current_dir(super::root())
