@@ -347,24 +347,27 @@ fn draw_header(app: &App, f: &mut Frame, area: Rect) {
 /// the parts named beside it: what the peak is made of and where the time goes.
 fn split_bars(pr: &crate::plan::Prediction, budget: u64, width: usize) -> [Line<'static>; 2] {
     let bar_width = (width / 5).clamp(10, 30);
-    let gib = |b: u64| units::bytes(b);
     let memory = [
         (
             "states",
             pr.persistent_bytes as f64,
-            gib(pr.persistent_bytes),
+            units::bytes(pr.persistent_bytes),
         ),
         (
             "activations",
             pr.activation_bytes as f64,
-            gib(pr.activation_bytes),
+            units::bytes(pr.activation_bytes),
         ),
         (
             "transient",
             pr.max_transient_bytes as f64,
-            gib(pr.max_transient_bytes),
+            units::bytes(pr.max_transient_bytes),
         ),
-        ("runtime", pr.overhead_bytes as f64, gib(pr.overhead_bytes)),
+        (
+            "runtime",
+            pr.overhead_bytes as f64,
+            units::bytes(pr.overhead_bytes),
+        ),
     ];
     let step = pr.step_time_s.max(f64::MIN_POSITIVE);
     let pct = |s: f64| format!("{:.0}%", 100.0 * s / step);
@@ -1122,17 +1125,11 @@ fn draw_graph(app: &App, f: &mut Frame, area: Rect) {
     );
     let mut lines = Vec::new();
     if let Some(p) = app.planned() {
-        if let Some(run) = app
-            .blocks
-            .runs(&app.model, &p.plan)
-            .into_iter()
-            .find(|r| (r.first..=r.last).contains(&b))
-        {
-            lines.push(Line::styled(
-                format!("{}: {}", run.range(), run.description),
-                theme::MUTED,
-            ));
-        }
+        let run = app.blocks.run_of(&app.model, &p.plan, b);
+        lines.push(Line::styled(
+            format!("{}: {}", run.range(), run.description),
+            theme::MUTED,
+        ));
     }
     lines.extend(graph_lines(app, b));
     f.render_widget(

@@ -182,6 +182,23 @@ impl Blocks {
         out
     }
 
+    /// The run of alike blocks that block `b` belongs to, looking only at its neighbours (what
+    /// the dashboard draws every frame for the selected block).
+    pub fn run_of(&self, model: &ModelSpec, plan: &Plan, b: usize) -> BlockRun {
+        let d = self.describe(model, plan, b);
+        let alike = |x: usize| self.describe(model, plan, x) == d;
+        let first = (0..b).rev().take_while(|&x| alike(x)).last().unwrap_or(b);
+        let last = (b + 1..self.ops.len())
+            .take_while(|&x| alike(x))
+            .last()
+            .unwrap_or(b);
+        BlockRun {
+            first,
+            last,
+            description: d,
+        }
+    }
+
     pub fn of(model: &ModelSpec) -> Blocks {
         let n = model.config.layers as usize;
         let index = model.op_index();
@@ -548,6 +565,11 @@ mod tests {
         assert!(runs[1].description.contains("attn.c_proj=dp"), "{runs:?}");
         assert!(runs[3].description.ends_with("recompute"), "{runs:?}");
         assert_eq!(runs[2].description, runs[0].description);
+        for run in &runs {
+            for b in run.first..=run.last {
+                assert_eq!(&blocks.run_of(&model, &plan, b), run, "block {b}");
+            }
+        }
     }
 
     #[test]
