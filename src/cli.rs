@@ -225,9 +225,15 @@ struct PlanArgs {
     /// Never recompute activations.
     #[arg(long)]
     no_recompute: bool,
-    /// Fix an op's strategy: OP=dp|zero1|zero2|zero3|zero3/K:M (repeatable).
+    /// Fix an op's strategy: OP=dp|zero1|zero2|zero3|zero3/K:M|hsdp, optionally with
+    /// +offload-opt or +offload-param (repeatable).
     #[arg(long, value_name = "OP=STRATEGY")]
     pin: Vec<String>,
+    /// Host memory per GPU that offloaded optimizer state and parameters may take; 0 never
+    /// offloads [default: 80 % of the layout's host memory over its GPUs; layouts without
+    /// `host` figures never offload].
+    #[arg(long, value_parser = parse_budget, value_name = "SIZE")]
+    host_budget: Option<u64>,
     /// Memory resolution of the search: plans within this much of the budget may be missed
     /// (per merged group); 0 is exact but slow on large models.
     #[arg(long, default_value = "1MiB", value_parser = parse_size)]
@@ -615,6 +621,7 @@ impl PlanArgs {
             recompute: !self.no_recompute,
             pins: self.pin,
             resolution_bytes: self.resolution,
+            host_budget: self.host_budget,
             explain: self.explain,
             json: self.json,
             output: self.output,

@@ -29,6 +29,9 @@ pub struct PlanRequest {
     pub recompute: bool,
     pub pins: Vec<String>,
     pub resolution_bytes: u64,
+    /// Host memory per GPU that offloaded state may take (0: no offload) [default: the
+    /// layout's].
+    pub host_budget: Option<u64>,
     /// Op ids whose every choice to list, priced in the plan.
     pub explain: Vec<String>,
     pub json: bool,
@@ -93,6 +96,9 @@ struct OpOut<'a> {
     strategy: &'static str,
     split: u32,
     sharded_slices: u32,
+    /// `offload-opt` or `offload-param`; absent when nothing is offloaded.
+    #[serde(skip_serializing_if = "crate::cost::Offload::is_none")]
+    offload: crate::cost::Offload,
     recompute: bool,
     memory_bytes: u64,
     time_s: f64,
@@ -134,6 +140,13 @@ struct PlanOut<'a> {
     #[serde(flatten)]
     headline: Headline,
     binding_gpu: Option<usize>,
+    /// Host memory per GPU offloaded state may take; absent where offload is not offered.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    host_budget_bytes: Option<u64>,
+    /// When the host budget bound on a model too large to search host memory exactly: how
+    /// much shorter (s) the best step could at most be ([`Planned::host_gap_s`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    host_gap_s: Option<f64>,
     search_time_ms: f64,
     /// Calibrated curves (with when and where they were measured) or datasheet rates.
     timing_source: String,
@@ -161,6 +174,8 @@ pub struct PlanReport {
     pub spec: ModelSpec,
     pub layout: Layout,
     pub budget: u64,
+    /// Host memory per GPU offloaded state may take (0: offload not offered).
+    pub host_budget: u64,
     /// The GPU whose budget binds, when budgets differ per GPU.
     pub binding_gpu: Option<usize>,
     pub chosen: plan::GlobalBatch,
@@ -177,7 +192,9 @@ pub struct PlanReport {
 /// Run the planner for a checked request.
 pub fn plan_report(req: &PlanRequest) -> Result<PlanReport, Failure> {
     let (spec, layout) = load(&req.model, &req.layout)?;
-    let machine = Machine::new(&layout, &spec);
+    let mut machine = Machine::new(&layout, &spec);
+    plan::request::set_host_budget(&mut machine, &layout, req.host_budget)
+        .map_err(Failure::input)?;
     let budgets = plan::request::per_gpu_budgets(&layout, req.budget, &req.budget_per_gpu, None)
         .map_err(Failure::input)?;
     let (binding_gpu, budget) = plan::request::binding(&budgets);
@@ -236,14 +253,25 @@ pub fn plan_report(req: &PlanRequest) -> Result<PlanReport, Failure> {
     let search_ms = started.elapsed().as_secs_f64() * 1e3;
     let (planned, baselines) = result.map_err(|nf| Failure {
         code: EXIT_NO_FIT,
-        message: format!(
-            "no plan of {} fits {} per GPU on {}; the smallest budget that fits is {} ({} bytes)",
-            spec.name,
-            units::bytes(budget),
-            layout.name,
-            units::bytes(nf.min_budget_bytes),
-            nf.min_budget_bytes
-        ),
+        message: match nf.host_budget_bytes {
+            Some(_) if nf.min_budget_bytes == u64::MAX => {
+                format!(
+                    "no plan of {} on {}: {}",
+                    spec.name,
+                    layout.name,
+                    nf.describe(budget)
+                )
+            }
+            _ => format!(
+                "no plan of {} fits {} per GPU on {}; the smallest budget that fits is {} ({} \
+                 bytes)",
+                spec.name,
+                units::bytes(budget),
+                layout.name,
+                units::bytes(nf.min_budget_bytes),
+                nf.min_budget_bytes
+            ),
+        },
     })?;
     let explained: Vec<(usize, Vec<plan::explain::Alternative>)> = explain
         .iter()
@@ -265,6 +293,11 @@ pub fn plan_report(req: &PlanRequest) -> Result<PlanReport, Failure> {
         spec,
         layout,
         budget,
+        host_budget: if machine.offers_offload() {
+            machine.host_budget_bytes
+        } else {
+            0
+        },
         binding_gpu,
         chosen,
         cpu,
@@ -315,6 +348,8 @@ impl PlanReport {
             ranks: layout.world_size(),
             headline: Headline::of(prediction, budget),
             binding_gpu,
+            host_budget_bytes: (self.host_budget > 0).then_some(self.host_budget),
+            host_gap_s: self.planned.host_gap_s,
             search_time_ms: self.search_ms,
             timing_source: self.timing_source.clone(),
             prediction,
@@ -327,6 +362,7 @@ impl PlanReport {
                     strategy: plan.choices[i].strategy.as_str(),
                     split: plan.choices[i].split,
                     sharded_slices: plan.choices[i].sharded,
+                    offload: plan.choices[i].offload,
                     recompute: blocks.of_op[i].is_some_and(|b| plan.recompute[b]),
                     memory_bytes: prediction.ops[i].memory_bytes,
                     time_s: prediction.ops[i].time_s,
@@ -384,6 +420,22 @@ impl PlanReport {
             "  searched in {:.2} ms (baselines included)",
             self.search_ms
         );
+        if self.host_budget > 0 {
+            println!(
+                "  host: {} of offloaded state per GPU, budget {} (--host-budget sets it; 0 never \
+                 offloads)",
+                units::bytes(prediction.host_bytes),
+                units::bytes(self.host_budget)
+            );
+        }
+        if let Some(gap) = self.planned.host_gap_s {
+            println!(
+                "  note: the host budget binds and the model is too large to search host memory \
+                 exactly; the plan was found by pricing host memory, and no plan's step is more \
+                 than {:.1} ms shorter",
+                gap * 1e3
+            );
+        }
         if self.planned.coarsened_bytes > 0 {
             println!(
             "  note: the model has too many distinct transient sizes to search exactly; memory was resolved to {} (the peak may be that much above the best plan's)",

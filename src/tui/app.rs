@@ -419,6 +419,11 @@ impl App {
             self.message = Some(match &self.plan {
                 Some(PlanReady {
                     result: Err(nf), ..
+                }) if nf.host_budget_bytes.is_some() => {
+                    "no plan fits the host budget: nothing to start".into()
+                }
+                Some(PlanReady {
+                    result: Err(nf), ..
                 }) => format!(
                     "no plan fits the budget (it takes {}): nothing to start",
                     units::bytes(nf.min_budget_bytes)

@@ -51,8 +51,12 @@ pub const fn border(focused: bool) -> Style {
     }
 }
 
-/// Colour of a strategy badge. Split zero3 has its own (not recompute's).
+/// Colour of a strategy badge. Split zero3 has its own (not recompute's); offloaded state
+/// (to host memory) has one whatever the sharding.
 pub const fn strategy(c: Choice) -> Color {
+    if !matches!(c.offload, crate::cost::Offload::None) {
+        return Color::LightGreen;
+    }
     match c.strategy {
         Strategy::None => Color::DarkGray,
         Strategy::Dp => Color::Blue,

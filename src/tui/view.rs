@@ -299,14 +299,7 @@ fn draw_header(app: &App, f: &mut Frame, area: Rect) {
                     lines.extend(split_bars(pr, budget, usize::from(area.width)));
                 }
             }
-            Err(nf) => lines.push(Line::from(Span::styled(
-                format!(
-                    "nothing fits {} per GPU; the smallest budget that fits is {}",
-                    units::bytes(budget),
-                    units::bytes(nf.min_budget_bytes)
-                ),
-                theme::BAD,
-            ))),
+            Err(nf) => lines.push(Line::from(Span::styled(nf.describe(budget), theme::BAD))),
         },
     }
     let replan = app
@@ -550,7 +543,7 @@ fn draw_ops(app: &App, f: &mut Frame, area: Rect) {
         .block(
             Block::bordered()
                 .title(" operators ")
-                .title_bottom(strategy_legend(false))
+                .title_bottom(strategy_legend(false, app.machine.offers_offload()))
                 .border_style(border),
         )
         .row_highlight_style(theme::SELECTED);
@@ -963,7 +956,8 @@ fn draw_loss(status: &crate::run::RunStatus, f: &mut Frame, area: Rect) {
 }
 
 /// What each strategy colour means (the operators panel's bottom edge; `long` in help).
-fn strategy_legend(long: bool) -> Line<'static> {
+/// `offload`: the layout offers offload (its colour is listed only then).
+fn strategy_legend(long: bool, offload: bool) -> Line<'static> {
     let badge =
         |label: &'static str, c: Choice| Span::styled(label, Style::new().fg(theme::strategy(c)));
     Line::from(vec![
@@ -981,6 +975,11 @@ fn strategy_legend(long: bool) -> Line<'static> {
             Choice::zero3(2, 1),
         ),
         badge("hsdp ", Choice::plain(Strategy::Hsdp)),
+        if offload {
+            badge("+offload ", Choice::DP.offloaded(crate::cost::Offload::Opt))
+        } else {
+            Span::raw("")
+        },
         Span::styled("recompute ", theme::RECOMPUTE),
     ])
 }
@@ -998,7 +997,16 @@ fn draw_help(f: &mut Frame, area: Rect) {
     text.push(Line::from(
         "              `osdp-tui calibrate` measures this machine instead",
     ));
-    text.push(strategy_legend(true));
+    text.push(strategy_legend(true, false));
+    text.push(Line::from(vec![
+        Span::styled(
+            " +offload-opt, +offload-param",
+            Style::new().fg(theme::strategy(
+                Choice::DP.offloaded(crate::cost::Offload::Opt),
+            )),
+        ),
+        Span::raw(": state kept in host memory"),
+    ]));
     let h = (text.len() as u16 + 2).min(area.height);
     let r = Rect::new(
         area.x + (area.width - w) / 2,

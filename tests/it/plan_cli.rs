@@ -736,3 +736,82 @@ fn explain_lists_an_ops_every_choice_priced_in_the_plan() {
         "{err}"
     );
 }
+
+/// Issue 20: llama-2-7b (108 GB of bf16 weights, gradients and AdamW state) on one 24 GB RTX
+/// 4090 fits only by offloading to host memory. Without offload nothing fits; with it the plan
+/// keeps its offloaded state within the host budget, names its choices in the JSON and the plan
+/// file, `evaluate` prices the file the same, and the trainer says it cannot run it yet.
+#[test]
+fn llama_2_7b_fits_one_rtx4090_only_by_offloading_and_evaluate_agrees() {
+    let out = osdp()
+        .args([
+            "plan",
+            "sample-models/llama-2-7b.json",
+            "--layout",
+            "layouts/rtx4090-1x.json",
+        ])
+        .args(["--host-budget", "0"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(3), "nothing fits without offload");
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("plan.json");
+    let p = run_json(&[
+        "plan",
+        "sample-models/llama-2-7b.json",
+        "--layout",
+        "layouts/rtx4090-1x.json",
+        "--json",
+        "-o",
+        file.to_str().unwrap(),
+    ]);
+    let host = p["prediction"]["host_bytes"].as_u64().unwrap();
+    let budget = p["host_budget_bytes"].as_u64().unwrap();
+    assert!(host > 100 << 30 && host <= budget, "{host} of {budget}");
+    assert!(p["peak_memory_bytes"].as_u64() <= p["budget_bytes"].as_u64());
+    let offloaded = p["ops"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|o| o["offload"].is_string())
+        .count();
+    assert!(offloaded > 200, "{offloaded} ops offloaded");
+    let e = run_json(&[
+        "evaluate",
+        "sample-models/llama-2-7b.json",
+        "--layout",
+        "layouts/rtx4090-1x.json",
+        "--plan",
+        file.to_str().unwrap(),
+        "--json",
+    ]);
+    assert_eq!(e["step_time_s"], p["step_time_s"]);
+    assert_eq!(e["prediction"]["host_bytes"], p["prediction"]["host_bytes"]);
+    // A tight host budget: the plan keeps within it, or nothing fits and it says why.
+    let out = osdp()
+        .args([
+            "plan",
+            "sample-models/llama-2-7b.json",
+            "--layout",
+            "layouts/rtx4090-1x.json",
+        ])
+        .args(["--host-budget", "100GiB"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(3));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("host budget of 100.0 GiB"), "{err}");
+    // The trainer keeps all state on the device, and says so in one line.
+    let out = osdp()
+        .args(["train", "sample-models/llama-2-7b.json", "--plan"])
+        .arg(&file)
+        .args(["--steps", "1"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("offloaded state") || err.contains("without the trainer"),
+        "{err}"
+    );
+}

@@ -405,3 +405,100 @@ fn a_global_batch_the_ranks_cannot_share_is_refused_with_the_nearest_that_can() 
         .to_string();
     assert!(err.contains("1, 2, 3, 4, 6, 12"), "{err}");
 }
+
+/// The `cpu` layout's two ranks with a host of `host_budget` bytes per rank to offload into.
+fn offload_machine(model: &ModelSpec, host_budget: u64) -> Machine {
+    use osdp_tui::cluster::{Figure, HostSpec};
+    let mut l = read_layout(&crate::root().join("layouts/cpu.json")).unwrap();
+    let fig = |value: f64| Figure {
+        value,
+        source: "test".into(),
+    };
+    l.host = Some(HostSpec {
+        memory_gib_per_node: fig(16.0),
+        link_gb_per_s: fig(4.0),
+        cpu_cores_per_node: fig(2.0),
+        adam_mparams_per_s_per_core: fig(50.0),
+    });
+    let mut m = Machine::new(&l, model);
+    m.host_budget_bytes = host_budget;
+    m
+}
+
+/// Every plan at `batch` (no splits): (peak, host bytes, samples/s).
+fn all_offload_plans(model: &ModelSpec, m: &Machine, batch: u64) -> Vec<(u64, u64, f64)> {
+    let bases = cost::op_bases(model, m, 1);
+    let options: Vec<Vec<Choice>> = bases.iter().map(|b| cost::choices(b, m, 1)).collect();
+    let layers = model.config.layers as usize;
+    let mut out = Vec::new();
+    let mut idx = vec![0usize; options.len()];
+    'plans: loop {
+        for flags in 0..(1u32 << layers) {
+            let plan = Plan {
+                batch,
+                accumulation: 1,
+                choices: idx.iter().zip(&options).map(|(&i, o)| o[i]).collect(),
+                recompute: (0..layers).map(|l| flags >> l & 1 == 1).collect(),
+            };
+            let p = evaluate(model, m, &plan);
+            out.push((
+                p.peak_memory_bytes,
+                p.host_bytes,
+                p.throughput_samples_per_s,
+            ));
+        }
+        for k in 0..idx.len() {
+            idx[k] += 1;
+            if idx[k] < options[k].len() {
+                continue 'plans;
+            }
+            idx[k] = 0;
+        }
+        break;
+    }
+    out
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(8))]
+
+    /// With offload offered and a host budget that binds (searched in three dimensions: device
+    /// memory, host memory, time), the planner's plan is the best of every plan within both
+    /// budgets, and it says so when none is.
+    #[test]
+    fn offload_planner_matches_exhaustive_search_under_both_budgets(
+        hidden in prop::sample::select(vec![64u64, 256]),
+        seq in prop::sample::select(vec![16u64, 128]),
+        batch in 1u64..=2,
+        host_frac in 0.0f64..1.2,
+        budget_frac in 0.0f64..1.0,
+    ) {
+        let model = small_model(hidden, seq, 64, 1, false);
+        let open = offload_machine(&model, u64::MAX / 4);
+        let plans = all_offload_plans(&model, &open, batch);
+        let most_host = plans.iter().map(|p| p.1).max().unwrap();
+        let host = (most_host as f64 * host_frac) as u64;
+        let m = offload_machine(&model, host.max(1));
+        let (lo, hi) = plans.iter().fold((u64::MAX, 0), |(lo, hi), p| (lo.min(p.0), hi.max(p.0)));
+        let budget = lo + ((hi - lo) as f64 * budget_frac) as u64;
+        let want = plans
+            .iter()
+            .filter(|p| p.0 <= budget && p.1 <= host.max(1))
+            .map(|p| p.2)
+            .reduce(f64::max);
+        let options = PlanOptions { batch: Some(batch), max_split: 1, ..Default::default() };
+        let planner = Planner::new(&model, m.clone(), options, budget);
+        match (planner.best(budget), want) {
+            (Ok(got), Some(want)) => {
+                prop_assert!(got.prediction.peak_memory_bytes <= budget);
+                prop_assert!(got.prediction.host_bytes <= host.max(1));
+                prop_assert_eq!(got.host_gap_s, None, "a small graph is searched exactly");
+                prop_assert!(close(got.prediction.throughput_samples_per_s, want),
+                    "planner {} vs exhaustive {}", got.prediction.throughput_samples_per_s, want);
+                prop_assert_eq!(evaluate(&model, &m, &got.plan), got.prediction.clone());
+            }
+            (Err(_), None) => {}
+            (got, want) => prop_assert!(false, "planner {:?} vs exhaustive {:?}", got.map(|p| p.prediction.throughput_samples_per_s), want),
+        }
+    }
+}

@@ -8,6 +8,6 @@ mod layout;
 
 pub use calibration::Calibration;
 pub use layout::{
-    read_layout, validate_layout, DeviceKind, DeviceSpec, Efficiency, Figure, Layout, LinkKind,
-    LinkSpec, Rates, ReduceDType, LAYOUT_FORMAT_VERSION,
+    read_layout, validate_layout, DeviceKind, DeviceSpec, Efficiency, Figure, HostSpec, Layout,
+    LinkKind, LinkSpec, Rates, ReduceDType, HOST_BUDGET_SHARE, LAYOUT_FORMAT_VERSION,
 };

@@ -61,6 +61,12 @@ impl Precision {
 /// master, m, v and the bf16 copy.
 pub const OPTIMIZER_BYTES_PER_PARAM: u64 = 28;
 
+/// Host bytes per parameter an offloaded optimizer keeps for every parameter it updates: an
+/// fp32 master copy, Adam's two fp32 moments and the fp32 gradient the device's is copied into
+/// (ZeRO-Offload's accounting; on the fp32 CPU trainer the master copy is the host's own
+/// copy of the weights).
+pub const HOST_STATE_BYTES_PER_PARAM: u64 = 16;
+
 /// Fraction of the dense peak a large matmul reaches where neither the layout nor the GPU's
 /// generation says (the CPU layout, unknown GPUs).
 pub const MATMUL_EFFICIENCY: f64 = 0.7;
@@ -121,13 +127,61 @@ impl Strategy {
     }
 }
 
+/// What of an op's state lives in host memory instead of the device's (ZeRO-Offload,
+/// Colossal-AI's heterogeneous training, Hydra's spilling), on top of its sharding strategy.
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize,
+)]
+pub enum Offload {
+    /// Everything on the device.
+    #[default]
+    #[serde(rename = "none")]
+    None,
+    /// `offload-opt`: the fp32 master copy and both Adam moments of the part this rank
+    /// updates live in host memory and the AdamW step runs on the CPU; gradients are copied
+    /// device → host and the updated weights host → device once a step.
+    #[serde(rename = "offload-opt")]
+    Opt,
+    /// `offload-param`: as `Opt`, and the compute copy of the parameters lives in host memory
+    /// too, fetched to the device for each forward and backward (the next op's fetch runs
+    /// beside this op's compute where the device has a copy engine).
+    #[serde(rename = "offload-param")]
+    Param,
+}
+
+impl Offload {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Offload::None => "none",
+            Offload::Opt => "offload-opt",
+            Offload::Param => "offload-param",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Offload> {
+        Some(match s {
+            "none" => Offload::None,
+            "offload-opt" | "opt" => Offload::Opt,
+            "offload-param" | "param" => Offload::Param,
+            _ => return None,
+        })
+    }
+
+    pub fn is_none(&self) -> bool {
+        *self == Offload::None
+    }
+}
+
 /// A strategy with OSDP's operator splitting: the op is cut into `split` slices along its input
-/// features, of which the first `sharded` are ZeRO-3 sharded and the rest replicated.
+/// features, of which the first `sharded` are ZeRO-3 sharded and the rest replicated; and
+/// optionally offloaded to host memory (unsplit choices only).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct Choice {
     pub strategy: Strategy,
     pub split: u32,
     pub sharded: u32,
+    #[serde(default, skip_serializing_if = "Offload::is_none")]
+    pub offload: Offload,
 }
 
 impl Choice {
@@ -140,6 +194,7 @@ impl Choice {
             strategy,
             split: 1,
             sharded,
+            offload: Offload::None,
         }
     }
 
@@ -148,16 +203,44 @@ impl Choice {
             strategy: Strategy::Zero3,
             split,
             sharded,
+            offload: Offload::None,
         }
     }
 
-    /// `zero3/4:3` for split ops, the strategy name otherwise.
+    /// This choice with its state offloaded as `offload` says.
+    pub const fn offloaded(self, offload: Offload) -> Choice {
+        Choice { offload, ..self }
+    }
+
+    /// `zero3/4:3` for split ops, `zero2+offload-opt` for offloaded ones, the strategy name
+    /// otherwise.
     pub fn label(&self) -> String {
-        if self.strategy == Strategy::Zero3 && self.split > 1 {
+        let base = if self.strategy == Strategy::Zero3 && self.split > 1 {
             format!("zero3/{}:{}", self.split, self.sharded)
         } else {
             self.strategy.as_str().to_string()
+        };
+        match self.offload {
+            Offload::None => base,
+            o => format!("{base}+{}", o.as_str()),
         }
+    }
+
+    /// Parse a label ([`Choice::label`]): `dp`, `zero3/4:2`, `zero3+offload-param`, … (not
+    /// checked against any op: see `plan::check_choice`).
+    pub fn parse(s: &str) -> Option<Choice> {
+        let (base, offload) = match s.split_once('+') {
+            Some((b, o)) => (b, Offload::parse(o).filter(|o| !o.is_none())?),
+            None => (s, Offload::None),
+        };
+        let choice = match base.split_once('/') {
+            None => Strategy::parse(base).map(Choice::plain),
+            Some(("zero3", rest)) => rest
+                .split_once(':')
+                .and_then(|(k, m)| Some(Choice::zero3(k.parse().ok()?, m.parse().ok()?))),
+            Some(_) => None,
+        }?;
+        Some(choice.offloaded(offload))
     }
 }
 
@@ -202,19 +285,57 @@ impl Holding {
         }
     }
 
-    /// Bytes one of `ranks` holds all step for a unit of `numel` elements in `precision`:
-    /// compute copy, gradient and optimizer state, each whole or as this rank's padded share.
-    pub fn state_bytes(self, numel: u64, ranks: u64, precision: Precision) -> u64 {
+    /// Elements of the unit's compute copy and gradient one of `ranks` holds all step: each
+    /// whole or as this rank's padded share.
+    pub fn held(self, numel: u64, ranks: u64) -> (u64, u64) {
         let share = Holding::share(numel, ranks);
-        let (params, grads) = match self {
+        match self {
             Holding::Replicated | Holding::Zero1 => (numel, numel),
             Holding::Zero2 => (numel, share),
             Holding::Zero3 | Holding::Hybrid => (share, share),
-        };
-        precision.param_bytes * params
-            + precision.grad_bytes * grads
-            + precision.optimizer_bytes * self.updated(numel, ranks)
+        }
     }
+
+    /// Bytes one of `ranks` holds all step for a unit of `numel` elements in `precision`:
+    /// compute copy, gradient and optimizer state, each whole or as this rank's padded share.
+    pub fn state_bytes(self, numel: u64, ranks: u64, precision: Precision) -> u64 {
+        self.placed_bytes(numel, ranks, precision, Offload::None)
+            .device
+    }
+
+    /// [`Holding::state_bytes`] split between the device and host memory under `offload`.
+    pub fn placed_bytes(
+        self,
+        numel: u64,
+        ranks: u64,
+        precision: Precision,
+        offload: Offload,
+    ) -> Placed {
+        let (params, grads) = self.held(numel, ranks);
+        let updated = self.updated(numel, ranks);
+        let (param_b, grad_b) = (precision.param_bytes * params, precision.grad_bytes * grads);
+        match offload {
+            Offload::None => Placed {
+                device: param_b + grad_b + precision.optimizer_bytes * updated,
+                host: 0,
+            },
+            Offload::Opt => Placed {
+                device: param_b + grad_b,
+                host: HOST_STATE_BYTES_PER_PARAM * updated,
+            },
+            Offload::Param => Placed {
+                device: grad_b,
+                host: HOST_STATE_BYTES_PER_PARAM * updated + param_b,
+            },
+        }
+    }
+}
+
+/// Bytes held all step on the device and in host memory.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Placed {
+    pub device: u64,
+    pub host: u64,
 }
 
 /// One unit of an op's parameter tensor under a choice (see [`Choice::units`]).
@@ -316,6 +437,15 @@ pub struct Machine {
     pub overlap: bool,
     /// Measured kernel curves and fixed costs (`osdp-tui calibrate`), preferred to the rates.
     pub calibration: Option<Arc<Calibration>>,
+    /// Copy bandwidth between one device and host memory, each way, bytes/s; 0 where the
+    /// layout has no host figures (offload cannot be priced).
+    pub host_link_bytes_per_s: f64,
+    /// AdamW updates per second of the CPU cores that serve one rank (its share of the node's).
+    pub cpu_adam_params_per_s: f64,
+    /// Host memory one rank's offloaded state may take (the layout's default: 80 % of the
+    /// node's host memory over its devices; `--host-budget` sets it). 0: offload is not
+    /// offered.
+    pub host_budget_bytes: u64,
 }
 
 /// Kernel efficiencies the cost model prices with, resolved from the layout, the GPU's
@@ -461,6 +591,49 @@ impl Machine {
             model_activation_bytes: model.config.dtype.bytes(),
             overlap: layout.device.kind == DeviceKind::Gpu,
             calibration: layout.calibration.clone().map(Arc::new),
+            host_link_bytes_per_s: layout
+                .host
+                .as_ref()
+                .map_or(0.0, |h| h.link_gb_per_s.value * 1e9),
+            cpu_adam_params_per_s: layout.host.as_ref().map_or(0.0, |h| {
+                h.adam_mparams_per_s_per_core.value * 1e6 * h.cpu_cores_per_node.value
+                    / f64::from(per_node)
+            }),
+            host_budget_bytes: layout.host_budget_bytes().unwrap_or(0),
+        }
+    }
+
+    /// Whether offloaded state can be priced here: the layout says what its host has.
+    pub fn prices_offload(&self) -> bool {
+        self.host_link_bytes_per_s > 0.0 && self.cpu_adam_params_per_s > 0.0
+    }
+
+    /// Whether the planner may offload: the host can be priced and has a budget.
+    pub fn offers_offload(&self) -> bool {
+        self.prices_offload() && self.host_budget_bytes > 0
+    }
+
+    /// Why `choice` cannot run on this machine, if it cannot: hybrid sharding on one node,
+    /// offload without host figures.
+    pub fn refuses_choice(&self, choice: Choice) -> Option<String> {
+        self.refuses(choice.strategy).or_else(|| {
+            (!choice.offload.is_none() && !self.prices_offload()).then(|| {
+                format!(
+                    "{} keeps state in host memory, but the layout has no `host` figures (host \
+                     memory, the link to it, CPU cores and their AdamW rate); add them to price \
+                     offload",
+                    choice.offload.as_str()
+                )
+            })
+        })
+    }
+
+    /// One copy of `bytes` between the device and host memory.
+    fn host_copy_s(&self, bytes: f64) -> f64 {
+        if bytes <= 0.0 {
+            0.0
+        } else {
+            bytes / self.host_link_bytes_per_s + self.launch_s
         }
     }
 
@@ -751,6 +924,8 @@ pub struct OpCost {
     pub persistent_bytes: u64,
     /// Held only while the op runs: gathered weights, unsharded gradients, gradient buffers.
     pub transient_bytes: u64,
+    /// Held all step in host memory (offloaded optimizer state and parameters).
+    pub host_bytes: u64,
     /// Forward + backward compute.
     pub compute_s: f64,
     /// Total communication time (before overlap).
@@ -791,16 +966,20 @@ pub fn price(base: &OpBase, choice: Choice, m: &Machine) -> OpCost {
     let none = Comm::default();
     // State and optimizer work follow the units the trainer holds (padded shares per unit).
     let per_node = u64::from(m.ranks_per_node);
-    let (mut persistent, mut updated, mut replicated_p) = (0, 0, 0);
+    let (mut persistent, mut host, mut updated, mut replicated_p, mut params_held) =
+        (0, 0, 0, 0, 0);
     for u in base.units(choice) {
         let over = u.holding.shard_ranks(n, per_node);
-        persistent += u.holding.state_bytes(u.numel, over, pr);
+        let placed = u.holding.placed_bytes(u.numel, over, pr, choice.offload);
+        persistent += placed.device;
+        host += placed.host;
         updated += u.holding.updated(u.numel, over);
+        params_held += u.holding.held(u.numel, over).0;
         if u.holding == Holding::Replicated {
             replicated_p += u.numel;
         }
     }
-    let (param_transient, comm) = match choice.strategy {
+    let (param_transient, mut comm) = match choice.strategy {
         Strategy::None => (0, none),
         Strategy::Dp => (
             0,
@@ -862,6 +1041,16 @@ pub fn price(base: &OpBase, choice: Choice, m: &Machine) -> OpCost {
             )
         }
     };
+    // Offloaded parameters are fetched from host memory for every forward and backward (each
+    // use), into a device buffer of this rank's part; the fetches overlap compute like the
+    // collectives do (a copy engine beside the kernels), in line on CPUs.
+    let mut fetched = 0;
+    if choice.offload == Offload::Param {
+        let fetch = extra_gathers * m.host_copy_s((pb * params_held) as f64);
+        comm.micro_fwd += fetch;
+        comm.micro_bwd += fetch;
+        fetched = pb * params_held;
+    }
     // A split op runs its matmuls slice by slice: k smaller matmuls instead of one, forward and
     // backward. A calibration prices the k slices from its `linear/split` curve (slices timed
     // as the trainer runs them, narrowing and summing included) or, without one, from the plain
@@ -891,12 +1080,26 @@ pub fn price(base: &OpBase, choice: Choice, m: &Machine) -> OpCost {
     };
     OpCost {
         persistent_bytes: persistent,
-        transient_bytes: param_transient + base.working_bytes,
+        transient_bytes: param_transient + fetched + base.working_bytes,
+        host_bytes: host,
         compute_s: compute,
         comm_s: comm.total(a),
         exposed_comm_s: exposed,
         optimizer_s: match &m.calibration {
             _ if updated == 0 => 0.0,
+            // Once a step, after the last backward: this rank's gradients to the host, the
+            // AdamW step on its CPU cores, the updated weights back (an offloaded compute copy
+            // is updated in place on the host).
+            _ if !choice.offload.is_none() => {
+                let back = if choice.offload == Offload::Opt {
+                    m.host_copy_s((pb * updated) as f64)
+                } else {
+                    0.0
+                };
+                m.host_copy_s((gb * updated) as f64)
+                    + updated as f64 / m.cpu_adam_params_per_s.max(1.0)
+                    + back
+            }
             Some(cal) => calibrated_optimizer_s(cal, base, choice, m),
             None => {
                 (OPTIMIZER_BYTES_PER_PARAM * updated) as f64
@@ -951,6 +1154,17 @@ pub fn choices(base: &OpBase, m: &Machine, max_split: u32) -> Vec<Choice> {
     if m.hybrid() {
         out.push(Choice::plain(Strategy::Hsdp));
     }
+    if m.offers_offload() {
+        let unsplit: Vec<Choice> = out.clone();
+        for c in unsplit {
+            out.extend(
+                [Offload::Opt, Offload::Param]
+                    .into_iter()
+                    .filter(|&o| offload_applies(c.strategy, o))
+                    .map(|o| c.offloaded(o)),
+            );
+        }
+    }
     if base.splittable {
         let mut k = 2;
         while k <= max_split {
@@ -959,6 +1173,19 @@ pub fn choices(base: &OpBase, m: &Machine, max_split: u32) -> Vec<Choice> {
         }
     }
     out
+}
+
+/// Whether `offload` combines with `strategy`: optimizer state may leave the device under
+/// any strategy that owns parameters; the compute copy only where each rank updates exactly
+/// what it holds (dp, zero3, hsdp) — under zero1/zero2 the updated shard would have to be
+/// gathered back into a host copy.
+pub fn offload_applies(strategy: Strategy, offload: Offload) -> bool {
+    match offload {
+        Offload::None => true,
+        _ if strategy == Strategy::None => false,
+        Offload::Opt => true,
+        Offload::Param => matches!(strategy, Strategy::Dp | Strategy::Zero3 | Strategy::Hsdp),
+    }
 }
 
 /// How many ops use each op's parameters: 1 for the owner plus its tied users.
@@ -1100,7 +1327,93 @@ mod tests {
             model_activation_bytes: 2,
             overlap: true,
             calibration: None,
+            host_link_bytes_per_s: 0.0,
+            cpu_adam_params_per_s: 0.0,
+            host_budget_bytes: 0,
         }
+    }
+
+    /// [`machine`] with a host: 25 GB/s each way, 1 G AdamW updates/s, 100 GB of budget.
+    fn with_host(mut m: Machine) -> Machine {
+        m.host_link_bytes_per_s = 25e9;
+        m.cpu_adam_params_per_s = 1e9;
+        m.host_budget_bytes = 100_000_000_000;
+        m
+    }
+
+    #[test]
+    fn offload_moves_state_to_the_host_byte_for_byte() {
+        let m = with_host(machine(4));
+        let base = linear_base(1 << 20);
+        let p = (1u64 << 20) as f64;
+        for strategy in [
+            Strategy::Dp,
+            Strategy::Zero1,
+            Strategy::Zero2,
+            Strategy::Zero3,
+        ] {
+            let plain = price(&base, Choice::plain(strategy), &m);
+            let opt = price(&base, Choice::plain(strategy).offloaded(Offload::Opt), &m);
+            let updated = base
+                .units(Choice::plain(strategy))
+                .map(|u| u.holding.updated(u.numel, 4))
+                .sum::<u64>();
+            // The device lets go of the fp32 master and moments (12 bytes per parameter it
+            // updates); the host takes them, with an fp32 gradient (16).
+            assert_eq!(plain.persistent_bytes - opt.persistent_bytes, 12 * updated);
+            assert_eq!(opt.host_bytes, 16 * updated, "{strategy:?}");
+            assert_eq!(plain.host_bytes, 0);
+            // Once a step: gradients out (2 B), AdamW on the CPU, weights back (2 B).
+            let want = 2.0 * (2 * updated) as f64 / 25e9 + updated as f64 / 1e9 + 2.0 * 5e-6;
+            assert!((opt.optimizer_s - want).abs() < 1e-12, "{strategy:?}");
+            assert!(opt.optimizer_s > plain.optimizer_s);
+            // Nothing else changes.
+            assert_eq!(opt.transient_bytes, plain.transient_bytes);
+            assert_eq!(opt.exposed_comm_s, plain.exposed_comm_s);
+        }
+        // offload-param: the compute copy (2 B per held parameter) moves too, and is fetched
+        // for the forward and the backward; on one rank it is the whole tensor.
+        let one = with_host(machine(1));
+        let dp = price(&base, Choice::DP, &one);
+        let param = price(&base, Choice::DP.offloaded(Offload::Param), &one);
+        assert_eq!(dp.persistent_bytes - param.persistent_bytes, 14 * (1 << 20));
+        assert_eq!(param.host_bytes, 18 * (1 << 20));
+        assert_eq!(param.transient_bytes, dp.transient_bytes + 2 * (1 << 20));
+        let fetch = 2.0 * p / 25e9 + 5e-6;
+        assert!((param.comm_s - dp.comm_s - 2.0 * fetch).abs() < 1e-12);
+    }
+
+    #[test]
+    fn offload_is_offered_only_with_a_host_and_only_where_it_applies() {
+        let base = linear_base(1 << 20);
+        let none = choices(&base, &machine(4), 4);
+        assert!(none.iter().all(|c| c.offload.is_none()));
+        let some = choices(&base, &with_host(machine(4)), 4);
+        let offloaded: Vec<String> = some
+            .iter()
+            .filter(|c| !c.offload.is_none())
+            .map(Choice::label)
+            .collect();
+        assert_eq!(
+            offloaded,
+            [
+                "dp+offload-opt",
+                "dp+offload-param",
+                "zero1+offload-opt",
+                "zero2+offload-opt",
+                "zero3+offload-opt",
+                "zero3+offload-param"
+            ]
+        );
+        for c in &some {
+            assert_eq!(Choice::parse(&c.label()), Some(*c), "{}", c.label());
+        }
+        assert_eq!(Choice::parse("zero3+offload"), None);
+        assert_eq!(Choice::parse("dp+none"), None);
+        let why = machine(4)
+            .refuses_choice(Choice::DP.offloaded(Offload::Opt))
+            .unwrap();
+        assert!(why.contains("no `host` figures"), "{why}");
     }
 
     fn linear_base(params: u64) -> OpBase {

@@ -84,6 +84,8 @@ pub struct Prediction {
     pub activation_bytes: u64,
     pub max_transient_bytes: u64,
     pub overhead_bytes: u64,
+    /// Host memory the plan's offloaded state takes on each rank (0 without offload).
+    pub host_bytes: u64,
     pub compute_s: f64,
     pub exposed_comm_s: f64,
     pub optimizer_s: f64,
@@ -259,10 +261,10 @@ impl Blocks {
 }
 
 /// Whether machine `m` can run every choice of `plan`: names the first op it cannot (hsdp
-/// on a layout of one node).
+/// on a layout of one node, offload on a layout without host figures).
 pub fn check_machine(model: &ModelSpec, plan: &Plan, m: &Machine) -> Result<(), String> {
     for (op, choice) in model.ops.iter().zip(&plan.choices) {
-        if let Some(why) = m.refuses(choice.strategy) {
+        if let Some(why) = m.refuses_choice(*choice) {
             return Err(format!(
                 "op {:?} is {}: {why}",
                 crate::text::printable(&op.id),
@@ -289,7 +291,7 @@ pub(crate) fn evaluate_with(
     blocks: &Blocks,
 ) -> Prediction {
     let remat = blocks.remat_at(bases);
-    let (mut persistent, mut activations, mut max_transient) = (0u64, 0u64, 0u64);
+    let (mut persistent, mut activations, mut max_transient, mut host) = (0u64, 0u64, 0u64, 0u64);
     let (mut compute, mut exposed, mut optimizer, mut recompute) = (0.0, 0.0, 0.0, 0.0);
     let mut ops = Vec::with_capacity(model.ops.len());
     for (i, base) in bases.iter().enumerate() {
@@ -299,6 +301,7 @@ pub(crate) fn evaluate_with(
         let kept = if recomputed { 0 } else { base.saved_bytes };
         let extra_s = if recomputed { base.recompute_s() } else { 0.0 };
         persistent += c.persistent_bytes;
+        host += c.host_bytes;
         activations += kept;
         let rematerialised = if recomputed { remat[i] } else { 0 };
         max_transient = max_transient.max(c.transient_bytes + rematerialised);
@@ -331,6 +334,7 @@ pub(crate) fn evaluate_with(
         activation_bytes: activations,
         max_transient_bytes: max_transient,
         overhead_bytes: m.overhead_bytes,
+        host_bytes: host,
         compute_s: compute,
         exposed_comm_s: exposed,
         optimizer_s: optimizer,

@@ -308,6 +308,19 @@ pub fn check_runnable(model: &ModelSpec, plan: &Plan) -> Result<()> {
             "eager attention; the trainer's attention is fused: describe the model with \"attention\": \"flash\" (import-hf --attention flash)".into(),
         ));
     }
+    if let Some((i, c)) = plan
+        .choices
+        .iter()
+        .enumerate()
+        .find(|(_, c)| !c.offload.is_none())
+    {
+        return Err(ExecError::Unsupported(format!(
+            "offloaded state (op {:?} is {}); the trainer keeps all state on the device: plan \
+             with --host-budget 0 to train this model",
+            osdp_core::text::printable(&model.ops[i].id),
+            c.label()
+        )));
+    }
     let blocks = Blocks::of(model);
     for (b, members) in blocks.ops.iter().enumerate() {
         if let (Some(&lo), Some(&hi)) = (members.first(), members.last()) {

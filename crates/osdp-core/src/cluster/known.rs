@@ -310,6 +310,8 @@ pub fn local_layout(name: &str, count: u32, memory_bytes: u64) -> Layout {
         },
         inter_node: None,
         gradient_reduce_dtype: None,
+        // The host is not known from NVML: no offload until a layout says what it has.
+        host: None,
         calibration: None,
     }
 }

@@ -43,10 +43,34 @@ pub struct Layout {
     /// compute dtype, which is what osdp-tui's trainer reduces in.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gradient_reduce_dtype: Option<ReduceDType>,
+    /// Host memory, the link to it and the CPUs: what offloading optimizer state or
+    /// parameters to the host is priced with. Absent: offload is not offered.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<HostSpec>,
     /// What `osdp-tui calibrate` measured here; the cost model prefers it to the rates above.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub calibration: Option<Calibration>,
 }
+
+/// A node's host side, as offloading sees it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HostSpec {
+    /// Host memory of one node, in GiB.
+    pub memory_gib_per_node: Figure,
+    /// Copy bandwidth between one device and host memory, each direction, with pinned
+    /// buffers, in GB/s (PCIe: what a host-to-device copy sustains, not the lane rate).
+    pub link_gb_per_s: Figure,
+    /// CPU cores of one node that run the offloaded optimizer steps.
+    pub cpu_cores_per_node: Figure,
+    /// AdamW updates one core does per second (fp32 master, both moments), in millions of
+    /// parameters.
+    pub adam_mparams_per_s_per_core: Figure,
+}
+
+/// Share of host memory the default host budget takes; the rest is the OS's, the data
+/// loader's and the framework's.
+pub const HOST_BUDGET_SHARE: f64 = 0.8;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -188,6 +212,16 @@ impl Layout {
     pub fn runtime_overhead_bytes(&self) -> u64 {
         (self.runtime_overhead_gib.value * GIB) as u64
     }
+
+    /// The default host budget of one rank: [`HOST_BUDGET_SHARE`] of the node's host memory,
+    /// split over its devices. `None` without host figures.
+    pub fn host_budget_bytes(&self) -> Option<u64> {
+        let h = self.host.as_ref()?;
+        Some(
+            (h.memory_gib_per_node.value * GIB * HOST_BUDGET_SHARE
+                / f64::from(self.gpus_per_node.max(1))) as u64,
+        )
+    }
 }
 
 /// Read and check a layout.
@@ -294,6 +328,33 @@ pub fn validate_layout(l: &Layout) -> Result<(), Problem> {
             ))
         }
         (None, _) => {}
+    }
+    if let Some(h) = &l.host {
+        check_figure("host.memory_gib_per_node", &h.memory_gib_per_node)?;
+        check_figure("host.link_gb_per_s", &h.link_gb_per_s)?;
+        check_figure("host.cpu_cores_per_node", &h.cpu_cores_per_node)?;
+        check_figure(
+            "host.adam_mparams_per_s_per_core",
+            &h.adam_mparams_per_s_per_core,
+        )?;
+        // 64 TiB of host memory per node, 4,096 cores, a 10 TB/s link: past any machine.
+        for (field, f, most) in [
+            ("host.memory_gib_per_node", &h.memory_gib_per_node, 65536.0),
+            ("host.link_gb_per_s", &h.link_gb_per_s, 10_000.0),
+            ("host.cpu_cores_per_node", &h.cpu_cores_per_node, 4096.0),
+            (
+                "host.adam_mparams_per_s_per_core",
+                &h.adam_mparams_per_s_per_core,
+                100_000.0,
+            ),
+        ] {
+            if f.value > most {
+                return Err(Problem::field(
+                    field,
+                    format!("{} is more than any machine has (at most {most})", f.value),
+                ));
+            }
+        }
     }
     if let Some(c) = &l.calibration {
         c.validate()?;

@@ -149,6 +149,7 @@ impl BaselineTable {
                     plan,
                     prediction,
                     coarsened_bytes: 0,
+                    host_gap_s: None,
                 });
             }
             // Peaks grow with the micro-batch: once none fits, no larger one will.

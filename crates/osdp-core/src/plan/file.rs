@@ -5,7 +5,7 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 use super::{Blocks, Plan, Prediction};
-use crate::cost::{self, Choice, Strategy};
+use crate::cost::{self, Choice, Offload, Strategy};
 use crate::input::{self, InputError, Problem};
 use crate::model::{ModelSpec, OpKind};
 
@@ -48,6 +48,10 @@ pub struct PlanFileOp {
     pub strategy: Strategy,
     pub split: u32,
     pub sharded_slices: u32,
+    /// What of the op's state lives in host memory: `offload-opt` or `offload-param`;
+    /// absent: nothing.
+    #[serde(default, skip_serializing_if = "Offload::is_none")]
+    pub offload: Offload,
     /// Whether the op's block recomputes its activations (the same for every op of a block).
     pub recompute: bool,
     /// Predicted figures when the plan was written (informational).
@@ -105,6 +109,7 @@ impl PlanFile {
                         strategy: c.strategy,
                         split: c.split,
                         sharded_slices: c.sharded,
+                        offload: c.offload,
                         recompute: blocks.of_op[i].is_some_and(|b| plan.recompute[b]),
                         memory_bytes: prediction.map(|p| p.ops[i].memory_bytes),
                         time_s: prediction.map(|p| p.ops[i].time_s),
@@ -163,6 +168,7 @@ impl PlanFile {
                 strategy: entry.strategy,
                 split: entry.split,
                 sharded: entry.sharded_slices,
+                offload: entry.offload,
             };
             check_choice(model, i, choice).map_err(|m| Problem::field(&at, m))?;
             choices[i] = Some(choice);
@@ -267,6 +273,23 @@ pub fn check_choice(model: &ModelSpec, i: usize, c: Choice) -> Result<(), String
                     c.sharded
                 ));
             }
+        }
+    }
+    if !c.offload.is_none() {
+        if c.split > 1 {
+            return Err(format!(
+                "{} applies to unsplit ops: use split 1 (got {})",
+                c.offload.as_str(),
+                c.split
+            ));
+        }
+        if !cost::offload_applies(c.strategy, c.offload) {
+            return Err(format!(
+                "{} combines with dp, zero3 or hsdp (each rank updates exactly the part it \
+                 holds), not {}",
+                c.offload.as_str(),
+                c.strategy.as_str()
+            ));
         }
     }
     Ok(())

@@ -1,6 +1,11 @@
 //! Pareto frontiers of (memory, time) with back-pointers, so that the choices behind any point
 //! can be recovered. The planner sums frontiers (Minkowski sum, then prune dominated points);
 //! identical groups are summed by doubling.
+//!
+//! Where host memory can bind (offloaded state under a host budget it may exceed), points also
+//! carry their host bytes and frontiers are three-dimensional: a point is dropped only when
+//! another is no worse on device memory, host memory and time. [`Arena::host_limit`] says which
+//! kind a search builds.
 
 use crate::cost::Choice;
 
@@ -10,6 +15,8 @@ pub struct Point {
     pub mem: u64,
     pub time: f64,
     pub node: u32,
+    /// Host memory (offloaded state); 0 in two-dimensional frontiers.
+    pub host: u64,
 }
 
 /// What a point is made of.
@@ -39,7 +46,19 @@ pub enum Node {
 #[derive(Debug, Default)]
 pub struct Arena {
     pub nodes: Vec<Node>,
+    /// `Some(h)`: frontiers are three-dimensional and points above `h` bytes of host memory
+    /// are left out (host memory only adds up); `None`: host memory is ignored (it cannot
+    /// bind) and frontiers are (memory, time) staircases.
+    pub host_limit: Option<u64>,
+    /// A three-dimensional sum had more pairs than [`MAX_PAIRS_3D`]: the frontiers built are
+    /// incomplete and must not be used.
+    pub overflow: bool,
 }
+
+/// Most pairs one three-dimensional sum may form. Frontiers of many ops that trade device for
+/// host memory grow combinatorially; past this the search gives up (see
+/// [`Arena::overflow`]) and the caller prices host memory instead.
+pub const MAX_PAIRS_3D: usize = 1 << 21;
 
 impl Arena {
     pub fn push(&mut self, node: Node) -> u32 {
@@ -48,11 +67,21 @@ impl Arena {
     }
 }
 
-/// Points sorted by memory ascending with time strictly descending.
+/// Points sorted by memory ascending with time strictly descending (two-dimensional), or by
+/// memory then host memory ascending (three-dimensional).
 pub type Frontier = Vec<Point>;
 
-/// Keep only points no other point beats on both memory and time.
-pub fn prune(mut pts: Vec<Point>) -> Frontier {
+/// Keep only points no other point beats on both memory and time (and host memory, when any
+/// point holds some).
+pub fn prune(pts: Vec<Point>) -> Frontier {
+    if pts.iter().any(|p| p.host > 0) {
+        prune3(pts)
+    } else {
+        prune2(pts)
+    }
+}
+
+fn prune2(mut pts: Vec<Point>) -> Frontier {
     pts.sort_by(|a, b| a.mem.cmp(&b.mem).then(a.time.total_cmp(&b.time)));
     let mut out: Frontier = Vec::with_capacity(pts.len());
     for p in pts {
@@ -61,6 +90,83 @@ pub fn prune(mut pts: Vec<Point>) -> Frontier {
         }
     }
     out
+}
+
+/// Keep only points no other point beats on memory, host memory and time: sorted by memory, a
+/// point survives when no earlier one has both less host memory and less time (a staircase of
+/// host memory → least time seen so far answers that).
+fn prune3(mut pts: Vec<Point>) -> Frontier {
+    use std::collections::BTreeMap;
+    pts.sort_by(|a, b| {
+        a.mem
+            .cmp(&b.mem)
+            .then(a.host.cmp(&b.host))
+            .then(a.time.total_cmp(&b.time))
+    });
+    // Host memory → the least time of a kept point with at most that much; times fall as
+    // host memory rises.
+    let mut stairs: BTreeMap<u64, f64> = BTreeMap::new();
+    let mut out: Frontier = Vec::with_capacity(pts.len());
+    for p in pts {
+        if stairs
+            .range(..=p.host)
+            .next_back()
+            .is_some_and(|(_, &t)| t <= p.time)
+        {
+            continue;
+        }
+        let beaten: Vec<u64> = stairs
+            .range(p.host..)
+            .take_while(|(_, &t)| t >= p.time)
+            .map(|(&h, _)| h)
+            .collect();
+        for h in beaten {
+            stairs.remove(&h);
+        }
+        stairs.insert(p.host, p.time);
+        out.push(p);
+    }
+    out
+}
+
+/// The three-dimensional sum: every pair within the host limit, pruned, then cut at `limit`
+/// bytes of device memory (keeping the first point).
+fn sum3(a: &[Point], b: &[Point], limit: u64, host_limit: u64, arena: &mut Arena) -> Frontier {
+    if arena.overflow || a.len().saturating_mul(b.len()) > MAX_PAIRS_3D {
+        arena.overflow = true;
+        return Vec::new();
+    }
+    let mut pairs: Vec<Point> = Vec::with_capacity(a.len() * b.len());
+    // The pair's parts, by index, in `node` until the survivors get arena nodes.
+    let mut parts: Vec<(u32, u32)> = Vec::with_capacity(a.len() * b.len());
+    for (i, p) in a.iter().enumerate() {
+        for (j, q) in b.iter().enumerate() {
+            let host = p.host.saturating_add(q.host);
+            if host > host_limit {
+                continue;
+            }
+            pairs.push(Point {
+                mem: p.mem.saturating_add(q.mem),
+                time: p.time + q.time,
+                node: parts.len() as u32,
+                host,
+            });
+            parts.push((i as u32, j as u32));
+        }
+    }
+    let mut kept = prune3(pairs);
+    if let Some(cut) = kept.iter().skip(1).position(|p| p.mem > limit) {
+        kept.truncate(cut + 1);
+    }
+    kept.into_iter()
+        .map(|p| {
+            let (i, j) = parts[p.node as usize];
+            Point {
+                node: arena.push(Node::Pair(a[i as usize].node, b[j as usize].node)),
+                ..p
+            }
+        })
+        .collect()
 }
 
 /// Minkowski sum of two frontiers, pruned. Only surviving points get arena nodes.
@@ -77,9 +183,14 @@ pub fn prune(mut pts: Vec<Point>) -> Frontier {
 /// merged into the exact frontier one at a time (a linear merge each, pruning as it goes), then
 /// thinned to the resolution. Thinning the exact frontier keeps what thinning every point would:
 /// a dominated point never changes what is kept.
+///
+/// Three-dimensional frontiers ([`Arena::host_limit`]) are summed exactly (no resolution).
 pub fn sum(a: &[Point], b: &[Point], resolution: u64, limit: u64, arena: &mut Arena) -> Frontier {
     if a.is_empty() || b.is_empty() {
         return Vec::new();
+    }
+    if let Some(host_limit) = arena.host_limit {
+        return sum3(a, b, limit, host_limit, arena);
     }
     let (big, small) = if a.len() >= b.len() { (a, b) } else { (b, a) };
     // Everything a resolution bucket starting at or below `limit` can hold, and the whole
@@ -122,6 +233,7 @@ pub fn sum(a: &[Point], b: &[Point], resolution: u64, limit: u64, arena: &mut Ar
             mem: c.mem,
             time: c.time,
             node: arena.push(Node::Pair(big[c.i as usize].node, small[c.j as usize].node)),
+            host: 0,
         })
         .collect()
 }
@@ -226,6 +338,7 @@ pub fn repeat(
         mem: 0,
         time: 0.0,
         node: empty,
+        host: 0,
     }];
     let room = |left: u64| limit.saturating_sub(floor.saturating_mul(left));
     if let ([p], Ok(n)) = (f, u32::try_from(count)) {
@@ -237,7 +350,11 @@ pub fn repeat(
                 node: p.node,
                 count: n,
             }),
-        }];
+            host: p.host.saturating_mul(count),
+        }]
+        .into_iter()
+        .filter(|p| arena.host_limit.is_none_or(|h| p.host <= h))
+        .collect();
     }
     if f.len() <= 64 {
         for t in 1..=count {
@@ -262,10 +379,18 @@ pub fn repeat(
     acc
 }
 
-/// The cheapest point using at most `mem` bytes.
-pub fn best_within(f: &[Point], mem: u64) -> Option<&Point> {
+/// The cheapest point using at most `mem` bytes. `three_d`: the frontier is three-dimensional
+/// (times do not fall along it; every point is within its host limit).
+pub fn best_within(f: &[Point], mem: u64, three_d: bool) -> Option<&Point> {
     let idx = f.partition_point(|p| p.mem <= mem);
-    idx.checked_sub(1).map(|i| &f[i])
+    if three_d {
+        // The fastest; of equally fast ones the first (least memory).
+        f[..idx]
+            .iter()
+            .reduce(|best, p| if p.time < best.time { p } else { best })
+    } else {
+        idx.checked_sub(1).map(|i| &f[i])
+    }
 }
 
 #[cfg(test)]
@@ -278,6 +403,7 @@ mod tests {
                 mem,
                 time,
                 node: arena.push(Node::Empty),
+                host: 0,
             })
             .collect()
     }
@@ -307,6 +433,7 @@ mod tests {
                         mem: x.mem + y.mem + z.mem,
                         time: x.time + y.time + z.time,
                         node: 0,
+                        host: 0,
                     });
                 }
             }
@@ -316,10 +443,10 @@ mod tests {
         assert_eq!(got, want);
         // Within 11 bytes, 1 + 1 + 9 (time 10 + 10 + 1) beats 1 + 4 + 4 (time 22).
         assert_eq!(
-            best_within(&repeat(&f, 3, 0, u64::MAX, 0, &mut a), 11).map(|p| p.time),
+            best_within(&repeat(&f, 3, 0, u64::MAX, 0, &mut a), 11, false).map(|p| p.time),
             Some(21.0)
         );
-        assert!(best_within(&f, 0).is_none());
+        assert!(best_within(&f, 0, false).is_none());
     }
 
     #[test]
@@ -348,6 +475,7 @@ mod tests {
                         mem: p.mem + q.mem,
                         time: p.time + q.time,
                         node: 0,
+                        host: 0,
                     });
                 }
             }

@@ -3,7 +3,7 @@
 //! planner, and print nowhere.
 
 use crate::cluster::Layout;
-use crate::cost::{Choice, Machine, Strategy};
+use crate::cost::{Choice, Machine};
 use crate::model::ModelSpec;
 use crate::units;
 
@@ -63,19 +63,42 @@ pub fn parse_pin(model: &ModelSpec, m: &Machine, pin: &str) -> Result<(usize, Ch
         .iter()
         .position(|o| o.id == op)
         .ok_or_else(|| format!("--pin {pin:?}: model {:?} has no op {op:?}", model.name))?;
-    let choice = match strategy.split_once('/') {
-        None => Strategy::parse(strategy).map(Choice::plain),
-        Some(("zero3", rest)) => rest.split_once(':').and_then(|(k, m)| {
-            Some(Choice::zero3(k.parse().ok()?, m.parse().ok()?))
-        }),
-        Some(_) => None,
-    }
-    .ok_or_else(|| {
-        format!("--pin {pin:?}: unknown strategy {strategy:?} (none, dp, zero1, zero2, zero3, zero3/K:M, hsdp)")
+    let choice = Choice::parse(strategy).ok_or_else(|| {
+        format!(
+            "--pin {pin:?}: unknown strategy {strategy:?} (none, dp, zero1, zero2, zero3, \
+             zero3/K:M, hsdp, each but none and zero3/K:M optionally +offload-opt or \
+             +offload-param)"
+        )
     })?;
     super::check_choice(model, i, choice).map_err(|e| format!("--pin {pin:?}: {e}"))?;
-    if let Some(why) = m.refuses(choice.strategy) {
+    if let Some(why) = m.refuses_choice(choice) {
         return Err(format!("--pin {pin:?}: {why}"));
     }
     Ok((i, choice))
+}
+
+/// Apply `--host-budget` to `m`: the host memory per GPU offloaded state may take (0: no
+/// offload). A layout without host figures cannot price offload: a budget other than 0 is
+/// refused there.
+pub fn set_host_budget(
+    m: &mut Machine,
+    layout: &crate::cluster::Layout,
+    host_budget: Option<u64>,
+) -> Result<(), String> {
+    match host_budget {
+        None => Ok(()),
+        Some(0) => {
+            m.host_budget_bytes = 0;
+            Ok(())
+        }
+        Some(_) if layout.host.is_none() => Err(format!(
+            "--host-budget: layout {:?} has no `host` figures (host memory, the link to it, CPU \
+             cores and their AdamW rate), so offload cannot be priced there",
+            crate::text::printable(&layout.name)
+        )),
+        Some(h) => {
+            m.host_budget_bytes = h;
+            Ok(())
+        }
+    }
 }

@@ -56,6 +56,11 @@ pub struct Planned {
     /// resolution the search was coarsened to (the plan's peak may be up to this much above
     /// the best one's at the same throughput); 0 when exact. See [`MAX_CAP_SLOTS`].
     pub coarsened_bytes: u64,
+    /// When the host budget bound on a model too large to search host memory exactly: the
+    /// plan was found by pricing host memory, and no plan's step is shorter than this plan's
+    /// by more than this many seconds (a Lagrangian bound; `Some(0.0)`: it is the best).
+    /// `None`: exact.
+    pub host_gap_s: Option<f64>,
 }
 
 /// Most (transient cap × class slot) pairs one micro-batch searches: each cap is a sum over
@@ -68,6 +73,28 @@ pub const MAX_CAP_SLOTS: usize = 50_000;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct NoFit {
     pub min_budget_bytes: u64,
+    /// `Some(h)`: no plan keeps its offloaded state within the host budget `h`, at any
+    /// device budget (`min_budget_bytes` is then `u64::MAX`).
+    pub host_budget_bytes: Option<u64>,
+}
+
+impl NoFit {
+    /// What would fit, in words: `budget` per GPU is what was asked.
+    pub fn describe(&self, budget: u64) -> String {
+        match self.host_budget_bytes {
+            Some(h) if self.min_budget_bytes == u64::MAX => format!(
+                "nothing fits {} per GPU: even the plans that offload to host memory need more \
+                 than the host budget of {} per GPU (raise it with --host-budget, or add GPUs)",
+                crate::units::bytes(budget),
+                crate::units::bytes(h)
+            ),
+            _ => format!(
+                "nothing fits {} per GPU; the smallest budget that fits is {}",
+                crate::units::bytes(budget),
+                crate::units::bytes(self.min_budget_bytes)
+            ),
+        }
+    }
 }
 
 /// A group of identical instances: blocks with the same structure, or one op outside the blocks.
@@ -89,9 +116,13 @@ struct Opt {
     /// With recomputation: nothing kept, forward run again.
     held_r: u64,
     time_r: f64,
+    /// Host memory (offloaded state), where it can bind; 0 otherwise.
+    host: u64,
 }
 
 struct BatchTable {
+    /// A three-dimensional search gave up ([`Arena::overflow`]): the frontiers are incomplete.
+    overflow: bool,
     batch: u64,
     accumulation: u64,
     /// The ops' base facts at this batch, for pricing the plan found.
@@ -148,6 +179,21 @@ pub struct Planner<'m> {
     graph: cost::OpGraph,
     tables: Vec<BatchTable>,
     searched: Vec<u64>,
+    /// `Some(h)`: this planner's frontiers are three-dimensional, host memory cut at `h`
+    /// ([`Arena::host_limit`]). Planners are built with `None` (host memory ignored: the
+    /// relaxation), and build a three-dimensional one only when a plan they find exceeds the
+    /// host budget.
+    host_limit: Option<u64>,
+    /// The host budget, where some plan's offloaded state could exceed it (offload offered,
+    /// and offloading everything would not fit).
+    host_can_bind: Option<u64>,
+    /// The budget the tables cover, for building the three-dimensional planner.
+    max_budget_bytes: u64,
+    /// Seconds of step time each byte of host memory costs in the search (a Lagrange
+    /// multiplier; 0 but in [`Planner::priced_host`]).
+    host_price: f64,
+    /// The three-dimensional planner, once a query needed it.
+    exact_host: std::sync::OnceLock<Box<Planner<'m>>>,
 }
 
 /// Why a global batch cannot be run on `ranks` ranks.
@@ -238,16 +284,35 @@ pub(crate) fn batch_ladder() -> impl Iterator<Item = u64> {
 impl<'m> Planner<'m> {
     /// Build every frontier needed to answer any budget up to `max_budget_bytes`. Plans that
     /// cannot fit it are left out, so a larger budget may miss some.
+    ///
+    /// Host memory is searched lazily: the tables built here ignore it (so they price every
+    /// offloaded choice but never refuse one for the host budget). Where the best plan for a
+    /// budget keeps within the host budget it is the best of all — the relaxation's optimum is
+    /// feasible. Where it does not, [`Planner::best`] builds once a planner whose frontiers
+    /// carry host memory and answers from it.
     pub fn new(
         model: &'m ModelSpec,
         machine: Machine,
         options: PlanOptions,
         max_budget_bytes: u64,
     ) -> Planner<'m> {
+        Planner::with_host_limit(model, machine, options, max_budget_bytes, None, 0.0)
+    }
+
+    fn with_host_limit(
+        model: &'m ModelSpec,
+        machine: Machine,
+        options: PlanOptions,
+        max_budget_bytes: u64,
+        host_limit: Option<u64>,
+        host_price: f64,
+    ) -> Planner<'m> {
         let blocks = Blocks::of(model);
         let pins: HashMap<usize, Choice> = options.pins.iter().copied().collect();
         let graph = cost::OpGraph::of(model);
-        let classes = classify(&graph.bases(model, &machine, 1), &blocks, &pins);
+        let bases_1 = graph.bases(model, &machine, 1);
+        let classes = classify(&bases_1, &blocks, &pins);
+        let host_can_bind = host_can_bind(&bases_1, &machine, &pins, options.max_split);
         let mut planner = Planner {
             model,
             machine,
@@ -257,6 +322,11 @@ impl<'m> Planner<'m> {
             graph,
             tables: Vec::new(),
             searched: Vec::new(),
+            host_limit,
+            host_can_bind,
+            max_budget_bytes,
+            host_price,
+            exact_host: std::sync::OnceLock::new(),
         };
         // A global batch the ranks cannot share leaves nothing to search (callers check it
         // first with [`batch_options`] to say why). Micro-batches past `max_batch` are never
@@ -357,8 +427,112 @@ impl<'m> Planner<'m> {
         self.searched.clone()
     }
 
-    /// Largest throughput within `budget_bytes`.
+    /// Largest throughput within `budget_bytes` (and the host budget).
     pub fn best(&self, budget_bytes: u64) -> Result<Planned, NoFit> {
+        let relaxed = self.best_ignoring_host(budget_bytes);
+        let Some(host) = self.host_can_bind.filter(|_| self.host_limit.is_none()) else {
+            return relaxed;
+        };
+        match &relaxed {
+            Ok(p) if p.prediction.host_bytes <= host => relaxed,
+            // No plan fits the device budget even ignoring the host's.
+            Err(_) => relaxed,
+            // Over the host budget: ask the planner that counts host memory, or where that
+            // search is too large, price host memory.
+            Ok(over) => {
+                let exact = self.exact_host();
+                if !exact.overflowed() {
+                    return exact.best_ignoring_host(budget_bytes);
+                }
+                self.priced_host(budget_bytes, host, over.prediction.step_time_s)
+            }
+        }
+    }
+
+    /// Whether a three-dimensional search gave up ([`frontier::MAX_PAIRS_3D`]).
+    fn overflowed(&self) -> bool {
+        self.tables.iter().any(|t| t.overflow)
+    }
+
+    /// The best plan within the host budget `host` found by pricing host memory: a plan that
+    /// minimises step time + λ · host bytes within the device budget is the best of all plans
+    /// of its host memory or less. λ rises from a step's time over the whole host budget until
+    /// the plan fits the host, then is bisected down to the least that does. With a fixed
+    /// global batch every plan runs the same samples, so any plan's step time is at least
+    /// `T(p) + λ·(host(p) − host)`: the gap to the best is at most `λ·(host − host(p))`.
+    fn priced_host(&self, budget: u64, host: u64, relaxed_step_s: f64) -> Result<Planned, NoFit> {
+        let at = |price: f64| -> Result<Planned, NoFit> {
+            Planner::with_host_limit(
+                self.model,
+                self.machine.clone(),
+                self.options.clone(),
+                self.max_budget_bytes,
+                None,
+                price,
+            )
+            .best_ignoring_host(budget)
+        };
+        let fits = |p: &Planned| p.prediction.host_bytes <= host;
+        let mut price = relaxed_step_s / host.max(1) as f64;
+        let mut low = 0.0;
+        let mut found: Option<(f64, Planned)> = None;
+        for _ in 0..24 {
+            let p = at(price)?;
+            if fits(&p) {
+                found = Some((price, p));
+                break;
+            }
+            low = price;
+            price *= 8.0;
+        }
+        let Some((mut high, mut best)) = found else {
+            return Err(NoFit {
+                min_budget_bytes: u64::MAX,
+                host_budget_bytes: Some(host),
+            });
+        };
+        let mut best_price = high;
+        for _ in 0..10 {
+            let mid = 0.5 * (low + high);
+            let p = at(mid)?;
+            if fits(&p) {
+                high = mid;
+                if p.prediction.step_time_s <= best.prediction.step_time_s {
+                    best = p;
+                    best_price = mid;
+                }
+            } else {
+                low = mid;
+            }
+        }
+        // The bound holds for a plan at the price it was found at.
+        let fixed_batch = self.options.global_batch.is_some();
+        best.host_gap_s = fixed_batch
+            .then(|| best_price * host.saturating_sub(best.prediction.host_bytes) as f64);
+        Ok(best)
+    }
+
+    /// Whether a query has needed the planner that counts host memory (it was over budget).
+    pub fn host_binds(&self) -> bool {
+        self.exact_host.get().is_some()
+    }
+
+    fn exact_host(&self) -> &Planner<'m> {
+        self.exact_host.get_or_init(|| {
+            Box::new(Planner::with_host_limit(
+                self.model,
+                self.machine.clone(),
+                self.options.clone(),
+                self.max_budget_bytes,
+                self.host_can_bind,
+                0.0,
+            ))
+        })
+    }
+
+    /// The best plan of this planner's own tables (host memory counted only in a
+    /// three-dimensional planner).
+    fn best_ignoring_host(&self, budget_bytes: u64) -> Result<Planned, NoFit> {
         let mut best: Option<(f64, u64, usize, Point)> = None;
         for (ti, table) in self.tables.iter().enumerate() {
             for (cap, f) in &table.caps {
@@ -368,7 +542,7 @@ impl<'m> Planner<'m> {
                 else {
                     continue;
                 };
-                if let Some(p) = frontier::best_within(f, usable) {
+                if let Some(p) = frontier::best_within(f, usable, self.host_limit.is_some()) {
                     let tput = table.samples() / (p.time + self.machine.step_overhead_s());
                     let peak = p.mem + cap;
                     let better = match &best {
@@ -382,13 +556,15 @@ impl<'m> Planner<'m> {
             }
         }
         let Some((_, _, ti, point)) = best else {
+            let min_budget_bytes = self
+                .tables
+                .iter()
+                .filter_map(|t| t.cheapest(self.machine.overhead_bytes))
+                .min()
+                .unwrap_or(u64::MAX);
             return Err(NoFit {
-                min_budget_bytes: self
-                    .tables
-                    .iter()
-                    .filter_map(|t| t.cheapest(self.machine.overhead_bytes))
-                    .min()
-                    .unwrap_or(u64::MAX),
+                min_budget_bytes,
+                host_budget_bytes: self.host_limit.filter(|_| min_budget_bytes == u64::MAX),
             });
         };
         let table = &self.tables[ti];
@@ -399,12 +575,19 @@ impl<'m> Planner<'m> {
             plan,
             prediction,
             coarsened_bytes: table.coarsened,
+            host_gap_s: None,
         })
     }
 
     /// Points of the memory → throughput frontier over all micro-batch sizes, for charts:
     /// (peak bytes, samples/s).
+    ///
+    /// From the planner that counts host memory once a query has needed it; before that the
+    /// chart ignores the host budget (every plan found so far kept within it).
     pub fn curve(&self) -> Vec<(u64, f64)> {
+        if let Some(exact) = self.exact_host.get() {
+            return exact.curve();
+        }
         let mut pts: Vec<(u64, f64)> = Vec::new();
         for table in &self.tables {
             for (cap, f) in &table.caps {
@@ -446,7 +629,9 @@ impl<'m> Planner<'m> {
                 };
                 let mut v: Vec<Opt> = choices
                     .into_iter()
-                    .map(|choice| option(base, choice, m))
+                    .map(|choice| {
+                        option(base, choice, m, self.host_limit.is_some(), self.host_price)
+                    })
                     .collect();
                 v.sort_by_key(|o| o.transient);
                 opts[i] = v;
@@ -708,7 +893,10 @@ impl<'m> Planner<'m> {
         } = prep;
         let res = self.options.resolution_bytes;
         let room = max_budget.saturating_sub(self.machine.overhead_bytes);
-        let mut arena = Arena::default();
+        let mut arena = Arena {
+            host_limit: self.host_limit,
+            ..Arena::default()
+        };
         let mut cache: HashMap<(usize, Vec<usize>), Frontier> = HashMap::new();
         let mut table_caps = Vec::with_capacity(steps.len());
         let remat_of: Vec<Vec<u64>> = self
@@ -751,8 +939,12 @@ impl<'m> Planner<'m> {
             if !total.is_empty() {
                 table_caps.push((cap, total));
             }
+            if arena.overflow {
+                break;
+            }
         }
         BatchTable {
+            overflow: arena.overflow,
             batch,
             accumulation,
             bases,
@@ -876,16 +1068,50 @@ fn merge_caps(caps: &[u64], res: u64) -> Vec<u64> {
     merged
 }
 
-fn option(base: &OpBase, choice: Choice, m: &Machine) -> Opt {
+/// `host`: whether host memory can bind (it is carried in the option; 0 otherwise).
+/// `host_price`: seconds each host byte adds to the option's time in the search.
+fn option(base: &OpBase, choice: Choice, m: &Machine, host: bool, host_price: f64) -> Opt {
     let c = cost::price(base, choice, m);
+    let time = c.time_s() + host_price * c.host_bytes as f64;
     Opt {
         choice,
         held: c.persistent_bytes + base.saved_bytes,
-        time: c.time_s(),
+        time,
         transient: c.transient_bytes,
         held_r: c.persistent_bytes,
-        time_r: c.time_s() + base.recompute_s(),
+        time_r: time + base.recompute_s(),
+        host: if host { c.host_bytes } else { 0 },
     }
+}
+
+/// The host budget where it can bind: where offload is offered and the most host memory any
+/// plan could take (every op at its most host-hungry choice; host bytes do not depend on the
+/// micro-batch) exceeds it.
+fn host_can_bind(
+    bases: &[OpBase],
+    m: &Machine,
+    pins: &HashMap<usize, Choice>,
+    max_split: u32,
+) -> Option<u64> {
+    if !m.offers_offload() {
+        return None;
+    }
+    let most = bases
+        .iter()
+        .enumerate()
+        .map(|(i, base)| {
+            let choices = match pins.get(&i) {
+                Some(c) => vec![*c],
+                None => cost::choices(base, m, max_split),
+            };
+            choices
+                .into_iter()
+                .map(|c| cost::price(base, c, m).host_bytes)
+                .max()
+                .unwrap_or(0)
+        })
+        .fold(0u64, u64::saturating_add);
+    (most > m.host_budget_bytes).then_some(m.host_budget_bytes)
 }
 
 /// One instance of a class run one way (recomputed or not) under transient cap `cap`: the
@@ -915,7 +1141,12 @@ fn slot_frontiers(
                         slot: slot as u32,
                         choice: o.choice,
                     });
-                    Point { mem, time, node }
+                    Point {
+                        mem,
+                        time,
+                        node,
+                        host: o.host,
+                    }
                 })
                 .collect();
             (!pts.is_empty()).then(|| frontier::prune(pts))
@@ -939,6 +1170,7 @@ fn sum_parts(
         mem: start,
         time: 0.0,
         node: arena.push(Node::Empty),
+        host: 0,
     }];
     for (f, floor) in parts {
         later = later.saturating_sub(floor);
@@ -1033,6 +1265,7 @@ fn class_total(
                         slot: s as u32,
                         choice: o.choice,
                     }),
+                    host: o.host,
                 })
                 .collect();
             parts.push(frontier::prune(pts));
@@ -1044,6 +1277,7 @@ fn class_total(
                 mem,
                 time: if r { total_fwd } else { 0.0 },
                 node: arena.push(Node::Way(r)),
+                host: 0,
             })
             .collect();
         parts.push(frontier::prune(way_points));
@@ -1062,6 +1296,10 @@ fn class_total(
                 )
             })
             .collect();
+        // A part with no point within the host limit leaves the class nothing.
+        if repeated.iter().any(|f| f.is_empty()) {
+            return Vec::new();
+        }
         let parts = repeated.iter().map(|f| (f.as_slice(), f[0].mem)).collect();
         return sum_parts(parts, 0, resolution, limit, arena)
             .into_iter()
@@ -1109,7 +1347,10 @@ fn classify(bases: &[OpBase], blocks: &Blocks, pins: &HashMap<usize, Choice>) ->
     let sig = |i: usize| -> Vec<u64> {
         let b = &bases[i];
         let pin = pins.get(&i).map_or(u64::MAX, |c| {
-            (c.strategy as u64) << 40 | u64::from(c.split) << 20 | u64::from(c.sharded)
+            (c.offload as u64) << 56
+                | (c.strategy as u64) << 40
+                | u64::from(c.split) << 20
+                | u64::from(c.sharded)
         });
         vec![
             b.params,
