@@ -634,7 +634,7 @@ impl<'m> Planner<'m> {
                     })
                     .collect();
                 v.sort_by_key(|o| o.transient);
-                opts[i] = v;
+                opts[i] = undominated(v);
             }
         }
         // Transient the plan cannot avoid: every op's cheapest choice.
@@ -1066,6 +1066,32 @@ fn merge_caps(caps: &[u64], res: u64) -> Vec<u64> {
         }
     }
     merged
+}
+
+/// The options no other is at least as good as on every count: transient, memory held and
+/// time (kept or recomputed), host memory. A plan using a dropped option can swap in the one
+/// that beats it with no larger peak and no longer step, so dropping it loses nothing — and
+/// keeps the caps and frontiers it would have added (on one GPU, zero1–3 are dp with more
+/// transient). Of identical options the first is kept. The order (by transient) is kept.
+fn undominated(v: Vec<Opt>) -> Vec<Opt> {
+    let no_worse = |a: &Opt, b: &Opt| {
+        a.transient <= b.transient
+            && a.held <= b.held
+            && a.time <= b.time
+            && a.held_r <= b.held_r
+            && a.time_r <= b.time_r
+            && a.host <= b.host
+    };
+    let keep: Vec<bool> = (0..v.len())
+        .map(|k| {
+            !(0..v.len())
+                .any(|j| j != k && no_worse(&v[j], &v[k]) && (j < k || !no_worse(&v[k], &v[j])))
+        })
+        .collect();
+    v.into_iter()
+        .zip(keep)
+        .filter_map(|(o, k)| k.then_some(o))
+        .collect()
 }
 
 /// `host`: whether host memory can bind (it is carried in the option; 0 otherwise).
