@@ -296,7 +296,11 @@ fn draw_header(app: &App, f: &mut Frame, area: Rect) {
                 }
                 lines.push(Line::from(spans));
                 if area.height >= 5 {
-                    lines.extend(split_bars(pr, budget, usize::from(area.width)));
+                    let host = app
+                        .machine
+                        .offers_offload()
+                        .then_some(app.machine.host_budget_bytes);
+                    lines.extend(split_bars(pr, budget, host, usize::from(area.width)));
                 }
             }
             Err(nf) => lines.push(Line::from(Span::styled(nf.describe(budget), theme::BAD))),
@@ -338,7 +342,17 @@ fn draw_header(app: &App, f: &mut Frame, area: Rect) {
 
 /// The plan's memory against the budget and its step time, each a bar of coloured parts with
 /// the parts named beside it: what the peak is made of and where the time goes.
-fn split_bars(pr: &crate::plan::Prediction, budget: u64, width: usize) -> [Line<'static>; 2] {
+/// Spans of a bar in [`split_bars`]: one per part, and the unused rest.
+const MEMORY_PARTS_SPANS: usize = 5;
+
+/// `host_budget`: where the layout offers offload, the memory line ends with the plan's host
+/// memory against it.
+fn split_bars(
+    pr: &crate::plan::Prediction,
+    budget: u64,
+    host_budget: Option<u64>,
+    width: usize,
+) -> [Line<'static>; 2] {
     let bar_width = (width / 5).clamp(10, 30);
     let memory = [
         (
@@ -394,8 +408,24 @@ fn split_bars(pr: &crate::plan::Prediction, budget: u64, width: usize) -> [Line<
         Line::from(spans)
     };
     let whole = (budget.max(pr.peak_memory_bytes) as f64).max(1.0);
+    let mut memory_line = line("memory ", &memory, &theme::MEMORY_PARTS, whole);
+    // Right after the bar: the parts' names are what a narrow terminal cuts.
+    if let Some(host) = host_budget {
+        let offloaded = Choice::DP.offloaded(crate::cost::Offload::Opt);
+        memory_line.spans.insert(
+            1 + MEMORY_PARTS_SPANS,
+            Span::styled(
+                format!(
+                    " host {} / {}",
+                    units::bytes(pr.host_bytes),
+                    units::bytes(host)
+                ),
+                Style::new().fg(theme::strategy(offloaded)),
+            ),
+        );
+    }
     [
-        line("memory ", &memory, &theme::MEMORY_PARTS, whole),
+        memory_line,
         line("time   ", &time, &theme::TIME_PARTS, step),
     ]
 }
@@ -440,7 +470,7 @@ fn block_badge(app: &App, b: usize, recompute: bool) -> Line<'static> {
     if let Some(c) = most {
         let mixed = choices.iter().any(|&d| d != c);
         spans.push(Span::styled(
-            format!("{}{}", c.label(), if mixed { "*" } else { "" }),
+            format!("{}{}", c.short_label(), if mixed { "*" } else { "" }),
             Style::new()
                 .fg(theme::strategy(c))
                 .add_modifier(Modifier::BOLD),
@@ -510,7 +540,7 @@ fn draw_ops(app: &App, f: &mut Frame, area: Rect) {
                     Cell::from(units::count(ModelSpec::op_param_count(op))),
                     Cell::from(format!(
                         "{}{}",
-                        choice.label(),
+                        choice.short_label(),
                         if pinned { " 📌" } else { "" }
                     ))
                     .style(

@@ -961,3 +961,27 @@ fn the_panel_says_how_long_the_first_step_took() {
     a.update(Action::StopRun);
     a.update(Action::StopRun);
 }
+
+/// Issue 20: on a layout with a host, the header shows the plan's host memory against the host
+/// budget, offloaded operators wear their badge, and the legend names the colour.
+#[test]
+fn offloaded_operators_and_host_memory_are_on_screen() {
+    let a = app("llama-2-7b", "rtx4090-1x", 24 * GIB);
+    let p = a.planned().expect("fits by offloading").clone();
+    let host = p.prediction.host_bytes;
+    assert!(host > 0);
+    let screen = render_text(&a, 120, 40);
+    let want = format!(
+        "host {} / {}",
+        osdp_tui::units::bytes(host),
+        osdp_tui::units::bytes(a.machine.host_budget_bytes)
+    );
+    assert!(screen.contains(&want), "{want} not in\n{screen}");
+    assert!(screen.contains("dp+ofl-par"), "{screen}");
+    assert!(screen.contains("+offload"), "{screen}");
+    // Without a host the layout never offloads, and says nothing of host memory.
+    let plain = app("gpt2-xl", "a100-80gb-8x-nvlink", 16 * GIB);
+    let screen = render_text(&plain, 120, 40);
+    assert!(!screen.contains("host "), "{screen}");
+    assert!(!screen.contains("+offload"), "{screen}");
+}

@@ -226,6 +226,16 @@ impl Choice {
         }
     }
 
+    /// [`Choice::label`] for narrow columns: `+ofl-opt` and `+ofl-par` for the offloads.
+    pub fn short_label(&self) -> String {
+        let full = self.label();
+        match self.offload {
+            Offload::None => full,
+            Offload::Opt => full.replace("+offload-opt", "+ofl-opt"),
+            Offload::Param => full.replace("+offload-param", "+ofl-par"),
+        }
+    }
+
     /// Parse a label ([`Choice::label`]): `dp`, `zero3/4:2`, `zero3+offload-param`, … (not
     /// checked against any op: see `plan::check_choice`).
     pub fn parse(s: &str) -> Option<Choice> {
