@@ -313,6 +313,25 @@ impl Holding {
             .device
     }
 
+    /// Whether an offloaded unit held this way moves its gradient to the host every
+    /// micro-batch (ZeRO-Offload's way): where gradients are reduced to this rank's shard every
+    /// micro-batch (zero2, zero3, hsdp), the shard goes to the host's fp32 buffer and is summed
+    /// there; where they are synchronised once a step (dp, zero1), the gradient stays on the
+    /// device until then.
+    pub fn streams_grads(self) -> bool {
+        matches!(self, Holding::Zero2 | Holding::Zero3 | Holding::Hybrid)
+    }
+
+    /// The device bytes of an offloaded unit's gradient of `grad_bytes`: none where it streams
+    /// to the host ([`Holding::streams_grads`]).
+    fn device_grad(self, grad_bytes: u64) -> u64 {
+        if self.streams_grads() {
+            0
+        } else {
+            grad_bytes
+        }
+    }
+
     /// [`Holding::state_bytes`] split between the device and host memory under `offload`.
     pub fn placed_bytes(
         self,
@@ -330,11 +349,11 @@ impl Holding {
                 host: 0,
             },
             Offload::Opt => Placed {
-                device: param_b + grad_b,
+                device: param_b + self.device_grad(grad_b),
                 host: HOST_STATE_BYTES_PER_PARAM * updated,
             },
             Offload::Param => Placed {
-                device: grad_b,
+                device: self.device_grad(grad_b),
                 host: HOST_STATE_BYTES_PER_PARAM * updated + param_b,
             },
         }
@@ -978,6 +997,8 @@ pub fn price(base: &OpBase, choice: Choice, m: &Machine) -> OpCost {
     let per_node = u64::from(m.ranks_per_node);
     let (mut persistent, mut host, mut updated, mut replicated_p, mut params_held) =
         (0, 0, 0, 0, 0);
+    // Offloaded gradients copied to the host every micro-batch / once a step (elements).
+    let (mut streamed, mut stepped) = (0, 0);
     for u in base.units(choice) {
         let over = u.holding.shard_ranks(n, per_node);
         let placed = u.holding.placed_bytes(u.numel, over, pr, choice.offload);
@@ -985,6 +1006,11 @@ pub fn price(base: &OpBase, choice: Choice, m: &Machine) -> OpCost {
         host += placed.host;
         updated += u.holding.updated(u.numel, over);
         params_held += u.holding.held(u.numel, over).0;
+        if u.holding.streams_grads() {
+            streamed += u.holding.updated(u.numel, over);
+        } else {
+            stepped += u.holding.updated(u.numel, over);
+        }
         if u.holding == Holding::Replicated {
             replicated_p += u.numel;
         }
@@ -1055,6 +1081,10 @@ pub fn price(base: &OpBase, choice: Choice, m: &Machine) -> OpCost {
     // use), into a device buffer of this rank's part; the fetches overlap compute like the
     // collectives do (a copy engine beside the kernels), in line on CPUs.
     let mut fetched = 0;
+    if !choice.offload.is_none() && streamed > 0 {
+        // Each micro-batch's gradient shard leaves for the host beside the backward.
+        comm.micro_bwd += m.host_copy_s((gb * streamed) as f64);
+    }
     if choice.offload == Offload::Param {
         let fetch = extra_gathers * m.host_copy_s((pb * params_held) as f64);
         comm.micro_fwd += fetch;
@@ -1106,7 +1136,7 @@ pub fn price(base: &OpBase, choice: Choice, m: &Machine) -> OpCost {
                 } else {
                     0.0
                 };
-                m.host_copy_s((gb * updated) as f64)
+                m.host_copy_s((gb * stepped) as f64)
                     + updated as f64 / m.cpu_adam_params_per_s.max(1.0)
                     + back
             }
@@ -1369,17 +1399,31 @@ mod tests {
                 .map(|u| u.holding.updated(u.numel, 4))
                 .sum::<u64>();
             // The device lets go of the fp32 master and moments (12 bytes per parameter it
-            // updates); the host takes them, with an fp32 gradient (16).
-            assert_eq!(plain.persistent_bytes - opt.persistent_bytes, 12 * updated);
+            // updates) and, where gradients are sharded every micro-batch, of the gradient
+            // shard too (2); the host takes master, moments and an fp32 gradient (16).
+            let streams = matches!(strategy, Strategy::Zero2 | Strategy::Zero3);
+            let freed = 12 * updated + if streams { 2 * updated } else { 0 };
+            assert_eq!(
+                plain.persistent_bytes - opt.persistent_bytes,
+                freed,
+                "{strategy:?}"
+            );
             assert_eq!(opt.host_bytes, 16 * updated, "{strategy:?}");
             assert_eq!(plain.host_bytes, 0);
-            // Once a step: gradients out (2 B), AdamW on the CPU, weights back (2 B).
-            let want = 2.0 * (2 * updated) as f64 / 25e9 + updated as f64 / 1e9 + 2.0 * 5e-6;
+            // Once a step: the gradient out (2 B) unless it streamed, AdamW on the CPU,
+            // weights back (2 B).
+            let copy = (2 * updated) as f64 / 25e9 + 5e-6;
+            let out = if streams { 0.0 } else { copy };
+            let want = out + updated as f64 / 1e9 + copy;
             assert!((opt.optimizer_s - want).abs() < 1e-12, "{strategy:?}");
             assert!(opt.optimizer_s > plain.optimizer_s);
-            // Nothing else changes.
+            // A streamed gradient crosses the host link every micro-batch, beside the backward.
+            let every = if streams { copy } else { 0.0 };
+            assert!(
+                (opt.comm_s - plain.comm_s - every).abs() < 1e-12,
+                "{strategy:?}"
+            );
             assert_eq!(opt.transient_bytes, plain.transient_bytes);
-            assert_eq!(opt.exposed_comm_s, plain.exposed_comm_s);
         }
         // offload-param: the compute copy (2 B per held parameter) moves too, and is fetched
         // for the forward and the backward; on one rank it is the whole tensor.
