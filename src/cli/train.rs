@@ -337,14 +337,71 @@ fn resume_point(args: &TrainArgs) -> Result<Option<PathBuf>, Failure> {
     }
 }
 
+/// What a finished run did: `train`'s report, computed once and rendered as text or JSON.
+/// The fields are in the JSON's (alphabetical) key order. Only a build with the trainer makes
+/// one; its renderers are tested without.
+#[cfg_attr(not(feature = "train"), allow(dead_code))]
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct TrainReport {
+    /// The last checkpoint written, if any.
+    pub checkpoint: Option<String>,
+    pub elapsed_s: f64,
+    pub first_loss: Option<f64>,
+    pub first_step: u64,
+    pub last_loss: Option<f64>,
+    pub last_step: u64,
+    /// The highest of every rank's peak.
+    pub peak_memory_bytes: u64,
+    pub stopped_by_signal: bool,
+}
+
+#[cfg_attr(not(feature = "train"), allow(dead_code))]
+impl TrainReport {
+    /// The text form: one line.
+    pub fn text(&self) -> String {
+        let how = if self.stopped_by_signal {
+            "stopped"
+        } else {
+            "done"
+        };
+        let loss = |l: Option<f64>| l.map_or("-".into(), |l| format!("{l:.4}"));
+        format!(
+            "{how}: steps {}→{} in {:.1} s, loss {} → {}, peak {} per rank{}",
+            self.first_step,
+            self.last_step,
+            self.elapsed_s,
+            loss(self.first_loss),
+            loss(self.last_loss),
+            crate::units::bytes(self.peak_memory_bytes),
+            self.checkpoint
+                .as_ref()
+                .map(|p| format!(", checkpoint {p}"))
+                .unwrap_or_default()
+        )
+    }
+}
+
+/// Everything a run needs before it starts: its configuration, and what this process holds
+/// for it (the checkpoint directory's lock, the metrics file).
 #[cfg(feature = "train")]
-pub fn train(args: TrainArgs) -> Result<(), Failure> {
-    use std::io::{IsTerminal, Write};
-    use std::sync::atomic::AtomicBool;
+struct Setup {
+    cfg: crate::train::TrainConfig,
+    /// Rank 0 of a multi-process run, or the only process: it writes the metrics and the
+    /// report.
+    lead: bool,
+    accumulation: u64,
+    metrics: Option<std::fs::File>,
+    _dir_lock: Option<crate::lock::DirLock>,
+}
+
+/// Check the arguments against the model, plan, launcher and checkpoint, and settle what the
+/// run will do (resumed runs take the checkpoint's global batch, seed and data unless told
+/// otherwise, and say so).
+#[cfg(feature = "train")]
+fn setup(args: &TrainArgs) -> Result<Setup, Failure> {
     use std::sync::Arc;
 
-    use crate::run::WorkerEvent;
-    use crate::train::{self, data, exec::OptimConfig, TrainConfig};
+    use crate::train::{data, exec::OptimConfig, TrainConfig};
 
     args.check()?;
     let model = crate::model::read_model(&args.model).map_err(Failure::input)?;
@@ -352,7 +409,7 @@ pub fn train(args: TrainArgs) -> Result<(), Failure> {
     crate::train::exec::check_runnable(&model, &plan)
         .map_err(|e| Failure::input(format!("{}: {e}", args.plan.display())))?;
     let mut membership = crate::train::tcp::Membership::from_env().map_err(Failure::input)?;
-    let target = target(&args, membership.as_ref())?;
+    let target = target(args, membership.as_ref())?;
     if membership.as_ref().is_some_and(|m| m.world == 1) {
         // A group of one (torchrun with one process): nothing to exchange, so no TCP
         // rendezvous and no NCCL; the in-process group runs the one rank.
@@ -398,7 +455,7 @@ pub fn train(args: TrainArgs) -> Result<(), Failure> {
         Some(dir) => Some(lock_checkpoint_dir(dir)?),
         None => None,
     };
-    let resume_from = resume_point(&args)?;
+    let resume_from = resume_point(args)?;
     // A resumed run continues the same run: the global batch, seed and data the checkpoint
     // was written with, unless the user says otherwise (then say so).
     let resumed = match &resume_from {
@@ -472,18 +529,53 @@ pub fn train(args: TrainArgs) -> Result<(), Failure> {
     if let Some(dir) = &args.checkpoint_dir {
         std::fs::create_dir_all(dir).map_err(|e| Failure::output(dir, e))?;
     }
-    let _dir_lock = match (early_lock, &args.checkpoint_dir) {
+    let dir_lock = match (early_lock, &args.checkpoint_dir) {
         (Some(lock), _) => Some(lock),
         (None, Some(dir)) if lead => Some(lock_checkpoint_dir(dir)?),
         (None, _) => None,
     };
-    let mut metrics = match &args.metrics {
+    let metrics = match &args.metrics {
         Some(path) if lead => Some(open_metrics(path, resume_from.is_some())?),
         _ => None,
     };
+    let cfg = TrainConfig {
+        model,
+        plan,
+        world_size,
+        ranks_per_node,
+        global_batch,
+        steps: args.steps,
+        seed,
+        source,
+        optim: OptimConfig {
+            lr: args.lr,
+            ..OptimConfig::default()
+        },
+        target,
+        checkpoint_dir: args.checkpoint_dir.clone(),
+        checkpoint_every: args.checkpoint_every,
+        resume_from,
+        collect_params: false,
+        membership,
+    };
+    Ok(Setup {
+        cfg,
+        lead,
+        accumulation,
+        metrics,
+        _dir_lock: dir_lock,
+    })
+}
+
+/// The flag SIGINT, SIGTERM and SIGHUP (the terminal that started the run closed) set: the run
+/// then finishes its step, checkpoints and exits. With `--supervisor-fd`, the dashboard's end
+/// sets it too.
+#[cfg(feature = "train")]
+fn stop_flag(args: &TrainArgs) -> Result<std::sync::Arc<std::sync::atomic::AtomicBool>, Failure> {
+    use std::sync::atomic::AtomicBool;
+    use std::sync::Arc;
 
     let stop = Arc::new(AtomicBool::new(false));
-    // SIGHUP: the terminal that started the run closed; the run still ends with a checkpoint.
     for sig in [
         signal_hook::consts::SIGINT,
         signal_hook::consts::SIGTERM,
@@ -507,36 +599,35 @@ pub fn train(args: TrainArgs) -> Result<(), Failure> {
             })
             .map_err(|e| Failure::input(format!("cannot watch the dashboard: {e}")))?;
     }
-    let cfg = TrainConfig {
-        model,
-        plan,
-        world_size,
-        ranks_per_node,
-        global_batch,
-        steps: args.steps,
-        seed,
-        source,
-        optim: OptimConfig {
-            lr: args.lr,
-            ..OptimConfig::default()
-        },
-        target,
-        checkpoint_dir: args.checkpoint_dir.clone(),
-        checkpoint_every: args.checkpoint_every,
-        resume_from,
-        collect_params: false,
-        membership,
-    };
-    let tty = lead && std::io::stderr().is_terminal();
-    let started = std::time::Instant::now();
-    let mut write_error: Option<std::io::Error> = None;
-    let mut last_ckpt: Option<String> = None;
-    let mut goal = String::new();
-    let result = train::run(&cfg, &stop, |ev| {
-        if let Some(f) = metrics.as_mut() {
+    Ok(stop)
+}
+
+/// What the run says while it goes: every event to the metrics file, a start line, a live
+/// progress line on a terminal, each checkpoint.
+#[cfg(feature = "train")]
+struct Progress<'a> {
+    cfg: &'a crate::train::TrainConfig,
+    accumulation: u64,
+    metrics: Option<std::fs::File>,
+    /// The first failure to write the metrics file (reported when the run ends).
+    write_error: Option<std::io::Error>,
+    last_checkpoint: Option<String>,
+    /// `/N` when the run ends at step N.
+    goal: String,
+    tty: bool,
+}
+
+#[cfg(feature = "train")]
+impl Progress<'_> {
+    fn event(&mut self, ev: &crate::run::WorkerEvent) {
+        use std::io::Write;
+
+        use crate::run::WorkerEvent;
+
+        if let Some(f) = self.metrics.as_mut() {
             let line = serde_json::to_string(ev).unwrap_or_default();
             if let Err(e) = writeln!(f, "{line}").and_then(|()| f.flush()) {
-                write_error.get_or_insert(e);
+                self.write_error.get_or_insert(e);
             }
         }
         match ev {
@@ -548,22 +639,22 @@ pub fn train(args: TrainArgs) -> Result<(), Failure> {
                 resumed_from,
                 ..
             } => {
-                goal = last_step.map_or(String::new(), |l| format!("/{l}"));
+                self.goal = last_step.map_or(String::new(), |l| format!("/{l}"));
                 let from = resumed_from
                     .as_deref()
                     .map(|p| format!(", resuming from {p}"))
                     .unwrap_or_default();
-                let accumulated = if accumulation > 1 {
+                let accumulated = if self.accumulation > 1 {
                     format!(
-                        " ({} × {accumulation} micro-batches per rank)",
-                        cfg.plan.batch
+                        " ({} × {} micro-batches per rank)",
+                        self.cfg.plan.batch, self.accumulation
                     )
                 } else {
                     String::new()
                 };
                 eprintln!(
                     "training {} from step {first_step} {}: {world_size} rank(s), {global_batch} samples per step{accumulated}{from}",
-                    cfg.model.name,
+                    self.cfg.model.name,
                     last_step.map_or("until stopped".to_string(), |l| format!("to {l}"))
                 );
             }
@@ -573,80 +664,79 @@ pub fn train(args: TrainArgs) -> Result<(), Failure> {
                 samples_per_s,
                 memory_bytes,
                 ..
-            } if tty => {
+            } if self.tty => {
                 let peak = memory_bytes.iter().copied().max().unwrap_or(0);
                 eprint!(
-                    "\r\x1b[2Kstep {step}{goal}  loss {loss:.4}  {samples_per_s:.1} samples/s  peak {} per rank",
+                    "\r\x1b[2Kstep {step}{}  loss {loss:.4}  {samples_per_s:.1} samples/s  peak {} per rank",
+                    self.goal,
                     crate::units::bytes(peak)
                 );
             }
             WorkerEvent::Checkpoint { path, .. } => {
-                last_ckpt = Some(path.clone());
-                if tty {
+                self.last_checkpoint = Some(path.clone());
+                if self.tty {
                     eprint!("\r\x1b[2K");
                 }
                 eprintln!("checkpoint {path}");
             }
             _ => {}
         }
-    });
-    if tty {
+    }
+}
+
+#[cfg(feature = "train")]
+pub fn train(args: TrainArgs) -> Result<(), Failure> {
+    use std::io::IsTerminal;
+
+    let setup = setup(&args)?;
+    let stop = stop_flag(&args)?;
+    let lead = setup.lead;
+    let mut progress = Progress {
+        cfg: &setup.cfg,
+        accumulation: setup.accumulation,
+        metrics: setup.metrics,
+        write_error: None,
+        last_checkpoint: None,
+        goal: String::new(),
+        tty: lead && std::io::stderr().is_terminal(),
+    };
+    let started = std::time::Instant::now();
+    let result = crate::train::run(&setup.cfg, &stop, |ev| progress.event(ev));
+    if progress.tty {
         eprint!("\r\x1b[2K");
     }
     let summary = result.map_err(|e| Failure {
         code: 1,
         message: e.to_string(),
     })?;
-    if let (Some(e), Some(path)) = (write_error, &args.metrics) {
+    if let (Some(e), Some(path)) = (progress.write_error, &args.metrics) {
         return Err(Failure::output(path, e));
     }
-    let elapsed = started.elapsed().as_secs_f64();
     if !lead {
         // Rank 0 reports the run; the others only say they ended well.
         eprintln!("rank done at step {}", summary.last_step);
         return Ok(());
     }
-    let peak = summary
-        .memory_bytes
-        .iter()
-        .flatten()
-        .copied()
-        .max()
-        .unwrap_or(0);
+    let report = TrainReport {
+        checkpoint: progress.last_checkpoint,
+        elapsed_s: started.elapsed().as_secs_f64(),
+        first_loss: summary.losses.first().copied(),
+        first_step: summary.first_step,
+        last_loss: summary.losses.last().copied(),
+        last_step: summary.last_step,
+        peak_memory_bytes: summary
+            .memory_bytes
+            .iter()
+            .flatten()
+            .copied()
+            .max()
+            .unwrap_or(0),
+        stopped_by_signal: summary.stopped_by_signal,
+    };
     if args.json {
-        crate::report::print_json(&serde_json::json!({
-            "first_step": summary.first_step,
-            "last_step": summary.last_step,
-            "first_loss": summary.losses.first(),
-            "last_loss": summary.losses.last(),
-            "peak_memory_bytes": peak,
-            "elapsed_s": elapsed,
-            "stopped_by_signal": summary.stopped_by_signal,
-            "checkpoint": last_ckpt,
-        }));
+        crate::report::print_json(&report);
     } else {
-        let how = if summary.stopped_by_signal {
-            "stopped"
-        } else {
-            "done"
-        };
-        println!(
-            "{how}: steps {}→{} in {elapsed:.1} s, loss {} → {}, peak {} per rank{}",
-            summary.first_step,
-            summary.last_step,
-            summary
-                .losses
-                .first()
-                .map_or("-".into(), |l| format!("{l:.4}")),
-            summary
-                .losses
-                .last()
-                .map_or("-".into(), |l| format!("{l:.4}")),
-            crate::units::bytes(peak),
-            last_ckpt
-                .map(|p| format!(", checkpoint {p}"))
-                .unwrap_or_default()
-        );
+        println!("{}", report.text());
     }
     Ok(())
 }
@@ -676,6 +766,55 @@ fn open_metrics(path: &std::path::Path, append: bool) -> Result<std::fs::File, F
         crate::run::end_cut_line(path, &mut f).map_err(|e| Failure::output(path, e))?;
     }
     Ok(f)
+}
+
+#[cfg(test)]
+mod report_tests {
+    use super::TrainReport;
+
+    fn report() -> TrainReport {
+        TrainReport {
+            checkpoint: Some("runs/x/step-000040".into()),
+            elapsed_s: 12.34,
+            first_loss: Some(4.17259),
+            first_step: 0,
+            last_loss: Some(2.5),
+            last_step: 40,
+            peak_memory_bytes: 3 << 29,
+            stopped_by_signal: true,
+        }
+    }
+
+    #[test]
+    fn the_text_report_is_one_line_with_what_the_run_did() {
+        assert_eq!(
+            report().text(),
+            "stopped: steps 0→40 in 12.3 s, loss 4.1726 → 2.5000, peak 1.5 GiB per rank, \
+             checkpoint runs/x/step-000040"
+        );
+        let none = TrainReport {
+            checkpoint: None,
+            first_loss: None,
+            last_loss: None,
+            stopped_by_signal: false,
+            ..report()
+        };
+        assert_eq!(
+            none.text(),
+            "done: steps 0→40 in 12.3 s, loss - → -, peak 1.5 GiB per rank"
+        );
+    }
+
+    #[test]
+    fn the_json_report_keeps_its_keys_and_their_order() {
+        let text = serde_json::to_string(&report()).unwrap();
+        assert_eq!(
+            text,
+            "{\"checkpoint\":\"runs/x/step-000040\",\"elapsed_s\":12.34,\"first_loss\":4.17259,\
+             \"first_step\":0,\"last_loss\":2.5,\"last_step\":40,\"peak_memory_bytes\":1610612736,\
+             \"stopped_by_signal\":true}"
+        );
+    }
 }
 
 #[cfg(all(test, feature = "train"))]

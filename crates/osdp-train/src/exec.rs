@@ -196,17 +196,8 @@ pub struct Executor {
     units: Vec<Unit>,
     /// Per op, per parameter slot: its units (column slices in order).
     uses: Vec<Vec<Vec<usize>>>,
-    inputs: Vec<Vec<usize>>,
-    /// How many ops read each op's output.
-    consumers: Vec<Vec<usize>>,
-    /// Outputs some op reads in backward (ignoring recomputation).
-    need_bwd: Vec<bool>,
-    /// Outputs kept through the forward pass: `need_bwd` minus recomputed blocks, plus the
-    /// inputs those blocks restart from.
-    keep_fwd: Vec<bool>,
-    /// Block of each op when that block recomputes.
-    recomputed_block: Vec<Option<usize>>,
-    blocks: Blocks,
+    /// Who reads what, what forward keeps, which blocks recompute.
+    flow: Dataflow,
     attn: AttentionShape,
     rope: Option<(Tensor, Tensor)>,
     act: Activation,
@@ -387,10 +378,16 @@ fn init_values(seed: u64, key: &str, shape: &[i64]) -> Vec<f32> {
 /// The graph as the executor walks it: each op's inputs and consumers, what backward reads,
 /// what forward keeps, and which ops recompute in which block.
 struct Dataflow {
+    /// Each op's inputs (op indices).
     inputs: Vec<Vec<usize>>,
+    /// The ops that read each op's output.
     consumers: Vec<Vec<usize>>,
+    /// Outputs some op reads in backward (ignoring recomputation).
     need_bwd: Vec<bool>,
+    /// Outputs kept through the forward pass: `need_bwd` minus recomputed blocks, plus the
+    /// inputs those blocks restart from.
     keep_fwd: Vec<bool>,
+    /// Block of each op when that block recomputes.
     recomputed_block: Vec<Option<usize>>,
     blocks: Blocks,
 }
@@ -685,12 +682,7 @@ impl Executor {
             kind,
             units,
             uses,
-            inputs: flow.inputs,
-            consumers: flow.consumers,
-            need_bwd: flow.need_bwd,
-            keep_fwd: flow.keep_fwd,
-            recomputed_block: flow.recomputed_block,
-            blocks: flow.blocks,
+            flow,
             attn,
             rope,
             act: c.activation,
@@ -857,7 +849,7 @@ impl Executor {
     }
 
     fn input(&self, i: usize, k: usize) -> Tensor {
-        let j = self.inputs[i][k];
+        let j = self.flow.inputs[i][k];
         match &self.outs[j] {
             Some(h) => h.t.shallow_clone(),
             None => panic!(
@@ -893,7 +885,7 @@ impl Executor {
 
     /// An attention op's queries, keys and values, from a fused input or three.
     fn qkv(&self, i: usize) -> (Tensor, Tensor, Tensor) {
-        let ins: Vec<Tensor> = (0..self.inputs[i].len())
+        let ins: Vec<Tensor> = (0..self.flow.inputs[i].len())
             .map(|k| self.input(i, k))
             .collect();
         let refs: Vec<&Tensor> = ins.iter().collect();
@@ -950,7 +942,7 @@ impl Executor {
             }
             OpKind::Add => {
                 let mut y = self.input(i, 0).copy();
-                for k in 1..self.inputs[i].len() {
+                for k in 1..self.flow.inputs[i].len() {
                     y += self.input(i, k);
                 }
                 y
@@ -1015,7 +1007,7 @@ impl Executor {
                 out
             }
             OpKind::Activation => {
-                if self.inputs[i].len() == 2 {
+                if self.flow.inputs[i].len() == 2 {
                     ops::gated_fwd(self.act, &self.input(i, 0), &self.input(i, 1))
                 } else {
                     ops::act_fwd(self.act, &self.input(i, 0))
@@ -1042,6 +1034,7 @@ impl Executor {
         full_pass: bool,
     ) -> Result<Option<Tensor>> {
         let mut remaining: Vec<usize> = self
+            .flow
             .consumers
             .iter()
             .map(|c| c.iter().filter(|&&k| range.contains(&k)).count())
@@ -1052,7 +1045,7 @@ impl Executor {
                 // Already held (kept as the next block's restart point): no need to redo it.
                 continue;
             }
-            let keep_extras = !full_pass || self.recomputed_block[i].is_none();
+            let keep_extras = !full_pass || self.flow.recomputed_block[i].is_none();
             let t0 = self.profile.is_some().then(Instant::now);
             let c0 = self.collectives_so_far();
             let y = self.forward_op(i, keep_extras)?;
@@ -1069,9 +1062,9 @@ impl Executor {
                 loss = Some(y.shallow_clone());
             }
             let kept = if full_pass {
-                self.keep_fwd[i]
+                self.flow.keep_fwd[i]
             } else {
-                self.need_bwd[i]
+                self.flow.need_bwd[i]
             };
             if kept || remaining[i] > 0 || !full_pass {
                 self.hold(
@@ -1084,13 +1077,13 @@ impl Executor {
                     },
                 );
             }
-            for k in 0..self.inputs[i].len() {
-                let j = self.inputs[i][k];
+            for k in 0..self.flow.inputs[i].len() {
+                let j = self.flow.inputs[i][k];
                 remaining[j] = remaining[j].saturating_sub(1);
                 let keep_j = if full_pass {
-                    self.keep_fwd[j]
+                    self.flow.keep_fwd[j]
                 } else {
-                    self.need_bwd[j] || !range.contains(&j)
+                    self.flow.need_bwd[j] || !range.contains(&j)
                 };
                 if remaining[j] == 0 && !keep_j {
                     self.drop_out(j);
@@ -1126,9 +1119,9 @@ impl Executor {
                 // them until they are freed here.
                 if in_place {
                     self.ledger.sub(Category::Activations, kept);
-                    self.add_act_grad(self.inputs[i][0], d);
+                    self.add_act_grad(self.flow.inputs[i][0], d);
                 } else {
-                    self.add_act_grad(self.inputs[i][0], d);
+                    self.add_act_grad(self.flow.inputs[i][0], d);
                     self.ledger.sub(Category::Activations, kept);
                 }
             }
@@ -1144,8 +1137,8 @@ impl Executor {
                 self.add_param_grad(u, dw)?;
             }
             OpKind::Add => {
-                for k in 0..self.inputs[i].len() {
-                    self.add_act_grad(self.inputs[i][k], g.shallow_clone());
+                for k in 0..self.flow.inputs[i].len() {
+                    self.add_act_grad(self.flow.inputs[i][k], g.shallow_clone());
                 }
             }
             OpKind::LayerNorm | OpKind::RmsNorm => {
@@ -1160,12 +1153,12 @@ impl Executor {
                     if let Some(ub) = self.uses[i].get(1).map(|v| v[0]) {
                         self.add_param_grad(ub, db)?;
                     }
-                    self.add_act_grad(self.inputs[i][0], dx);
+                    self.add_act_grad(self.flow.inputs[i][0], dx);
                 } else {
                     let (dx, dw) = ops::rms_norm_bwd(g, &x, &self.extras[i][0], &w);
                     self.release(uw, w);
                     self.add_param_grad(uw, dw)?;
-                    self.add_act_grad(self.inputs[i][0], dx);
+                    self.add_act_grad(self.flow.inputs[i][0], dx);
                 }
             }
             OpKind::Linear => {
@@ -1191,7 +1184,7 @@ impl Executor {
                 } else {
                     Tensor::cat(&dxs, -1)
                 };
-                self.add_act_grad(self.inputs[i][0], dx);
+                self.add_act_grad(self.flow.inputs[i][0], dx);
             }
             OpKind::Attention => {
                 let (q, k, v) = self.qkv(i);
@@ -1209,20 +1202,20 @@ impl Executor {
                     &self.attn,
                     self.rope.as_ref(),
                 );
-                if self.inputs[i].len() == 1 {
-                    self.add_act_grad(self.inputs[i][0], Tensor::cat(&[dq, dk, dv], -1));
+                if self.flow.inputs[i].len() == 1 {
+                    self.add_act_grad(self.flow.inputs[i][0], Tensor::cat(&[dq, dk, dv], -1));
                 } else {
-                    let ins = self.inputs[i].clone();
+                    let ins = self.flow.inputs[i].clone();
                     self.add_act_grad(ins[0], dq);
                     self.add_act_grad(ins[1], dk);
                     self.add_act_grad(ins[2], dv);
                 }
             }
             OpKind::Activation => {
-                if self.inputs[i].len() == 2 {
+                if self.flow.inputs[i].len() == 2 {
                     let (dg, du) =
                         ops::gated_bwd(self.act, g, &self.input(i, 0), &self.input(i, 1));
-                    let ins = self.inputs[i].clone();
+                    let ins = self.flow.inputs[i].clone();
                     self.add_act_grad(ins[0], dg);
                     self.add_act_grad(ins[1], du);
                 } else {
@@ -1235,7 +1228,7 @@ impl Executor {
                         self.input(i, 0)
                     };
                     let dx = ops::act_bwd(self.act, g, &kept);
-                    self.add_act_grad(self.inputs[i][0], dx);
+                    self.add_act_grad(self.flow.inputs[i][0], dx);
                 }
             }
         }
@@ -1319,9 +1312,9 @@ impl Executor {
             .ok_or_else(|| ExecError::Unsupported("the graph has no loss op".into()))?;
         self.trace_forward_memory();
         for i in (0..n).rev() {
-            if let Some(b) = self.recomputed_block[i] {
-                if self.blocks.ops[b].last() == Some(&i) {
-                    let first = self.blocks.ops[b][0];
+            if let Some(b) = self.flow.recomputed_block[i] {
+                if self.flow.blocks.ops[b].last() == Some(&i) {
+                    let first = self.flow.blocks.ops[b][0];
                     self.forward_range(first..i + 1, false)?;
                 }
             }
