@@ -2,7 +2,8 @@
 //! with two ranks, under every strategy, with and without recomputation, one training step's
 //! ledger holds exactly the bytes the cost model prices — op by op for state and for kept
 //! activations, and per category — and never more than `plan::evaluate`'s peak. hsdp likewise on
-//! four ranks arranged as two nodes of two.
+//! four ranks arranged as two nodes of two. Offloaded state (issue 20) likewise, device and host
+//! memory apart.
 
 use osdp_tui::cost::{self, Choice, Machine, OpBase, Strategy};
 use osdp_tui::model::{self, saved, ModelSpec, OpKind};
@@ -36,6 +37,17 @@ fn machine(m: &ModelSpec, (ranks, per_node): (usize, usize)) -> Machine {
     if layout.nodes > 1 {
         layout.inter_node = Some(layout.intra_node.clone());
     }
+    // A host to offload into (issue 20): its figures price time only; bytes are what is checked.
+    let fig = |value: f64| osdp_tui::cluster::Figure {
+        value,
+        source: "test".into(),
+    };
+    layout.host = Some(osdp_tui::cluster::HostSpec {
+        memory_gib_per_node: fig(16.0),
+        link_gb_per_s: fig(4.0),
+        cpu_cores_per_node: fig(2.0),
+        adam_mparams_per_s_per_core: fig(50.0),
+    });
     let machine = Machine::new(&layout, m);
     assert_eq!(machine.ranks as usize, ranks);
     machine
@@ -62,6 +74,7 @@ fn plan_of(m: &ModelSpec, linear: Choice, other: Choice, recompute: bool) -> Pla
 /// Every strategy, and ZeRO-3 splits with a sharded minority (bias replicated), half and all
 /// of the slices sharded; then all of them at once, odd blocks recomputed.
 fn plans(m: &ModelSpec) -> Vec<(String, Plan)> {
+    use osdp_tui::cost::Offload::{Opt, Param};
     let zero3 = Choice::zero3(1, 1);
     let (zero1, zero2) = (
         Choice::plain(Strategy::Zero1),
@@ -75,6 +88,12 @@ fn plans(m: &ModelSpec) -> Vec<(String, Plan)> {
         (Choice::zero3(4, 1), zero3),
         (Choice::zero3(4, 2), zero3),
         (Choice::zero3(4, 4), zero3),
+        // Offloaded (issue 20): optimizer state, and the compute copy too.
+        (Choice::DP.offloaded(Opt), Choice::DP.offloaded(Param)),
+        (zero1.offloaded(Opt), zero1.offloaded(Opt)),
+        (zero2.offloaded(Opt), zero2.offloaded(Opt)),
+        (zero3.offloaded(Opt), zero3.offloaded(Param)),
+        (zero3.offloaded(Param), Choice::DP.offloaded(Opt)),
     ];
     let mut out = Vec::new();
     for recompute in [false, true] {
@@ -167,11 +186,19 @@ impl OpCheck<'_> {
     /// Each op's state, priced by `cost::price`, is what the rank holds for the op's units.
     fn state(&self, bases: &[OpBase], m: &Machine, held: &ForwardMemory) {
         for (i, op) in self.model.ops.iter().enumerate() {
-            let priced = cost::price(&bases[i], self.plan.choices[i], m).persistent_bytes;
+            let cost = cost::price(&bases[i], self.plan.choices[i], m);
             assert_eq!(
                 held.state_bytes[i],
-                priced,
+                cost.persistent_bytes,
                 "{}: {} under {}: state held vs priced",
+                self.what,
+                op.id,
+                self.plan.choices[i].label()
+            );
+            assert_eq!(
+                held.host_state_bytes[i],
+                cost.host_bytes,
+                "{}: {} under {}: host memory held vs priced",
                 self.what,
                 op.id,
                 self.plan.choices[i].label()
@@ -248,6 +275,7 @@ fn check_totals(
     let state = l.params + l.grads + l.optimizer;
     assert_eq!(state, predicted.persistent_bytes, "{what}: state");
     assert_eq!(state, held.state_bytes.iter().sum::<u64>(), "{what}");
+    assert_eq!(l.host, predicted.host_bytes, "{what}: host memory");
     // Restart points of recomputed blocks: their inputs from outside the block.
     let blocks = Blocks::of(c.model);
     let restart_priced: u64 = c

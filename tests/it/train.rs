@@ -1115,3 +1115,122 @@ fn resume_takes_the_checkpoints_global_batch_seed_and_data() {
         "{log}"
     );
 }
+
+/// Offload among the others (issue 20): linears cycle through dp+offload-opt, zero3+
+/// offload-param, zero2+offload-opt, dp+offload-param, zero1+offload-opt, zero3+offload-opt,
+/// plain zero3 and dp; other ops through zero3+offload-param, zero2, dp+offload-opt, dp; blocks
+/// 1 and 3 recompute. On 2 nodes (`hybrid`), hsdp with each offload joins the linears.
+fn offload_plan(m: &ModelSpec, micro_batch: u64, accumulation: u64, hybrid: bool) -> Plan {
+    use osdp_tui::cost::Offload::{Opt, Param};
+    let mut linear = vec![
+        Choice::DP.offloaded(Opt),
+        Choice::zero3(1, 1).offloaded(Param),
+        Choice::plain(Strategy::Zero2).offloaded(Opt),
+        Choice::DP.offloaded(Param),
+        Choice::plain(Strategy::Zero1).offloaded(Opt),
+        Choice::zero3(1, 1).offloaded(Opt),
+        Choice::zero3(1, 1),
+        Choice::DP,
+    ];
+    if hybrid {
+        let hsdp = Choice::plain(Strategy::Hsdp);
+        linear.splice(0..0, [hsdp.offloaded(Opt), hsdp.offloaded(Param)]);
+    }
+    let other = [
+        Choice::zero3(1, 1).offloaded(Param),
+        Choice::plain(Strategy::Zero2),
+        Choice::DP.offloaded(Opt),
+        Choice::DP,
+    ];
+    let (mut li, mut oi) = (0, 0);
+    let choices = m
+        .ops
+        .iter()
+        .map(|o| {
+            if !cost::owns_params(o) {
+                Choice::NONE
+            } else if o.kind == OpKind::Linear {
+                li += 1;
+                linear[(li - 1) % linear.len()]
+            } else {
+                oi += 1;
+                other[(oi - 1) % other.len()]
+            }
+        })
+        .collect();
+    Plan {
+        batch: micro_batch,
+        accumulation,
+        choices,
+        recompute: (0..m.config.layers).map(|b| b % 2 == 1).collect(),
+    }
+}
+
+/// Issue 20: plans mixing offload-opt and offload-param with every other strategy train
+/// exactly like one DP rank, on 1, 2 and 4 ranks (and as 2 nodes × 2 with hsdp), with and
+/// without gradient accumulation.
+#[test]
+fn offloading_plans_train_exactly_like_one_dp_rank() {
+    for name in ["tiny-gpt2", "tiny-llama"] {
+        let m = tiny(name);
+        let reference = train(&config(&m, dp_plan(&m), 1, 12));
+        for world in [1usize, 2, 4] {
+            let per_rank = GLOBAL_BATCH / world as u64;
+            for (micro, accumulation) in [(per_rank, 1), (per_rank / 2, 2)] {
+                let run = train(&config(
+                    &m,
+                    offload_plan(&m, micro, accumulation, false),
+                    world,
+                    12,
+                ));
+                let what = format!("{name}, {world} ranks, offload plan {micro} × {accumulation}");
+                assert_same_losses(&reference.losses, &run.losses, &what);
+                assert_same_params(&reference.final_params, &run.final_params, &what);
+            }
+        }
+        let mut cfg = config(&m, offload_plan(&m, 1, 2, true), 4, 12);
+        cfg.ranks_per_node = Some(2);
+        let run = train(&cfg);
+        let what = format!("{name}, 2 nodes × 2 ranks, offload plan with hsdp");
+        assert_same_losses(&reference.losses, &run.losses, &what);
+        assert_same_params(&reference.final_params, &run.final_params, &what);
+    }
+}
+
+/// Issue 20: a checkpoint written under an offloading plan resumes under a plain one and the
+/// other way round, and the run continues as one.
+#[test]
+fn offloaded_state_checkpoints_and_resumes_under_other_plans() {
+    let m = tiny("tiny-llama");
+    let straight = train(&config(&m, dp_plan(&m), 1, 30));
+    let dir = tempfile::tempdir().unwrap();
+    let resume = |cfg: &mut TrainConfig| {
+        cfg.resume_from = Some(
+            train::checkpoint::latest(dir.path())
+                .unwrap()
+                .expect("a checkpoint"),
+        );
+        cfg.checkpoint_dir = Some(dir.path().to_path_buf());
+    };
+    let mut first = config(&m, offload_plan(&m, 4, 1, false), 2, 10);
+    first.checkpoint_dir = Some(dir.path().to_path_buf());
+    let a = train(&first);
+    let mut second = config(&m, mixed_plan(&m, 2), 4, 10);
+    resume(&mut second);
+    let b = train(&second);
+    let mut third = config(&m, offload_plan(&m, 1, 2, false), 4, 10);
+    resume(&mut third);
+    let c = train(&third);
+    assert_eq!((c.first_step, c.last_step), (20, 30));
+    let joined: Vec<f64> = [a.losses, b.losses, c.losses].concat();
+    assert_same_losses(
+        &straight.losses,
+        &joined,
+        "offload 10 + mixed 10 + offload 10",
+    );
+    assert_same_params(
+        &straight.final_params,
+        &c.final_params,
+        "offload, mixed, offload",
+    );
+}

@@ -19,9 +19,18 @@ pub struct MemoryBreakdown {
     pub grad_buffers: u64,
     pub activations: u64,
     pub working: u64,
+    /// Held in host memory (offloaded optimizer state and parameters): not part of the
+    /// device's [`MemoryBreakdown::total`].
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub host: u64,
+}
+
+fn is_zero(v: &u64) -> bool {
+    *v == 0
 }
 
 impl MemoryBreakdown {
+    /// Device bytes: every category but host memory.
     pub fn total(&self) -> u64 {
         self.params
             + self.grads

@@ -14,7 +14,7 @@ use super::collective::{Aborted, Collective};
 use super::data::{Batch, SplitMix};
 use super::memory::{Category, Ledger};
 use super::ops::{self, AttentionShape};
-use osdp_core::cost::{self, Holding};
+use osdp_core::cost::{self, Holding, Offload};
 use osdp_core::model::{Activation, AttentionImpl, ModelConfig, ModelSpec, OpKind, Positional};
 use osdp_core::plan::{Blocks, Plan};
 
@@ -143,6 +143,27 @@ struct Unit {
     m: Tensor,
     v: Tensor,
     decay: bool,
+    /// What of the unit lives in host memory (`cost::Offload`): under offload-opt the master
+    /// (fp32, always), the moments and `host_grad`; under offload-param `data` too.
+    offload: Offload,
+    /// Offloaded units: the fp32 gradient of what this rank updates, in host memory. Where
+    /// gradients are sharded every micro-batch (`Holding::streams_grads`) each micro-batch's
+    /// shard is summed here and the device holds none; otherwise the synchronised gradient
+    /// is copied here at the step.
+    host_grad: Option<Tensor>,
+}
+
+/// Where offloaded state lives.
+const HOST: Device = Device::Cpu;
+
+/// `t` in host memory, in storage of its own (on a CPU "device" too: the two are accounted
+/// apart, so they must not share).
+fn to_host(t: &Tensor) -> Tensor {
+    if t.device() == HOST {
+        t.copy()
+    } else {
+        t.to_device(HOST)
+    }
 }
 
 /// Full (unsharded) values of one parameter in host memory: weights and AdamW moments (empty
@@ -228,8 +249,11 @@ pub struct Executor {
 pub struct ForwardMemory {
     /// The ledger's categories then.
     pub ledger: super::memory::Breakdown,
-    /// Per op: bytes of the parameters it owns (compute copy, fp32 master, moments, gradient).
+    /// Per op: bytes of the parameters it owns on the device (compute copy, fp32 master,
+    /// moments, gradient).
     pub state_bytes: Vec<u64>,
+    /// Per op: bytes of its parameters' state in host memory (offloaded).
+    pub host_state_bytes: Vec<u64>,
     /// Per op: bytes of its output held for backward (or as a recomputed block's restart).
     pub kept_output_bytes: Vec<u64>,
     /// Per op: bytes its kernels keep beside the graph's tensors (norm statistics,
@@ -298,19 +322,6 @@ pub fn check_runnable(model: &ModelSpec, plan: &Plan) -> Result<()> {
         return Err(ExecError::Unsupported(
             "eager attention; the trainer's attention is fused: describe the model with \"attention\": \"flash\" (import-hf --attention flash)".into(),
         ));
-    }
-    if let Some((i, c)) = plan
-        .choices
-        .iter()
-        .enumerate()
-        .find(|(_, c)| !c.offload.is_none())
-    {
-        return Err(ExecError::Unsupported(format!(
-            "offloaded state (op {:?} is {}); the trainer keeps all state on the device: plan \
-             with --host-budget 0 to train this model",
-            osdp_core::text::printable(&model.ops[i].id),
-            c.label()
-        )));
     }
     let blocks = Blocks::of(model);
     for (b, members) in blocks.ops.iter().enumerate() {
@@ -557,14 +568,52 @@ fn build_units(
                     Holding::Zero3 | Holding::Hybrid => owned.to_kind(kind),
                     _ => pv.to_kind(kind).to_device(device),
                 };
-                let master = mixed.then_some(owned);
                 let (m, v) = match class {
                     Holding::Replicated => (mv.to_device(device), vv.to_device(device)),
                     _ => (padded_share(&mv), padded_share(&vv)),
                 };
-                ledger.add(Category::Params, nbytes(&data));
+                // Offloaded: the fp32 master, the moments and a gradient buffer of what this
+                // rank updates in host memory (the cost model's `Holding::placed_bytes`), and
+                // under offload-param the compute copy too.
+                let offload = choice.offload;
+                let (data, master, m, v, host_grad) = if offload.is_none() {
+                    (data, mixed.then_some(owned), m, v, None)
+                } else {
+                    let updated = match class {
+                        Holding::Replicated => numel,
+                        _ => shard_len,
+                    };
+                    let data = match offload {
+                        Offload::Param => to_host(&data),
+                        _ => data,
+                    };
+                    (
+                        data,
+                        Some(to_host(&owned.to_kind(Kind::Float))),
+                        to_host(&m),
+                        to_host(&v),
+                        Some(Tensor::zeros([updated], (Kind::Float, HOST))),
+                    )
+                };
                 let master_bytes = master.as_ref().map_or(0, nbytes);
-                ledger.add(Category::Optimizer, nbytes(&m) + nbytes(&v) + master_bytes);
+                let moments = nbytes(&m) + nbytes(&v);
+                match offload {
+                    Offload::None => {
+                        ledger.add(Category::Params, nbytes(&data));
+                        ledger.add(Category::Optimizer, moments + master_bytes);
+                    }
+                    _ => {
+                        let host_data = match offload {
+                            Offload::Param => nbytes(&data),
+                            _ => {
+                                ledger.add(Category::Params, nbytes(&data));
+                                0
+                            }
+                        };
+                        let grad_bytes = host_grad.as_ref().map_or(0, nbytes);
+                        ledger.add_host(host_data + master_bytes + moments + grad_bytes);
+                    }
+                }
                 by_key.entry(key.clone()).or_default().push(units.len());
                 uses[i][p].push(units.len());
                 units.push(Unit {
@@ -582,6 +631,8 @@ fn build_units(
                     m,
                     v,
                     decay: param.shape.len() >= 2,
+                    offload,
+                    host_grad,
                 });
             }
         }
@@ -717,12 +768,19 @@ impl Executor {
         }
         let n = self.model.ops.len();
         let mut state_bytes = vec![0; n];
+        let mut host_state_bytes = vec![0; n];
         for unit in &self.units {
-            state_bytes[unit.op] += nbytes(&unit.data)
-                + unit.master.as_ref().map_or(0, nbytes)
-                + unit.grad.as_ref().map_or(0, nbytes)
-                + nbytes(&unit.m)
-                + nbytes(&unit.v);
+            let master = unit.master.as_ref().map_or(0, nbytes);
+            let grads = unit.grad.as_ref().map_or(0, nbytes);
+            let moments = nbytes(&unit.m) + nbytes(&unit.v);
+            let host_grad = unit.host_grad.as_ref().map_or(0, nbytes);
+            let (device, host) = match unit.offload {
+                Offload::None => (nbytes(&unit.data) + master + grads + moments, 0),
+                Offload::Opt => (nbytes(&unit.data) + grads, master + moments + host_grad),
+                Offload::Param => (grads, nbytes(&unit.data) + master + moments + host_grad),
+            };
+            state_bytes[unit.op] += device;
+            host_state_bytes[unit.op] += host;
         }
         let kept_output_bytes = self
             .outs
@@ -740,6 +798,7 @@ impl Executor {
         self.forward_memory = Some(ForwardMemory {
             ledger: self.ledger.now(),
             state_bytes,
+            host_state_bytes,
             kept_output_bytes,
             kept_extra_bytes,
         });
@@ -773,15 +832,32 @@ impl Executor {
 
     /// The full weight of a unit for compute: gathered (and counted) for ZeRO-3 and hsdp.
     fn weight(&mut self, u: usize) -> Result<Tensor> {
+        let class = self.units[u].class;
+        // An offloaded compute copy is fetched from host memory first (this rank's part).
+        let fetched = (self.units[u].offload == Offload::Param).then(|| {
+            let data = &self.units[u].data;
+            match self.device {
+                HOST => data.copy(),
+                d => data.to_device(d),
+            }
+        });
+        if let Some(f) = &fetched {
+            self.ledger.add(Category::Gathered, nbytes(f));
+        }
         let unit = &self.units[u];
-        if !matches!(unit.class, Holding::Zero3 | Holding::Hybrid) {
-            return Ok(unit.data.shallow_clone());
+        if !matches!(class, Holding::Zero3 | Holding::Hybrid) {
+            return Ok(fetched.unwrap_or_else(|| unit.data.shallow_clone()));
         }
         let t0 = Instant::now();
-        let full = self.sharding(unit.class).all_gather(&unit.data)?;
+        let full = self
+            .sharding(class)
+            .all_gather(fetched.as_ref().unwrap_or(&unit.data))?;
         let w = full.narrow(0, 0, unit.numel).reshape(unit.shape.as_slice());
         self.record_collective(nbytes(&full), t0);
         self.ledger.add(Category::Gathered, nbytes(&full));
+        if let Some(f) = fetched {
+            self.ledger.sub(Category::Gathered, nbytes(&f));
+        }
         Ok(w)
     }
 
@@ -799,6 +875,10 @@ impl Executor {
 
     fn release(&mut self, u: usize, w: Tensor) {
         let class = self.units[u].class;
+        let fetched = self.units[u].offload == Offload::Param;
+        if fetched && !matches!(class, Holding::Zero3 | Holding::Hybrid) {
+            self.ledger.sub(Category::Gathered, nbytes(&w));
+        }
         if matches!(class, Holding::Zero3 | Holding::Hybrid) {
             let padded = self.units[u].shard_len * self.sharding(class).world() as i64;
             self.ledger.sub(
@@ -828,7 +908,16 @@ impl Executor {
                 shard
             }
         };
-        if let Some(acc) = &mut self.units[u].grad {
+        let unit = &mut self.units[u];
+        if !unit.offload.is_none() && class.streams_grads() {
+            // Offloaded: the shard leaves for the host buffer now.
+            if let Some(h) = &mut unit.host_grad {
+                *h += contribution
+                    .to_kind(Kind::Float)
+                    .to_device(HOST)
+                    .reshape([-1]);
+            }
+        } else if let Some(acc) = &mut unit.grad {
             *acc += contribution;
         }
         Ok(())
@@ -838,6 +927,9 @@ impl Executor {
     /// gradient partitions are: full for dp and zero1, this rank's padded shard otherwise.
     fn allocate_grads(&mut self) {
         for unit in &mut self.units {
+            if !unit.offload.is_none() && unit.class.streams_grads() {
+                continue;
+            }
             let shape = match unit.class {
                 Holding::Replicated | Holding::Zero1 => unit.shape.clone(),
                 Holding::Zero2 | Holding::Zero3 | Holding::Hybrid => vec![unit.shard_len],
@@ -1351,8 +1443,18 @@ impl Executor {
         let mut held_bytes = 0;
         for u in 0..self.units.len() {
             let class = self.units[u].class;
+            let offloaded = !self.units[u].offload.is_none();
             let Some(grad) = self.units[u].grad.take() else {
-                shards.push(None);
+                // An offloaded unit whose shards streamed to the host: summed there (hsdp's
+                // node shards still across the nodes).
+                let streamed = match (offloaded, &self.units[u].host_grad) {
+                    (true, Some(h)) => Some(match (class, self.comm.nodes()) {
+                        (Holding::Hybrid, Some(n)) => n.replica.all_reduce(h)?,
+                        _ => h.shallow_clone(),
+                    }),
+                    _ => None,
+                };
+                shards.push(streamed);
                 continue;
             };
             let held = nbytes(&grad);
@@ -1369,6 +1471,14 @@ impl Executor {
                 },
             };
             self.ledger.sub(Category::Grads, held);
+            if offloaded {
+                // dp / zero1 offloaded: the synchronised gradient moves to the host buffer.
+                if let Some(h) = &mut self.units[u].host_grad {
+                    h.copy_(&synced.to_kind(Kind::Float).to_device(HOST).reshape([-1]));
+                    shards.push(Some(h.shallow_clone()));
+                    continue;
+                }
+            }
             held_bytes += nbytes(&synced);
             self.ledger.add(Category::Grads, nbytes(&synced));
             shards.push(Some(synced));
@@ -1389,7 +1499,7 @@ impl Executor {
                     _ => true,
                 };
                 if counted {
-                    local_sq += g.square().sum(Kind::Double);
+                    local_sq += g.square().sum(Kind::Double).to_device(self.device);
                 }
             }
         }
@@ -1437,6 +1547,9 @@ impl Executor {
             {
                 unit.data.reshape([-1]).copy_(&master.reshape([-1]));
             }
+            if let Some(h) = &mut unit.host_grad {
+                let _ = h.zero_();
+            }
         }
         let update_s = t_update.elapsed().as_secs_f64();
         let t_gather = Instant::now();
@@ -1449,7 +1562,7 @@ impl Executor {
             }
             let (start, len) = unit.region;
             let share = match &unit.master {
-                Some(master) => master.to_kind(self.kind),
+                Some(master) => master.to_kind(self.kind).to_device(self.device),
                 None => {
                     let share = Tensor::zeros([unit.shard_len], (self.kind, self.device));
                     if len > 0 {

@@ -24,8 +24,9 @@ const CATEGORIES: usize = 7;
 /// Bytes by category: the protocol's type, so a worker reports exactly what it counted.
 pub use osdp_core::run::MemoryBreakdown as Breakdown;
 
-fn from_array(a: &[u64; CATEGORIES]) -> Breakdown {
+fn from_array(a: &[u64; CATEGORIES], host: u64) -> Breakdown {
     Breakdown {
+        host,
         params: a[0],
         grads: a[1],
         optimizer: a[2],
@@ -41,6 +42,8 @@ pub struct Ledger {
     now: [u64; CATEGORIES],
     peak_total: u64,
     at_peak: [u64; CATEGORIES],
+    /// Host memory (offloaded state), apart from the device's categories and their peak.
+    host: u64,
 }
 
 impl Ledger {
@@ -59,13 +62,19 @@ impl Ledger {
         *slot = slot.saturating_sub(bytes);
     }
 
-    pub fn now(&self) -> Breakdown {
-        from_array(&self.now)
+    /// Bytes now held in host memory.
+    pub fn add_host(&mut self, bytes: u64) {
+        self.host += bytes;
     }
 
-    /// The categories at the moment the total peaked.
+    pub fn now(&self) -> Breakdown {
+        from_array(&self.now, self.host)
+    }
+
+    /// The categories at the moment the total peaked (and the host memory held now: it does
+    /// not change within a step).
     pub fn peak(&self) -> Breakdown {
-        from_array(&self.at_peak)
+        from_array(&self.at_peak, self.host)
     }
 
     /// Start a new peak window from what is held now.
