@@ -77,6 +77,8 @@ fn machine(layout: &str, model: &ModelSpec) -> Machine {
         None => (layout, false),
     };
     let mut l = read_layout(&crate::root().join(format!("layouts/{name}.json"))).unwrap();
+    // Offload has its own exhaustive test (below); here it would multiply every op's choices.
+    l.host = None;
     if one_nic {
         if let Some(n) = l.inter_node.as_mut().and_then(|i| i.nics_per_node.as_mut()) {
             n.value = 1.0;

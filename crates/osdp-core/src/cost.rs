@@ -1015,7 +1015,7 @@ pub fn price(base: &OpBase, choice: Choice, m: &Machine) -> OpCost {
             replicated_p += u.numel;
         }
     }
-    let (param_transient, mut comm) = match choice.strategy {
+    let (param_transient, comm) = match choice.strategy {
         Strategy::None => (0, none),
         Strategy::Dp => (
             0,
@@ -1080,15 +1080,16 @@ pub fn price(base: &OpBase, choice: Choice, m: &Machine) -> OpCost {
     // Offloaded parameters are fetched from host memory for every forward and backward (each
     // use), into a device buffer of this rank's part; the fetches overlap compute like the
     // collectives do (a copy engine beside the kernels), in line on CPUs.
+    // Copies over the host link every micro-batch: a streamed gradient shard after the
+    // backward, an offloaded compute copy before each use. The executor makes them in line
+    // (no copy stream yet), so none of their time hides behind compute.
     let mut fetched = 0;
+    let mut host_micro_s = 0.0;
     if !choice.offload.is_none() && streamed > 0 {
-        // Each micro-batch's gradient shard leaves for the host beside the backward.
-        comm.micro_bwd += m.host_copy_s((gb * streamed) as f64);
+        host_micro_s += m.host_copy_s((gb * streamed) as f64);
     }
     if choice.offload == Offload::Param {
-        let fetch = extra_gathers * m.host_copy_s((pb * params_held) as f64);
-        comm.micro_fwd += fetch;
-        comm.micro_bwd += fetch;
+        host_micro_s += 2.0 * extra_gathers * m.host_copy_s((pb * params_held) as f64);
         fetched = pb * params_held;
     }
     // A split op runs its matmuls slice by slice: k smaller matmuls instead of one, forward and
@@ -1123,8 +1124,8 @@ pub fn price(base: &OpBase, choice: Choice, m: &Machine) -> OpCost {
         transient_bytes: param_transient + fetched + base.working_bytes,
         host_bytes: host,
         compute_s: compute,
-        comm_s: comm.total(a),
-        exposed_comm_s: exposed,
+        comm_s: comm.total(a) + a * host_micro_s,
+        exposed_comm_s: exposed + a * host_micro_s,
         optimizer_s: match &m.calibration {
             _ if updated == 0 => 0.0,
             // Once a step, after the last backward: this rank's gradients to the host, the
