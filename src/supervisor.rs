@@ -22,7 +22,8 @@ use crate::cli::train::{DeviceArg, TrainArgs};
 use crate::lifeline::{self, Lifeline};
 use osdp_core::lock::{DirLock, LockOwner};
 use osdp_core::run::{
-    MetricsTail, Predicted, RunDir, RunState, RunStatus, Standing, WorkerEvent, RUN_TOKEN_VAR,
+    LogTail, MetricsTail, Predicted, RunDir, RunState, RunStatus, Standing, WorkerEvent,
+    RUN_TOKEN_VAR,
 };
 /// A fresh run token: 128 bits from the kernel's generator, as hex.
 pub fn new_run_token() -> String {
@@ -109,6 +110,13 @@ pub struct Supervisor {
     last_step_at: Option<Instant>,
     /// When this supervisor started the workers (`None` for a run it attached to).
     started_at: Option<Instant>,
+    /// When the worker began, for the elapsed time: this dashboard's start, or the start the
+    /// lock records for another process's worker.
+    began_at: Option<Instant>,
+    /// When this dashboard saw the run end.
+    ended_at: Option<Instant>,
+    /// The worker's output (`worker.log`), for the log view.
+    pub log: LogTail,
     /// From the start to the first step this start ran: start-up (libtorch, rendezvous,
     /// building the model, a checkpoint read) plus one step.
     pub first_step_after: Option<Duration>,
@@ -268,6 +276,7 @@ impl Supervisor {
         status.predicted = launch.predicted;
         // What the worker will say when it starts; the screen shows it while it loads.
         status.global_batch = launch.global_batch;
+        let log_path = dir.log();
         Ok(Supervisor {
             status,
             tail: MetricsTail::new(dir.metrics(), metrics_len),
@@ -281,6 +290,9 @@ impl Supervisor {
             last_progress: Instant::now(),
             last_step_at: None,
             started_at: Some(Instant::now()),
+            began_at: Some(Instant::now()),
+            ended_at: None,
+            log: LogTail::new(log_path),
             first_step_after: None,
             hang_after: spec.hang_after,
             term_sent: false,
@@ -298,6 +310,7 @@ impl Supervisor {
         if !live && !dir.metrics().exists() {
             return None;
         }
+        let log_path = dir.log();
         let mut run = Supervisor {
             status: RunStatus {
                 predicted: dir.read_predicted(),
@@ -310,6 +323,9 @@ impl Supervisor {
             last_progress: Instant::now(),
             last_step_at: None,
             started_at: None,
+            began_at: None,
+            ended_at: None,
+            log: LogTail::new(log_path),
             first_step_after: None,
             hang_after,
             term_sent: false,
@@ -319,6 +335,7 @@ impl Supervisor {
         };
         run.read_events();
         run.settle(owner);
+        run.log.read_new();
         Some(run)
     }
 
@@ -352,6 +369,31 @@ impl Supervisor {
     /// end. The run has ended when every process has; one process failing ends the others
     /// (their collectives could only wait for it).
     pub fn poll(&mut self) {
+        let was_live = self.is_live();
+        self.poll_workers();
+        self.log.read_new();
+        if was_live && !self.is_live() {
+            self.ended_at = Some(Instant::now());
+        }
+    }
+
+    /// How long the run has gone: from its worker's start to `now`, or to when this dashboard
+    /// saw it end. `None` when the start is not known (a run found ended).
+    pub fn elapsed(&self, now: Instant) -> Option<Duration> {
+        let began = self.began_at?;
+        Some(
+            self.ended_at
+                .unwrap_or(now)
+                .saturating_duration_since(began),
+        )
+    }
+
+    /// When the worker began (see [`Supervisor::elapsed`]).
+    pub fn began_at(&self) -> Option<Instant> {
+        self.began_at
+    }
+
+    fn poll_workers(&mut self) {
         match self.workers {
             Workers::Own { .. } => self.poll_own(),
             // Another process's run, or none: the lock says whether one is going (a run may
@@ -377,6 +419,8 @@ impl Supervisor {
                     self.term_sent = false;
                     self.kill_sent = false;
                     self.note = None;
+                    self.began_at = began_at(&o.started);
+                    self.ended_at = None;
                 }
                 self.workers = Workers::Attached(o);
                 self.state = self.live_state();
@@ -664,6 +708,15 @@ impl Supervisor {
             self.state = RunState::Stopped;
         }
     }
+}
+
+/// The instant a lock's start time (`YYYY-MM-DD HH:MM:SS UTC`) names, on this process's clock.
+fn began_at(started: &str) -> Option<Instant> {
+    let secs = osdp_core::units::parse_utc(started)?;
+    let ago = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH + Duration::from_secs(secs))
+        .unwrap_or(Duration::ZERO);
+    Instant::now().checked_sub(ago)
 }
 
 /// A loopback port nobody listens on now, for a run's rank 0.

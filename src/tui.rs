@@ -1,9 +1,10 @@
 //! The interactive dashboard: app state and actions ([`app`]), the keys ([`keymap`]), the planner
-//! worker ([`worker`]), drawing ([`view`]) in one set of colours ([`theme`]), and the event loop
-//! below.
+//! worker ([`worker`]), the memory panel's figures ([`memory`]), drawing ([`view`]) in one set
+//! of colours ([`theme`]), and the event loop below.
 
 pub mod app;
 pub mod keymap;
+pub mod memory;
 pub mod theme;
 pub mod view;
 pub mod worker;
@@ -66,6 +67,9 @@ async fn run_loop(mut app: App) -> std::io::Result<()> {
     let result: std::io::Result<()> = async {
         while !app.quit {
             app.poll_background();
+            if let Ok(size) = terminal.size() {
+                app.screen = (size.width, size.height);
+            }
             terminal.draw(|f| view::draw(&app, f))?;
             tokio::select! {
                 event = events.next() => match event {

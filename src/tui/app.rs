@@ -39,9 +39,15 @@ pub enum Action {
     Down,
     PageUp,
     PageDown,
+    /// To the first row (the top of the log).
+    Home,
+    /// To the last row (the log's tail, which the view then follows).
+    End,
     Toggle,
     ToggleHelp,
     ToggleGraph,
+    /// Open or close the worker's log.
+    ToggleLog,
     /// Start a training run with the plan on screen.
     StartRun,
     /// Stop the run gracefully (checkpoint, exit); again: kill it.
@@ -134,6 +140,17 @@ pub fn owned_by(owner: &crate::lock::LockOwner) -> String {
     }
 }
 
+/// The worker's log on screen, and where the user scrolled it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct LogView {
+    /// The first line shown, as a position in the log (see [`crate::run::LogTail::dropped`]);
+    /// `None`: the view follows the tail.
+    pub top: Option<u64>,
+}
+
+/// Rows of the screen the log view does not use: header, title and bottom borders, footer.
+pub const LOG_VIEW_CHROME_ROWS: u16 = 4;
+
 /// One line of the operator list.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Row {
@@ -170,6 +187,13 @@ pub struct App {
     pub gpus: GpuView,
     pub history: Vec<VecDeque<u64>>,
     pub show_help: bool,
+    /// The worker's log, when open (`l`).
+    pub log_view: Option<LogView>,
+    /// The clock the screen reads (elapsed time, ETA): set as the loop polls, so that drawing
+    /// is a function of the app alone.
+    pub now: std::time::Instant,
+    /// The terminal's size (columns, rows) as last drawn: how far a page scrolls.
+    pub screen: (u16, u16),
     /// The operator whose choices are on screen (Enter on an operator; Enter or Esc closes),
     /// priced once per plan, not per frame.
     pub detail: Option<OpDetail>,
@@ -213,6 +237,9 @@ impl App {
             gpus: GpuView::Unavailable("not polled yet".into()),
             history: Vec::new(),
             show_help: false,
+            log_view: None,
+            now: std::time::Instant::now(),
+            screen: (120, 40),
             detail: None,
             show_graph: false,
             quit: false,
@@ -338,6 +365,7 @@ impl App {
 
     /// Take what background threads produced.
     pub fn poll_background(&mut self) {
+        self.now = std::time::Instant::now();
         let mut arrived = false;
         if let Some(w) = &self.worker {
             while let Ok(ready) = w.rx.try_recv() {
@@ -657,6 +685,9 @@ impl App {
             return;
         }
         self.message = None;
+        if self.log_view.is_some() && self.scroll_log(action) {
+            return;
+        }
         if self.detail.is_some() && matches!(action, Action::Toggle | Action::Quit) {
             self.detail = None;
             return;
@@ -671,6 +702,7 @@ impl App {
             Action::RestartRun => self.restart_run(),
             Action::Yes | Action::No | Action::Detach => {}
             Action::ToggleHelp => self.show_help = !self.show_help,
+            Action::ToggleLog => self.log_view = Some(LogView::default()),
             Action::ToggleGraph => self.show_graph = !self.show_graph,
             Action::RaiseBudget | Action::LowerBudget => {
                 let up = matches!(action, Action::RaiseBudget);
@@ -755,6 +787,18 @@ impl App {
                         as usize;
                 }
             }
+            Action::Home | Action::End => {
+                let first = action == Action::Home;
+                if self.focus == Focus::Gpus {
+                    self.selected_gpu = if first {
+                        0
+                    } else {
+                        self.budgets.len().saturating_sub(1)
+                    };
+                } else {
+                    self.selected_row = if first { 0 } else { rows.saturating_sub(1) };
+                }
+            }
             Action::Toggle => match self.selected() {
                 Some(Row::Block(b)) if !self.expanded.remove(&b) => {
                     self.expanded.insert(b);
@@ -766,6 +810,65 @@ impl App {
         if replan {
             self.replan();
         }
+    }
+
+    /// The worker's output, when there is a run.
+    pub fn log_tail(&self) -> Option<&crate::run::LogTail> {
+        Some(&self.training.as_ref()?.run.as_ref()?.log)
+    }
+
+    /// Lines of the log the log view shows at once.
+    pub fn log_rows(&self) -> u16 {
+        self.screen.1.saturating_sub(LOG_VIEW_CHROME_ROWS).max(1)
+    }
+
+    /// The log's lines on screen: the first one's position (as [`LogView::top`]) and how many,
+    /// the view held between the top of what is kept and the tail.
+    pub fn log_window(&self) -> (u64, usize) {
+        let rows = u64::from(self.log_rows());
+        let (first, end) = self
+            .log_tail()
+            .map_or((0, 0), |t| (t.dropped(), t.dropped() + t.len() as u64));
+        let tail_top = end.saturating_sub(rows).max(first);
+        let top = self
+            .log_view
+            .and_then(|v| v.top)
+            .unwrap_or(tail_top)
+            .clamp(first, tail_top);
+        (top, (end - top).min(rows) as usize)
+    }
+
+    /// A key while the log is open: scroll it, close it, or (`false`) leave the key to the
+    /// dashboard (start, stop, help, the budget).
+    fn scroll_log(&mut self, action: Action) -> bool {
+        let rows = u64::from(self.log_rows());
+        let first = self.log_tail().map_or(0, |t| t.dropped());
+        let end = self.log_tail().map_or(0, |t| t.dropped() + t.len() as u64);
+        let tail_top = end.saturating_sub(rows).max(first);
+        let (top, _) = self.log_window();
+        let to = match action {
+            Action::Up => top.saturating_sub(1),
+            Action::Down => top + 1,
+            Action::PageUp => top.saturating_sub(rows),
+            Action::PageDown => top + rows,
+            Action::Home => first,
+            Action::End => tail_top,
+            Action::Quit | Action::ToggleLog => {
+                self.log_view = None;
+                return true;
+            }
+            // Nothing under the log to act on.
+            Action::Toggle | Action::FocusNext | Action::CyclePin | Action::ToggleGraph => {
+                return true
+            }
+            _ => return false,
+        }
+        .clamp(first, tail_top);
+        // Back at the tail, the view follows it again.
+        self.log_view = Some(LogView {
+            top: (to < tail_top).then_some(to),
+        });
+        true
     }
 
     /// Pin the op to the next strategy it allows (dp → zero1 → zero2 → zero3 → hsdp on

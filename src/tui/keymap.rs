@@ -33,11 +33,13 @@ const fn ctrl(c: char) -> Key {
 }
 
 /// One line of help: the keys as the user reads them, what they do, the footer's word for them
-/// (if they are worth a place there), and the bindings themselves.
+/// (if they are worth a place there), the log view's footer (its keys and word, if the entry
+/// means something there), and the bindings themselves.
 pub struct Entry {
     pub keys: &'static str,
     pub help: &'static str,
     pub footer: Option<&'static str>,
+    pub log_footer: Option<(&'static str, &'static str)>,
     pub bindings: &'static [(Key, Action)],
 }
 
@@ -47,6 +49,7 @@ pub const KEYMAP: &[Entry] = &[
         help: "budget up / down (1 GiB steps; 16 MiB under 1 GiB); the selected GPU's when \
                the GPU panel has focus",
         footer: Some("budget"),
+        log_footer: None,
         bindings: &[
             (ch('+'), Action::RaiseBudget),
             (ch('='), Action::RaiseBudget),
@@ -58,6 +61,7 @@ pub const KEYMAP: &[Entry] = &[
         keys: "] / [",
         help: "raise / lower the operator split limit",
         footer: Some("split"),
+        log_footer: None,
         bindings: &[(ch(']'), Action::SplitUp), (ch('['), Action::SplitDown)],
     },
     Entry {
@@ -65,6 +69,7 @@ pub const KEYMAP: &[Entry] = &[
         help: "micro-batch: auto, then 1, 2, 4, … fixed / global batch: any (highest \
                samples/s), then GPUs × 1, 2, 4, …",
         footer: Some("batch"),
+        log_footer: None,
         bindings: &[
             (ch('b'), Action::CycleBatch),
             (ch('B'), Action::CycleGlobalBatch),
@@ -74,24 +79,28 @@ pub const KEYMAP: &[Entry] = &[
         keys: "p",
         help: "pin the selected op: dp, zero1, zero2, zero3, none",
         footer: Some("pin"),
+        log_footer: None,
         bindings: &[(ch('p'), Action::CyclePin)],
     },
     Entry {
         keys: "g",
         help: "show the selected block's graph / the frontier chart",
         footer: Some("graph"),
+        log_footer: None,
         bindings: &[(ch('g'), Action::ToggleGraph)],
     },
     Entry {
         keys: "Tab",
         help: "move focus between operators and GPUs",
         footer: None,
+        log_footer: None,
         bindings: &[(code(KeyCode::Tab), Action::FocusNext)],
     },
     Entry {
         keys: "↑ ↓ k j PgUp PgDn",
-        help: "move (the mouse wheel scrolls too)",
+        help: "move, or scroll the log (the mouse wheel scrolls too)",
         footer: None,
+        log_footer: Some(("↑↓ PgUp/PgDn", "scroll")),
         bindings: &[
             (code(KeyCode::Up), Action::Up),
             (ch('k'), Action::Up),
@@ -102,9 +111,20 @@ pub const KEYMAP: &[Entry] = &[
         ],
     },
     Entry {
+        keys: "Home End",
+        help: "first / last row; the log's top / its tail, which the log then follows",
+        footer: None,
+        log_footer: Some(("Home/End", "top/tail")),
+        bindings: &[
+            (code(KeyCode::Home), Action::Home),
+            (code(KeyCode::End), Action::End),
+        ],
+    },
+    Entry {
         keys: "Enter Space",
         help: "expand / collapse a block, or open an operator's choices, priced (again: close)",
         footer: None,
+        log_footer: None,
         bindings: &[
             (code(KeyCode::Enter), Action::Toggle),
             (ch(' '), Action::Toggle),
@@ -114,24 +134,35 @@ pub const KEYMAP: &[Entry] = &[
         keys: "s",
         help: "start training with the plan on screen",
         footer: Some("start"),
+        log_footer: None,
         bindings: &[(ch('s'), Action::StartRun)],
     },
     Entry {
         keys: "x",
         help: "stop the run (checkpoint first); x again: kill it",
         footer: Some("stop"),
+        log_footer: Some(("x", "stop the run")),
         bindings: &[(ch('x'), Action::StopRun)],
     },
     Entry {
         keys: "r",
         help: "restart the run from its checkpoint under the plan on screen",
         footer: Some("restart"),
+        log_footer: None,
         bindings: &[(ch('r'), Action::RestartRun)],
+    },
+    Entry {
+        keys: "l",
+        help: "the worker's log (its output and errors), following the tail; l again: close",
+        footer: Some("log"),
+        log_footer: None,
+        bindings: &[(ch('l'), Action::ToggleLog)],
     },
     Entry {
         keys: "y / n",
         help: "answer the question in the footer",
         footer: None,
+        log_footer: None,
         bindings: &[(ch('y'), Action::Yes), (ch('n'), Action::No)],
     },
     Entry {
@@ -139,18 +170,21 @@ pub const KEYMAP: &[Entry] = &[
         help: "when quitting with a run going: detach (the run keeps going; a later dashboard \
                attaches to it)",
         footer: None,
+        log_footer: None,
         bindings: &[(ch('d'), Action::Detach)],
     },
     Entry {
         keys: "?",
         help: "this help",
         footer: Some("help"),
+        log_footer: Some(("?", "help")),
         bindings: &[(ch('?'), Action::ToggleHelp)],
     },
     Entry {
         keys: "q Esc Ctrl-C",
-        help: "quit (asks first while a run is going)",
+        help: "quit (asks first while a run is going); close the log or an operator's choices",
         footer: Some("quit"),
+        log_footer: Some(("q/Esc", "close the log")),
         bindings: &[
             (ch('q'), Action::Quit),
             (code(KeyCode::Esc), Action::Quit),
@@ -189,6 +223,22 @@ pub fn footer(width: usize) -> String {
             Some(format!(" {keys} {word} "))
         })
         .collect();
+    fit(&items, width)
+}
+
+/// The footer while the log is open: `↑↓ PgUp/PgDn scroll  Home/End top/tail  …  q/Esc close
+/// the log`, as much as fits.
+pub fn log_footer(width: usize) -> String {
+    let items: Vec<String> = KEYMAP
+        .iter()
+        .filter_map(|e| e.log_footer)
+        .map(|(keys, word)| format!(" {keys} {word} "))
+        .collect();
+    fit(&items, width)
+}
+
+/// `items` in order as far as `width` allows, and the last two always.
+fn fit(items: &[String], width: usize) -> String {
     let (main, always) = items.split_at(items.len().saturating_sub(2));
     let mut used: usize = always.iter().map(|i| i.chars().count()).sum();
     let mut out = String::new();
@@ -294,6 +344,27 @@ mod tests {
             assert!(f.ends_with("? help  q quit"), "{f}");
         }
         assert!(footer(80).contains("+/- budget"));
+    }
+
+    #[test]
+    fn the_log_views_footer_names_its_keys_and_fits() {
+        let f = log_footer(80);
+        for want in [
+            "↑↓ PgUp/PgDn scroll",
+            "Home/End top/tail",
+            "q/Esc close the log",
+        ] {
+            assert!(f.contains(want), "{f}");
+        }
+        assert!(f.chars().count() <= 80, "{f}");
+        assert_eq!(
+            action_for(KeyCode::Char('l'), KeyModifiers::NONE),
+            Some(Action::ToggleLog)
+        );
+        assert_eq!(
+            action_for(KeyCode::End, KeyModifiers::NONE),
+            Some(Action::End)
+        );
     }
 
     #[test]

@@ -10,11 +10,17 @@ use ratatui::widgets::{
 };
 use ratatui::Frame;
 
-use super::app::{App, Confirm, Focus, GpuView, Row};
+mod devices;
+mod log;
+mod training;
+
+pub use devices::sparkline;
+pub use training::{fit, Rank};
+
+use super::app::{App, Confirm, Focus, Row};
 use super::{keymap, theme};
 use crate::cost::{Choice, Strategy};
 use crate::model::ModelSpec;
-use crate::run::RunState;
 use crate::text::printable;
 use crate::units;
 
@@ -46,14 +52,38 @@ pub fn draw(app: &App, f: &mut Frame) {
         Constraint::Length(1),
     ])
     .areas(area);
+    if app.log_view.is_some() {
+        // The log over everything but the header's first line (the run's state) and the
+        // footer.
+        let [title, log, footer] = Layout::vertical([
+            Constraint::Length(1),
+            Constraint::Min(1),
+            Constraint::Length(1),
+        ])
+        .areas(area);
+        draw_header(app, f, title);
+        log::draw_log(app, f, log);
+        draw_footer(
+            app,
+            f,
+            footer,
+            keymap::log_footer(usize::from(footer.width)),
+        );
+        if app.show_help {
+            draw_help(f, area);
+        }
+        return;
+    }
     draw_header(app, f, header);
     draw_strip(app, f, strip);
     // A run (going, or with history) gets a panel under the plan when there is room.
     let has_run = app.training.as_ref().is_some_and(|t| t.run.is_some());
     let main = if has_run && main.height >= 26 {
+        // A third of a tall screen: more of the run's lines (fewer give way).
+        let panel_height = (main.height / 3).clamp(12, 16);
         let [top, panel] =
-            Layout::vertical([Constraint::Min(12), Constraint::Length(12)]).areas(main);
-        draw_training(app, f, panel);
+            Layout::vertical([Constraint::Min(12), Constraint::Length(panel_height)]).areas(main);
+        training::draw_training(app, f, panel);
         top
     } else {
         main
@@ -69,19 +99,30 @@ pub fn draw(app: &App, f: &mut Frame) {
             Constraint::Percentage(30),
         ])
         .areas(right);
-        draw_gpus(app, f, gpus);
+        devices::draw_devices(app, f, gpus);
         draw_graph(app, f, graph);
         draw_frontier(app, f, chart);
     } else {
         let [gpus, lower] =
             Layout::vertical([Constraint::Percentage(45), Constraint::Percentage(55)]).areas(right);
-        draw_gpus(app, f, gpus);
+        devices::draw_devices(app, f, gpus);
         if app.show_graph {
             draw_graph(app, f, lower);
         } else {
             draw_frontier(app, f, lower);
         }
     }
+    draw_footer(app, f, footer, keymap::footer(usize::from(footer.width)));
+    if let Some(d) = &app.detail {
+        draw_detail(app, d, f, main);
+    }
+    if app.show_help {
+        draw_help(f, area);
+    }
+}
+
+/// The footer: a question waiting for its answer, else the last message, else `keys`.
+fn draw_footer(app: &App, f: &mut Frame, area: Rect, keys: String) {
     let footer_line = match (app.confirm, &app.message) {
         (Some(Confirm::StartUnpriced), _) => Line::from(Span::styled(
             " the plan on screen is still being priced: start with it anyway? y / n",
@@ -99,18 +140,9 @@ pub fn draw(app: &App, f: &mut Frame) {
             theme::PROMPT,
         )),
         (None, Some(m)) => Line::from(Span::styled(format!(" {}", printable(m)), theme::WARN)),
-        (None, None) => Line::from(Span::styled(
-            keymap::footer(usize::from(footer.width)),
-            theme::MUTED,
-        )),
+        (None, None) => Line::from(Span::styled(keys, theme::MUTED)),
     };
-    f.render_widget(Paragraph::new(footer_line), footer);
-    if let Some(d) = &app.detail {
-        draw_detail(app, d, f, main);
-    }
-    if app.show_help {
-        draw_help(f, area);
-    }
+    f.render_widget(Paragraph::new(footer_line), area);
 }
 
 /// Every choice the selected operator could have, priced as the whole plan with only that op
@@ -582,123 +614,6 @@ fn draw_ops(app: &App, f: &mut Frame, area: Rect) {
     f.render_stateful_widget(table, area, &mut state);
 }
 
-/// The most recent `width` samples as `▁▂▃▅▇`, scaled to `max`.
-pub fn sparkline(values: &std::collections::VecDeque<u64>, max: u64, width: usize) -> String {
-    const BARS: [char; 8] = ['▁', '▂', '▃', '▄', '▅', '▆', '▇', '█'];
-    let skip = values.len().saturating_sub(width);
-    values
-        .iter()
-        .skip(skip)
-        .map(|&v| {
-            let level = (v.min(max) * 7).checked_div(max).unwrap_or(0);
-            BARS[level as usize]
-        })
-        .collect()
-}
-
-/// `█████░░░│░░` with `│` at the budget.
-fn bar(used: u64, total: u64, budget: u64, width: usize) -> String {
-    if total == 0 || width == 0 {
-        return String::new();
-    }
-    let cells = |b: u64| ((b.min(total) as f64 / total as f64) * width as f64).round() as usize;
-    let (u, mark) = (cells(used), cells(budget).min(width.saturating_sub(1)));
-    (0..width)
-        .map(|x| {
-            if x == mark {
-                '│'
-            } else if x < u {
-                '█'
-            } else {
-                '░'
-            }
-        })
-        .collect()
-}
-
-fn draw_gpus(app: &App, f: &mut Frame, area: Rect) {
-    let border = theme::border(app.focus == Focus::Gpus);
-    let block = Block::bordered().title(" GPUs ").border_style(border);
-    let inner_width = area.width.saturating_sub(2) as usize;
-    let bar_width = inner_width.saturating_sub(26).clamp(8, 40);
-    let predicted = app.planned().map(|p| p.prediction.peak_memory_bytes);
-    let mut lines: Vec<Line> = Vec::new();
-    match &app.gpus {
-        GpuView::Live(samples) => {
-            // A memory history line per GPU when the panel has room for three lines each.
-            let roomy = samples.len() * 3 <= area.height.saturating_sub(2) as usize;
-            for g in samples {
-                let budget = app.budgets.get(g.index).copied().unwrap_or(app.budget());
-                let total = g.total_bytes.unwrap_or(0);
-                let used = g.used_bytes.unwrap_or(0);
-                let util = g
-                    .utilization_pct
-                    .map_or("n/a".into(), |u| format!("{u:>3}%"));
-                let sel = app.focus == Focus::Gpus && app.selected_gpu == g.index;
-                let style = if sel {
-                    Style::new().reversed()
-                } else {
-                    Style::new()
-                };
-                let procs: u64 = g.processes.iter().filter_map(|p| p.1).sum();
-                lines.push(Line::styled(
-                    format!(
-                        "{} {} · util {util} · {} procs ({})",
-                        g.index,
-                        printable(&g.name),
-                        g.processes.len(),
-                        units::bytes(procs)
-                    ),
-                    style,
-                ));
-                lines.push(Line::from(format!(
-                    "  {} {}/{} · budget {}",
-                    bar(used, total, budget, bar_width),
-                    units::bytes(used),
-                    units::bytes(total),
-                    units::bytes(budget)
-                )));
-                if roomy {
-                    if let Some(h) = app.history.get(g.index) {
-                        lines.push(Line::styled(
-                            format!("  {}", sparkline(h, total, inner_width.saturating_sub(2))),
-                            theme::SERIES,
-                        ));
-                    }
-                }
-            }
-        }
-        GpuView::Unavailable(why) => {
-            lines.push(Line::styled("live memory not available:", theme::WARN));
-            lines.push(Line::styled(format!("  {}", printable(why)), theme::WARN));
-            let total = app.layout.memory_bytes();
-            for (i, &budget) in app.budgets.iter().enumerate() {
-                let sel = app.focus == Focus::Gpus && app.selected_gpu == i;
-                let style = if sel {
-                    Style::new().reversed()
-                } else {
-                    Style::new()
-                };
-                lines.push(Line::styled(
-                    format!(
-                        "{i} {} {} of {}",
-                        bar(predicted.unwrap_or(0), total, budget, bar_width),
-                        predicted.map(units::bytes).unwrap_or_default(),
-                        units::bytes(budget),
-                    ),
-                    style,
-                ));
-            }
-        }
-    }
-    f.render_widget(
-        Paragraph::new(lines)
-            .block(block)
-            .wrap(Wrap { trim: false }),
-        area,
-    );
-}
-
 /// The best throughput the frontier `curve` (memory, samples/s) offers within `budget`.
 fn throughput_within(curve: &[(u64, f64)], budget: u64) -> Option<f64> {
     curve
@@ -794,193 +709,6 @@ fn draw_frontier(app: &App, f: &mut Frame, area: Rect) {
             Span::raw("0"),
             Span::raw(tick(y_max / 2.0, y_max)),
             Span::raw(tick(y_max, y_max)),
-        ]));
-    f.render_widget(chart, area);
-}
-
-/// The training panel: the run's progress and measured figures beside the plan's prediction,
-/// and its loss curve.
-fn draw_training(app: &App, f: &mut Frame, area: Rect) {
-    let Some(t) = &app.training else {
-        return;
-    };
-    let Some(run) = &t.run else {
-        return;
-    };
-    let state = t.state();
-    let [text_area, chart_area] =
-        Layout::horizontal([Constraint::Percentage(55), Constraint::Percentage(45)]).areas(area);
-    let title = format!(
-        " training: {} · {} ",
-        state.label(),
-        printable(&t.dir.0.display().to_string())
-    );
-    let block = Block::bordered()
-        .title(title)
-        .border_style(Style::new().fg(theme::run(&state)));
-    let mut lines: Vec<Line> = Vec::new();
-    let pred = run.status.predicted.as_ref();
-    let last = run.status.last();
-    let plan_line = if let Some(owner) = run.owner() {
-        Span::styled(
-            format!(
-                "attached, read-only: {}",
-                printable(&super::app::owned_by(owner))
-            ),
-            theme::ATTACHED,
-        )
-    } else if app.plan_differs_from_run() {
-        Span::styled(
-            "the plan on screen differs from the run's: r restarts under it",
-            theme::WARN,
-        )
-    } else {
-        Span::raw("the run uses the plan on screen")
-    };
-    lines.push(Line::from(plan_line));
-    match last {
-        Some(p) => {
-            lines.push(Line::from(format!(
-                "step {} · loss {:.4} · {} a step measured · {} predicted",
-                p.step,
-                p.loss,
-                units::seconds(p.step_time_s),
-                pred.map_or("—".into(), |x| units::seconds(x.step_time_s))
-            )));
-            let (ps, pt) = pred.map_or((0.0, 0.0), |x| (x.samples_per_s, x.tokens_per_s));
-            lines.push(Line::from(format!(
-                "samples/s {:.1} measured · {:.1} predicted",
-                p.samples_per_s, ps
-            )));
-            lines.push(Line::from(format!(
-                "tokens/s  {} measured · {} predicted",
-                units::count(p.tokens_per_s as u64),
-                units::count(pt as u64)
-            )));
-            let measured: Vec<String> = p.memory_bytes.iter().map(|&b| units::bytes(b)).collect();
-            let predicted = pred
-                .map(|x| {
-                    format!(
-                        "{} (+{} runtime)",
-                        units::bytes(x.peak_memory_bytes.saturating_sub(x.runtime_overhead_bytes)),
-                        units::bytes(x.runtime_overhead_bytes)
-                    )
-                })
-                .unwrap_or_else(|| "—".into());
-            lines.push(Line::from(format!(
-                "memory/rank {} measured · {predicted} predicted",
-                measured.join(" ")
-            )));
-            // A failure's reason and log tail need the rows more than these figures.
-            let failed = matches!(state, RunState::Failed { .. });
-            let seen = p.step * run.status.global_batch * app.model.config.seq_len;
-            if !failed {
-                lines.push(Line::from(format!(
-                    "lr {:.2e} · grad-norm {:.3} · loss smoothed {} · {} tokens seen",
-                    p.lr,
-                    p.grad_norm,
-                    run.status
-                        .smoothed_loss()
-                        .map_or("—".into(), |l| format!("{l:.4}")),
-                    units::count(seen)
-                )));
-                if let Some(t) = run.first_step_after {
-                    lines.push(Line::from(format!(
-                        "first step {} after start (start-up and one step)",
-                        units::seconds(t.as_secs_f64())
-                    )));
-                }
-            }
-        }
-        None => lines.push(Line::from(match pred {
-            Some(x) => format!(
-                "waiting for the first step (predicted {} a step, global batch {})…",
-                units::seconds(x.step_time_s),
-                run.status.global_batch
-            ),
-            None => "waiting for the first step…".into(),
-        })),
-    }
-    let ckpt = match (&run.status.last_checkpoint, run.last_checkpoint_at) {
-        (Some((step, _)), Some(at)) => {
-            format!(
-                "last checkpoint: step {step}, {:.0} s ago",
-                at.elapsed().as_secs_f64()
-            )
-        }
-        (Some((step, _)), None) => format!("last checkpoint: step {step}"),
-        (None, _) => "no checkpoint yet".into(),
-    };
-    lines.push(Line::from(ckpt));
-    if state == RunState::Stopping {
-        let finishing = match run.finishing() {
-            Some((step, secs)) => format!("finishing step {step} (~{secs:.0} s)"),
-            None => "stopping before the first step".into(),
-        };
-        lines.push(Line::from(Span::styled(
-            format!("{finishing}, then a checkpoint; x again to kill"),
-            theme::WARN,
-        )));
-    }
-    if let Some(note) = &run.note {
-        lines.push(Line::from(Span::styled(
-            printable(note).into_owned(),
-            theme::WARN.add_modifier(Modifier::BOLD),
-        )));
-    }
-    if let RunState::Failed { why, log_tail } = &state {
-        lines.push(Line::from(Span::styled(
-            format!(
-                "failed: {} · r restarts from the last checkpoint",
-                printable(why)
-            ),
-            theme::BAD,
-        )));
-        for l in log_tail.iter().rev().take(3).rev() {
-            lines.push(Line::from(Span::styled(
-                format!("  {}", printable(l)),
-                theme::MUTED,
-            )));
-        }
-    }
-    f.render_widget(
-        Paragraph::new(lines)
-            .block(block)
-            .wrap(Wrap { trim: false }),
-        text_area,
-    );
-    draw_loss(&run.status, f, chart_area);
-}
-
-fn draw_loss(status: &crate::run::RunStatus, f: &mut Frame, area: Rect) {
-    let block = Block::bordered().title(" loss by step ");
-    let pts: Vec<(f64, f64)> = status
-        .steps
-        .iter()
-        .map(|p| (p.step as f64, p.loss))
-        .collect();
-    if pts.len() < 2 {
-        f.render_widget(Paragraph::new("no steps yet").block(block), area);
-        return;
-    }
-    let x_min = pts.first().map_or(0.0, |p| p.0);
-    let x_max = pts.last().map_or(1.0, |p| p.0).max(x_min + 1.0);
-    let y_max = pts.iter().map(|p| p.1).fold(0.0f64, f64::max) * 1.05;
-    let y_min = pts.iter().map(|p| p.1).fold(f64::INFINITY, f64::min) * 0.95;
-    let datasets = vec![Dataset::default()
-        .marker(Marker::Braille)
-        .graph_type(GraphType::Line)
-        .style(theme::SERIES)
-        .data(&pts)];
-    let chart = Chart::new(datasets)
-        .block(block)
-        .x_axis(Axis::default().bounds([x_min, x_max]).labels(vec![
-            Span::raw(format!("{x_min:.0}")),
-            Span::raw(format!("{x_max:.0}")),
-        ]))
-        .y_axis(Axis::default().bounds([y_min, y_max]).labels(vec![
-            Span::raw(format!("{y_min:.2}")),
-            Span::raw(format!("{y_max:.2}")),
         ]));
     f.render_widget(chart, area);
 }

@@ -170,7 +170,9 @@ fn live_gpu_samples_are_shown() {
     let screen = render_text(&a, 120, 40);
     assert!(
         screen.contains("NVIDIA H100")
-            && screen.contains("12.0 GiB/80.0 GiB")
+            && screen.contains("12.0/80.0 GiB")
+            && screen.contains("plan 31.8 GiB")
+            && screen.contains("budget 40.0 GiB")
             && screen.contains("util  97%"),
         "{screen}"
     );
@@ -953,11 +955,11 @@ fn the_panel_says_how_long_the_first_step_took() {
         "{screen}"
     );
     // Step 1's own figures, as the worker wrote them.
+    assert!(screen.contains("lr 1.00e-3 · grad-norm 1.000"), "{screen}");
     assert!(
-        screen.contains("lr 1.00e-3 · grad-norm 1.000 · loss smoothed 4.5000"),
+        screen.contains("step 1 · loss 4.5000 (smoothed 4.5000) · 1.02 k tokens seen"),
         "{screen}"
     );
-    assert!(screen.contains("tokens seen"), "{screen}");
     a.update(Action::StopRun);
     a.update(Action::StopRun);
 }

@@ -179,13 +179,130 @@ impl RunDir {
     /// The last `n` lines of the worker's log.
     pub fn log_tail(&self, n: usize) -> Vec<String> {
         let text = std::fs::read_to_string(self.log()).unwrap_or_default();
-        let lines: Vec<String> = text
-            .lines()
-            .flat_map(|l| l.rsplit('\r').next())
-            .filter(|l| !l.trim().is_empty())
-            .map(|l| l.replace("\u{1b}[2K", ""))
-            .collect();
+        let lines: Vec<String> = text.lines().filter_map(log_line).collect();
         lines[lines.len().saturating_sub(n)..].to_vec()
+    }
+}
+
+/// A line of the worker's log as a reader sees it: of a line a terminal would have redrawn
+/// (`\r`, progress), what was drawn last; without the erase-line sequence; `None` when blank.
+pub fn log_line(raw: &str) -> Option<String> {
+    let shown = raw.rsplit('\r').next().unwrap_or(raw);
+    let shown = shown.trim_end_matches('\n').replace("\u{1b}[2K", "");
+    (!shown.trim().is_empty()).then_some(shown)
+}
+
+/// Follows the worker's log as it grows and keeps its last lines, cleaned by [`log_line`], for
+/// the dashboard's log view. A long log already there is read from its last [`LogTail::KEEP`]
+/// lines' worth of bytes, not whole.
+#[derive(Debug)]
+pub struct LogTail {
+    path: PathBuf,
+    offset: u64,
+    partial: String,
+    lines: std::collections::VecDeque<String>,
+    current: Option<String>,
+    /// Lines dropped from the front (past [`LogTail::KEEP`]): line `i` is the log's line
+    /// `dropped + i` of those read.
+    dropped: u64,
+    /// Started in the middle of the log: the first line read is cut.
+    cut: bool,
+}
+
+impl LogTail {
+    /// Lines kept; older ones are dropped.
+    pub const KEEP: usize = 5_000;
+    /// Bytes read of a log that is already long when the tail starts.
+    const FIRST_READ_BYTES: u64 = 1 << 20;
+
+    pub fn new(path: PathBuf) -> LogTail {
+        let offset = std::fs::metadata(&path)
+            .map(|m| m.len().saturating_sub(Self::FIRST_READ_BYTES))
+            .unwrap_or(0);
+        LogTail {
+            path,
+            offset,
+            partial: String::new(),
+            lines: std::collections::VecDeque::new(),
+            current: None,
+            dropped: 0,
+            cut: offset > 0,
+        }
+    }
+
+    /// Read what the log gained; how many whole lines that added.
+    pub fn read_new(&mut self) -> usize {
+        use std::io::{Read, Seek, SeekFrom};
+        let Ok(mut f) = std::fs::File::open(&self.path) else {
+            return 0;
+        };
+        let len = f.metadata().map(|m| m.len()).unwrap_or(0);
+        if len < self.offset {
+            // Truncated or replaced: start again.
+            self.offset = 0;
+            self.partial.clear();
+        }
+        if len == self.offset || f.seek(SeekFrom::Start(self.offset)).is_err() {
+            return 0;
+        }
+        let mut buf = Vec::new();
+        let Ok(n) = f.read_to_end(&mut buf) else {
+            return 0;
+        };
+        self.offset += n as u64;
+        self.partial.push_str(&String::from_utf8_lossy(&buf));
+        let mut added = 0;
+        while let Some(nl) = self.partial.find('\n') {
+            let raw: String = self.partial.drain(..=nl).collect();
+            if std::mem::take(&mut self.cut) {
+                continue;
+            }
+            if let Some(line) = log_line(&raw) {
+                if self.lines.len() == Self::KEEP {
+                    self.lines.pop_front();
+                    self.dropped += 1;
+                }
+                self.lines.push_back(line);
+                added += 1;
+            }
+        }
+        // A line redrawn for ever (a progress bar) keeps only what was drawn last.
+        if self.partial.len() > 1 << 16 {
+            if let Some(cr) = self.partial.rfind('\r') {
+                self.partial.drain(..cr);
+            }
+        }
+        self.current = log_line(&self.partial).filter(|_| !self.cut);
+        added
+    }
+
+    /// Lines on hand: the whole lines kept and the line being written (a progress line the
+    /// worker redraws), if any.
+    pub fn len(&self) -> usize {
+        self.lines.len() + usize::from(self.current.is_some())
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Line `i` of [`LogTail::len`], oldest first.
+    pub fn get(&self, i: usize) -> Option<&str> {
+        match self.lines.get(i) {
+            Some(l) => Some(l),
+            None if i == self.lines.len() => self.current.as_deref(),
+            None => None,
+        }
+    }
+
+    /// Lines dropped from the front so far: with [`LogTail::get`], a position in the log that
+    /// stays put as lines come and go.
+    pub fn dropped(&self) -> u64 {
+        self.dropped
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
     }
 }
 
@@ -286,6 +403,37 @@ pub struct StepPoint {
     pub samples_per_s: f64,
     pub tokens_per_s: f64,
     pub memory_bytes: Vec<u64>,
+    /// On GPUs, each rank's memory as the CUDA allocator and NVML saw it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub device_memory: Option<Vec<DeviceMemory>>,
+}
+
+/// How long a run has left, from [`RunStatus::remaining`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Remaining {
+    /// The run has no last step (`--steps 0`): it trains until stopped.
+    UntilStopped,
+    /// `steps` to go at `step_time_s` each, measured over the last steps or (before the first
+    /// step of the segment) the planner's prediction.
+    Steps {
+        steps: u64,
+        step_time_s: f64,
+        measured: bool,
+    },
+    /// At its last step, or no step time to go by.
+    Unknown,
+}
+
+impl Remaining {
+    /// Seconds left, when known.
+    pub fn seconds(&self) -> Option<f64> {
+        match *self {
+            Remaining::Steps {
+                steps, step_time_s, ..
+            } => Some(steps as f64 * step_time_s),
+            _ => None,
+        }
+    }
 }
 
 /// Everything the metrics stream says so far, folded.
@@ -301,6 +449,8 @@ pub struct RunStatus {
     pub checkpointing: Option<u64>,
     /// Step each segment (start or restart) began at.
     pub segments: Vec<u64>,
+    /// Where the last segment stops by itself; `None`: it runs until stopped.
+    pub last_step: Option<u64>,
     /// How the last segment ended: `completed`, `signal`, or the failure message.
     pub ended: Option<String>,
     pub failed: bool,
@@ -326,9 +476,11 @@ impl RunStatus {
                 world_size,
                 global_batch,
                 first_step,
+                last_step,
                 ..
             } => {
                 self.model = Some(model.clone());
+                self.last_step = *last_step;
                 self.world_size = *world_size;
                 self.global_batch = *global_batch;
                 self.segments.push(*first_step);
@@ -347,6 +499,7 @@ impl RunStatus {
                 samples_per_s,
                 tokens_per_s,
                 memory_bytes,
+                device_memory,
                 ..
             } => self.steps.push(StepPoint {
                 step: *step,
@@ -357,6 +510,7 @@ impl RunStatus {
                 samples_per_s: *samples_per_s,
                 tokens_per_s: *tokens_per_s,
                 memory_bytes: memory_bytes.clone(),
+                device_memory: device_memory.clone(),
             }),
             WorkerEvent::Checkpointing { step } => self.checkpointing = Some(*step),
             WorkerEvent::Checkpoint { step, path, .. } => {
@@ -384,6 +538,53 @@ impl RunStatus {
 
     pub fn last(&self) -> Option<&StepPoint> {
         self.steps.last()
+    }
+
+    /// Steps of the last segment (a restart's, or the whole run's).
+    pub fn segment_steps(&self) -> &[StepPoint] {
+        let from = self.segments.last().copied().unwrap_or(0);
+        let first = self.steps.partition_point(|p| p.step <= from);
+        &self.steps[first..]
+    }
+
+    /// The mean step time over the last (up to) ten steps of this segment: the rate now,
+    /// not the first step's start-up.
+    pub fn recent_step_time_s(&self) -> Option<f64> {
+        let times: Vec<f64> = self
+            .segment_steps()
+            .iter()
+            .rev()
+            .take(10)
+            .map(|p| p.step_time_s)
+            .filter(|t| t.is_finite() && *t > 0.0)
+            .collect();
+        (!times.is_empty()).then(|| times.iter().sum::<f64>() / times.len() as f64)
+    }
+
+    /// How long the last segment has left: steps to its last step × the recent step time,
+    /// or the predicted one before its first step.
+    pub fn remaining(&self) -> Remaining {
+        let Some(last) = self.last_step else {
+            return Remaining::UntilStopped;
+        };
+        let steps = last.saturating_sub(self.step());
+        let (time, measured) = match self.recent_step_time_s() {
+            Some(t) => (Some(t), true),
+            None => (
+                self.predicted
+                    .map(|p| p.step_time_s)
+                    .filter(|t| t.is_finite() && *t > 0.0),
+                false,
+            ),
+        };
+        match time {
+            Some(step_time_s) if steps > 0 => Remaining::Steps {
+                steps,
+                step_time_s,
+                measured,
+            },
+            _ => Remaining::Unknown,
+        }
     }
 
     /// The step the run is at: its last step, or where its last segment began.
@@ -562,5 +763,114 @@ mod tests {
             "the step is read, not skipped as a broken line"
         );
         assert!(s.steps[0].loss.is_nan());
+    }
+
+    fn step(step: u64, step_time_s: f64) -> WorkerEvent {
+        WorkerEvent::Step {
+            step,
+            loss: 1.0,
+            grad_norm: 1.0,
+            lr: 1e-3,
+            step_time_s,
+            samples_per_s: 1.0,
+            tokens_per_s: 1.0,
+            memory_bytes: vec![1],
+            memory_breakdown: MemoryBreakdown::default(),
+            device_memory: None,
+        }
+    }
+
+    fn started(first_step: u64, last_step: Option<u64>) -> WorkerEvent {
+        WorkerEvent::Started {
+            model: "m".into(),
+            world_size: 2,
+            global_batch: 8,
+            first_step,
+            last_step,
+            resumed_from: None,
+            data: "text".into(),
+            device: "cpu".into(),
+        }
+    }
+
+    #[test]
+    fn the_time_left_is_steps_left_times_the_recent_step_time() {
+        let mut s = RunStatus {
+            predicted: Some(Predicted {
+                samples_per_s: 1.0,
+                tokens_per_s: 1.0,
+                step_time_s: 0.5,
+                peak_memory_bytes: 1,
+                runtime_overhead_bytes: 0,
+            }),
+            ..RunStatus::default()
+        };
+        s.apply(&started(0, None));
+        s.apply(&step(1, 9.0));
+        assert_eq!(s.remaining(), Remaining::UntilStopped);
+        // A resumed segment of 100 steps: before its first step, the prediction.
+        s.apply(&started(1, Some(101)));
+        assert_eq!(
+            s.remaining(),
+            Remaining::Steps {
+                steps: 100,
+                step_time_s: 0.5,
+                measured: false
+            }
+        );
+        // Then the last ten steps of this segment (not the earlier one's 9 s step).
+        for k in 2..=13 {
+            s.apply(&step(k, if k < 4 { 5.0 } else { 2.0 }));
+        }
+        assert_eq!(
+            s.remaining(),
+            Remaining::Steps {
+                steps: 88,
+                step_time_s: 2.0,
+                measured: true
+            }
+        );
+        assert_eq!(s.remaining().seconds(), Some(176.0));
+        s.apply(&step(101, 2.0));
+        assert_eq!(s.remaining(), Remaining::Unknown, "at its last step");
+    }
+
+    #[test]
+    fn the_log_tail_follows_whole_lines_and_shows_the_one_being_redrawn() {
+        use std::io::Write;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("worker.log");
+        let mut f = std::fs::File::create(&path).unwrap();
+        let mut tail = LogTail::new(path.clone());
+        assert_eq!(tail.read_new(), 0);
+        assert!(tail.is_empty());
+        write!(f, "training m\n\n\x1b[2Kstep 1\r\x1b[2Kstep 2").unwrap();
+        assert_eq!(
+            tail.read_new(),
+            1,
+            "one whole line; the blank one is skipped"
+        );
+        assert_eq!(tail.len(), 2);
+        assert_eq!(tail.get(0), Some("training m"));
+        assert_eq!(
+            tail.get(1),
+            Some("step 2"),
+            "what a terminal would show now"
+        );
+        writeln!(f, "\r\x1b[2Kcheckpoint c/step-2").unwrap();
+        assert_eq!(tail.read_new(), 1);
+        let lines: Vec<_> = (0..tail.len()).filter_map(|i| tail.get(i)).collect();
+        assert_eq!(lines, ["training m", "checkpoint c/step-2"]);
+        // Never more than KEEP lines; the newest stay.
+        for i in 0..LogTail::KEEP + 10 {
+            writeln!(f, "line {i}").unwrap();
+        }
+        tail.read_new();
+        assert_eq!(tail.len(), LogTail::KEEP);
+        assert_eq!(tail.dropped(), 12);
+        assert_eq!(
+            tail.get(LogTail::KEEP - 1).map(str::to_owned),
+            Some(format!("line {}", LogTail::KEEP + 9))
+        );
     }
 }

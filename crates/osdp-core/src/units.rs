@@ -101,6 +101,48 @@ pub fn utc(secs: u64) -> String {
     format!("{y:04}-{mo:02}-{d:02} {h:02}:{mi:02}:{s:02} UTC")
 }
 
+/// A [`utc`] text read back as seconds since the Unix epoch (Hinnant's `days_from_civil`);
+/// `None` for any other text.
+pub fn parse_utc(text: &str) -> Option<u64> {
+    let rest = text.strip_suffix(" UTC")?;
+    let (date, time) = rest.split_once(' ')?;
+    let num = |s: &str| s.parse::<i64>().ok();
+    let d: Vec<i64> = date.split('-').map(num).collect::<Option<_>>()?;
+    let t: Vec<i64> = time.split(':').map(num).collect::<Option<_>>()?;
+    let ([y, mo, day], [h, mi, sec]) = (d.as_slice(), t.as_slice()) else {
+        return None;
+    };
+    let in_range = (1..=12).contains(mo)
+        && (1..=31).contains(day)
+        && (0..24).contains(h)
+        && (0..60).contains(mi)
+        && (0..61).contains(sec);
+    if !in_range {
+        return None;
+    }
+    let y = if *mo <= 2 { y - 1 } else { *y };
+    let era = y.div_euclid(400);
+    let yoe = y.rem_euclid(400);
+    let mp = (mo + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + day - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    u64::try_from(days * 86_400 + h * 3_600 + mi * 60 + sec).ok()
+}
+
+/// A span of wall-clock time for people: `45 s`, `3 min 12 s`, `2 h 05 min`.
+pub fn duration(secs: f64) -> String {
+    if !secs.is_finite() || secs < 0.0 {
+        return "—".into();
+    }
+    let s = secs.round() as u64;
+    match s {
+        0..60 => format!("{s} s"),
+        60..3_600 => format!("{} min {:02} s", s / 60, s % 60),
+        _ => format!("{} h {:02} min", s / 3_600, s % 3_600 / 60),
+    }
+}
+
 /// RFC 3339 to the second: `YYYY-MM-DDTHH:MM:SSZ`.
 pub fn rfc3339(secs: u64) -> String {
     let (y, mo, d, h, mi, s) = utc_fields(secs);
@@ -117,6 +159,36 @@ mod tests {
         assert_eq!(utc(951_782_400), "2000-02-29 00:00:00 UTC");
         assert_eq!(utc(1_709_251_199), "2024-02-29 23:59:59 UTC");
         assert_eq!(rfc3339(1_735_689_600 + 3_723), "2025-01-01T01:02:03Z");
+    }
+
+    #[test]
+    fn utc_texts_read_back_to_the_second() {
+        for secs in [
+            0,
+            951_782_400,
+            1_709_251_199,
+            1_735_689_600 + 3_723,
+            4_102_444_800,
+        ] {
+            assert_eq!(parse_utc(&utc(secs)), Some(secs), "{}", utc(secs));
+        }
+        for bad in [
+            "at an unknown time",
+            "2024-02-29 23:59:59",
+            "2024-13-01 00:00:00 UTC",
+            "",
+        ] {
+            assert_eq!(parse_utc(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn durations_read_as_people_say_them() {
+        assert_eq!(duration(0.4), "0 s");
+        assert_eq!(duration(45.0), "45 s");
+        assert_eq!(duration(192.0), "3 min 12 s");
+        assert_eq!(duration(7_500.0), "2 h 05 min");
+        assert_eq!(duration(f64::NAN), "—");
     }
 
     #[test]
