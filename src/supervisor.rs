@@ -166,9 +166,10 @@ impl Supervisor {
             .create(true)
             .append(true)
             .open(dir.log())?;
-        let metrics_len = std::fs::metadata(dir.metrics())
-            .map(|m| m.len())
-            .unwrap_or(0);
+        // Earlier segments' events give the loss curve its history; read before the worker
+        // starts, so that its own events are read once, by the tail.
+        let earlier = std::fs::read_to_string(dir.metrics()).unwrap_or_default();
+        let metrics_len = earlier.len() as u64;
         let processes = match launch.ranks {
             Ranks::CpuThreads => 1,
             Ranks::GpuProcesses => launch.world_size.max(1),
@@ -270,8 +271,6 @@ impl Supervisor {
                 Err(e) => return give_up(children, e),
             }
         }
-        // Earlier segments' events give the loss curve its history.
-        let earlier = std::fs::read_to_string(dir.metrics()).unwrap_or_default();
         let mut status = RunStatus::from_text(&earlier);
         status.predicted = launch.predicted;
         // What the worker will say when it starts; the screen shows it while it loads.

@@ -141,7 +141,7 @@ pub const KEYMAP: &[Entry] = &[
         keys: "x",
         help: "stop the run (checkpoint first); x again: kill it",
         footer: Some("stop"),
-        log_footer: Some(("x", "stop the run")),
+        log_footer: Some(("x", "stop")),
         bindings: &[(ch('x'), Action::StopRun)],
     },
     Entry {

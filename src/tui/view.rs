@@ -278,6 +278,14 @@ fn draw_header(app: &App, f: &mut Frame, area: Rect) {
             app.layout.world_size(),
         ));
     }
+    // Narrower still (80 columns with a run's step): the model and the layout by name alone.
+    if Line::from(title.clone()).width() > usize::from(area.width) {
+        title[1] = Span::raw(format!(
+            "{} on {}",
+            printable(&m.name),
+            printable(&app.layout.name)
+        ));
+    }
     let mut lines = vec![Line::from(title)];
     let budget = app.budget();
     let batch_mode = if app.batch.is_some() { "fixed" } else { "auto" };

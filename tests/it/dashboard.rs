@@ -987,3 +987,251 @@ fn offloaded_operators_and_host_memory_are_on_screen() {
     assert!(!screen.contains("host "), "{screen}");
     assert!(!screen.contains("+offload"), "{screen}");
 }
+
+fn press(a: &mut App, code: crossterm::event::KeyCode) {
+    let action = osdp_tui::tui::action_for(code, crossterm::event::KeyModifiers::NONE);
+    a.update(action.expect("a mapped key"));
+}
+
+/// The log view's title: where it is in the log and whether it follows.
+fn log_title(a: &App) -> String {
+    let screen = render_text(a, a.screen.0, a.screen.1);
+    screen
+        .lines()
+        .find(|l| l.contains("worker log"))
+        .unwrap_or_else(|| panic!("no log view:\n{screen}"))
+        .to_string()
+}
+
+/// Issue 19: `l` opens the worker's log at its tail and follows it; scrolling up holds the
+/// view where it is while lines arrive; End follows again; Home goes to the top; Esc and q
+/// close it without quitting.
+#[test]
+fn l_opens_the_workers_log_which_follows_its_tail_until_scrolled_up() {
+    use crate::stand_in::*;
+    use crossterm::event::KeyCode;
+    let dir = tempfile::tempdir().unwrap();
+    let go = dir.path().join("go");
+    let more = format!(
+        "while [ ! -e {go} ]; do sleep 0.05; done\n\
+         i=71; while [ $i -le 90 ]; do echo \"log line $i\"; i=$((i+1)); done",
+        go = go.display()
+    );
+    let exe = worker(dir.path(), &[started(2, None)], 70, &more);
+    let mut a = start(
+        crate::stand_in::app("tiny-gpt2", "cpu", GIB, None),
+        exe,
+        "target/snapshot-runs/log-keys",
+    );
+    a.screen = (80, 24);
+    poll_until(&mut a, "70 log lines", |a| log_len(a) == 70);
+    key(&mut a, 'l');
+    let title = log_title(&a);
+    assert!(title.contains("lines 51–70 of 70 · following"), "{title}");
+    // Up a line, then a page: the view leaves the tail.
+    press(&mut a, KeyCode::Up);
+    press(&mut a, KeyCode::PageUp);
+    assert!(log_title(&a).contains("lines 30–49 of 70 · scrolled"));
+    std::fs::write(&go, "").unwrap();
+    poll_until(&mut a, "90 log lines", |a| log_len(a) == 90);
+    let screen = render_text(&a, 80, 24);
+    assert!(screen.contains("lines 30–49 of 90 · scrolled"), "{screen}");
+    assert!(screen.contains("log line 30") && !screen.contains("log line 90"));
+    press(&mut a, KeyCode::End);
+    let screen = render_text(&a, 80, 24);
+    assert!(screen.contains("lines 71–90 of 90 · following"), "{screen}");
+    assert!(screen.contains("log line 90"));
+    press(&mut a, KeyCode::Home);
+    assert!(log_title(&a).contains("lines 1–20 of 90 · scrolled"));
+    // Scrolling down to the tail follows it again.
+    for _ in 0..7 {
+        press(&mut a, KeyCode::PageDown);
+    }
+    assert!(log_title(&a).contains("lines 71–90 of 90 · following"));
+    key(&mut a, '\u{1b}');
+    assert!(a.log_view.is_none() && !a.quit, "Esc closes the log only");
+    key(&mut a, 'l');
+    key(&mut a, 'q');
+    assert!(a.log_view.is_none() && !a.quit, "q closes the log only");
+    key(&mut a, 'x');
+    key(&mut a, 'x');
+}
+
+/// Issue 19: the training panel says how long the run has gone and has left: before the first
+/// step from the predicted step time, then from the measured one; a run with no last step says
+/// it runs until stopped.
+#[test]
+fn the_training_panel_gives_the_elapsed_time_and_an_eta() {
+    use crate::stand_in::*;
+    let dir = tempfile::tempdir().unwrap();
+    let go = dir.path().join("go");
+    let steps: Vec<String> = (1..=4).map(|k| step(k, &[600 * MIB; 2], None)).collect();
+    let more = format!(
+        "while [ ! -e {go} ]; do sleep 0.05; done\n{}",
+        steps
+            .iter()
+            .map(|s| format!("echo '{s}' >> \"$metrics\"\n"))
+            .collect::<String>(),
+        go = go.display()
+    );
+    let exe = worker(dir.path(), &[started(2, Some(40))], 0, &more);
+    let mut a = start(
+        crate::stand_in::app("tiny-gpt2", "cpu", GIB, None),
+        exe,
+        "target/snapshot-runs/eta-keys",
+    );
+    poll_until(&mut a, "the start", |a| {
+        a.training
+            .as_ref()
+            .unwrap()
+            .run
+            .as_ref()
+            .unwrap()
+            .status
+            .last_step
+            == Some(40)
+    });
+    at(&mut a, 30);
+    let predicted = a.planned().unwrap().prediction.step_time_s;
+    let want = format!(
+        "elapsed 30 s · ETA ~{} (40 steps × {} predicted)",
+        osdp_tui::units::duration(40.0 * predicted),
+        osdp_tui::units::seconds(predicted)
+    );
+    let screen = render_text(&a, 120, 40);
+    assert!(screen.contains(&want), "{want}\n{screen}");
+    std::fs::write(&go, "").unwrap();
+    poll_until(&mut a, "step 4", |a| last_step(a) == 4);
+    at(&mut a, 200);
+    let screen = render_text(&a, 120, 40);
+    assert!(
+        screen.contains("elapsed 3 min 20 s · ETA 7 s (36 steps × 200.0 ms measured)"),
+        "{screen}"
+    );
+    key(&mut a, 'x');
+    key(&mut a, 'x');
+    poll_until(&mut a, "the end", |a| {
+        !a.training.as_ref().unwrap().is_live()
+    });
+    let screen = render_text(&a, 120, 40);
+    assert!(screen.contains("ran "), "{screen}");
+    assert!(
+        !screen.contains("ETA"),
+        "no ETA for a run that ended:\n{screen}"
+    );
+
+    let exe = worker(dir.path(), &[started(2, None)], 0, "");
+    let mut a = start(
+        crate::stand_in::app("tiny-gpt2", "cpu", GIB, None),
+        exe,
+        "target/snapshot-runs/eta-keys",
+    );
+    poll_until(&mut a, "the start", |a| {
+        a.training
+            .as_ref()
+            .unwrap()
+            .run
+            .as_ref()
+            .unwrap()
+            .status
+            .world_size
+            == 2
+    });
+    let screen = render_text(&a, 120, 40);
+    assert!(
+        screen.contains("runs until stopped (no last step; x stops it)"),
+        "{screen}"
+    );
+    key(&mut a, 'x');
+    key(&mut a, 'x');
+}
+
+/// Issue 19: a GPU's row says nothing of a gap without a run; with a run whose worker has not
+/// measured it yet, only the cost model's runtime, as an estimate; then the worker's figures.
+#[test]
+fn the_gap_on_a_gpu_is_measured_or_named_an_estimate() {
+    use crate::stand_in::*;
+    use osdp_tui::run::DeviceMemory;
+    let dir = tempfile::tempdir().unwrap();
+    let go = dir.path().join("go");
+    let device = DeviceMemory {
+        allocated_peak_bytes: Some(14 * GIB),
+        reserved_peak_bytes: Some(15 * GIB),
+        process_bytes: Some(16 * GIB),
+    };
+    let more = format!(
+        "while [ ! -e {go} ]; do sleep 0.05; done\necho '{}' >> \"$metrics\"",
+        step(1, &[13 * GIB; 4], Some(vec![device; 4])),
+        go = go.display()
+    );
+    let idle = crate::stand_in::app(
+        "gpt2-medium",
+        "rtx4090-4x-pcie",
+        20 * GIB,
+        Some(gpus(4, 17 * GIB)),
+    );
+    let screen = render_text(&idle, 200, 60);
+    assert!(screen.contains("plan 19.9 GiB"), "{screen}");
+    assert!(!screen.contains("not the plan's") && !screen.contains("tensors"));
+
+    let exe = worker(dir.path(), &[started(4, None)], 0, &more);
+    let mut a = start(idle, exe, "target/snapshot-runs/gap-keys");
+    poll_until(&mut a, "the start", |a| {
+        a.training
+            .as_ref()
+            .unwrap()
+            .run
+            .as_ref()
+            .unwrap()
+            .status
+            .world_size
+            == 4
+    });
+    let runtime = osdp_tui::units::bytes(a.planned().unwrap().prediction.overhead_bytes);
+    let screen = render_text(&a, 200, 60);
+    let want =
+        format!("not the plan's: runtime ≈{runtime} · estimated (CUDA context, NCCL, allocator)");
+    assert!(screen.contains(&want), "{want}\n{screen}");
+    assert!(!screen.contains("tensors"), "{screen}");
+    std::fs::write(&go, "").unwrap();
+    poll_until(&mut a, "step 1", |a| last_step(a) == 1);
+    let screen = render_text(&a, 200, 60);
+    assert!(!screen.contains("not the plan's"), "{screen}");
+    assert!(
+        screen.contains("tensors 14.0 GiB (plan 18.4 GiB) · allocator reserve 1.0 GiB"),
+        "{screen}"
+    );
+    assert!(screen.contains("CUDA context+NCCL 1.0 GiB · other processes 1.0 GiB"));
+    key(&mut a, 'x');
+    key(&mut a, 'x');
+}
+
+/// Issue 19: a GPU layout with no NVML says so and lists the ranks with the plan's figures;
+/// Home and End go to the first and last row.
+#[test]
+fn without_nvml_the_panel_lists_ranks_and_home_end_jump() {
+    let mut a = app("gpt2", "h100-sxm-8x-nvlink", 40 * GIB);
+    a.apply_gpu(GpuEvent::Unavailable("no NVIDIA driver found".into()));
+    let screen = render_text(&a, 120, 40);
+    for want in [
+        "live memory not available:",
+        "no NVIDIA driver found",
+        "no step yet: the plan's figures",
+        "budget 40.0 GiB",
+    ] {
+        assert!(screen.contains(want), "{want}:\n{screen}");
+    }
+    use crossterm::event::KeyCode;
+    press(&mut a, KeyCode::End);
+    assert_eq!(a.selected_row, a.rows().len() - 1);
+    press(&mut a, KeyCode::Home);
+    assert_eq!(a.selected_row, 0);
+    a.update(Action::FocusNext);
+    press(&mut a, KeyCode::End);
+    assert_eq!(a.selected_gpu, 7);
+    let screen = render_text(&a, 120, 40);
+    assert!(
+        screen.lines().any(|l| l.contains("│7 ")),
+        "rank 7 in view:\n{screen}"
+    );
+}

@@ -20,6 +20,7 @@ mod published;
 mod rendezvous;
 mod roundtrip;
 mod snapshots;
+mod stand_in;
 #[cfg(feature = "train")]
 mod train;
 mod workspace;

@@ -175,3 +175,108 @@ fn tall_screens_split_the_peak_and_the_step_into_parts() {
     let short = render_text(&a, 80, 24);
     assert!(!short.lines().any(|l| l.starts_with("memory ")), "{short}");
 }
+
+/// Issue 19: a CPU run of 100 steps, five steps in and 75 s after it began. The training panel
+/// says how long it has gone and has left (95 steps × the measured 0.2 s); the memory panel is
+/// "ranks", each rank's measured peak beside the plan's and the budget, with the runtime the
+/// worker does not measure marked as the layout's estimate. 80×24 has no room for the training
+/// panel; the header still says the run's state and step.
+#[test]
+fn a_cpu_run_with_its_eta_and_each_ranks_memory() {
+    use crate::stand_in::*;
+    let dir = tempfile::tempdir().unwrap();
+    let mut metrics = vec![started(2, Some(100))];
+    metrics.extend((1..=5).map(|k| step(k, &[600 * MIB, 612 * MIB], None)));
+    let exe = worker(dir.path(), &metrics, 3, "");
+    let mut a = start(
+        app("tiny-gpt2", "cpu", GIB, None),
+        exe,
+        "target/snapshot-runs/cpu-eta",
+    );
+    poll_until(&mut a, "step 5", |a| last_step(a) == 5);
+    at(&mut a, 75);
+    let screen = render_text(&a, 120, 40);
+    for want in [
+        "elapsed 1 min 15 s · ETA 19 s (95 steps × 200.0 ms measured)",
+        "┌ ranks ",
+        "0 ",
+        "600.0 MiB measured",
+        "612.0 MiB measured",
+        "runtime ≈307.2 MiB/rank, estimated",
+    ] {
+        assert!(screen.contains(want), "{want:?} not in\n{screen}");
+    }
+    for (w, h) in [(80, 24), (120, 40), (200, 60)] {
+        let screen = mask(&render_text(&a, w, h), "first step ", "│");
+        insta::assert_snapshot!(format!("cpu_run_{w}x{h}"), screen);
+    }
+}
+
+/// Issue 19: a run on four GPUs. Each GPU's row has NVML's reading beside the plan's peak and
+/// the budget, and then what the worker measured on it: the tensors (beside the plan's), the
+/// allocator's reserve, the CUDA context with NCCL's buffers, and the other processes.
+#[test]
+fn a_gpu_run_with_the_parts_of_each_gpus_memory() {
+    use crate::stand_in::*;
+    use osdp_tui::run::DeviceMemory;
+    let dir = tempfile::tempdir().unwrap();
+    let device = DeviceMemory {
+        allocated_peak_bytes: Some(14 * GIB),
+        reserved_peak_bytes: Some(15 * GIB + GIB / 2),
+        process_bytes: Some(17 * GIB),
+    };
+    let metrics = vec![
+        started(4, None),
+        step(1, &[13 * GIB; 4], Some(vec![device; 4])),
+        step(2, &[13 * GIB; 4], Some(vec![device; 4])),
+    ];
+    let exe = worker(dir.path(), &metrics, 3, "");
+    let mut a = start(
+        app(
+            "gpt2-medium",
+            "rtx4090-4x-pcie",
+            20 * GIB,
+            Some(gpus(4, 17 * GIB + GIB / 2)),
+        ),
+        exe,
+        "target/snapshot-runs/gpu-gap",
+    );
+    poll_until(&mut a, "step 2", |a| last_step(a) == 2);
+    at(&mut a, 12);
+    let screen = render_text(&a, 200, 60);
+    for want in [
+        "tensors 14.0 GiB (plan ",
+        "allocator reserve 1.5 GiB",
+        "CUDA context+NCCL 1.5 GiB",
+        "other processes 512.0 MiB",
+        "runs until stopped",
+    ] {
+        assert!(screen.contains(want), "{want:?} not in\n{screen}");
+    }
+    for (w, h) in [(80, 24), (120, 40), (200, 60)] {
+        let screen = mask(&render_text(&a, w, h), "first step ", "│");
+        insta::assert_snapshot!(format!("gpu_run_{w}x{h}"), screen);
+    }
+}
+
+/// Issue 19: `l` shows the worker's log over the screen, its tail in view, at every size.
+#[test]
+fn the_workers_log_at_every_size() {
+    use crate::stand_in::*;
+    let dir = tempfile::tempdir().unwrap();
+    let metrics = vec![started(2, None), step(1, &[600 * MIB, 612 * MIB], None)];
+    let exe = worker(dir.path(), &metrics, 70, "");
+    let mut a = start(
+        app("tiny-gpt2", "cpu", GIB, None),
+        exe,
+        "target/snapshot-runs/log-view",
+    );
+    poll_until(&mut a, "70 log lines", |a| log_len(a) == 70);
+    a.update(Action::ToggleLog);
+    for (w, h) in [(80, 24), (120, 40), (200, 60)] {
+        a.screen = (w, h);
+        let screen = render_text(&a, w, h);
+        assert!(screen.contains("log line 70"), "{screen}");
+        insta::assert_snapshot!(format!("log_view_{w}x{h}"), screen);
+    }
+}

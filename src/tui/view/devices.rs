@@ -213,11 +213,11 @@ fn gpu_lines(
         match m.gap {
             Gap::NoRun => {}
             Gap::Measured(parts) => {
-                let mut more = pack(measured_items(parts, m.plan, wide), inner.saturating_sub(2));
-                for l in &mut more {
-                    l.spans.insert(0, Span::raw("  "));
+                let mut items = measured_items(parts, m.plan, wide);
+                if let Some(first) = items.first_mut() {
+                    first.insert(0, Span::raw("  "));
                 }
-                lines.extend(more);
+                lines.extend(pack(items, inner));
             }
             Gap::Estimated { runtime_bytes } => {
                 let items = vec![
@@ -310,8 +310,8 @@ fn rank_lines(app: &App, inner: usize) -> (Vec<Line<'static>>, std::ops::Range<u
     }
     lines.push(Line::styled(
         match r.step {
-            Some(s) => format!("peaks in step {s}, as the worker reports them"),
-            None => "no step yet: the plan's prediction per rank".into(),
+            Some(s) => format!("measured peaks, step {s}"),
+            None => "no step yet: the plan's figures".into(),
         },
         theme::MUTED,
     ));

@@ -40,25 +40,26 @@ pub fn draw_log(app: &App, f: &mut Frame, area: Rect) {
     } else {
         format!("lines {}–{} of {total}", top + 1, top + shown as u64)
     };
-    let mut title = vec![Span::raw(format!(
-        " worker log · {} · {range} · ",
-        printable(&tail.path().display().to_string())
-    ))];
-    title.push(if following {
+    let state = if following {
         Span::styled("following ", theme::GOOD)
     } else {
         Span::styled("scrolled: End follows ", theme::WARN)
-    });
+    };
+    let path = printable(&tail.path().display().to_string()).into_owned();
+    let mut title = Line::from(vec![
+        Span::raw(format!(" worker log · {path} · {range} · ")),
+        state.clone(),
+    ]);
+    // A narrow screen keeps where the view is and whether it follows; the path goes.
+    if title.width() + 2 > usize::from(area.width) {
+        title = Line::from(vec![Span::raw(format!(" worker log · {range} · ")), state]);
+    }
     let border = match app.training.as_ref().map(|t| t.state()) {
         Some(s) => Style::new().fg(theme::run(&s)),
         None => theme::MUTED,
     };
     f.render_widget(
-        Paragraph::new(lines).block(
-            Block::bordered()
-                .title(Line::from(title))
-                .border_style(border),
-        ),
+        Paragraph::new(lines).block(Block::bordered().title(title).border_style(border)),
         area,
     );
 }
