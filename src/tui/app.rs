@@ -822,29 +822,34 @@ impl App {
         self.screen.1.saturating_sub(LOG_VIEW_CHROME_ROWS).max(1)
     }
 
-    /// The log's lines on screen: the first one's position (as [`LogView::top`]) and how many,
-    /// the view held between the top of what is kept and the tail.
-    pub fn log_window(&self) -> (u64, usize) {
-        let rows = u64::from(self.log_rows());
+    /// Where the log view can be: the first line kept, the end, and the top of a view at the
+    /// tail (positions as [`LogView::top`]).
+    fn log_bounds(&self) -> (u64, u64, u64) {
         let (first, end) = self
             .log_tail()
             .map_or((0, 0), |t| (t.dropped(), t.dropped() + t.len() as u64));
-        let tail_top = end.saturating_sub(rows).max(first);
+        let tail_top = end.saturating_sub(u64::from(self.log_rows())).max(first);
+        (first, end, tail_top)
+    }
+
+    /// The log's lines on screen: the first one's position (as [`LogView::top`]) and how many,
+    /// the view held between the top of what is kept and the tail.
+    pub fn log_window(&self) -> (u64, usize) {
+        let (first, end, tail_top) = self.log_bounds();
         let top = self
             .log_view
             .and_then(|v| v.top)
             .unwrap_or(tail_top)
             .clamp(first, tail_top);
-        (top, (end - top).min(rows) as usize)
+        let shown = (end - top).min(u64::from(self.log_rows()));
+        (top, shown as usize)
     }
 
     /// A key while the log is open: scroll it, close it, or (`false`) leave the key to the
     /// dashboard (start, stop, help, the budget).
     fn scroll_log(&mut self, action: Action) -> bool {
         let rows = u64::from(self.log_rows());
-        let first = self.log_tail().map_or(0, |t| t.dropped());
-        let end = self.log_tail().map_or(0, |t| t.dropped() + t.len() as u64);
-        let tail_top = end.saturating_sub(rows).max(first);
+        let (first, _, tail_top) = self.log_bounds();
         let (top, _) = self.log_window();
         let to = match action {
             Action::Up => top.saturating_sub(1),
