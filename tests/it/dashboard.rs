@@ -1235,3 +1235,33 @@ fn without_nvml_the_panel_lists_ranks_and_home_end_jump() {
         "rank 7 in view:\n{screen}"
     );
 }
+
+/// Issue 19: a run started elsewhere (`train --metrics` into the run directory) has no
+/// prediction beside it: its figures say so with a dash, never a predicted 0.
+#[test]
+fn a_run_without_a_prediction_shows_no_predicted_figures() {
+    use crate::stand_in::*;
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("run");
+    std::fs::create_dir_all(&run).unwrap();
+    let stopped = r#"{"event":"stopped","step":1,"reason":"completed"}"#;
+    let metrics = [started(2, Some(1)), step(1, &[600 * MIB; 2], None)].join("\n");
+    std::fs::write(run.join("metrics.jsonl"), format!("{metrics}\n{stopped}\n")).unwrap();
+    let launch = osdp_tui::supervisor::LaunchSpec {
+        exe: root().join("no-worker"),
+        model: root().join("sample-models/tiny-gpt2.json"),
+        checkpoint_every: 10,
+        hang_after: std::time::Duration::from_secs(60),
+    };
+    let a = app("tiny-gpt2", "cpu", GIB, None)
+        .with_training(osdp_tui::tui::app::Training::new(launch, run));
+    let screen = render_text(&a, 120, 40);
+    for want in [
+        "samples/s 40.0 measured · — predicted",
+        "step time 200.0 ms measured · — predicted",
+        "memory/rank 600.0 MiB measured · — predicted",
+    ] {
+        assert!(screen.contains(want), "{want}:\n{screen}");
+    }
+    assert!(!screen.contains(" 0.0 predicted"), "{screen}");
+}

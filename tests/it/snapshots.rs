@@ -259,24 +259,30 @@ fn a_gpu_run_with_the_parts_of_each_gpus_memory() {
     }
 }
 
-/// Issue 19: `l` shows the worker's log over the screen, its tail in view, at every size.
+/// Issue 19: `l` shows the worker's log over the screen, its tail in view, at every size; a
+/// line longer than the screen is wrapped, not cut.
 #[test]
 fn the_workers_log_at_every_size() {
     use crate::stand_in::*;
     let dir = tempfile::tempdir().unwrap();
     let metrics = vec![started(2, None), step(1, &[600 * MIB, 612 * MIB], None)];
-    let exe = worker(dir.path(), &metrics, 70, "");
+    let long = format!(
+        "echo 'stopped: a long line{} and its end'",
+        " ·".repeat(100)
+    );
+    let exe = worker(dir.path(), &metrics, 70, &long);
     let mut a = start(
         app("tiny-gpt2", "cpu", GIB, None),
         exe,
         "target/snapshot-runs/log-view",
     );
-    poll_until(&mut a, "70 log lines", |a| log_len(a) == 70);
+    poll_until(&mut a, "71 log lines", |a| log_len(a) == 71);
     a.update(Action::ToggleLog);
     for (w, h) in [(80, 24), (120, 40), (200, 60)] {
         a.screen = (w, h);
         let screen = render_text(&a, w, h);
         assert!(screen.contains("log line 70"), "{screen}");
+        assert!(screen.contains("and its end"), "{screen}");
         insta::assert_snapshot!(format!("log_view_{w}x{h}"), screen);
     }
 }

@@ -21,24 +21,64 @@ pub fn draw_log(app: &App, f: &mut Frame, area: Rect) {
         );
         return;
     };
-    let (top, shown) = app.log_window();
+    let (top, _) = app.log_window();
     let first = tail.dropped();
-    let mut lines: Vec<Line> = (0..shown)
-        .filter_map(|k| tail.get((top - first) as usize + k))
-        .map(|l| Line::from(printable(l).into_owned()))
-        .collect();
+    let total = first + tail.len() as u64;
+    let following = app.log_view.is_none_or(|v| v.top.is_none());
+    let width = usize::from(area.width.saturating_sub(2)).max(1);
+    let rows = usize::from(area.height.saturating_sub(2));
+    // Long lines wrap (a failure's message is often the longest): following, the view fills
+    // up from the last line; scrolled, down from its top line.
+    let line = |i: u64| -> Vec<Line<'static>> {
+        let text = tail
+            .get((i - first) as usize)
+            .map(|l| printable(l).into_owned())
+            .unwrap_or_default();
+        if text.is_empty() {
+            return vec![Line::from("")];
+        }
+        let chars: Vec<char> = text.chars().collect();
+        chars
+            .chunks(width)
+            .map(|c| Line::from(c.iter().collect::<String>()))
+            .collect()
+    };
+    let mut lines: Vec<Line> = Vec::new();
+    let (from, to) = if following {
+        let mut i = total;
+        while i > first && lines.len() < rows {
+            i -= 1;
+            let mut l = line(i);
+            l.append(&mut lines);
+            lines = l;
+        }
+        (i, total)
+    } else {
+        let mut i = top;
+        while i < total && lines.len() < rows {
+            lines.extend(line(i));
+            i += 1;
+        }
+        (top, i)
+    };
+    // Of a long first line that does not fit whole, its end.
+    if lines.len() > rows {
+        if following {
+            lines.drain(..lines.len() - rows);
+        } else {
+            lines.truncate(rows);
+        }
+    }
     if lines.is_empty() {
         lines.push(Line::styled(
             "the worker has written nothing yet",
             theme::MUTED,
         ));
     }
-    let total = first + tail.len() as u64;
-    let following = app.log_view.is_none_or(|v| v.top.is_none());
-    let range = if shown == 0 {
+    let range = if to == from {
         "empty".to_string()
     } else {
-        format!("lines {}–{} of {total}", top + 1, top + shown as u64)
+        format!("lines {}–{to} of {total}", from + 1)
     };
     let state = if following {
         Span::styled("following ", theme::GOOD)

@@ -159,7 +159,9 @@ fn lines(app: &App, run: &Supervisor, state: &RunState) -> Vec<(Rank, Line<'stat
         lines.push((Rank::Progress, Line::from(time)));
     }
     if let Some(p) = run.status.last() {
-        let (ps, pt) = pred.map_or((0.0, 0.0), |x| (x.samples_per_s, x.tokens_per_s));
+        // A run started elsewhere has no prediction beside it: a dash, not a zero.
+        let ps = pred.map_or("—".into(), |x| format!("{:.1}", x.samples_per_s));
+        let pt = pred.map_or("—".into(), |x| units::count(x.tokens_per_s as u64));
         lines.push((
             Rank::Figures,
             Line::from(format!(
@@ -171,16 +173,15 @@ fn lines(app: &App, run: &Supervisor, state: &RunState) -> Vec<(Rank, Line<'stat
         lines.push((
             Rank::Figures,
             Line::from(format!(
-                "samples/s {:.1} measured · {:.1} predicted",
-                p.samples_per_s, ps
+                "samples/s {:.1} measured · {ps} predicted",
+                p.samples_per_s
             )),
         ));
         lines.push((
             Rank::Derived,
             Line::from(format!(
-                "tokens/s  {} measured · {} predicted",
-                units::count(p.tokens_per_s as u64),
-                units::count(pt as u64)
+                "tokens/s  {} measured · {pt} predicted",
+                units::count(p.tokens_per_s as u64)
             )),
         ));
         // The largest rank's (each rank's is in the memory panel), against the plan's tensors:
