@@ -168,8 +168,9 @@ impl Supervisor {
             .open(dir.log())?;
         // Earlier segments' events give the loss curve its history; read before the worker
         // starts, so that its own events are read once, by the tail.
-        let earlier = std::fs::read_to_string(dir.metrics()).unwrap_or_default();
+        let earlier = std::fs::read(dir.metrics()).unwrap_or_default();
         let metrics_len = earlier.len() as u64;
+        let earlier = String::from_utf8_lossy(&earlier);
         let processes = match launch.ranks {
             Ranks::CpuThreads => 1,
             Ranks::GpuProcesses => launch.world_size.max(1),
