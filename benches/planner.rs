@@ -99,6 +99,30 @@ fn bench(c: &mut Criterion) {
             })
         });
     }
+    // Offload: llama-2-7b's state alone is 108 GB, so one 80 GiB H100 plans only by offloading;
+    // the search runs at the resolution `plan` picks where offload is offered.
+    let llama = read_model(&root().join("sample-models/llama-2-7b.json")).unwrap();
+    let (m, device) = machine("h100-1x", &llama);
+    let offload = PlanOptions {
+        global_batch: Some(512),
+        resolution_bytes: osdp_tui::plan::request::search_resolution(None, &m, device),
+        ..Default::default()
+    };
+    group.bench_function("full re-plan: llama-2-7b on 1xH100 offloading", |b| {
+        b.iter(|| {
+            plan_with_baselines(black_box(&llama), &m, offload.clone(), device).expect("fits")
+        })
+    });
+    let planner = Planner::new(&llama, m.clone(), offload.clone(), device);
+    let mut step = 0u64;
+    group.bench_function("budget change: llama-2-7b on 1xH100 offloading", |b| {
+        b.iter(|| {
+            step = (step + 1) % 16;
+            planner
+                .best(black_box(device - step * (256 << 20)))
+                .expect("fits")
+        })
+    });
     group.finish();
 }
 

@@ -235,9 +235,11 @@ struct PlanArgs {
     #[arg(long, value_parser = parse_budget, value_name = "SIZE")]
     host_budget: Option<u64>,
     /// Memory resolution of the search: plans within this much of the budget may be missed
-    /// (per merged group); 0 is exact but slow on large models.
-    #[arg(long, default_value = "1MiB", value_parser = parse_size)]
-    resolution: u64,
+    /// (per merged group); 0 is exact but slow on large models [default: 1 MiB; where offload
+    /// is offered, 1/512 of the budget, as offloading every op at about one rate makes the
+    /// exact frontiers huge].
+    #[arg(long, value_parser = parse_size, value_name = "SIZE")]
+    resolution: Option<u64>,
     /// Also list every choice this op could have (op ids as `inspect` lists them), each priced
     /// as the whole plan with only that op changed, and what stops the faster ones
     /// (repeatable).

@@ -28,7 +28,8 @@ pub struct PlanRequest {
     pub max_split: u32,
     pub recompute: bool,
     pub pins: Vec<String>,
-    pub resolution_bytes: u64,
+    /// `--resolution`; absent: [`plan::request::search_resolution`]'s default.
+    pub resolution_bytes: Option<u64>,
     /// Host memory per GPU that offloaded state may take (0: no offload) [default: the
     /// layout's].
     pub host_budget: Option<u64>,
@@ -147,6 +148,8 @@ struct PlanOut<'a> {
     /// much shorter (s) the best step could at most be ([`Planned::host_gap_s`]).
     #[serde(skip_serializing_if = "Option::is_none")]
     host_gap_s: Option<f64>,
+    /// Memory resolution the search ran at (0: exact).
+    resolution_bytes: u64,
     search_time_ms: f64,
     /// Calibrated curves (with when and where they were measured) or datasheet rates.
     timing_source: String,
@@ -182,6 +185,8 @@ pub struct PlanReport {
     pub cpu: bool,
     pub timing_source: String,
     pub search_ms: f64,
+    /// Memory resolution the search ran at (0: exact).
+    pub resolution_bytes: u64,
     pub planned: Planned,
     pub baselines: Vec<(Baseline, Outcome)>,
     /// `--explain`: per op, every choice priced in the plan.
@@ -246,8 +251,9 @@ pub fn plan_report(req: &PlanRequest) -> Result<PlanReport, Failure> {
         max_split: req.max_split,
         recompute: req.recompute,
         pins,
-        resolution_bytes: req.resolution_bytes,
+        resolution_bytes: plan::request::search_resolution(req.resolution_bytes, &machine, budget),
     };
+    let resolution_bytes = options.resolution_bytes;
     let started = Instant::now();
     let result = plan_with_baselines(&spec, &machine, options, budget);
     let search_ms = started.elapsed().as_secs_f64() * 1e3;
@@ -302,6 +308,7 @@ pub fn plan_report(req: &PlanRequest) -> Result<PlanReport, Failure> {
         chosen,
         cpu,
         search_ms,
+        resolution_bytes,
         planned,
         baselines,
         explained,
@@ -350,6 +357,7 @@ impl PlanReport {
             binding_gpu,
             host_budget_bytes: (self.host_budget > 0).then_some(self.host_budget),
             host_gap_s: self.planned.host_gap_s,
+            resolution_bytes: self.resolution_bytes,
             search_time_ms: self.search_ms,
             timing_source: self.timing_source.clone(),
             prediction,
@@ -417,8 +425,16 @@ impl PlanReport {
         }
         println!("  prices: {}", printable(&self.timing_source));
         println!(
-            "  searched in {:.2} ms (baselines included)",
-            self.search_ms
+            "  searched in {:.2} ms (baselines included){}",
+            self.search_ms,
+            if self.resolution_bytes > 1 << 20 {
+                format!(
+                    ", memory resolved to {} (--resolution sets it)",
+                    units::bytes(self.resolution_bytes)
+                )
+            } else {
+                String::new()
+            }
         );
         if self.host_budget > 0 {
             println!(

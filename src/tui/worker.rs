@@ -64,19 +64,26 @@ pub fn plan_now(
 ) -> PlanReady {
     let started = Instant::now();
     let cover = max_budget.max(r.budget_bytes);
-    let planner = Planner::new(model, machine.clone(), options(r), cover);
-    let table = BaselineTable::new(model, machine, &options(r), cover);
-    finish(&planner, &table, r, started, false)
+    let opts = options(r, resolution(machine, max_budget));
+    let planner = Planner::new(model, machine.clone(), opts.clone(), cover);
+    let table = BaselineTable::new(model, machine, &opts, cover);
+    finish(&planner, &table, r, &opts, started, false)
 }
 
-fn options(r: &PlanRequest) -> PlanOptions {
+/// The dashboard's memory resolution: the CLI's default at the largest budget it plans for, so
+/// that a budget change reuses the frontiers.
+fn resolution(machine: &Machine, max_budget: u64) -> u64 {
+    osdp_core::plan::request::search_resolution(None, machine, max_budget)
+}
+
+fn options(r: &PlanRequest, resolution_bytes: u64) -> PlanOptions {
     PlanOptions {
         batch: r.batch,
         global_batch: r.global_batch,
         max_split: r.max_split,
         recompute: true,
         pins: r.pins.clone(),
-        resolution_bytes: 1 << 20,
+        resolution_bytes,
     }
 }
 
@@ -86,14 +93,14 @@ fn finish(
     planner: &Planner,
     table: &BaselineTable,
     r: &PlanRequest,
+    opts: &PlanOptions,
     started: Instant,
     reused: bool,
 ) -> PlanReady {
-    let opts = options(r);
     let baselines = table.at(r.budget_bytes);
     let mut result = planner.best(r.budget_bytes);
     if let Ok(best) = &mut result {
-        baseline::adopt(best, &baselines, &opts);
+        baseline::adopt(best, &baselines, opts);
     }
     PlanReady {
         id: r.id,
@@ -114,6 +121,7 @@ fn serve(
 ) {
     // Frontiers built for (options, largest budget they cover).
     let mut cached: Option<(PlanOptions, u64, Planner, BaselineTable)> = None;
+    let resolution = resolution(&machine, max_budget);
     while let Ok(mut r) = jobs.recv() {
         // Latest request wins: skip everything already superseded.
         loop {
@@ -124,7 +132,7 @@ fn serve(
             }
         }
         let started = Instant::now();
-        let opts = options(&r);
+        let opts = options(&r, resolution);
         let reused = cached
             .as_ref()
             .is_some_and(|(o, cover, _, _)| *o == opts && r.budget_bytes <= *cover);
@@ -134,9 +142,9 @@ fn serve(
             let table = BaselineTable::new(model, &machine, &opts, cover);
             cached = Some((opts, cover, planner, table));
         }
-        let (_, _, planner, table) = cached.as_ref().expect("just built");
+        let (opts, _, planner, table) = cached.as_ref().expect("just built");
         if done
-            .send(finish(planner, table, &r, started, reused))
+            .send(finish(planner, table, &r, opts, started, reused))
             .is_err()
         {
             return;
