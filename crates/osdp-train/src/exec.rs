@@ -157,12 +157,13 @@ struct Unit {
 const HOST: Device = Device::Cpu;
 
 /// `t` in host memory, in storage of its own (on a CPU "device" too: the two are accounted
-/// apart, so they must not share).
+/// apart, so they must not share). From a GPU the host copy is page-locked: copies to and from
+/// it run at the link's DMA rate, which is what the cost model prices, and later in-place
+/// updates keep it pinned.
 fn to_host(t: &Tensor) -> Tensor {
-    if t.device() == HOST {
-        t.copy()
-    } else {
-        t.to_device(HOST)
+    match t.device() {
+        HOST => t.copy(),
+        d => t.to_device(HOST).pin_memory(d),
     }
 }
 
