@@ -105,7 +105,7 @@ fn bench(c: &mut Criterion) {
     let (m, device) = machine("h100-1x", &llama);
     let offload = PlanOptions {
         global_batch: Some(512),
-        resolution_bytes: osdp_tui::plan::request::search_resolution(None, &m, device),
+        resolution_bytes: osdp_tui::plan::request::search_resolution(None, &llama, &m, device),
         ..Default::default()
     };
     group.bench_function("full re-plan: llama-2-7b on 1xH100 offloading", |b| {

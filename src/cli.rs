@@ -236,8 +236,8 @@ struct PlanArgs {
     host_budget: Option<u64>,
     /// Memory resolution of the search: plans within this much of the budget may be missed
     /// (per merged group); 0 is exact but slow on large models [default: 1 MiB; where offload
-    /// is offered, 1/512 of the budget, as offloading every op at about one rate makes the
-    /// exact frontiers huge].
+    /// is offered, 1/512 of the budget or of the model's training state, whichever is less, as
+    /// offloading every op at about one rate makes the exact frontiers huge].
     #[arg(long, value_parser = parse_size, value_name = "SIZE")]
     resolution: Option<u64>,
     /// Also list every choice this op could have (op ids as `inspect` lists them), each priced

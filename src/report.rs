@@ -251,7 +251,12 @@ pub fn plan_report(req: &PlanRequest) -> Result<PlanReport, Failure> {
         max_split: req.max_split,
         recompute: req.recompute,
         pins,
-        resolution_bytes: plan::request::search_resolution(req.resolution_bytes, &machine, budget),
+        resolution_bytes: plan::request::search_resolution(
+            req.resolution_bytes,
+            &spec,
+            &machine,
+            budget,
+        ),
     };
     let resolution_bytes = options.resolution_bytes;
     let started = Instant::now();

@@ -64,7 +64,7 @@ pub fn plan_now(
 ) -> PlanReady {
     let started = Instant::now();
     let cover = max_budget.max(r.budget_bytes);
-    let opts = options(r, resolution(machine, max_budget));
+    let opts = options(r, resolution(model, machine, max_budget));
     let planner = Planner::new(model, machine.clone(), opts.clone(), cover);
     let table = BaselineTable::new(model, machine, &opts, cover);
     finish(&planner, &table, r, &opts, started, false)
@@ -72,8 +72,8 @@ pub fn plan_now(
 
 /// The dashboard's memory resolution: the CLI's default at the largest budget it plans for, so
 /// that a budget change reuses the frontiers.
-fn resolution(machine: &Machine, max_budget: u64) -> u64 {
-    osdp_core::plan::request::search_resolution(None, machine, max_budget)
+fn resolution(model: &ModelSpec, machine: &Machine, max_budget: u64) -> u64 {
+    osdp_core::plan::request::search_resolution(None, model, machine, max_budget)
 }
 
 fn options(r: &PlanRequest, resolution_bytes: u64) -> PlanOptions {
@@ -121,7 +121,7 @@ fn serve(
 ) {
     // Frontiers built for (options, largest budget they cover).
     let mut cached: Option<(PlanOptions, u64, Planner, BaselineTable)> = None;
-    let resolution = resolution(&machine, max_budget);
+    let resolution = resolution(model, &machine, max_budget);
     while let Ok(mut r) = jobs.recv() {
         // Latest request wins: skip everything already superseded.
         loop {

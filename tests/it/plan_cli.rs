@@ -895,7 +895,7 @@ fn offload_is_taken_only_where_the_budget_needs_it_or_it_pays() {
         let budget = l.memory_bytes();
         let options = PlanOptions {
             global_batch: Some(512),
-            resolution_bytes: osdp_tui::plan::request::search_resolution(None, &m, budget),
+            resolution_bytes: osdp_tui::plan::request::search_resolution(None, &model, &m, budget),
             ..Default::default()
         };
         let (best, _) = plan_with_baselines(&model, &m, options, budget).expect("fits");
