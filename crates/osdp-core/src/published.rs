@@ -283,6 +283,13 @@ pub fn layout_of(run: &PublishedRun, layouts: &Path) -> Result<Layout, String> {
             };
         }
     }
+    // The 40 GB A100 has HBM2, not the 80 GB one's HBM2e: element-wise ops run at its rate.
+    if run.gpu.to_uppercase().contains("A100-40GB") {
+        l.device.memory_bandwidth_gb_per_s = Figure {
+            value: A100_40GB_MEMORY_GB_PER_S,
+            source: "NVIDIA A100 datasheet: 1,555 GB/s HBM2 on the 40 GB SXM".into(),
+        };
+    }
     l.gradient_reduce_dtype = match run.reduce_dtype.as_deref().unwrap_or("fp32") {
         "fp32" => Some(crate::cluster::ReduceDType::Fp32),
         "bf16" => Some(crate::cluster::ReduceDType::Bf16),
@@ -299,6 +306,9 @@ pub fn layout_of(run: &PublishedRun, layouts: &Path) -> Result<Layout, String> {
     }
     Ok(l)
 }
+
+/// The A100 40 GB SXM's memory bandwidth (NVIDIA A100 datasheet; the 80 GB SXM has 2,039).
+const A100_40GB_MEMORY_GB_PER_S: f64 = 1555.0;
 
 /// What NCCL achieves of a network's line rate (46 of 50 GB/s on InfiniBand NDR).
 const NCCL_NETWORK_EFFICIENCY: f64 = 0.92;
