@@ -11,7 +11,9 @@ use crate::cost::{Machine, Strategy};
 use crate::failure::Failure;
 use crate::model::{self, ModelSpec};
 use crate::plan::baseline::{Baseline, Outcome};
-use crate::plan::{self, plan_with_baselines, Blocks, PlanFile, PlanOptions, Planned, Prediction};
+use crate::plan::{
+    self, plan_with_baselines, Blocks, NoFit, PlanFile, PlanOptions, Planned, Prediction,
+};
 use crate::text::printable;
 use crate::units;
 
@@ -255,13 +257,14 @@ pub fn plan_report(req: &PlanRequest) -> Result<PlanReport, Failure> {
             req.resolution_bytes,
             &spec,
             &machine,
-            budget,
+            layout.memory_bytes(),
         ),
     };
     let resolution_bytes = options.resolution_bytes;
     let started = Instant::now();
-    let result = plan_with_baselines(&spec, &machine, options, budget);
+    let result = plan_with_baselines(&spec, &machine, options.clone(), budget);
     let search_ms = started.elapsed().as_secs_f64() * 1e3;
+    let result = result.map_err(|nf| least_that_fits(&spec, &machine, &options, nf));
     let (planned, baselines) = result.map_err(|nf| Failure {
         code: EXIT_NO_FIT,
         message: match nf.host_budget_bytes {
@@ -318,6 +321,29 @@ pub fn plan_report(req: &PlanRequest) -> Result<PlanReport, Failure> {
         baselines,
         explained,
     })
+}
+
+/// The smallest budget that fits, checked: with a memory resolution the least peak a search
+/// reaches depends a little (under a resolution step) on the budget its frontiers were built
+/// for, so the budget a failed search names is searched again until it fits.
+fn least_that_fits(
+    spec: &ModelSpec,
+    machine: &Machine,
+    options: &PlanOptions,
+    mut nf: NoFit,
+) -> NoFit {
+    for _ in 0..8 {
+        if nf.min_budget_bytes == u64::MAX {
+            break;
+        }
+        match plan_with_baselines(spec, machine, options.clone(), nf.min_budget_bytes) {
+            Ok(_) => break,
+            Err(again) if again.min_budget_bytes > nf.min_budget_bytes => nf = again,
+            // Not closer: name the next byte's worth of budget up, which is searched next.
+            Err(_) => nf.min_budget_bytes += options.resolution_bytes.max(1),
+        }
+    }
+    nf
 }
 
 /// `plan`: plan, write the plan file if asked, print the report.

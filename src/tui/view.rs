@@ -336,9 +336,9 @@ fn draw_header(app: &App, f: &mut Frame, area: Rect) {
                 }
                 lines.push(Line::from(spans));
                 if area.height >= 5 {
-                    let host = app
-                        .machine
-                        .offers_offload()
+                    // Host memory once the plan offloads (a layout with a host that the plan
+                    // does not use needs no word of it).
+                    let host = (app.machine.offers_offload() && pr.host_bytes > 0)
                         .then_some(app.machine.host_budget_bytes);
                     lines.extend(split_bars(pr, budget, host, usize::from(area.width)));
                 }
@@ -385,8 +385,8 @@ fn draw_header(app: &App, f: &mut Frame, area: Rect) {
 /// Spans of a bar in [`split_bars`]: one per part, and the unused rest.
 const MEMORY_PARTS_SPANS: usize = 5;
 
-/// `host_budget`: where the layout offers offload, the memory line ends with the plan's host
-/// memory against it.
+/// `host_budget`: where the plan offloads, the memory line ends with its host memory against
+/// the host budget.
 fn split_bars(
     pr: &crate::plan::Prediction,
     budget: u64,

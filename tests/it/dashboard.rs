@@ -981,9 +981,15 @@ fn offloaded_operators_and_host_memory_are_on_screen() {
     assert!(screen.contains(&want), "{want} not in\n{screen}");
     assert!(screen.contains("+ofl-"), "{screen}");
     assert!(screen.contains("+offload"), "{screen}");
-    // Without a host the layout never offloads, and says nothing of host memory.
-    let plain = app("gpt2-xl", "a100-80gb-8x-nvlink", 16 * GIB);
+    // A plan that offloads nothing says nothing of host memory, though the layout has a host.
+    let plain = app("gpt2-xl", "h200-1x", 140 * GIB);
+    assert!(plain.machine.offers_offload());
+    assert_eq!(plain.planned().unwrap().prediction.host_bytes, 0);
     let screen = render_text(&plain, 120, 40);
+    assert!(!screen.contains("host "), "{screen}");
+    // Without a host the layout never offloads, and its legend has no offload colour.
+    let hostless = app("gpt2-xl", "a100-80gb-8x-nvlink", 16 * GIB);
+    let screen = render_text(&hostless, 120, 40);
     assert!(!screen.contains("host "), "{screen}");
     assert!(!screen.contains("+offload"), "{screen}");
 }

@@ -104,32 +104,33 @@ pub fn set_host_budget(
 }
 
 /// The memory resolution a search runs at: `requested` if given (0 is exact), else 1 MiB, or
-/// where offload is offered 1/512 of the budget or of the model's training state, whichever is
-/// less (at least 1 MiB).
+/// where offload is offered 1/512 of the GPU's memory or of the model's training state,
+/// whichever is less (at least 1 MiB). It does not depend on the budget asked for, so that the
+/// least budget one search reports is one the next search at that budget finds.
 ///
 /// Offloading an op trades its state bytes for host-link and CPU time at nearly one rate for
 /// every op, so no subset of offloaded ops dominates another: at 1 MiB the frontiers hold every
 /// subset sum of the ops' states (~20,000 points on a 7B model) and a full search of llama-2-7b
-/// on one H100 takes 1.5 s. At 1/512 of the 80 GiB budget (159 MiB) it takes ~20 ms and the plan found
+/// on one H100 takes 1.5 s. At 1/512 of its 80 GiB (159 MiB) it takes ~20 ms and the plan found
 /// is within 0.01 % of the 1 MiB one's step time (docs/offload.md). A small model keeps 1 MiB:
 /// what it can offload is small, and so is its search.
 pub fn search_resolution(
     requested: Option<u64>,
     model: &ModelSpec,
     m: &Machine,
-    budget: u64,
+    device_bytes: u64,
 ) -> u64 {
     const MIB: u64 = 1 << 20;
     let state = model
         .param_count()
         .saturating_mul(crate::cost::HOST_STATE_BYTES_PER_PARAM);
     requested.unwrap_or(if m.offers_offload() {
-        (budget.min(state) / OFFLOAD_RESOLUTION_SHARE / MIB).max(1) * MIB
+        (device_bytes.min(state) / OFFLOAD_RESOLUTION_SHARE / MIB).max(1) * MIB
     } else {
         MIB
     })
 }
 
-/// Share of the budget (or state) that one step of memory resolution is in an offloading search (see
+/// Share of the GPU's memory (or the state) that one step of memory resolution is in an offloading search (see
 /// [`search_resolution`]).
 pub const OFFLOAD_RESOLUTION_SHARE: u64 = 512;
