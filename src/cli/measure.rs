@@ -10,8 +10,9 @@ use super::Failure;
 
 #[derive(Debug, Args)]
 pub struct CalibrateArgs {
-    /// Where to compute: `cpu` times the CPU trainer's kernels; `cuda` needs an NVIDIA GPU and
-    /// the NCCL build, which this one does not have yet.
+    /// Where to compute: `cpu` times the CPU trainer's kernels; `cuda` (an NVIDIA GPU) times
+    /// only the host side, the CPU AdamW rate and pinned copies to and from GPU 0, into the
+    /// `--base` GPU layout's `host` section (the GPU's kernels are not timed yet).
     #[arg(long, value_enum, default_value_t = DeviceArg::Cpu)]
     pub device: DeviceArg,
     /// Layout file to write (e.g. layouts/local-cpu.json); its name is the file's stem.
@@ -139,13 +140,7 @@ impl Bar {
 pub fn calibrate(args: CalibrateArgs) -> Result<(), Failure> {
     use crate::train::calibrate::{self, CalibrateConfig};
 
-    if args.device == DeviceArg::Cuda {
-        if crate::train::tch::Cuda::is_available() {
-            return Err(Failure::input(
-                "calibrate --device cuda: timing the GPU's kernels is not built yet (the GPU \
-                 layouts price with datasheet figures); calibrate the CPU with --device cpu",
-            ));
-        }
+    if args.device == DeviceArg::Cuda && !crate::train::tch::Cuda::is_available() {
         return Err(no_cuda());
     }
     // Say so before a minute of measuring, not after.
@@ -157,6 +152,9 @@ pub fn calibrate(args: CalibrateArgs) -> Result<(), Failure> {
                 dir.display()
             )));
         }
+    }
+    if args.device == DeviceArg::Cuda {
+        return calibrate_cuda_host(&args);
     }
     let base = match &args.base {
         Some(p) => crate::cluster::read_layout(p).map_err(Failure::input)?,
@@ -263,11 +261,85 @@ pub fn calibrate(args: CalibrateArgs) -> Result<(), Failure> {
             c.step_overhead_s * 1e3
         );
     }
+    print_host(&layout);
     println!(
         "wrote {}; plan with it: osdp-tui plan MODEL.json --layout {} --budget SIZE",
         args.output.display(),
         args.output.display()
     );
+    Ok(())
+}
+
+/// The host figures offloading prices with, one line.
+#[cfg(feature = "train")]
+fn print_host(layout: &crate::cluster::Layout) {
+    if let Some(h) = &layout.host {
+        println!(
+            "  host: CPU AdamW {:.0} M parameters/s per core ({} cores), link {:.1} GB/s, {:.1} GiB",
+            h.adam_mparams_per_s_per_core.value,
+            h.cpu_cores_per_node.value,
+            h.link_gb_per_s.value,
+            h.memory_gib_per_node.value
+        );
+    }
+}
+
+/// `calibrate --device cuda`: the GPU's kernels are not timed yet, but the host side is: the
+/// CPU AdamW rate and pinned copies to and from GPU 0, written into the `--base` GPU layout's
+/// `host` section (everything else of it kept).
+#[cfg(feature = "train")]
+fn calibrate_cuda_host(args: &CalibrateArgs) -> Result<(), Failure> {
+    use crate::train::calibrate;
+
+    let Some(base) = &args.base else {
+        return Err(Failure::input(
+            "calibrate --device cuda measures the host side only (the CPU AdamW rate and the \
+             pinned host↔GPU link; timing the GPU's kernels is not built yet): name the GPU \
+             layout it completes with --base LAYOUT.json",
+        ));
+    };
+    let mut layout = crate::cluster::read_layout(base).map_err(Failure::input)?;
+    if layout.device.kind != crate::cluster::DeviceKind::Gpu {
+        return Err(Failure::input(format!(
+            "calibrate --device cuda: {} is not a GPU layout",
+            base.display()
+        )));
+    }
+    if let Some(name) = args.output.file_stem() {
+        layout.name = name.to_string_lossy().into_owned();
+    }
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let ranks = (layout.gpus_per_node as usize).clamp(1, cores);
+    let mut bar = Bar::new();
+    let mut phase = 0.0;
+    let measured = calibrate::measure_host(crate::train::tch::Device::Cuda(0), ranks, &mut |w| {
+        bar.show(phase / 2.0, w);
+        phase += 1.0;
+    });
+    bar.show(1.0, "done");
+    bar.finish();
+    let measured = measured.map_err(|e| Failure {
+        code: 1,
+        message: format!("calibration failed: {e}"),
+    })?;
+    layout.host = Some(calibrate::host_spec(
+        &layout,
+        &measured,
+        &calibrate::now_utc(),
+    ));
+    crate::cluster::validate_layout(&layout).map_err(|p| Failure {
+        code: 1,
+        message: format!("the measured layout is not valid: {p}"),
+    })?;
+    crate::input::write_json_atomically(&args.output, &layout)
+        .map_err(|e| Failure::output(&args.output, e))?;
+    if args.json {
+        crate::report::print_json(&layout);
+        return Ok(());
+    }
+    println!("{} (host side only)", layout.device.model);
+    print_host(&layout);
+    println!("wrote {}", args.output.display());
     Ok(())
 }
 

@@ -76,6 +76,7 @@ fn calibrate_writes_a_layout_that_plan_and_validate_price_with() {
 
     // `plan` says its prices are the calibration's, in words and in JSON.
     let model = super::root().join("sample-models/tiny-gpt2.json");
+    host_figures_are_measured_and_price_offload(dir.path(), &path, &model);
     let plan_file = dir.path().join("plan.json");
     let text = stdout_ok(
         on_layout("plan", &model, &path)
@@ -257,4 +258,112 @@ fn calibrate_checks_its_output_and_models_before_measuring() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("bert-large-uncased"), "{err}");
     assert!(!dir.path().join("local.json").exists());
+}
+
+/// Issue 20: the calibrated layout's `host` section holds what calibrate measured on this
+/// machine (the offloaded CPU AdamW step per core, the copy between "device" and host tensors),
+/// keeps the base layout's host memory, and `plan` / `evaluate` price offload with those
+/// figures: making the link and the AdamW rate twice as fast takes exactly half of an offloaded
+/// op's host time off the predicted optimizer time. No timings are asserted, only that the
+/// figures are positive, plausible and used.
+fn host_figures_are_measured_and_price_offload(dir: &Path, path: &Path, model: &Path) {
+    use osdp_tui::cost::Machine;
+
+    let layout = read_layout(path).expect("a valid layout");
+    let host = layout.host.as_ref().expect("a host section");
+    let (link, adam) = (&host.link_gb_per_s, &host.adam_mparams_per_s_per_core);
+    // Between a slow disk and past any memory bus; between a microcontroller and past any core.
+    assert!(link.value > 0.01 && link.value < 1000.0, "{link:?}");
+    assert!(adam.value > 0.1 && adam.value < 100_000.0, "{adam:?}");
+    for f in [link, adam] {
+        assert!(
+            f.source.contains("measured by `osdp-tui calibrate`"),
+            "{f:?}"
+        );
+    }
+    assert!(adam.source.contains("on one thread alone"), "{adam:?}");
+    // Host memory is the base layout's (a budget choice); the cores are this machine's.
+    let base = read_layout(&super::root().join("layouts/cpu.json")).unwrap();
+    assert_eq!(
+        host.memory_gib_per_node,
+        base.host.as_ref().unwrap().memory_gib_per_node
+    );
+    let cores = std::thread::available_parallelism().unwrap().get() as f64;
+    assert_eq!(host.cpu_cores_per_node.value, cores);
+
+    // The cost model's host rates are the layout's.
+    let spec = osdp_tui::model::read_model(model).unwrap();
+    let m = Machine::new(&layout, &spec);
+    assert_eq!(m.host_link_bytes_per_s, link.value * 1e9);
+    let per_rank = adam.value * 1e6 * cores / f64::from(layout.gpus_per_node);
+    assert!((m.cpu_adam_params_per_s / per_rank - 1.0).abs() < 1e-12);
+
+    // `plan` prices offload on the calibrated layout: it offloads where asked, and finds
+    // host memory for it.
+    let op = "h0.mlp.c_fc";
+    let p = json_ok(
+        on_layout("plan", model, path)
+            .args(["--budget", "4GiB", "--batch", "2", "--json"])
+            .args(["--pin", &format!("{op}=dp+offload-opt")]),
+    );
+    let pinned = p["ops"].as_array().unwrap().iter().find(|o| o["id"] == op);
+    assert_eq!(pinned.unwrap()["offload"], "offload-opt", "{p}");
+    assert!(p["prediction"]["host_bytes"].as_u64().unwrap() > 0);
+    // A plan that offloads that op alone: the planner's without offload, the op set by hand.
+    let plan_file = dir.join("offload.json");
+    stdout_ok(
+        on_layout("plan", model, path)
+            .args([
+                "--budget",
+                "4GiB",
+                "--batch",
+                "2",
+                "--host-budget",
+                "0",
+                "-o",
+            ])
+            .arg(&plan_file),
+    );
+    let mut plan: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&plan_file).unwrap()).unwrap();
+    for o in plan["ops"].as_array_mut().unwrap() {
+        assert!(o.get("offload").is_none(), "{o}");
+        if o["id"] == op {
+            o["strategy"] = "dp".into();
+            o["offload"] = "offload-opt".into();
+        }
+    }
+    std::fs::write(&plan_file, plan.to_string()).unwrap();
+    // The same plan on a copy of the layout whose host link and AdamW rate are twice as fast.
+    let mut fast = layout.clone();
+    let h = fast.host.as_mut().unwrap();
+    h.link_gb_per_s.value *= 2.0;
+    h.adam_mparams_per_s_per_core.value *= 2.0;
+    let fast_path = dir.join("fast-host.json");
+    std::fs::write(&fast_path, serde_json::to_string(&fast).unwrap()).unwrap();
+    let optimizer_s = |layout: &Path| {
+        json_ok(
+            on_layout("evaluate", model, layout)
+                .arg("--plan")
+                .arg(&plan_file)
+                .arg("--json"),
+        )["prediction"]["optimizer_s"]
+            .as_f64()
+            .unwrap()
+    };
+    // dp + offload-opt, once a step: the fp32 gradient to the host, AdamW on the CPU, the fp32
+    // weights back (launch costs are the same on both layouts).
+    let params = spec
+        .ops
+        .iter()
+        .find(|o| o.id == op)
+        .map(osdp_tui::model::ModelSpec::op_param_count)
+        .unwrap() as f64;
+    let host_s = 8.0 * params / m.host_link_bytes_per_s + params / m.cpu_adam_params_per_s;
+    let saved = optimizer_s(path) - optimizer_s(&fast_path);
+    assert!(
+        (saved / (host_s / 2.0) - 1.0).abs() < 1e-6,
+        "twice as fast a host saves {saved} s; the figures say {} s",
+        host_s / 2.0
+    );
 }

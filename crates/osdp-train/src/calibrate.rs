@@ -18,7 +18,7 @@ use super::TrainError;
 use osdp_core::cluster::calibration::{
     fit_ring, Calibration, CollectivePoint, CurvePoint, OptimizerPoint,
 };
-use osdp_core::cluster::{DeviceKind, Figure, Layout, LinkKind, LinkSpec};
+use osdp_core::cluster::{DeviceKind, Figure, HostSpec, Layout, LinkKind, LinkSpec};
 use osdp_core::cost::{self, Machine, Strategy};
 use osdp_core::model::ModelSpec;
 
@@ -80,8 +80,8 @@ pub fn calibrate(cfg: &CalibrateConfig, progress: Progress<'_>) -> Result<Layout
         .take_while(|&b| b <= cfg.max_batch.max(1))
         .collect();
     // Work items for the progress bar: each (model, batch) pair, the ZeRO-3 runs that time the
-    // collectives, the split-linear runs, then three micro-benchmarks.
-    let total = (cfg.models.len() * (ladder.len() + 2) + 3) as f64;
+    // collectives, the split-linear runs, then five micro-benchmarks.
+    let total = (cfg.models.len() * (ladder.len() + 2) + 5) as f64;
     let mut done = 0.0;
 
     let mut raw: BTreeMap<String, Vec<CurvePoint>> = BTreeMap::new();
@@ -128,6 +128,12 @@ pub fn calibrate(cfg: &CalibrateConfig, progress: Progress<'_>) -> Result<Layout
     progress(done / total, "memory bandwidth");
     let bandwidth = measure_bandwidth(ranks)?;
     done += 1.0;
+    let mut phase = 0.0;
+    let host = measure_host(Device::Cpu, ranks, &mut |what| {
+        progress((done + phase) / total, what);
+        phase += 1.0;
+    })?;
+    done += 2.0;
     let mut calls: Vec<(f64, f64)> = Vec::new();
     for model in &cfg.models {
         progress(
@@ -221,6 +227,7 @@ pub fn calibrate(cfg: &CalibrateConfig, progress: Progress<'_>) -> Result<Layout
             nics_per_node: None,
         };
     }
+    layout.host = Some(host_spec(&layout, &host, &measured_at));
     let mut other = others;
     layout.calibration = Some(Calibration {
         measured_at,
@@ -419,6 +426,245 @@ fn measure_bandwidth(ranks: usize) -> Result<f64, TrainError> {
     })?;
     // The slowest rank's.
     Ok(per_rank.into_iter().fold(f64::INFINITY, f64::min))
+}
+
+/// Parameters of the host AdamW and bytes of the host-link copies `calibrate` times: 64 MiB per
+/// fp32 tensor, far past any CPU's caches, so the rates are memory's (as a large model's are).
+const HOST_ELEMENTS: i64 = 1 << 24;
+
+/// The host side of offloading, timed with the trainer's own code paths: what a layout's
+/// `host` section prices the CPU AdamW step and the device↔host copies with.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HostMeasurement {
+    /// Parameters per second of the offloaded optimizer step on one thread, alone.
+    pub adam_one_thread: f64,
+    /// Parameters per second per core with every core busy: each rank stepping its own
+    /// tensors on its share of the threads, all at once (the slowest rank's rate per thread).
+    pub adam_per_core: f64,
+    /// Threads that ran at once for `adam_per_core`.
+    pub threads: usize,
+    /// Bytes per second of one copy between device and host memory, per rank, the slower
+    /// direction.
+    pub link_bytes_per_s: f64,
+    /// How the link was measured, in words.
+    pub link_how: String,
+}
+
+/// Time the host side of offloading on this machine: the CPU AdamW step an offloaded unit
+/// takes in `exec` (its gradient's square-sum for the global norm, [`adamw_update`] on the
+/// host tensors, the host gradient buffer zeroed), on one thread and then on every core, and
+/// the copies between `device` and host memory. On the CPU (where "device" and host are both
+/// RAM, kept in separate tensors as the executor keeps them) a tensor copy on each of `ranks`
+/// ranks at once; on a CUDA device, pinned host memory to and from the GPU (run only when a
+/// GPU is present). `progress` is told each phase.
+pub fn measure_host(
+    device: Device,
+    ranks: usize,
+    progress: &mut dyn FnMut(&str),
+) -> Result<HostMeasurement, TrainError> {
+    let ranks = ranks.max(1);
+    let threads = threads_per_rank(ranks);
+    progress(&format!(
+        "host: CPU AdamW, one thread, then {ranks} rank(s) × {threads} thread(s)"
+    ));
+    let before = tch::get_num_threads();
+    tch::set_num_threads(1);
+    let one = host_adam_seconds(None);
+    tch::set_num_threads(before);
+    let one = one?;
+    let per_rank = on_ranks(ranks, |comm| host_adam_seconds(Some(comm)))?;
+    tch::set_num_threads(before);
+    let slowest = per_rank.into_iter().fold(0.0, f64::max);
+    let n = HOST_ELEMENTS as f64;
+    progress(&match device {
+        Device::Cpu => "host: link, tensor copies on every rank at once".to_string(),
+        d => format!("host: link, pinned host memory to and from {d:?}"),
+    });
+    let (link_bytes_per_s, link_how) = match device {
+        Device::Cpu => {
+            let per_rank = on_ranks(ranks, |comm| {
+                let src = Tensor::randn([HOST_ELEMENTS], (Kind::Float, Device::Cpu));
+                let mut dst = Tensor::zeros([HOST_ELEMENTS], (Kind::Float, Device::Cpu));
+                timed(comm, 5, || {
+                    dst.copy_(&src);
+                    Ok(())
+                })
+            })?;
+            let t = per_rank.into_iter().fold(0.0, f64::max);
+            (
+                4.0 * n / t,
+                format!(
+                    "a 64 MiB fp32 copy between a rank's \"device\" and host tensors (`copy_`, as \
+                     the executor's CPU path copies), {ranks} rank(s) at once, the slowest"
+                ),
+            )
+        }
+        Device::Cuda(index) => {
+            let (h2d, d2h) = cuda_link_seconds(index)?;
+            (
+                4.0 * n / h2d.max(d2h),
+                format!(
+                    "64 MiB fp32 copies between pinned host memory and GPU {index}: {:.1} GB/s \
+                     host→device, {:.1} GB/s device→host, the slower",
+                    4.0 * n / h2d / 1e9,
+                    4.0 * n / d2h / 1e9
+                ),
+            )
+        }
+        d => {
+            return Err(TrainError::Invalid(format!(
+                "calibrate: the host link to {d:?} cannot be measured"
+            )))
+        }
+    };
+    Ok(HostMeasurement {
+        adam_one_thread: n / one,
+        adam_per_core: n / slowest / threads as f64,
+        threads: ranks * threads,
+        link_bytes_per_s,
+        link_how,
+    })
+}
+
+/// Median seconds of the offloaded unit's CPU step on [`HOST_ELEMENTS`] parameters, as `exec`
+/// runs it on host tensors: the gradient's square-sum, AdamW, the host gradient buffer zeroed.
+/// With `comm` every rank starts each repetition together.
+fn host_adam_seconds(comm: Option<&dyn Collective>) -> Result<f64, TrainError> {
+    let o = OptimConfig::default();
+    let opts = (Kind::Float, Device::Cpu);
+    let mut p = Tensor::randn([HOST_ELEMENTS], opts);
+    let mut g = Tensor::randn([HOST_ELEMENTS], opts);
+    let mut m = Tensor::zeros([HOST_ELEMENTS], opts);
+    let mut v = Tensor::zeros([HOST_ELEMENTS], opts);
+    let mut step = || -> Result<(), TrainError> {
+        let sq = g.square().sum(Kind::Double).double_value(&[]);
+        adamw_update(&mut p, &g, &mut m, &mut v, &o, 1e-3, 0.1, 1.0, (0.1, 0.001));
+        let _ = g.zero_();
+        std::hint::black_box(sq);
+        Ok(())
+    };
+    match comm {
+        Some(comm) => timed(comm, 5, step),
+        None => {
+            step()?;
+            let mut times = Vec::with_capacity(5);
+            for _ in 0..5 {
+                let t0 = Instant::now();
+                step()?;
+                times.push(t0.elapsed().as_secs_f64());
+            }
+            Ok(median(&mut times))
+        }
+    }
+}
+
+/// Median seconds of a [`HOST_ELEMENTS`] fp32 copy from pinned host memory to CUDA device
+/// `index` and back: (host→device, device→host). Refused without a usable GPU.
+fn cuda_link_seconds(index: usize) -> Result<(f64, f64), TrainError> {
+    if !tch::Cuda::is_available() || index as i64 >= tch::Cuda::device_count() {
+        return Err(TrainError::Invalid(format!(
+            "calibrate: no CUDA device {index} to measure the host link to"
+        )));
+    }
+    let gpu = Device::Cuda(index);
+    let mut host = Tensor::randn([HOST_ELEMENTS], (Kind::Float, Device::Cpu)).pin_memory(gpu);
+    let mut dev = Tensor::zeros([HOST_ELEMENTS], (Kind::Float, gpu));
+    let time = |f: &mut dyn FnMut()| {
+        f();
+        tch::Cuda::synchronize(index as i64);
+        let mut times = Vec::with_capacity(10);
+        for _ in 0..10 {
+            let t0 = Instant::now();
+            f();
+            tch::Cuda::synchronize(index as i64);
+            times.push(t0.elapsed().as_secs_f64());
+        }
+        median(&mut times)
+    };
+    let h2d = time(&mut || dev.copy_(&host));
+    let d2h = time(&mut || host.copy_(&dev));
+    Ok((h2d, d2h))
+}
+
+/// `layout`'s `host` section with what [`measure_host`] measured: the link and the AdamW rate
+/// per core (all cores busy; the one-thread rate in its source). Host memory is the layout's
+/// where it has it (a budget choice), else this machine's (`/proc/meminfo`; on a CPU layout
+/// less what its ranks' "device" memory takes of the same RAM); cores are this machine's.
+pub fn host_spec(layout: &Layout, host: &HostMeasurement, measured_at: &str) -> HostSpec {
+    let measured =
+        |what: &str| format!("measured by `osdp-tui calibrate` on {measured_at}: {what}");
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
+    let memory = layout
+        .host
+        .as_ref()
+        .map(|h| h.memory_gib_per_node.clone())
+        .or_else(|| {
+            let total = mem_total_gib()?;
+            Some(match layout.device.kind {
+                DeviceKind::Cpu => {
+                    let ranks = f64::from(layout.gpus_per_node.max(1));
+                    let left = total - ranks * layout.device.memory_gib.value;
+                    if left >= 1.0 {
+                        Figure {
+                            value: left,
+                            source: format!(
+                                "this machine's {total:.1} GiB (/proc/meminfo) less what its \
+                                 {ranks} ranks' device memory takes of the same RAM"
+                            ),
+                        }
+                    } else {
+                        Figure {
+                            value: total / 4.0,
+                            source: format!(
+                                "a quarter of this machine's {total:.1} GiB (/proc/meminfo): \
+                                 the ranks' device memory takes the rest of the same RAM"
+                            ),
+                        }
+                    }
+                }
+                DeviceKind::Gpu => Figure {
+                    value: total,
+                    source: format!("this machine's {total:.1} GiB (/proc/meminfo)"),
+                },
+            })
+        })
+        .unwrap_or(Figure {
+            value: 8.0,
+            source: "choice: 8 GiB (this machine's memory could not be read)".into(),
+        });
+    let cores = match &layout.host {
+        Some(h) if h.cpu_cores_per_node.value == cores => h.cpu_cores_per_node.clone(),
+        _ => Figure {
+            value: cores,
+            source: format!("this machine's {cores} cores (available parallelism)"),
+        },
+    };
+    HostSpec {
+        memory_gib_per_node: memory,
+        link_gb_per_s: Figure {
+            value: host.link_bytes_per_s / 1e9,
+            source: measured(&host.link_how),
+        },
+        cpu_cores_per_node: cores,
+        adam_mparams_per_s_per_core: Figure {
+            value: host.adam_per_core / 1e6,
+            source: measured(&format!(
+                "the offloaded CPU step (norm square-sum, AdamW, gradient buffer zeroed) on 16.8 M \
+                 fp32 parameters per rank, {} threads at once, per thread; {:.0} M/s on one \
+                 thread alone",
+                host.threads,
+                host.adam_one_thread / 1e6
+            )),
+        },
+    }
+}
+
+/// This machine's memory in GiB (Linux `MemTotal`).
+fn mem_total_gib() -> Option<f64> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = info.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let kib: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib / f64::from(1u32 << 20))
 }
 
 /// Collective calls grouped by size (within a factor of 1.5), the median time of each group.

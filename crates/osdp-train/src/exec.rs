@@ -1680,6 +1680,10 @@ impl Executor {
 /// One AdamW update of `p` from gradient `g` (scaled by `clip`), in place on `p`, `m`, `v`;
 /// `decay` is the weight decay for this tensor (0 for biases and norms), `bias_correction` the
 /// two moments' `1 − βᵗ`. The optimizer's one code path: `calibrate` times this function.
+///
+/// In place with one scratch tensor (two when clipping): an update of a large tensor written
+/// as tensor arithmetic allocated ten of them, and past glibc's mmap threshold (32 MiB) every
+/// one was fresh pages from the kernel — five times slower on the CPU.
 #[allow(clippy::too_many_arguments)]
 pub fn adamw_update(
     p: &mut Tensor,
@@ -1692,16 +1696,27 @@ pub fn adamw_update(
     clip: f64,
     bias_correction: (f64, f64),
 ) {
-    let g = g * clip;
+    let clipped = (clip != 1.0).then(|| g * clip);
+    let g = clipped.as_ref().unwrap_or(g);
     if decay > 0.0 {
-        *p *= 1.0 - lr * decay;
+        let _ = p.g_mul_scalar_(1.0 - lr * decay);
     }
-    *m *= o.beta1;
-    *m += &g * (1.0 - o.beta1);
-    *v *= o.beta2;
-    *v += g.square() * (1.0 - o.beta2);
-    let denom = (&*v / bias_correction.1).sqrt() + o.eps;
-    *p -= (&*m / bias_correction.0) / denom * lr;
+    // m ← β₁·m + (1 − β₁)·g; v ← β₂·v + (1 − β₂)·g².
+    let _ = m.lerp_(g, 1.0 - o.beta1);
+    if lr == 0.0 {
+        let _ = v.g_mul_scalar_(o.beta2);
+        let _ = v.addcmul_(g, &(g * (1.0 - o.beta2)));
+        return;
+    }
+    let mut scratch = g.square();
+    let _ = v.lerp_(&scratch, 1.0 - o.beta2);
+    // p ← p − lr · (m / bc₁) / (√(v / bc₂) + ε), the step's sign and scale folded into the
+    // divisor so that one fused `addcdiv_` applies it.
+    let _ = v.sqrt_out(&scratch);
+    let _ = scratch.g_div_scalar_(bias_correction.1.sqrt());
+    let _ = scratch.g_add_scalar_(o.eps);
+    let _ = scratch.g_mul_scalar_(-bias_correction.0 / lr);
+    let _ = p.addcdiv_(m, &scratch);
 }
 
 /// The ops whose outputs op `i` reads in its backward: the rule the model description's
@@ -1723,4 +1738,40 @@ fn pad_flat(t: &Tensor, len: i64) -> Tensor {
         return flat;
     }
     Tensor::cat(&[flat, Tensor::zeros([len - n], (t.kind(), t.device()))], 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The in-place update is AdamW as written in the paper (Loshchilov & Hutter), to fp32
+    /// rounding: with and without clipping and decay, over a few steps.
+    #[test]
+    fn adamw_in_place_matches_the_formula() {
+        let o = OptimConfig::default();
+        let opts = (Kind::Float, Device::Cpu);
+        tch::manual_seed(7);
+        for (clip, decay) in [(1.0, 0.0), (0.5, 0.1)] {
+            let mut p = Tensor::randn([1000], opts);
+            let (mut m, mut v) = (Tensor::zeros([1000], opts), Tensor::zeros([1000], opts));
+            let (mut p2, mut m2, mut v2) = (p.copy(), m.copy(), v.copy());
+            for step in 1..=3 {
+                let g = Tensor::randn([1000], opts);
+                let t = f64::from(step);
+                let bc = (1.0 - o.beta1.powf(t), 1.0 - o.beta2.powf(t));
+                let lr = 1e-3;
+                adamw_update(&mut p, &g, &mut m, &mut v, &o, lr, decay, clip, bc);
+                let g = &g * clip;
+                p2 *= 1.0 - lr * decay;
+                m2 = &m2 * o.beta1 + &g * (1.0 - o.beta1);
+                v2 = &v2 * o.beta2 + g.square() * (1.0 - o.beta2);
+                p2 -= (&m2 / bc.0) / ((&v2 / bc.1).sqrt() + o.eps) * lr;
+            }
+            for (a, b) in [(&p, &p2), (&m, &m2), (&v, &v2)] {
+                let err = (a - b).abs().max().double_value(&[]);
+                let scale = b.abs().max().double_value(&[]);
+                assert!(err <= 1e-6 * scale, "{err} of {scale}");
+            }
+        }
+    }
 }
