@@ -1137,9 +1137,7 @@ pub fn price(base: &OpBase, choice: Choice, m: &Machine) -> OpCost {
                 } else {
                     0.0
                 };
-                m.host_copy_s((gb * stepped) as f64)
-                    + updated as f64 / m.cpu_adam_params_per_s.max(1.0)
-                    + back
+                m.host_copy_s((gb * stepped) as f64) + host_adam_s(base, choice, m) + back
             }
             Some(cal) => calibrated_optimizer_s(cal, base, choice, m),
             None => {
@@ -1169,6 +1167,23 @@ impl Comm {
 
 /// Measured optimizer time of one op's tensors on one rank, unit by unit as the trainer
 /// updates them ([`Choice::units`]): each unit whole or as this rank's share.
+/// The host's AdamW step of an offloaded op, tensor by tensor at the CPU cores' rate. A
+/// calibrated optimizer curve carries each tensor's fixed cost (below its range, its smallest
+/// step's time); the host's step pays it too, or a small tensor (a LayerNorm's weight and bias)
+/// would look cheaper to update on the host than where it is.
+fn host_adam_s(base: &OpBase, choice: Choice, m: &Machine) -> f64 {
+    let (n, per_node) = (u64::from(m.ranks.max(1)), u64::from(m.ranks_per_node));
+    let fixed = m.calibration.as_ref().map_or(0.0, |cal| cal.optimizer_s(1));
+    base.units(choice)
+        .map(|u| {
+            u.holding
+                .updated(u.numel, u.holding.shard_ranks(n, per_node))
+        })
+        .filter(|&updated| updated > 0)
+        .map(|updated| (updated as f64 / m.cpu_adam_params_per_s.max(1.0)).max(fixed))
+        .sum()
+}
+
 fn calibrated_optimizer_s(cal: &Calibration, base: &OpBase, choice: Choice, m: &Machine) -> f64 {
     let (n, per_node) = (u64::from(m.ranks.max(1)), u64::from(m.ranks_per_node));
     base.units(choice)
@@ -1380,6 +1395,23 @@ mod tests {
         m.cpu_adam_params_per_s = 1e9;
         m.host_budget_bytes = 100_000_000_000;
         m
+    }
+
+    /// On a calibrated layout a tiny tensor's host AdamW step pays the curve's fixed cost, as
+    /// its device step does: offloading a LayerNorm never looks like it saves time.
+    #[test]
+    fn a_small_tensor_offloaded_pays_the_optimizers_fixed_cost() {
+        let m = calibrated(with_host(machine(1)));
+        let base = linear_base(768);
+        let kept = price(&base, Choice::DP, &m).optimizer_s;
+        let off = price(&base, Choice::DP.offloaded(Offload::Opt), &m).optimizer_s;
+        assert!((kept - 50e-6).abs() < 1e-12, "{kept}");
+        assert!(off >= kept, "offloaded {off} s < kept {kept} s");
+        // A large tensor is priced at the host's rate, fixed cost long passed.
+        let big = linear_base(1 << 24);
+        let off = price(&big, Choice::DP.offloaded(Offload::Opt), &m).optimizer_s;
+        let adam = (1u64 << 24) as f64 / 1e9;
+        assert!(off > adam && off < adam + 0.1, "{off}");
     }
 
     #[test]
