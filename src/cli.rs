@@ -279,7 +279,7 @@ fn parse_fixed_batch(s: &str) -> Result<u64, String> {
 }
 
 /// A per-GPU budget: a size (see [`parse_size`]) of at most [`crate::plan::MAX_BUDGET_BYTES`].
-fn parse_budget(s: &str) -> Result<u64, String> {
+pub(crate) fn parse_budget(s: &str) -> Result<u64, String> {
     use crate::plan::MAX_BUDGET_BYTES;
     let bytes = parse_size(s)?;
     if bytes > MAX_BUDGET_BYTES {

@@ -74,9 +74,7 @@ async fn run_loop(mut app: App) -> std::io::Result<()> {
             tokio::select! {
                 event = events.next() => match event {
                     Some(Ok(Event::Key(k))) if k.kind == KeyEventKind::Press => {
-                        if let Some(a) = action_for(k.code, k.modifiers) {
-                            app.update(a);
-                        }
+                        app.key(k.code, k.modifiers);
                     }
                     Some(Ok(Event::Mouse(m))) => match m.kind {
                         MouseEventKind::ScrollUp => app.update(Action::Up),

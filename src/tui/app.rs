@@ -17,6 +17,30 @@ const GIB: u64 = 1 << 30;
 /// Samples of GPU memory kept for the sparklines.
 const HISTORY: usize = 120;
 
+/// What fills the screen under the header: the plan (operators, GPUs and a chart side by side),
+/// or one panel on its own, as k9s switches views (`1`–`4`, `v` the next).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum View {
+    #[default]
+    Plan,
+    Graph,
+    Gpus,
+    Training,
+}
+
+impl View {
+    pub const ALL: [View; 4] = [View::Plan, View::Graph, View::Gpus, View::Training];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            View::Plan => "plan",
+            View::Graph => "graph",
+            View::Gpus => "GPUs",
+            View::Training => "training",
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Focus {
     Ops,
@@ -59,8 +83,37 @@ pub enum Action {
     No,
     /// Quit leaving the run going (the answer `d` to quitting with a run going).
     Detach,
+    /// Open the command line (`:budget 40GiB`, `:gpu 3 budget 20GiB`, `:batch 512`, …).
+    OpenCommand,
+    /// Show one view under the header (`1`–`4`).
+    ShowView(View),
+    /// The next view (`v`).
+    NextView,
+    /// Put back the settings before the last change (budget, split, batch, pins).
+    Undo,
+    /// Write the plan on screen to a file.
+    WritePlan,
+    /// Compare the plan on screen with the running one (again: close).
+    Compare,
     Quit,
 }
+
+/// What a plan on screen depends on, as the user set it: what `u` puts back.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Settings {
+    pub budgets: Vec<u64>,
+    pub max_split: u32,
+    pub batch: Option<u64>,
+    pub global_batch: Option<u64>,
+    pub pins: Vec<(usize, Choice)>,
+}
+
+/// Changes `u` can take back.
+const UNDO_DEPTH: usize = 100;
+
+/// The commands of the command line, for its help and its errors.
+pub const COMMANDS: &str = "budget SIZE · gpu N budget SIZE · batch N|any · micro N|auto · \
+                            split K · write [PATH]";
 
 /// The operator pane: every choice of one op, priced in the plan on screen.
 #[derive(Debug, Clone)]
@@ -208,6 +261,14 @@ pub struct App {
     pub confirm: Option<Confirm>,
     /// The answer to the last action that could not be done as asked.
     pub message: Option<String>,
+    /// The command line while it is open (`:`): what has been typed.
+    pub command: Option<String>,
+    /// Settings before each change, newest last (`u`).
+    pub undo: Vec<Settings>,
+    /// The comparison of the plan on screen with the running one, while it is open (`c`).
+    pub compare: Option<Vec<String>>,
+    /// What fills the screen under the header.
+    pub view: View,
     next_request: u64,
     worker: Option<Worker>,
     gpu_rx: Option<Receiver<GpuEvent>>,
@@ -247,6 +308,10 @@ impl App {
             training: None,
             confirm: None,
             message: None,
+            command: None,
+            undo: Vec::new(),
+            compare: None,
+            view: View::Plan,
             next_request: 0,
             worker: None,
             gpu_rx: None,
@@ -692,7 +757,23 @@ impl App {
             self.detail = None;
             return;
         }
+        if self.compare.is_some()
+            && matches!(action, Action::Compare | Action::Quit | Action::Toggle)
+        {
+            self.compare = None;
+            return;
+        }
+        let before = self.settings();
         match action {
+            Action::OpenCommand => self.command = Some(String::new()),
+            Action::ShowView(v) => self.view = v,
+            Action::NextView => {
+                let i = View::ALL.iter().position(|&v| v == self.view).unwrap_or(0);
+                self.view = View::ALL[(i + 1) % View::ALL.len()];
+            }
+            Action::Undo => self.undo_last(),
+            Action::WritePlan => self.write_plan(None),
+            Action::Compare => self.open_compare(),
             Action::Quit if self.training.as_ref().is_some_and(Training::is_live) => {
                 self.confirm = Some(Confirm::QuitWhileRunning);
             }
@@ -808,8 +889,271 @@ impl App {
             },
         }
         if replan {
+            self.remember(before);
             self.replan();
         }
+    }
+
+    /// A key from the terminal: to the command line while it is open, else its action.
+    pub fn key(
+        &mut self,
+        code: crossterm::event::KeyCode,
+        modifiers: crossterm::event::KeyModifiers,
+    ) {
+        use crossterm::event::KeyCode;
+        let Some(line) = self.command.as_mut() else {
+            if let Some(a) = super::keymap::action_for(code, modifiers) {
+                self.update(a);
+            }
+            return;
+        };
+        match code {
+            KeyCode::Esc => self.command = None,
+            KeyCode::Enter => {
+                let line = self.command.take().unwrap_or_default();
+                self.run_command(&line);
+            }
+            // Past the first character, Backspace closes the line (as in vim).
+            KeyCode::Backspace => {
+                self.command = self.command.take().and_then(|mut l| l.pop().map(|_| l));
+            }
+            KeyCode::Char(c) if !c.is_control() && line.chars().count() < 200 => line.push(c),
+            _ => {}
+        }
+    }
+
+    /// The settings the plan on screen depends on.
+    pub fn settings(&self) -> Settings {
+        Settings {
+            budgets: self.budgets.clone(),
+            max_split: self.max_split,
+            batch: self.batch,
+            global_batch: self.global_batch,
+            pins: self.pins.clone(),
+        }
+    }
+
+    /// Keep `before` for `u` when the settings changed from it.
+    fn remember(&mut self, before: Settings) {
+        if before != self.settings() && self.undo.last() != Some(&before) {
+            if self.undo.len() == UNDO_DEPTH {
+                self.undo.remove(0);
+            }
+            self.undo.push(before);
+        }
+    }
+
+    fn undo_last(&mut self) {
+        let Some(s) = self.undo.pop() else {
+            self.message = Some("nothing to undo".into());
+            return;
+        };
+        self.budgets = s.budgets;
+        self.max_split = s.max_split;
+        self.batch = s.batch;
+        self.global_batch = s.global_batch;
+        self.pins = s.pins;
+        self.replan();
+    }
+
+    /// Run a typed command (`budget 40GiB`, `gpu 3 budget 20GiB`, `batch 512`, …); a mistake
+    /// is said in the footer and changes nothing.
+    pub fn run_command(&mut self, line: &str) {
+        let words: Vec<&str> = line.split_whitespace().collect();
+        let before = self.settings();
+        let ranks = u64::from(self.ranks());
+        let result: Result<bool, String> = match words.as_slice() {
+            [] => Ok(false),
+            ["budget", size] => crate::cli::parse_budget(size).map(|b| {
+                self.budgets.iter_mut().for_each(|x| *x = b);
+                true
+            }),
+            ["gpu", n, "budget", size] => match n.parse::<usize>() {
+                Ok(g) if g < self.budgets.len() => crate::cli::parse_budget(size).map(|b| {
+                    self.budgets[g] = b;
+                    true
+                }),
+                _ => Err(format!(
+                    "gpu {n:?}: this layout's GPUs are 0 to {}",
+                    self.budgets.len().saturating_sub(1)
+                )),
+            },
+            ["batch", "any"] => {
+                self.global_batch = None;
+                Ok(true)
+            }
+            ["batch", n] => match n.parse::<u64>() {
+                Ok(g) if g > 0 && g % ranks == 0 && g / ranks <= crate::plan::MAX_BATCH => {
+                    self.global_batch = Some(g);
+                    if self.batch.is_some_and(|b| (g / ranks) % b != 0) {
+                        self.batch = None;
+                    }
+                    Ok(true)
+                }
+                _ => Err(format!(
+                    "batch {n:?}: a global batch is a multiple of the {ranks} ranks (or `any`)"
+                )),
+            },
+            ["micro", "auto"] => {
+                self.batch = None;
+                Ok(true)
+            }
+            ["micro", n] => match n.parse::<u64>() {
+                Ok(b)
+                    if (1..=crate::plan::MAX_BATCH).contains(&b)
+                        && self.global_batch.is_none_or(|g| (g / ranks) % b == 0) =>
+                {
+                    self.batch = Some(b);
+                    Ok(true)
+                }
+                _ => Err(format!(
+                    "micro {n:?}: a micro-batch divides each rank's share of the global batch"
+                )),
+            },
+            ["split", k] => match k.parse::<u32>() {
+                Ok(k) if k.is_power_of_two() && k <= 64 => {
+                    self.max_split = k;
+                    Ok(true)
+                }
+                _ => Err(format!("split {k:?}: a power of two from 1 to 64")),
+            },
+            ["write" | "w"] => {
+                self.write_plan(None);
+                Ok(false)
+            }
+            ["write" | "w", path] => {
+                self.write_plan(Some(std::path::PathBuf::from(path)));
+                Ok(false)
+            }
+            _ => Err(format!(
+                "unknown command {:?}; commands: {COMMANDS}",
+                crate::text::printable(line.trim())
+            )),
+        };
+        match result {
+            Ok(true) => {
+                self.remember(before);
+                self.replan();
+            }
+            Ok(false) => {}
+            Err(why) => self.message = Some(why),
+        }
+    }
+
+    /// Where `w` writes when no path is given: `MODEL.plan.json` here (the model's name made
+    /// safe for a file name).
+    pub fn default_plan_path(&self) -> std::path::PathBuf {
+        std::path::PathBuf::from(format!(
+            "{}.plan.json",
+            crate::text::file_component(&self.model.name)
+        ))
+    }
+
+    /// Write the plan on screen (with its prediction) to `path`, or the default one.
+    fn write_plan(&mut self, path: Option<std::path::PathBuf>) {
+        let Some(planned) = self.planned() else {
+            self.message = Some("no plan on screen to write".into());
+            return;
+        };
+        let path = path.unwrap_or_else(|| self.default_plan_path());
+        let file = crate::plan::PlanFile::new(
+            &self.model,
+            &self.layout.name,
+            &planned.plan,
+            Some(&planned.prediction),
+        );
+        let shown = path.display().to_string();
+        let shown = crate::text::printable(&shown);
+        self.message = Some(match crate::input::write_json_atomically(&path, &file) {
+            Ok(()) => {
+                format!("wrote the plan on screen to {shown} (osdp-tui evaluate … --plan reads it)")
+            }
+            Err(e) => format!("cannot write {shown}: {e}"),
+        });
+    }
+
+    /// The plan on screen against the running one: their figures, then each op whose choice
+    /// differs.
+    fn open_compare(&mut self) {
+        let run = self.training.as_ref().and_then(|t| {
+            t.run_plan
+                .as_ref()
+                .map(|p| (p.plan.clone(), Some(p.prediction.clone())))
+                .or_else(|| t.found_plan.clone().map(|p| (p, None)))
+        });
+        let (Some((run, run_pred)), Some(screen)) = (run, self.planned()) else {
+            self.message =
+                Some("no run to compare with: s starts one with the plan on screen".into());
+            return;
+        };
+        let figures = |p: &crate::plan::Prediction| {
+            format!(
+                "{:.2} samples/s · step {} · peak {} · batch {}",
+                p.throughput_samples_per_s,
+                units::seconds(p.step_time_s),
+                units::bytes(p.peak_memory_bytes),
+                p.batch_label()
+            )
+        };
+        let run_pred =
+            run_pred.unwrap_or_else(|| crate::plan::evaluate(&self.model, &self.machine, &run));
+        let mut lines = vec![
+            format!("running    {}", figures(&run_pred)),
+            format!("on screen  {}", figures(&screen.prediction)),
+        ];
+        let changed: Vec<String> = self
+            .model
+            .ops
+            .iter()
+            .enumerate()
+            .filter(|&(i, _)| run.choices.get(i) != screen.plan.choices.get(i))
+            .map(|(i, op)| {
+                format!(
+                    "{}  {} → {}",
+                    crate::text::printable(&op.id),
+                    run.choices.get(i).map_or("-".into(), |c| c.label()),
+                    screen.plan.choices[i].label()
+                )
+            })
+            .collect();
+        let recompute: Vec<String> = (0..screen.plan.recompute.len())
+            .filter(|&b| run.recompute.get(b) != screen.plan.recompute.get(b))
+            .map(|b| {
+                let on = |v: Option<&bool>| {
+                    if v == Some(&true) {
+                        "recompute"
+                    } else {
+                        "keep"
+                    }
+                };
+                format!(
+                    "block {b}  {} → {}",
+                    on(run.recompute.get(b)),
+                    on(screen.plan.recompute.get(b))
+                )
+            })
+            .collect();
+        lines.push(String::new());
+        let batch = |p: &crate::plan::Plan| format!("{} × {} accumulated", p.batch, p.accumulation);
+        if (run.batch, run.accumulation) != (screen.plan.batch, screen.plan.accumulation) {
+            lines.push(format!(
+                "micro-batch  {} → {}",
+                batch(&run),
+                batch(&screen.plan)
+            ));
+        }
+        if changed.is_empty() && recompute.is_empty() {
+            lines.push("the same choices for every operator".into());
+        } else {
+            lines.push(format!(
+                "{} operators and {} blocks differ:",
+                changed.len(),
+                recompute.len()
+            ));
+            lines.extend(changed);
+            lines.extend(recompute);
+        }
+        self.compare = Some(lines);
     }
 
     /// The worker's output, when there is a run.

@@ -4,7 +4,7 @@
 
 use crossterm::event::{KeyCode, KeyModifiers};
 
-use super::app::Action;
+use super::app::{Action, View};
 
 /// One key: a code, with Ctrl held or not. Other modifiers are ignored (Shift arrives as the
 /// upper-case character).
@@ -131,6 +131,49 @@ pub const KEYMAP: &[Entry] = &[
         ],
     },
     Entry {
+        keys: "1-4 v",
+        help: "views: 1 plan (operators, GPUs, chart), 2 graph and frontier, 3 GPUs, 4 \
+               training; v the next",
+        footer: Some("views"),
+        log_footer: None,
+        bindings: &[
+            (ch('1'), Action::ShowView(View::Plan)),
+            (ch('2'), Action::ShowView(View::Graph)),
+            (ch('3'), Action::ShowView(View::Gpus)),
+            (ch('4'), Action::ShowView(View::Training)),
+            (ch('v'), Action::NextView),
+        ],
+    },
+    Entry {
+        keys: ":",
+        help: "command line: budget SIZE, gpu N budget SIZE, batch N|any (global), micro \
+               N|auto, split K, write [PATH]; Enter runs it, Esc closes",
+        footer: Some("cmd"),
+        log_footer: None,
+        bindings: &[(ch(':'), Action::OpenCommand)],
+    },
+    Entry {
+        keys: "u",
+        help: "undo the last change of budget, split, batch or pins",
+        footer: Some("undo"),
+        log_footer: None,
+        bindings: &[(ch('u'), Action::Undo)],
+    },
+    Entry {
+        keys: "w",
+        help: "write the plan on screen to MODEL.plan.json (:write PATH elsewhere)",
+        footer: None,
+        log_footer: None,
+        bindings: &[(ch('w'), Action::WritePlan)],
+    },
+    Entry {
+        keys: "c",
+        help: "compare the plan on screen with the running one (c again: close)",
+        footer: None,
+        log_footer: None,
+        bindings: &[(ch('c'), Action::Compare)],
+    },
+    Entry {
         keys: "s",
         help: "start training with the plan on screen",
         footer: Some("start"),
@@ -196,11 +239,20 @@ pub const KEYMAP: &[Entry] = &[
 /// The action a key asks for, if any.
 pub fn action_for(code: KeyCode, modifiers: KeyModifiers) -> Option<Action> {
     let ctrl_held = modifiers.contains(KeyModifiers::CONTROL);
-    KEYMAP
-        .iter()
-        .flat_map(|e| e.bindings)
-        .find(|(k, _)| k.code == code && (!k.ctrl || ctrl_held))
-        .map(|&(_, a)| a)
+    let find = |ctrl: bool| {
+        KEYMAP
+            .iter()
+            .flat_map(|e| e.bindings)
+            .find(|(k, _)| k.code == code && k.ctrl == ctrl)
+            .map(|&(_, a)| a)
+    };
+    // Ctrl with a letter is its own key (Ctrl-C quits, `c` compares); Ctrl with an arrow or
+    // Enter is the key itself.
+    find(ctrl_held).or_else(|| {
+        (ctrl_held && !matches!(code, KeyCode::Char(_)))
+            .then(|| find(false))
+            .flatten()
+    })
 }
 
 /// The footer's reminder, `+/- budget  ]/[ split  …  ? help  q quit`, as much of it as fits
@@ -307,7 +359,11 @@ mod tests {
             action_for(KeyCode::Char('c'), KeyModifiers::CONTROL),
             Some(Action::Quit)
         );
-        assert_eq!(action_for(KeyCode::Char('c'), KeyModifiers::NONE), None);
+        // Plain `c` compares; Ctrl-C quits.
+        assert_eq!(
+            action_for(KeyCode::Char('c'), KeyModifiers::NONE),
+            Some(Action::Compare)
+        );
         assert_eq!(
             action_for(KeyCode::Char('B'), KeyModifiers::SHIFT),
             Some(Action::CycleGlobalBatch)

@@ -17,7 +17,7 @@ mod training;
 pub use devices::sparkline;
 pub use training::{fit, Rank};
 
-use super::app::{App, Confirm, Focus, Row};
+use super::app::{App, Confirm, Focus, Row, View};
 use super::{keymap, theme};
 use crate::cost::{Choice, Strategy};
 use crate::model::ModelSpec;
@@ -75,9 +75,41 @@ pub fn draw(app: &App, f: &mut Frame) {
         return;
     }
     draw_header(app, f, header);
-    draw_strip(app, f, strip);
+    // Short screens, and any view but the plan, name the views where the strip was.
+    if area.height < SPLIT_BARS_MIN_HEIGHT || app.view != View::Plan {
+        draw_tabs(app, f, strip);
+    } else {
+        draw_strip(app, f, strip);
+    }
     // A run (going, or with history) gets a panel under the plan when there is room.
     let has_run = app.training.as_ref().is_some_and(|t| t.run.is_some());
+    if app.view != View::Plan {
+        match app.view {
+            View::Graph => {
+                let [graph, chart] =
+                    Layout::vertical([Constraint::Percentage(60), Constraint::Percentage(40)])
+                        .areas(main);
+                draw_graph(app, f, graph);
+                draw_frontier(app, f, chart);
+            }
+            View::Gpus => devices::draw_devices(app, f, main),
+            View::Training if has_run => training::draw_training(app, f, main),
+            View::Training | View::Plan => f.render_widget(
+                Paragraph::new(" no run here yet: s starts one with the plan on screen")
+                    .style(theme::MUTED)
+                    .block(Block::bordered().title(" training ")),
+                main,
+            ),
+        }
+        draw_footer(app, f, footer, keymap::footer(usize::from(footer.width)));
+        if let Some(lines) = &app.compare {
+            draw_compare(lines, f, main);
+        }
+        if app.show_help {
+            draw_help(f, area);
+        }
+        return;
+    }
     let main = if has_run && main.height >= 26 {
         // A third of a tall screen: more of the run's lines (fewer give way).
         let panel_height = (main.height / 3).clamp(12, 16);
@@ -116,6 +148,9 @@ pub fn draw(app: &App, f: &mut Frame) {
     if let Some(d) = &app.detail {
         draw_detail(app, d, f, main);
     }
+    if let Some(lines) = &app.compare {
+        draw_compare(lines, f, main);
+    }
     if app.show_help {
         draw_help(f, area);
     }
@@ -123,6 +158,18 @@ pub fn draw(app: &App, f: &mut Frame) {
 
 /// The footer: a question waiting for its answer, else the last message, else `keys`.
 fn draw_footer(app: &App, f: &mut Frame, area: Rect, keys: String) {
+    if let Some(typed) = &app.command {
+        let line = Line::from(vec![
+            Span::styled(format!(":{}", printable(typed)), theme::PROMPT),
+            Span::styled("█", theme::PROMPT),
+            Span::styled(
+                format!("   Enter runs · Esc closes · {}", super::app::COMMANDS),
+                theme::MUTED,
+            ),
+        ]);
+        f.render_widget(Paragraph::new(line), area);
+        return;
+    }
     let footer_line = match (app.confirm, &app.message) {
         (Some(Confirm::StartUnpriced), _) => Line::from(Span::styled(
             " the plan on screen is still being priced: start with it anyway? y / n",
@@ -471,6 +518,21 @@ fn split_bars(
 }
 
 /// The whole model in one line, coloured by strategy (ops with parameters only).
+/// The views, the one on screen marked: `1 plan  2 graph  3 GPUs  4 training`.
+fn draw_tabs(app: &App, f: &mut Frame, area: Rect) {
+    let mut spans: Vec<Span> = Vec::new();
+    for (k, v) in View::ALL.iter().enumerate() {
+        let label = format!(" {} {} ", k + 1, v.name());
+        spans.push(if *v == app.view {
+            Span::styled(label, Style::new().add_modifier(Modifier::REVERSED))
+        } else {
+            Span::styled(label, theme::MUTED)
+        });
+    }
+    spans.push(Span::styled(" · v next view", theme::MUTED));
+    f.render_widget(Paragraph::new(Line::from(spans)), area);
+}
+
 fn draw_strip(app: &App, f: &mut Frame, area: Rect) {
     let Some(p) = app.planned() else {
         return;
@@ -748,6 +810,26 @@ fn strategy_legend(long: bool, offload: bool) -> Line<'static> {
         },
         Span::styled("recompute ", theme::RECOMPUTE),
     ])
+}
+
+/// The plan on screen against the running one (`c`), over the main area.
+fn draw_compare(lines: &[String], f: &mut Frame, area: Rect) {
+    let w = 100.min(area.width);
+    let h = (lines.len() as u16 + 2).min(area.height);
+    let r = Rect::new(
+        area.x + (area.width - w) / 2,
+        area.y + (area.height - h) / 2,
+        w,
+        h,
+    );
+    let text: Vec<Line> = lines.iter().map(|l| Line::from(l.clone())).collect();
+    f.render_widget(Clear, r);
+    f.render_widget(
+        Paragraph::new(text).block(
+            Block::bordered().title(" the plan on screen vs the running one · c or Esc closes "),
+        ),
+        r,
+    );
 }
 
 fn draw_help(f: &mut Frame, area: Rect) {

@@ -1271,3 +1271,189 @@ fn a_run_without_a_prediction_shows_no_predicted_figures() {
     }
     assert!(!screen.contains(" 0.0 predicted"), "{screen}");
 }
+
+fn type_keys(a: &mut App, keys: &str) {
+    use crossterm::event::{KeyCode, KeyModifiers};
+    for c in keys.chars() {
+        let code = match c {
+            '\n' => KeyCode::Enter,
+            '\x1b' => KeyCode::Esc,
+            '\x08' => KeyCode::Backspace,
+            c => KeyCode::Char(c),
+        };
+        a.key(code, KeyModifiers::NONE);
+    }
+}
+
+/// Issue 19: `:` opens a command line that takes typed values; a mistake is said in the footer
+/// and changes nothing; `u` takes each change back, newest first.
+#[test]
+fn the_command_line_sets_typed_values_and_u_undoes_them() {
+    let mut a = app("gpt2-medium", "a100-80gb-8x-nvlink", 8 * GIB);
+    let start = a.settings();
+    type_keys(&mut a, ":budget 12GiB");
+    let screen = render_text(&a, 120, 40);
+    assert!(screen.contains(":budget 12GiB█"), "{screen}");
+    // Keys go to the line while it is open: the typed `b` and `u` cycled nothing.
+    assert_eq!(a.settings(), start);
+    type_keys(&mut a, "\n");
+    assert!(a.command.is_none());
+    assert_eq!(a.budgets, vec![12 * GIB; 8]);
+    assert!(render_text(&a, 120, 40).contains("budget 12.0 GiB per GPU"));
+    type_keys(&mut a, ":gpu 3 budget 10GiB\n");
+    assert_eq!(a.budget(), 10 * GIB);
+    assert_eq!(a.budgets[3], 10 * GIB);
+    assert_eq!(a.budgets[2], 12 * GIB);
+    type_keys(&mut a, ":batch 512\n:micro 16\n:split 2\n");
+    assert_eq!(
+        (a.global_batch, a.batch, a.max_split),
+        (Some(512), Some(16), 2)
+    );
+    let p = a.planned().expect("fits").prediction.clone();
+    assert_eq!((p.global_batch, p.batch_size), (512, 16));
+
+    // Mistakes: said, and nothing changes (nor is there anything new to undo).
+    let before = (a.settings(), a.undo.len());
+    for (typed, says) in [
+        (":batch 100\n", "multiple of the 8 ranks"),
+        (":gpu 9 budget 1GiB\n", "GPUs are 0 to 7"),
+        (":budget lots\n", "expected a size"),
+        (":split 3\n", "power of two"),
+        (":frobnicate\n", "unknown command"),
+    ] {
+        type_keys(&mut a, typed);
+        let msg = a.message.clone().unwrap_or_default();
+        assert!(msg.contains(says), "{typed:?}: {msg}");
+        assert!(
+            render_text(&a, 120, 40).contains(says),
+            "{typed:?} not on screen"
+        );
+        assert_eq!(
+            (a.settings(), a.undo.len()),
+            before,
+            "{typed:?} changed something"
+        );
+    }
+    // Esc closes the line without running it; Backspace past the start closes it too.
+    type_keys(&mut a, ":budget 1GiB\x1b:\x08");
+    assert!(a.command.is_none());
+    assert_eq!(a.settings(), before.0);
+
+    // u takes back split, micro, batch, the one GPU's budget and the budget, in that order;
+    // then there is nothing left to undo.
+    a.update(Action::LowerBudget);
+    for _ in 0..6 {
+        a.update(Action::Undo);
+    }
+    assert_eq!(a.settings(), start);
+    a.update(Action::Undo);
+    assert_eq!(a.message.as_deref(), Some("nothing to undo"));
+    assert_eq!(a.settings(), start);
+    let p = a.planned().expect("fits");
+    assert!(p.prediction.peak_memory_bytes <= 8 * GIB);
+}
+
+/// Issue 19: `w` writes the plan on screen to a file that `evaluate` reads back to the same
+/// figures; `:write PATH` puts it elsewhere; an unwritable path says why.
+#[test]
+fn w_writes_the_plan_on_screen_for_evaluate() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut a = app("gpt2", "a100-80gb-8x-nvlink", 4 * GIB);
+    let path = dir.path().join("mine.plan.json");
+    type_keys(&mut a, &format!(":write {}\n", path.display()));
+    assert!(
+        a.message
+            .as_deref()
+            .is_some_and(|m| m.contains("wrote the plan on screen")),
+        "{:?}",
+        a.message
+    );
+    let e = crate::json_ok(osdp().args([
+        "evaluate",
+        "sample-models/gpt2.json",
+        "--layout",
+        "layouts/a100-80gb-8x-nvlink.json",
+        "--budget",
+        "4GiB",
+        "--plan",
+        path.to_str().unwrap(),
+        "--json",
+    ]));
+    let p = &a.planned().unwrap().prediction;
+    assert_eq!(e["step_time_s"].as_f64().unwrap(), p.step_time_s);
+    assert_eq!(
+        e["peak_memory_bytes"].as_u64().unwrap(),
+        p.peak_memory_bytes
+    );
+    assert_eq!(
+        a.default_plan_path(),
+        std::path::PathBuf::from("gpt2.plan.json")
+    );
+    type_keys(&mut a, ":write /nonexistent-dir/x.json\n");
+    assert!(
+        a.message
+            .as_deref()
+            .is_some_and(|m| m.starts_with("cannot write /nonexistent-dir/x.json")),
+        "{:?}",
+        a.message
+    );
+}
+
+/// Issue 19: `c` compares the plan on screen with the running one: both runs' figures and
+/// each operator whose choice differs; with no run it says so.
+#[test]
+fn c_compares_the_plan_on_screen_with_the_running_one() {
+    use crate::stand_in;
+    let mut a = app("gpt2-medium", "a100-80gb-8x-nvlink", 8 * GIB);
+    a.update(Action::Compare);
+    assert!(a.compare.is_none());
+    assert!(a
+        .message
+        .as_deref()
+        .unwrap_or_default()
+        .contains("no run to compare with"));
+
+    let dir = tempfile::tempdir().unwrap();
+    let exe = stand_in::worker(dir.path(), &[stand_in::started(2, None)], 0, "");
+    let a = stand_in::app("tiny-gpt2", "cpu", GIB, None);
+    let mut a = stand_in::start(a, exe, "target/snapshot-runs/compare");
+    a.update(Action::Compare);
+    let lines = a.compare.clone().expect("the comparison");
+    assert!(
+        lines
+            .iter()
+            .any(|l| l == "the same choices for every operator"),
+        "{lines:?}"
+    );
+    // A lower budget changes the plan on screen; the run keeps its own.
+    let mut presses = 0;
+    while !a.plan_differs_from_run() {
+        a.update(Action::LowerBudget);
+        presses += 1;
+        assert!(presses < 20, "the plan never changed");
+    }
+    a.update(Action::Compare);
+    assert!(a.compare.is_none(), "c again closes it");
+    a.update(Action::Compare);
+    let lines = a.compare.clone().expect("the comparison");
+    let screen = render_text(&a, 120, 40);
+    assert!(
+        screen.contains("the plan on screen vs the running one"),
+        "{screen}"
+    );
+    assert!(lines[0].starts_with("running "), "{lines:?}");
+    assert!(lines[1].starts_with("on screen "), "{lines:?}");
+    // What changed, each as `was → is`: the micro-batch, operators' choices, recomputation.
+    let changed = lines.iter().filter(|l| l.contains(" → ")).count();
+    assert!(changed > 0, "{lines:?}");
+    assert_ne!(
+        lines[0]["running".len()..],
+        lines[1]["on screen".len()..],
+        "{lines:?}"
+    );
+    a.update(Action::Quit);
+    assert!(a.compare.is_none(), "Esc closes it, and does not quit");
+    assert!(!a.quit);
+    a.update(Action::StopRun);
+    a.update(Action::StopRun);
+}

@@ -210,6 +210,35 @@ fn a_cpu_run_with_its_eta_and_each_ranks_memory() {
         let screen = mask(&render_text(&a, w, h), "first step ", "│");
         insta::assert_snapshot!(format!("cpu_run_{w}x{h}"), screen);
     }
+    // Issue 19: at 80×24 the run's panel has no room beside the plan; the views show each
+    // panel alone (`1`–`4`), named on the line under the header.
+    let small = render_text(&a, 80, 24);
+    assert!(
+        small.contains(" 1 plan  2 graph  3 GPUs  4 training "),
+        "{small}"
+    );
+    for (key, view) in [('2', "graph"), ('3', "gpus"), ('4', "training")] {
+        a.update(
+            osdp_tui::tui::action_for(
+                crossterm::event::KeyCode::Char(key),
+                crossterm::event::KeyModifiers::NONE,
+            )
+            .unwrap(),
+        );
+        for (w, h) in [(80, 24), (120, 40), (200, 60)] {
+            let screen = mask(&render_text(&a, w, h), "first step ", "│");
+            insta::assert_snapshot!(format!("view_{view}_{w}x{h}"), screen);
+        }
+    }
+    let training = render_text(&a, 80, 24);
+    assert!(training.contains("step 5 · loss"), "{training}");
+    assert!(training.contains("ETA"), "{training}");
+    a.update(Action::NextView);
+    assert_eq!(
+        a.view,
+        osdp_tui::tui::app::View::Plan,
+        "v wraps round to the plan"
+    );
 }
 
 /// Issue 19: a run on four GPUs. Each GPU's row has NVML's reading beside the plan's peak and
