@@ -38,9 +38,9 @@ pub struct Cli {
     command: Option<Command>,
     /// Model description to open in the dashboard (model.json).
     model: Option<PathBuf>,
-    /// Cluster layout to plan for [default: the local GPUs' if NVML finds any, else
-    /// h100-sxm-8x-nvlink].
-    #[arg(long)]
+    /// Cluster layout to plan for: a file, or a shipped layout's name (`h100-sxm-8x-nvlink`)
+    /// [default: the local GPUs' if NVML finds any, else h100-sxm-8x-nvlink].
+    #[arg(long, value_parser = layout_arg)]
     layout: Option<PathBuf>,
     /// Memory budget per GPU [default: the layout's memory].
     #[arg(long, value_parser = parse_budget)]
@@ -124,8 +124,8 @@ enum Command {
     Evaluate {
         /// Model description the plan was made for.
         model: PathBuf,
-        /// Cluster layout (layouts/*.json).
-        #[arg(long)]
+        /// Cluster layout: a file, or a shipped layout's name (`layouts/NAME.json`).
+        #[arg(long, value_parser = layout_arg)]
         layout: PathBuf,
         /// Plan file written by `plan -o`.
         #[arg(long)]
@@ -183,9 +183,16 @@ enum Command {
         #[arg(long)]
         follow: bool,
     },
+    /// Print a shell completion script: `osdp-tui completions bash > ~/.local/share/bash-completion/completions/osdp-tui`
+    /// (zsh: into a directory on `$fpath` as `_osdp-tui`; fish: `~/.config/fish/completions/osdp-tui.fish`).
+    Completions {
+        /// bash, zsh, fish, elvish or powershell.
+        shell: clap_complete::Shell,
+    },
     /// Show a cluster layout: devices, memory, rates, links, with the source of each figure.
     Layout {
-        /// Layout file (layouts/*.json).
+        /// Layout file, or a shipped layout's name (`layouts/NAME.json`).
+        #[arg(value_parser = layout_arg)]
         layout: PathBuf,
         /// Print the checked layout as JSON.
         #[arg(long)]
@@ -197,8 +204,8 @@ enum Command {
 struct PlanArgs {
     /// Model description (model.json).
     model: PathBuf,
-    /// Cluster layout (layouts/*.json).
-    #[arg(long)]
+    /// Cluster layout: a file, or a shipped layout's name (`layouts/NAME.json`).
+    #[arg(long, value_parser = layout_arg)]
     layout: PathBuf,
     /// Memory budget per GPU: 24GiB, 8000MiB, 80GB [default: the device's memory].
     #[arg(long, value_parser = parse_budget)]
@@ -298,6 +305,31 @@ fn parse_split(s: &str) -> Result<u32, String> {
     }
 }
 
+/// A `--layout` value: a file, or the name of a shipped layout (`h100-sxm-8x-nvlink` for
+/// `layouts/h100-sxm-8x-nvlink.json`, looked up here and then beside this build's sources).
+pub fn layout_arg(s: &str) -> Result<PathBuf, String> {
+    let given = PathBuf::from(s);
+    let bare = !s.contains('/') && !s.ends_with(".json");
+    if given.exists() || !bare {
+        return Ok(given);
+    }
+    let file = format!("{s}.json");
+    let here = PathBuf::from("layouts").join(&file);
+    let shipped = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("layouts")
+        .join(&file);
+    [here, shipped]
+        .into_iter()
+        .find(|p| p.is_file())
+        .ok_or_else(|| {
+            format!(
+                "no layout file {:?} and no shipped layout of that name (they are in layouts/: \
+                 h100-sxm-8x-nvlink, a100-80gb-8x-nvlink, cpu, …)",
+                printable(s)
+            )
+        })
+}
+
 /// `24GiB`, `8000MiB`, `80GB`, `1.5 TiB`; a plain number is bytes.
 pub fn parse_size(s: &str) -> Result<u64, String> {
     let t = s.trim();
@@ -346,7 +378,36 @@ pub fn main() -> ExitCode {
 }
 
 fn run(cli: Cli) -> Result<(), Failure> {
+    // Commands that print and end exit quietly when their reader goes (`plan … | head`), as
+    // other Unix tools do; the trainer and the dashboard keep the signal ignored (a peer's
+    // socket or a worker's pipe that closes is an error they report, not a reason to die).
+    if matches!(
+        cli.command,
+        Some(
+            Command::Inspect { .. }
+                | Command::Plan(_)
+                | Command::Evaluate { .. }
+                | Command::Layout { .. }
+                | Command::Status { .. }
+                | Command::Completions { .. }
+        )
+    ) {
+        // SAFETY: resetting a signal's disposition before any thread is started.
+        unsafe {
+            libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+        }
+    }
     match (cli.command, cli.model.clone()) {
+        (Some(Command::Completions { shell }), _) => {
+            use clap::CommandFactory;
+            clap_complete::generate(
+                shell,
+                &mut Cli::command(),
+                "osdp-tui",
+                &mut std::io::stdout(),
+            );
+            Ok(())
+        }
         (Some(Command::Inspect { model, json }), _) => inspect(&model, json),
         (
             Some(Command::ImportHf {

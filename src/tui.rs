@@ -42,6 +42,21 @@ pub fn render_text(app: &App, width: u16, height: u16) -> String {
     out
 }
 
+/// Whether `NO_COLOR` asks for no colours (set and not empty: no-color.org).
+pub fn no_color() -> bool {
+    std::env::var_os("NO_COLOR").is_some_and(|v| !v.is_empty())
+}
+
+/// Every cell's colours back to the terminal's own; bold, reverse and the rest stay, so the
+/// cursor, the focus and the bars still read.
+pub fn strip_colors(buf: &mut ratatui::buffer::Buffer) {
+    use ratatui::style::Color;
+    for cell in buf.content.iter_mut() {
+        cell.set_fg(Color::Reset);
+        cell.set_bg(Color::Reset);
+    }
+}
+
 /// Whether to draw interactively.
 pub fn interactive(once: bool) -> bool {
     !once && std::io::stdout().is_terminal()
@@ -52,6 +67,7 @@ pub fn interactive(once: bool) -> bool {
 pub fn run(app: App) -> std::io::Result<()> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_time()
+        .enable_io()
         .build()?;
     runtime.block_on(run_loop(app))
 }
@@ -64,13 +80,25 @@ async fn run_loop(mut app: App) -> std::io::Result<()> {
     let _ = execute!(std::io::stdout(), EnableMouseCapture);
     let mut events = EventStream::new();
     let mut tick = tokio::time::interval(Duration::from_millis(50));
+    // SIGTERM (a `kill`) and SIGHUP (the terminal closed) end the loop like `q`, so the
+    // terminal is given back as it was; a run this dashboard started then finishes its step
+    // and checkpoints (its lifeline closes), as when the dashboard dies.
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate())?;
+    let mut hup = signal(SignalKind::hangup())?;
+    let no_color = no_color();
     let result: std::io::Result<()> = async {
         while !app.quit {
             app.poll_background();
             if let Ok(size) = terminal.size() {
                 app.screen = (size.width, size.height);
             }
-            terminal.draw(|f| view::draw(&app, f))?;
+            terminal.draw(|f| {
+                view::draw(&app, f);
+                if no_color {
+                    strip_colors(f.buffer_mut());
+                }
+            })?;
             tokio::select! {
                 event = events.next() => match event {
                     Some(Ok(Event::Key(k))) if k.kind == KeyEventKind::Press => {
@@ -86,6 +114,8 @@ async fn run_loop(mut app: App) -> std::io::Result<()> {
                     None => break,
                 },
                 _ = tick.tick() => {}
+                _ = term.recv() => break,
+                _ = hup.recv() => break,
             }
         }
         Ok(())

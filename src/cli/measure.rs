@@ -34,7 +34,7 @@ pub struct CalibrateArgs {
     pub quick: bool,
     /// Start from this layout (keeps its memory per rank and description) [default: the
     /// built-in `cpu` layout].
-    #[arg(long, value_name = "LAYOUT.json")]
+    #[arg(long, value_name = "LAYOUT.json", value_parser = crate::cli::layout_arg)]
     pub base: Option<PathBuf>,
     /// Print what was measured as JSON.
     #[arg(long)]
@@ -47,7 +47,7 @@ pub struct ValidateArgs {
     pub model: PathBuf,
     /// Layout the prediction is for; its rank count is the run's world size. Use a calibrated
     /// one (`osdp-tui calibrate`) for predictions of this machine.
-    #[arg(long)]
+    #[arg(long, value_parser = crate::cli::layout_arg)]
     pub layout: PathBuf,
     /// Plan file (from `plan -o`, or by hand).
     #[arg(long)]

@@ -1457,3 +1457,35 @@ fn c_compares_the_plan_on_screen_with_the_running_one() {
     a.update(Action::StopRun);
     a.update(Action::StopRun);
 }
+
+/// Issue 19: with `NO_COLOR` the dashboard draws no colour at all; bold and reverse stay.
+#[test]
+fn no_color_leaves_no_colour_on_screen() {
+    use ratatui::style::{Color, Modifier};
+    let a = app("gpt2-medium", "a100-80gb-8x-nvlink", 8 * GIB);
+    let mut t = ratatui::Terminal::new(ratatui::backend::TestBackend::new(120, 40)).unwrap();
+    let coloured = |t: &ratatui::Terminal<ratatui::backend::TestBackend>| {
+        t.backend()
+            .buffer()
+            .content
+            .iter()
+            .filter(|c| c.fg != Color::Reset || c.bg != Color::Reset)
+            .count()
+    };
+    t.draw(|f| osdp_tui::tui::view::draw(&a, f)).unwrap();
+    assert!(coloured(&t) > 100, "the plain screen has colour");
+    t.draw(|f| {
+        osdp_tui::tui::view::draw(&a, f);
+        osdp_tui::tui::strip_colors(f.buffer_mut());
+    })
+    .unwrap();
+    assert_eq!(coloured(&t), 0);
+    let bold = t
+        .backend()
+        .buffer()
+        .content
+        .iter()
+        .filter(|c| c.modifier.contains(Modifier::BOLD))
+        .count();
+    assert!(bold > 0, "emphasis stays");
+}

@@ -924,3 +924,78 @@ fn offload_is_taken_only_where_the_budget_needs_it_or_it_pays() {
         );
     }
 }
+
+/// Issue 19's paper cuts: a shipped layout by name, a clear line for a name that is not one,
+/// shell completions, and a reader that goes away (`plan … | head -1`) ending `plan` quietly.
+#[test]
+fn layouts_by_name_completions_and_a_closed_pipe() {
+    let named = run_json(&[
+        "plan",
+        "sample-models/gpt2.json",
+        "--layout",
+        "a100-80gb-8x-nvlink",
+        "--json",
+    ]);
+    let by_path = run_json(&[
+        "plan",
+        "sample-models/gpt2.json",
+        "--layout",
+        "layouts/a100-80gb-8x-nvlink.json",
+        "--json",
+    ]);
+    assert_eq!(named["layout"], "a100-80gb-8x-nvlink");
+    assert_eq!(named["step_time_s"], by_path["step_time_s"]);
+    let out = osdp()
+        .args([
+            "plan",
+            "sample-models/gpt2.json",
+            "--layout",
+            "a100-80gb-9x",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("no shipped layout of that name") && err.trim().lines().count() == 1,
+        "{err}"
+    );
+
+    for (shell, says) in [
+        ("bash", "complete -F"),
+        ("zsh", "#compdef osdp-tui"),
+        ("fish", "complete -c osdp-tui"),
+    ] {
+        let script = stdout_ok(osdp().args(["completions", shell]));
+        assert!(script.contains(says), "{shell}: {script}");
+        assert!(
+            script.contains("evaluate") && script.contains("layout"),
+            "{shell}"
+        );
+    }
+
+    // The reader takes one line of 147 kB (more than a pipe holds, so `plan` is still writing)
+    // and goes: no panic, nothing on stderr.
+    use std::io::{BufRead, BufReader};
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_osdp-tui"))
+        .current_dir(root())
+        .args([
+            "plan",
+            "sample-models/gpt2-xl.json",
+            "--layout",
+            "a100-80gb-8x-nvlink",
+            "--json",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut first = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut first)
+        .unwrap();
+    assert_eq!(first.trim(), "{", "{first}");
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.is_empty(), "{err}");
+}
