@@ -432,11 +432,17 @@ fn run(cli: Cli) -> Result<(), Failure> {
             let spec = hf::import_file(&config, &opts).map_err(Failure::input)?;
             model::write_model(&output, &spec).map_err(|e| Failure::output(&output, e))?;
             println!(
-                "wrote {}: {} ({} parameters, {} ops)",
+                "wrote {}: {} ({} parameters, {} ops), sequence length {}{}",
                 printable(&output.display().to_string()),
                 printable(&spec.name),
                 units::thousands(spec.param_count()),
-                spec.ops.len()
+                spec.ops.len(),
+                spec.config.seq_len,
+                if seq_len.is_some() {
+                    ""
+                } else {
+                    " (the config's positions, at most 8,192; --seq-len sets it)"
+                }
             );
             Ok(())
         }

@@ -1,7 +1,7 @@
 //! Hugging Face import: parameter counts equal transformers' `num_parameters()`, and the shipped
 //! samples are exactly what `import-hf` makes of the configs beside them.
 
-use crate::{inspect_json, osdp, root};
+use crate::{inspect_json, osdp, root, stdout_ok};
 
 /// Figures from the issue (transformers' `num_parameters()`, tied weights counted once).
 const SAMPLE_PARAMS: &[(&str, u64)] = &[
@@ -191,4 +191,46 @@ fn every_layout_reads_and_says_where_its_figures_come_from() {
             "missing layout {want}; have {names:?}"
         );
     }
+}
+
+/// Issue 19: `import-hf` names the model from the config (`_name_or_path`), or its directory
+/// when the file is the usual `config.json`, and says which sequence length it chose.
+#[test]
+fn import_names_the_model_from_its_config_and_says_the_sequence_length() {
+    let tmp = tempfile::tempdir().unwrap();
+    let base = serde_json::json!({
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 256,
+        "intermediate_size": 688, "num_attention_heads": 4, "num_hidden_layers": 2,
+        "max_position_embeddings": 1024, "vocab_size": 1000, "rms_norm_eps": 1e-5
+    });
+    let run = |config: &serde_json::Value, dir: &str, extra: &[&str]| -> String {
+        let d = tmp.path().join(dir);
+        std::fs::create_dir_all(&d).unwrap();
+        let path = d.join("config.json");
+        std::fs::write(&path, config.to_string()).unwrap();
+        let out = d.join("m.json");
+        let said = stdout_ok(
+            osdp()
+                .args([
+                    "import-hf",
+                    path.to_str().unwrap(),
+                    "-o",
+                    out.to_str().unwrap(),
+                ])
+                .args(extra),
+        );
+        let m = osdp_tui::model::read_model(&out).unwrap();
+        format!("{} | {said}", m.name)
+    };
+    let mut named = base.clone();
+    named["_name_or_path"] = "my-org/tiny-llama-x".into();
+    let said = run(&named, "a", &[]);
+    assert!(said.starts_with("tiny-llama-x | "), "{said}");
+    assert!(
+        said.contains("sequence length 1024 (the config's positions"),
+        "{said}"
+    );
+    let said = run(&base, "Mistral-mini", &["--seq-len", "512"]);
+    assert!(said.starts_with("Mistral-mini | "), "{said}");
+    assert!(said.trim_end().ends_with("sequence length 512"), "{said}");
 }

@@ -119,11 +119,10 @@ pub fn import_str(path: &Path, text: &str, opts: &ImportOptions) -> Result<Model
     };
     let cfg = Cfg { path, obj: &obj };
     let arch = cfg.architecture()?;
-    let name = opts.name.clone().unwrap_or_else(|| {
-        path.file_stem()
-            .map(|s| s.to_string_lossy().into_owned())
-            .unwrap_or_else(|| "model".into())
-    });
+    let name = opts
+        .name
+        .clone()
+        .unwrap_or_else(|| default_name(path, &obj, &arch));
     let source = Some(format!(
         "imported from {} ({arch}) by osdp-tui import-hf",
         path.file_name()
@@ -305,6 +304,32 @@ struct Common {
     layers: u64,
     heads: u64,
     max_positions: u64,
+}
+
+/// A model's name when `--name` is not given: the config's own (`_name_or_path`'s last part,
+/// `meta-llama/Llama-2-7b-hf` → `Llama-2-7b-hf`), else the file's stem unless it is the usual
+/// `config`, else its directory's name, else the architecture (`LlamaForCausalLM` → `llama`).
+fn default_name(path: &Path, obj: &Map<String, Value>, arch: &str) -> String {
+    let own = obj
+        .get("_name_or_path")
+        .and_then(Value::as_str)
+        .and_then(|n| n.trim_end_matches('/').rsplit('/').next())
+        .filter(|n| !n.trim().is_empty());
+    let stem = path
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .filter(|s| s != "config" && !s.is_empty());
+    let dir = path
+        .parent()
+        .and_then(|d| d.file_name())
+        .map(|d| d.to_string_lossy().into_owned())
+        .filter(|d| !d.is_empty() && d != "." && d != "..");
+    own.map(str::to_owned).or(stem).or(dir).unwrap_or_else(|| {
+        arch.trim_end_matches("ForCausalLM")
+            .trim_end_matches("LMHeadModel")
+            .trim_end_matches("ForMaskedLM")
+            .to_lowercase()
+    })
 }
 
 fn base_config(c: &Common, seq_len: u64, opts: &ImportOptions) -> ModelConfig {
