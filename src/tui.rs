@@ -107,6 +107,9 @@ async fn run_loop(mut app: App) -> std::io::Result<()> {
                     Some(Ok(Event::Mouse(m))) => match m.kind {
                         MouseEventKind::ScrollUp => app.update(Action::Up),
                         MouseEventKind::ScrollDown => app.update(Action::Down),
+                        MouseEventKind::Down(crossterm::event::MouseButton::Left) => {
+                            app.click(m.column, m.row)
+                        }
                         _ => {}
                     },
                     Some(Ok(_)) => {}

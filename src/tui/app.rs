@@ -17,6 +17,15 @@ const GIB: u64 = 1 << 30;
 /// Samples of GPU memory kept for the sparklines.
 const HISTORY: usize = 120;
 
+/// Where the last frame drew the panels a click can land on (drawing sets it; a click reads it).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct HitMap {
+    /// The operator table, and the first row it showed.
+    pub ops: ratatui::layout::Rect,
+    pub ops_offset: usize,
+    pub gpus: ratatui::layout::Rect,
+}
+
 /// What fills the screen under the header: the plan (operators, GPUs and a chart side by side),
 /// or one panel on its own, as k9s switches views (`1`–`4`, `v` the next).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -269,6 +278,8 @@ pub struct App {
     pub compare: Option<Vec<String>>,
     /// What fills the screen under the header.
     pub view: View,
+    /// The panels as last drawn, for mouse clicks.
+    pub hit: std::cell::Cell<HitMap>,
     next_request: u64,
     worker: Option<Worker>,
     gpu_rx: Option<Receiver<GpuEvent>>,
@@ -312,6 +323,7 @@ impl App {
             undo: Vec::new(),
             compare: None,
             view: View::Plan,
+            hit: std::cell::Cell::new(HitMap::default()),
             next_request: 0,
             worker: None,
             gpu_rx: None,
@@ -840,11 +852,11 @@ impl App {
                 }
                 replan = true;
             }
-            Action::CyclePin => {
-                if let Some(Row::Op(i)) = self.selected() {
-                    replan = self.cycle_pin(i);
-                }
-            }
+            Action::CyclePin => match self.selected() {
+                Some(Row::Op(i)) => replan = self.cycle_pin(i),
+                Some(Row::Block(b)) => replan = self.cycle_block_pin(b),
+                None => {}
+            },
             Action::FocusNext => {
                 self.focus = match self.focus {
                     Focus::Ops => Focus::Gpus,
@@ -919,6 +931,25 @@ impl App {
             }
             KeyCode::Char(c) if !c.is_control() && line.chars().count() < 200 => line.push(c),
             _ => {}
+        }
+    }
+
+    /// A left click at (`column`, `row`): on an operator row, select it (and focus the table);
+    /// on the GPU panel, focus it.
+    pub fn click(&mut self, column: u16, row: u16) {
+        let hit = self.hit.get();
+        let at = ratatui::layout::Position::new(column, row);
+        if hit.ops.contains(at) {
+            self.focus = Focus::Ops;
+            // Under the top border and the header row.
+            if let Some(line) = row.checked_sub(hit.ops.y + 2) {
+                let i = hit.ops_offset + usize::from(line);
+                if i < self.rows().len() && row + 1 < hit.ops.bottom() {
+                    self.selected_row = i;
+                }
+            }
+        } else if hit.gpus.contains(at) {
+            self.focus = Focus::Gpus;
         }
     }
 
@@ -1217,6 +1248,24 @@ impl App {
         self.log_view = Some(LogView {
             top: (to < tail_top).then_some(to),
         });
+        true
+    }
+
+    /// Pin every parameter-owning op of block `b` to the strategy after its first op's (as
+    /// [`App::cycle_pin`] steps one op), or unpin them all after the last.
+    fn cycle_block_pin(&mut self, b: usize) -> bool {
+        let ops: Vec<usize> = (0..self.model.ops.len())
+            .filter(|&i| self.blocks.of_op[i] == Some(b) && cost::owns_params(&self.model.ops[i]))
+            .collect();
+        let Some(&first) = ops.first() else {
+            return false;
+        };
+        self.cycle_pin(first);
+        let pin = self.pin_of(first);
+        self.pins.retain(|(i, _)| !ops.contains(i));
+        if let Some(c) = pin {
+            self.pins.extend(ops.iter().map(|&i| (i, c)));
+        }
         true
     }
 

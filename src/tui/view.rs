@@ -31,6 +31,8 @@ const SPLIT_BARS_MIN_HEIGHT: u16 = 30;
 
 pub fn draw(app: &App, f: &mut Frame) {
     let area = f.area();
+    // Panels this frame does not draw take no clicks.
+    app.hit.set(super::app::HitMap::default());
     if area.width < MIN_WIDTH || area.height < MIN_HEIGHT {
         let msg = format!(
             "terminal too small: osdp-tui needs at least {MIN_WIDTH}×{MIN_HEIGHT}, this one is {}×{}",
@@ -682,6 +684,10 @@ fn draw_ops(app: &App, f: &mut Frame, area: Rect) {
     let mut state = TableState::default()
         .with_selected(Some(app.selected_row.min(rows.len().saturating_sub(1))));
     f.render_stateful_widget(table, area, &mut state);
+    let mut hit = app.hit.get();
+    hit.ops = area;
+    hit.ops_offset = state.offset();
+    app.hit.set(hit);
 }
 
 /// The best throughput the frontier `curve` (memory, samples/s) offers within `budget`.

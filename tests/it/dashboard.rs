@@ -1489,3 +1489,85 @@ fn no_color_leaves_no_colour_on_screen() {
         .count();
     assert!(bold > 0, "emphasis stays");
 }
+
+/// Issue 19: `p` on a block row pins every operator of the block that has parameters, the
+/// same strategy for each, and steps them together; after the last, they are all unpinned.
+#[test]
+fn pins_work_on_block_rows() {
+    let mut a = app("gpt2-medium", "a100-80gb-8x-nvlink", 8 * GIB);
+    let block = a
+        .rows()
+        .iter()
+        .position(|r| matches!(r, Row::Block(0)))
+        .unwrap();
+    a.selected_row = block;
+    let owners: Vec<usize> = (0..a.model.ops.len())
+        .filter(|&i| a.blocks.of_op[i] == Some(0) && osdp_tui::cost::owns_params(&a.model.ops[i]))
+        .collect();
+    assert!(owners.len() >= 4);
+    let mut seen = Vec::new();
+    for _ in 0..8 {
+        a.update(Action::CyclePin);
+        let pins: Vec<_> = owners.iter().map(|&i| a.pin_of(i)).collect();
+        assert!(pins.iter().all(|p| *p == pins[0]), "{pins:?}");
+        if pins[0].is_none() {
+            break;
+        }
+        seen.push(pins[0].unwrap().strategy);
+        let plan = &a.planned().expect("fits").plan;
+        for &i in &owners {
+            assert_eq!(plan.choices[i], pins[0].unwrap(), "{}", a.model.ops[i].id);
+        }
+    }
+    use osdp_tui::cost::Strategy;
+    assert_eq!(
+        seen,
+        [
+            Strategy::Dp,
+            Strategy::Zero1,
+            Strategy::Zero2,
+            Strategy::Zero3
+        ]
+    );
+    assert!(a.pins.is_empty());
+    // `u` takes a block's pin back at once.
+    a.update(Action::CyclePin);
+    a.update(Action::Undo);
+    assert!(a.pins.is_empty());
+}
+
+/// Issue 19: clicking an operator row selects it and focuses the table; clicking the GPU
+/// panel focuses it.
+#[test]
+fn clicks_select_rows_and_focus_panels() {
+    let mut a = app("gpt2-medium", "a100-80gb-8x-nvlink", 8 * GIB);
+    let screen = render_text(&a, 120, 40);
+    let lines: Vec<&str> = screen.lines().collect();
+    let y = lines
+        .iter()
+        .position(|l| l.contains("h0.attn.c_proj"))
+        .expect("the row on screen");
+    let byte = lines[y].find("h0.attn.c_proj").unwrap();
+    let x = lines[y][..byte].chars().count();
+    a.click(x as u16, y as u16);
+    assert_eq!(
+        a.selected(),
+        Some(Row::Op(
+            a.model
+                .ops
+                .iter()
+                .position(|o| o.id == "h0.attn.c_proj")
+                .unwrap()
+        ))
+    );
+    assert_eq!(a.focus, Focus::Ops);
+    // The GPU panel: its title's line, at the title.
+    let gy = lines.iter().position(|l| l.contains("┌ GPUs")).unwrap();
+    let gx = lines[gy].chars().position(|c| c == 'G').unwrap();
+    a.click(gx as u16, gy as u16 + 1);
+    assert_eq!(a.focus, Focus::Gpus);
+    // The header is not a panel: nothing changes.
+    let before = (a.selected_row, a.focus);
+    a.click(0, 0);
+    assert_eq!((a.selected_row, a.focus), before);
+}

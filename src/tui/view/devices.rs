@@ -65,6 +65,9 @@ fn bar(
 
 /// The panel: GPUs when NVML reads them (and the layout's ranks are GPUs), else ranks.
 pub fn draw_devices(app: &App, f: &mut Frame, area: Rect) {
+    let mut hit = app.hit.get();
+    hit.gpus = area;
+    app.hit.set(hit);
     let border = theme::border(app.focus == Focus::Gpus);
     let inner = usize::from(area.width.saturating_sub(2));
     let rows = usize::from(area.height.saturating_sub(2));
