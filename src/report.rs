@@ -259,6 +259,7 @@ pub fn plan_report(req: &PlanRequest) -> Result<PlanReport, Failure> {
             &machine,
             layout.memory_bytes(),
         ),
+        block_recompute: Vec::new(),
     };
     let resolution_bytes = options.resolution_bytes;
     let started = Instant::now();

@@ -67,6 +67,9 @@ pub enum Action {
     /// The global batch: highest throughput (none fixed), then GPUs × 1, 2, 4, … 1024.
     CycleGlobalBatch,
     CyclePin,
+    /// Fix the selected block's recomputation against the plan's choice (again: the planner
+    /// decides).
+    ToggleRecompute,
     FocusNext,
     Up,
     Down,
@@ -98,7 +101,7 @@ pub enum Action {
     ShowView(View),
     /// The next view (`v`).
     NextView,
-    /// Put back the settings before the last change (budget, split, batch, pins).
+    /// Put back the settings before the last change (budget, split, batch, pins, recompute).
     Undo,
     /// Write the plan on screen to a file.
     WritePlan,
@@ -115,6 +118,7 @@ pub struct Settings {
     pub batch: Option<u64>,
     pub global_batch: Option<u64>,
     pub pins: Vec<(usize, Choice)>,
+    pub block_recompute: Vec<(usize, bool)>,
 }
 
 /// Changes `u` can take back.
@@ -240,6 +244,8 @@ pub struct App {
     /// Samples per optimizer step over all ranks; `None`: highest throughput at any batch.
     pub global_batch: Option<u64>,
     pub pins: Vec<(usize, Choice)>,
+    /// Blocks whose recomputation the user fixed (`R`): (block, recompute).
+    pub block_recompute: Vec<(usize, bool)>,
     pub plan: Option<PlanReady>,
     pub pending: bool,
     pub focus: Focus,
@@ -300,6 +306,7 @@ impl App {
             batch: None,
             global_batch: None,
             pins: Vec::new(),
+            block_recompute: Vec::new(),
             plan: None,
             pending: false,
             focus: Focus::Ops,
@@ -394,6 +401,7 @@ impl App {
             batch: self.batch,
             global_batch: self.global_batch,
             pins: self.pins.clone(),
+            block_recompute: self.block_recompute.clone(),
         }
     }
 
@@ -857,6 +865,17 @@ impl App {
                 Some(Row::Block(b)) => replan = self.cycle_block_pin(b),
                 None => {}
             },
+            Action::ToggleRecompute => {
+                let block = match self.selected() {
+                    Some(Row::Block(b)) => Some(b),
+                    Some(Row::Op(i)) => self.blocks.of_op[i],
+                    None => None,
+                };
+                match block {
+                    Some(b) => replan = self.toggle_recompute(b),
+                    None => self.message = Some("R acts on a block: select one of its rows".into()),
+                }
+            }
             Action::FocusNext => {
                 self.focus = match self.focus {
                     Focus::Ops => Focus::Gpus,
@@ -961,6 +980,7 @@ impl App {
             batch: self.batch,
             global_batch: self.global_batch,
             pins: self.pins.clone(),
+            block_recompute: self.block_recompute.clone(),
         }
     }
 
@@ -984,6 +1004,7 @@ impl App {
         self.batch = s.batch;
         self.global_batch = s.global_batch;
         self.pins = s.pins;
+        self.block_recompute = s.block_recompute;
         self.replan();
     }
 
@@ -1238,9 +1259,11 @@ impl App {
                 return true;
             }
             // Nothing under the log to act on.
-            Action::Toggle | Action::FocusNext | Action::CyclePin | Action::ToggleGraph => {
-                return true
-            }
+            Action::Toggle
+            | Action::FocusNext
+            | Action::CyclePin
+            | Action::ToggleRecompute
+            | Action::ToggleGraph => return true,
             _ => return false,
         }
         .clamp(first, tail_top);
@@ -1267,6 +1290,33 @@ impl App {
             self.pins.extend(ops.iter().map(|&i| (i, c)));
         }
         true
+    }
+
+    /// Fix block `b`'s recomputation to the opposite of the plan's choice, or, when fixed
+    /// already, hand it back to the planner.
+    fn toggle_recompute(&mut self, b: usize) -> bool {
+        if let Some(k) = self.block_recompute.iter().position(|&(x, _)| x == b) {
+            self.block_recompute.remove(k);
+            self.message = Some(format!(
+                "block {b}: recomputation back to the planner's choice"
+            ));
+        } else {
+            let now = self.planned().is_some_and(|p| p.plan.recompute[b]);
+            self.block_recompute.push((b, !now));
+            self.message = Some(format!(
+                "block {b}: recompute {}, fixed (R again: the planner decides)",
+                if now { "off" } else { "on" }
+            ));
+        }
+        true
+    }
+
+    /// The recomputation the user fixed for block `b`, if any.
+    pub fn recompute_fixed(&self, b: usize) -> Option<bool> {
+        self.block_recompute
+            .iter()
+            .find(|&&(x, _)| x == b)
+            .map(|&(_, r)| r)
     }
 
     /// Pin the op to the next strategy it allows (dp → zero1 → zero2 → zero3 → hsdp on

@@ -83,6 +83,14 @@ pub const KEYMAP: &[Entry] = &[
         bindings: &[(ch('p'), Action::CyclePin)],
     },
     Entry {
+        keys: "R",
+        help: "recompute the selected block, or not, against the plan's choice (R again: the \
+               planner decides)",
+        footer: None,
+        log_footer: None,
+        bindings: &[(ch('R'), Action::ToggleRecompute)],
+    },
+    Entry {
         keys: "g",
         help: "show the selected block's graph / the frontier chart",
         footer: Some("graph"),
@@ -154,7 +162,7 @@ pub const KEYMAP: &[Entry] = &[
     },
     Entry {
         keys: "u",
-        help: "undo the last change of budget, split, batch or pins",
+        help: "undo the last change of budget, split, batch, pins or recomputation",
         footer: Some("undo"),
         log_footer: None,
         bindings: &[(ch('u'), Action::Undo)],

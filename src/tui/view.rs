@@ -416,10 +416,14 @@ fn draw_header(app: &App, f: &mut Frame, area: Rect) {
         _ => String::new(),
     };
     lines.push(Line::from(format!(
-        "budget {} per GPU · split ≤ {} · {} pinned · {versus_all}{}{}",
+        "budget {} per GPU · split ≤ {} · {} pinned{} · {versus_all}{}{}",
         units::bytes(budget),
         app.max_split,
         app.pins.len(),
+        match app.block_recompute.len() {
+            0 => String::new(),
+            n => format!(" · {n} rc fixed"),
+        },
         replan,
         if app.pending { " · planning…" } else { "" }
     )));
@@ -580,8 +584,14 @@ fn block_badge(app: &App, b: usize, recompute: bool) -> Line<'static> {
                 .add_modifier(Modifier::BOLD),
         ));
     }
-    if recompute {
-        spans.push(Span::styled(" rc", theme::RECOMPUTE));
+    // A recomputation the user fixed (`R`) carries a pin, as pinned ops do.
+    match (recompute, app.recompute_fixed(b).is_some()) {
+        (true, fixed) => spans.push(Span::styled(
+            if fixed { " rc📌" } else { " rc" },
+            theme::RECOMPUTE,
+        )),
+        (false, true) => spans.push(Span::styled(" no rc📌", theme::RECOMPUTE)),
+        (false, false) => {}
     }
     Line::from(spans)
 }
@@ -839,7 +849,40 @@ fn draw_compare(lines: &[String], f: &mut Frame, area: Rect) {
 }
 
 fn draw_help(f: &mut Frame, area: Rect) {
-    let w = 76.min(area.width);
+    // As narrow as reads well, wider where the terminal is too short for the wrapped lines.
+    let widest = area.width.min(116);
+    let mut w = 76.min(area.width);
+    let mut text = help_text(w);
+    while text.len() as u16 + 2 > area.height && w + 4 <= widest {
+        w += 4;
+        text = help_text(w);
+    }
+    let h = (text.len() as u16 + 2).min(area.height);
+    // Still too short: the last row says so rather than cutting silently.
+    let room = usize::from(h.saturating_sub(2));
+    if text.len() > room && room > 0 {
+        let more = text.len() - room + 1;
+        text.truncate(room - 1);
+        text.push(Line::styled(
+            format!("… {more} more lines: a taller terminal shows them"),
+            theme::WARN,
+        ));
+    }
+    let r = Rect::new(
+        area.x + (area.width - w) / 2,
+        area.y + (area.height - h) / 2,
+        w,
+        h,
+    );
+    f.render_widget(Clear, r);
+    f.render_widget(
+        Paragraph::new(text).block(Block::bordered().title(" help ")),
+        r,
+    );
+}
+
+/// The help overlay's lines at width `w` (border included): the keys, then the legends.
+fn help_text(w: u16) -> Vec<Line<'static>> {
     let mut text: Vec<Line> = keymap::help_lines(usize::from(w.saturating_sub(2)))
         .into_iter()
         .map(Line::from)
@@ -861,18 +904,7 @@ fn draw_help(f: &mut Frame, area: Rect) {
         ),
         Span::raw(": state kept in host memory"),
     ]));
-    let h = (text.len() as u16 + 2).min(area.height);
-    let r = Rect::new(
-        area.x + (area.width - w) / 2,
-        area.y + (area.height - h) / 2,
-        w,
-        h,
-    );
-    f.render_widget(Clear, r);
-    f.render_widget(
-        Paragraph::new(text).block(Block::bordered().title(" help ")),
-        r,
-    );
+    text
 }
 
 /// The block an operator row belongs to (for the graph view).
@@ -982,8 +1014,13 @@ fn draw_graph(app: &App, f: &mut Frame, area: Rect) {
     };
     let recompute = app.planned().is_some_and(|p| p.plan.recompute[b]);
     let title = format!(
-        " block {b} graph{} ",
-        if recompute { " · recomputed" } else { "" }
+        " block {b} graph{}{} ",
+        if recompute { " · recomputed" } else { "" },
+        if app.recompute_fixed(b).is_some() {
+            " (fixed: R)"
+        } else {
+            ""
+        }
     );
     let mut lines = Vec::new();
     if let Some(p) = app.planned() {

@@ -21,6 +21,8 @@ pub struct PlanRequest {
     /// Samples per optimizer step over all ranks, when the user fixed it.
     pub global_batch: Option<u64>,
     pub pins: Vec<(usize, Choice)>,
+    /// Blocks whose recomputation the user fixed (`R`): (block, recompute).
+    pub block_recompute: Vec<(usize, bool)>,
 }
 
 /// A finished plan.
@@ -84,6 +86,7 @@ fn options(r: &PlanRequest, resolution_bytes: u64) -> PlanOptions {
         recompute: true,
         pins: r.pins.clone(),
         resolution_bytes,
+        block_recompute: r.block_recompute.clone(),
     }
 }
 

@@ -1536,6 +1536,71 @@ fn pins_work_on_block_rows() {
     assert!(a.pins.is_empty());
 }
 
+/// Issue 19: `R` on a block row fixes that block's recomputation against the plan's choice
+/// (the plan on screen follows, at a price), `R` again hands it back, `u` undoes it.
+#[test]
+fn r_toggles_a_blocks_recomputation() {
+    let mut a = app("gpt2-medium", "a100-80gb-8x-nvlink", 40 * GIB);
+    let block = a
+        .rows()
+        .iter()
+        .position(|r| matches!(r, Row::Block(3)))
+        .unwrap();
+    a.selected_row = block;
+    let before = a.planned().expect("fits").plan.recompute.clone();
+    let free = throughput(&a);
+    assert!(!before[3], "40 GiB holds gpt2-medium's activations");
+    a.update(Action::ToggleRecompute);
+    let forced = a.planned().expect("fits").plan.recompute.clone();
+    assert!(forced[3], "R forces block 3 to recompute");
+    assert_eq!(
+        forced.iter().filter(|&&r| r).count(),
+        1,
+        "and no other block"
+    );
+    assert!(throughput(&a) < free, "recomputing costs time");
+    let screen = render_text(&a, 160, 48);
+    assert!(
+        screen.contains("rc📌"),
+        "the block row says it is fixed:\n{screen}"
+    );
+    assert!(screen.contains("1 rc fixed"), "{screen}");
+    // Again: the planner decides, and takes back its own plan.
+    a.update(Action::ToggleRecompute);
+    assert_eq!(a.planned().unwrap().plan.recompute, before);
+    assert!((throughput(&a) - free).abs() < 1e-9 * free);
+    a.update(Action::Undo);
+    assert!(
+        a.planned().unwrap().plan.recompute[3],
+        "u puts the fix back"
+    );
+
+    // Where the budget makes the planner recompute, R forbids it: the plan keeps the block's
+    // activations and spends memory elsewhere, or says nothing fits.
+    let mut a = app("gpt2-medium", "a100-80gb-8x-nvlink", 6 * GIB);
+    a.batch = Some(8);
+    a.replan();
+    let b = a
+        .planned()
+        .expect("fits")
+        .plan
+        .recompute
+        .iter()
+        .position(|&r| r)
+        .expect("micro-batch 8 in 6 GiB recomputes some block");
+    a.selected_row = a
+        .rows()
+        .iter()
+        .position(|r| matches!(r, Row::Block(x) if *x == b))
+        .unwrap();
+    a.update(Action::ToggleRecompute);
+    match a.planned() {
+        Some(p) => assert!(!p.plan.recompute[b]),
+        None => assert!(render_text(&a, 160, 48).contains("fits")),
+    }
+    assert!(render_text(&a, 160, 48).contains("1 rc fixed"));
+}
+
 /// Issue 19: clicking an operator row selects it and focuses the table; clicking the GPU
 /// panel focuses it.
 #[test]
@@ -1570,4 +1635,23 @@ fn clicks_select_rows_and_focus_panels() {
     let before = (a.selected_row, a.focus);
     a.click(0, 0);
     assert_eq!((a.selected_row, a.focus), before);
+}
+
+/// The help overlay shows every key and its legends at 120×40; where no width makes it fit
+/// (80×24), its last row says how much is cut rather than cutting silently.
+#[test]
+fn help_fits_120x40_and_says_when_it_cannot() {
+    let mut a = app("gpt2-medium", "a100-80gb-8x-nvlink", 8 * GIB);
+    a.update(Action::ToggleHelp);
+    let big = render_text(&a, 120, 40);
+    for want in [
+        "q Esc Ctrl-C",
+        "recompute the selected block",
+        "+offload-opt",
+    ] {
+        assert!(big.contains(want), "{want} missing:\n{big}");
+    }
+    assert!(!big.contains("more lines"));
+    let small = render_text(&a, 80, 24);
+    assert!(small.contains("more lines: a taller terminal"), "{small}");
 }

@@ -231,6 +231,17 @@ fn all_plans_accumulated(
     batches: &[(u64, u64)],
     max_split: u32,
 ) -> Vec<(u64, f64)> {
+    all_plans_where(model, m, batches, max_split, &|_| true)
+}
+
+/// [`all_plans_accumulated`] whose recompute flags pass `keep`.
+fn all_plans_where(
+    model: &ModelSpec,
+    m: &Machine,
+    batches: &[(u64, u64)],
+    max_split: u32,
+    keep: &dyn Fn(&[bool]) -> bool,
+) -> Vec<(u64, f64)> {
     let bases = cost::op_bases(model, m, 1);
     let options: Vec<Vec<Choice>> = bases
         .iter()
@@ -248,6 +259,9 @@ fn all_plans_accumulated(
                     choices: idx.iter().zip(&options).map(|(&i, o)| o[i]).collect(),
                     recompute: (0..layers).map(|l| flags >> l & 1 == 1).collect(),
                 };
+                if !keep(&plan.recompute) {
+                    continue;
+                }
                 let p = evaluate(model, m, &plan);
                 out.push((p.peak_memory_bytes, p.throughput_samples_per_s));
             }
@@ -501,6 +515,57 @@ proptest! {
             }
             (Err(_), None) => {}
             (got, want) => prop_assert!(false, "planner {:?} vs exhaustive {:?}", got.map(|p| p.prediction.throughput_samples_per_s), want),
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(12))]
+
+    /// Issue 19's `R`: with some blocks' recomputation fixed, the planner is still exact over
+    /// the plans that honour it, and honours it.
+    #[test]
+    fn fixed_recomputation_is_honoured_exactly(
+        hidden in prop::sample::select(vec![64u64, 256, 1024]),
+        seq in prop::sample::select(vec![16u64, 128, 512]),
+        layout in prop::sample::select(LAYOUTS.to_vec()),
+        // Per block: searched, fixed off, fixed on.
+        fixed in prop::collection::vec(0u8..3, 2),
+        batch in 1u64..=3,
+        budget_frac in 0.0f64..1.0,
+    ) {
+        let model = small_model(hidden, seq, 1000, 2, true);
+        let m = machine(layout, &model);
+        let block_recompute: Vec<(usize, bool)> = fixed
+            .iter()
+            .enumerate()
+            .filter(|&(_, &f)| f > 0)
+            .map(|(b, &f)| (b, f == 2))
+            .collect();
+        let honours = |r: &[bool]| block_recompute.iter().all(|&(b, on)| r[b] == on);
+        let plans = all_plans_where(&model, &m, &[(batch, 1)], 1, &honours);
+        let lo = plans.iter().map(|p| p.0).min().unwrap();
+        let hi = plans.iter().map(|p| p.0).max().unwrap();
+        let budget = lo + ((hi - lo) as f64 * budget_frac) as u64;
+        let options = PlanOptions {
+            batch: Some(batch),
+            max_split: 1,
+            block_recompute: block_recompute.clone(),
+            ..Default::default()
+        };
+        let got = Planner::new(&model, m.clone(), options.clone(), budget)
+            .best(budget)
+            .expect("the least plan that honours the flags fits");
+        prop_assert!(honours(&got.plan.recompute), "{:?} vs {block_recompute:?}", got.plan.recompute);
+        prop_assert!(got.prediction.peak_memory_bytes <= budget);
+        let want = plans.iter().filter(|p| p.0 <= budget).map(|p| p.1).fold(0.0, f64::max);
+        prop_assert!(close(got.prediction.throughput_samples_per_s, want),
+            "planner {} vs exhaustive {want}", got.prediction.throughput_samples_per_s);
+        prop_assert_eq!(evaluate(&model, &m, &got.plan), got.prediction.clone());
+        // Below the least plan that honours them, nothing, and the minimum is that plan's.
+        if lo > 0 {
+            let nf = Planner::new(&model, m.clone(), options, lo - 1).best(lo - 1).unwrap_err();
+            prop_assert_eq!(nf.min_budget_bytes, lo);
         }
     }
 }

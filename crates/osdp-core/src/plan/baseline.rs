@@ -225,7 +225,8 @@ pub fn best_of(
 /// Take a baseline instead of the searched plan when it is faster: with a memory resolution
 /// the search may miss a plan within a few MiB of the budget, and a baseline must never beat
 /// the plan. Only baselines inside the search's space count: none when ops are pinned, and
-/// no checkpointing one when the search may not recompute.
+/// no checkpointing one when the search may not recompute, none that breaks a block's fixed
+/// recomputation.
 pub fn adopt(searched: &mut Planned, results: &[(Baseline, Outcome)], options: &PlanOptions) {
     if !options.pins.is_empty() {
         return;
@@ -233,6 +234,10 @@ pub fn adopt(searched: &mut Planned, results: &[(Baseline, Outcome)], options: &
     for (b, o) in results {
         let Some(p) = o.planned() else { continue };
         if b.checkpointing && !options.recompute {
+            continue;
+        }
+        let honours = |&(block, r): &(usize, bool)| p.plan.recompute.get(block) == Some(&r);
+        if !options.block_recompute.iter().all(honours) {
             continue;
         }
         if p.prediction.throughput_samples_per_s > searched.prediction.throughput_samples_per_s {

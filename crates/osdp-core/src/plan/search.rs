@@ -32,6 +32,9 @@ pub struct PlanOptions {
     pub pins: Vec<(usize, Choice)>,
     /// Memory resolution of the frontiers in bytes; 0 = exact. See [`frontier::sum`].
     pub resolution_bytes: u64,
+    /// Blocks whose recomputation is fixed: (block index, recompute). The others are searched
+    /// (when `recompute` allows it).
+    pub block_recompute: Vec<(usize, bool)>,
 }
 
 impl Default for PlanOptions {
@@ -43,6 +46,7 @@ impl Default for PlanOptions {
             recompute: true,
             pins: Vec::new(),
             resolution_bytes: 0,
+            block_recompute: Vec::new(),
         }
     }
 }
@@ -104,6 +108,8 @@ struct Class {
     instances: Vec<Vec<usize>>,
     /// Block index of each instance, when the class is made of blocks.
     blocks: Option<Vec<usize>>,
+    /// Its blocks' recomputation when fixed ([`PlanOptions::block_recompute`]).
+    forced: Option<bool>,
 }
 
 /// One option of one slot of a class.
@@ -311,7 +317,8 @@ impl<'m> Planner<'m> {
         let pins: HashMap<usize, Choice> = options.pins.iter().copied().collect();
         let graph = cost::OpGraph::of(model);
         let bases_1 = graph.bases(model, &machine, 1);
-        let classes = classify(&bases_1, &blocks, &pins);
+        let forced: HashMap<usize, bool> = options.block_recompute.iter().copied().collect();
+        let classes = classify(&bases_1, &blocks, &pins, &forced);
         let host_can_bind = host_can_bind(&bases_1, &machine, &pins, options.max_split);
         let mut planner = Planner {
             model,
@@ -780,6 +787,7 @@ impl<'m> Planner<'m> {
                             Some(held.saturating_add(kept))
                         });
                         let one = match (plain, recomputed) {
+                            _ if class.forced == Some(true) => recomputed?,
                             (Some(a), Some(b)) => a.min(b),
                             (a, b) => a.or(b)?,
                         };
@@ -794,7 +802,11 @@ impl<'m> Planner<'m> {
     /// What a recomputed instance of `class` keeps (its block's input) at `batch`, when the
     /// class is a block that may recompute.
     fn kept_bytes(&self, class: &Class, batch: u64) -> Option<u64> {
-        let b = class.blocks.as_ref().filter(|_| self.options.recompute)?[0];
+        let b = class
+            .blocks
+            .as_ref()
+            .filter(|_| self.options.recompute || class.forced == Some(true))
+            .filter(|_| class.forced != Some(false))?[0];
         Some(
             self.machine
                 .activation_bytes(self.blocks.input_bytes_per_sample[b])
@@ -856,9 +868,15 @@ impl<'m> Planner<'m> {
                         let rep = &class.instances[0];
                         let plain = least(rep, lambda, |o| (o.held, o.time));
                         let one = match self.kept_bytes(class, prep.batch) {
-                            Some(kept) => plain.min(
-                                least(rep, lambda, |o| (o.held_r, o.time_r)) + lambda * kept as f64,
-                            ),
+                            Some(kept) => {
+                                let recomputed = least(rep, lambda, |o| (o.held_r, o.time_r))
+                                    + lambda * kept as f64;
+                                if class.forced == Some(true) {
+                                    recomputed
+                                } else {
+                                    plain.min(recomputed)
+                                }
+                            }
                             None => plain,
                         };
                         one * class.instances.len() as f64
@@ -923,6 +941,7 @@ impl<'m> Planner<'m> {
                     self.kept_bytes(class, batch).map(|kept| Recompute {
                         remat: &remat_of[ci],
                         kept,
+                        only: class.forced == Some(true),
                     }),
                     res,
                     limit.saturating_sub(others),
@@ -1215,6 +1234,8 @@ struct Recompute<'a> {
     remat: &'a [u64],
     /// The block input a recomputed instance keeps.
     kept: u64,
+    /// Recomputation is fixed on: the plain way is closed.
+    only: bool,
 }
 
 /// The frontier of all `class`'s instances under transient cap `cap`, within `limit` bytes
@@ -1246,7 +1267,8 @@ fn class_total(
             .collect()
     };
     let plain_n = admitted(&|_| 0);
-    let plain_ok = plain_n.iter().all(|&n| n > 0);
+    let forced = recompute.as_ref().is_some_and(|r| r.only);
+    let plain_ok = !forced && plain_n.iter().all(|&n| n > 0);
     let recompute = recompute.filter(|r| admitted(&|s| r.remat[s]).iter().all(|&n| n > 0));
     // Each way's (memory, time) over the slots' own: kept activations, or the kept input and
     // the forward again.
@@ -1369,7 +1391,12 @@ fn class_total(
 
 /// Group ops into classes of identical instances.
 /// `bases`: the ops' facts at batch 1 (identical at batch 1 means identical at any batch).
-fn classify(bases: &[OpBase], blocks: &Blocks, pins: &HashMap<usize, Choice>) -> Vec<Class> {
+fn classify(
+    bases: &[OpBase],
+    blocks: &Blocks,
+    pins: &HashMap<usize, Choice>,
+    forced: &HashMap<usize, bool>,
+) -> Vec<Class> {
     let sig = |i: usize| -> Vec<u64> {
         let b = &bases[i];
         let pin = pins.get(&i).map_or(u64::MAX, |c| {
@@ -1403,6 +1430,8 @@ fn classify(bases: &[OpBase], blocks: &Blocks, pins: &HashMap<usize, Choice>) ->
         }
         let mut key: Vec<u64> = members.iter().flat_map(|&i| sig(i)).collect();
         key.push(blocks.input_bytes_per_sample[b]);
+        // A block whose recomputation is fixed is a class apart from the searched ones.
+        key.push(forced.get(&b).map_or(0, |&r| 1 + u64::from(r)));
         match by_sig.get(&key) {
             Some(&c) => {
                 classes[c].instances.push(members.clone());
@@ -1415,6 +1444,7 @@ fn classify(bases: &[OpBase], blocks: &Blocks, pins: &HashMap<usize, Choice>) ->
                 classes.push(Class {
                     instances: vec![members.clone()],
                     blocks: Some(vec![b]),
+                    forced: forced.get(&b).copied(),
                 });
             }
         }
@@ -1424,6 +1454,7 @@ fn classify(bases: &[OpBase], blocks: &Blocks, pins: &HashMap<usize, Choice>) ->
             classes.push(Class {
                 instances: vec![vec![i]],
                 blocks: None,
+                forced: None,
             });
         }
     }
