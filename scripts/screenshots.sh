@@ -65,6 +65,9 @@ shoot llama-2-13b-2x8-h100 160 48 "Down Down Down" \
   sample-models/llama-2-13b.json --layout layouts/h100-sxm-2x8-ib-ndr.json --budget 40GiB
 shoot llama-2-13b-help-120x40 120 40 "?" \
   sample-models/llama-2-13b.json --layout layouts/h100-sxm-2x8-ib-ndr.json --budget 40GiB
+# Offload: llama-2-7b does not fit one 80 GiB H100 without it (docs/offload.md).
+shoot llama-2-7b-h100-offload 160 48 "Down" \
+  sample-models/llama-2-7b.json --layout layouts/h100-1x.json
 
 # Training from the dashboard: tiny GPT-2 on the CPU layout (2 ranks), micro-batch 4.
 train_args() { echo "sample-models/tiny-gpt2.json --layout layouts/cpu.json --budget 360MiB --batch 4 --checkpoint-every 10 --run-dir $tmp/run-$1"; }
@@ -76,3 +79,9 @@ shoot tiny-gpt2-replanned-before-restart 160 50 "s wait:12 - - wait:1" $(train_a
 shoot tiny-gpt2-restarted-under-new-plan 160 50 "s wait:12 - - r wait:12" $(train_args restart)
 # shellcheck disable=SC2046
 shoot tiny-gpt2-worker-killed 160 50 "s wait:12 kill-worker wait:2" $(train_args killed)
+# At 80×24 the run has no room beside the plan: view 4 shows it whole.
+# shellcheck disable=SC2046
+shoot tiny-gpt2-80x24-training-view 80 24 "s wait:12 4" $(train_args small)
+# c: the plan on screen against the running one, after the budget moved.
+# shellcheck disable=SC2046
+shoot tiny-gpt2-compare 160 50 "s wait:12 - - c" $(train_args compare)
