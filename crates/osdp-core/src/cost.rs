@@ -804,6 +804,38 @@ pub struct OpBase {
     pub latency_share: f64,
 }
 
+/// What an op owns, whatever the batch: made once per graph ([`OpGraph`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Owned {
+    /// [`ModelSpec::op_param_count`].
+    pub params: u64,
+    /// [`OpBase::uses`] ([`parameter_uses`]).
+    pub uses: u32,
+    /// [`OpBase::tensors`].
+    pub tensors: [ParamTensor; 2],
+}
+
+impl Owned {
+    pub fn of(op: &OpSpec, uses: u32) -> Owned {
+        let mut owned = op
+            .params
+            .iter()
+            .filter(|p| p.tied_to.is_none())
+            .map(|p| ParamTensor {
+                numel: p.shape.iter().product::<i64>().max(0) as u64,
+                cut: cut_by_split(op.kind, &p.name),
+            });
+        Owned {
+            params: ModelSpec::op_param_count(op),
+            uses,
+            tensors: [
+                owned.next().unwrap_or_default(),
+                owned.next().unwrap_or_default(),
+            ],
+        }
+    }
+}
+
 /// One parameter tensor an op owns, as sharding sees it.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 pub struct ParamTensor {
@@ -829,8 +861,8 @@ impl OpBase {
         input_bytes_per_sample: u64,
         m: &Machine,
         batch: u64,
-        uses: u32,
         config: &ModelConfig,
+        owned: &Owned,
     ) -> OpBase {
         let causal_fused = config.causal && config.attention == AttentionImpl::Flash;
         let b = batch as f64;
@@ -879,8 +911,8 @@ impl OpBase {
         let fixed = saved::fixed_dtype_saved_bytes(op, config);
         let saved = m.activation_bytes(op.saved_bytes_per_sample - fixed) + fixed;
         OpBase {
-            params: ModelSpec::op_param_count(op),
-            uses,
+            params: owned.params,
+            uses: owned.uses,
             splittable: op.kind == OpKind::Linear,
             fwd_s,
             bwd_s,
@@ -889,20 +921,7 @@ impl OpBase {
                 * batch,
             output_bytes: m.activation_bytes(op.output_bytes_per_sample) * batch,
             work,
-            tensors: {
-                let mut owned =
-                    op.params
-                        .iter()
-                        .filter(|p| p.tied_to.is_none())
-                        .map(|p| ParamTensor {
-                            numel: p.shape.iter().product::<i64>().max(0) as u64,
-                            cut: cut_by_split(op.kind, &p.name),
-                        });
-                [
-                    owned.next().unwrap_or_default(),
-                    owned.next().unwrap_or_default(),
-                ]
-            },
+            tensors: owned.tensors,
             accumulation: 1,
             latency_share: 1.0,
         }
@@ -1284,10 +1303,10 @@ pub fn op_bases(model: &ModelSpec, m: &Machine, batch: u64) -> Vec<OpBase> {
 /// into it. Worth keeping when pricing many batch sizes (finding them means name lookups).
 #[derive(Debug, Clone)]
 pub struct OpGraph {
-    uses: Vec<u32>,
     inputs: Vec<u64>,
     /// Each op's fraction of its block's parameters (1 outside blocks).
     block_share: Vec<f64>,
+    owned: Vec<Owned>,
 }
 
 impl OpGraph {
@@ -1307,9 +1326,14 @@ impl OpGraph {
             })
             .collect();
         OpGraph {
-            uses: parameter_uses(model),
             inputs: input_bytes_per_sample(model),
             block_share,
+            owned: model
+                .ops
+                .iter()
+                .zip(parameter_uses(model))
+                .map(|(op, uses)| Owned::of(op, uses))
+                .collect(),
         }
     }
 
@@ -1326,8 +1350,8 @@ impl OpGraph {
                     self.inputs[i],
                     m,
                     batch,
-                    self.uses[i],
                     &model.config,
+                    &self.owned[i],
                 )
             })
             .zip(&self.block_share)

@@ -290,12 +290,37 @@ pub(crate) fn evaluate_with(
     bases: &[OpBase],
     blocks: &Blocks,
 ) -> Prediction {
+    let costs = price_all(m, &plan.choices, bases);
     let remat = blocks.remat_at(bases);
+    evaluate_priced(model, m, plan, bases, blocks, &remat, &costs)
+}
+
+/// Each op's price under its choice.
+pub(crate) fn price_all(m: &Machine, choices: &[Choice], bases: &[OpBase]) -> Vec<OpCost> {
+    bases
+        .iter()
+        .zip(choices)
+        .map(|(base, &c)| cost::price(base, c, m))
+        .collect()
+}
+
+/// [`evaluate_with`] on prices already made ([`price_all`] of the plan's choices) and the
+/// bases' rematerialised bytes ([`Blocks::remat_at`]): plans that differ only in recomputation
+/// share them.
+pub(crate) fn evaluate_priced(
+    model: &ModelSpec,
+    m: &Machine,
+    plan: &Plan,
+    bases: &[OpBase],
+    blocks: &Blocks,
+    remat: &[u64],
+    costs: &[OpCost],
+) -> Prediction {
     let (mut persistent, mut activations, mut max_transient, mut host) = (0u64, 0u64, 0u64, 0u64);
     let (mut compute, mut exposed, mut optimizer, mut recompute) = (0.0, 0.0, 0.0, 0.0);
     let mut ops = Vec::with_capacity(model.ops.len());
     for (i, base) in bases.iter().enumerate() {
-        let c: OpCost = cost::price(base, plan.choices[i], m);
+        let c = &costs[i];
         let block = blocks.of_op[i];
         let recomputed = block.is_some_and(|b| plan.recompute.get(b).copied().unwrap_or(false));
         let kept = if recomputed { 0 } else { base.saved_bytes };

@@ -5,11 +5,11 @@
 //! accumulation that goes with it) under the same budget. Comparing a plan that recomputes
 //! with a baseline that may not would flatter the plan.
 
-use crate::cost::{self, Choice, Machine, Strategy};
+use crate::cost::{self, Choice, Machine, OpCost, Strategy};
 use crate::model::ModelSpec;
 
 use super::search::{batch_ladder, batch_options};
-use super::{evaluate_with, Blocks, NoFit, Plan, PlanOptions, Planned, Planner};
+use super::{evaluate_priced, price_all, Blocks, NoFit, Plan, PlanOptions, Planned, Planner};
 
 /// One baseline: a strategy everywhere, with or without full activation checkpointing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -137,13 +137,35 @@ impl BaselineTable {
         let blocks = Blocks::of(model);
         let baselines = Baseline::of(machine);
         let mut plans: Vec<Vec<Planned>> = vec![Vec::new(); baselines.len()];
+        // Each baseline's plan, made once; a baseline with and without checkpointing makes
+        // the same choices, so each distinct set of choices is priced once per micro-batch.
+        let templates: Vec<Plan> = baselines.iter().map(|b| b.plan(model, 1, 1)).collect();
+        let priced_as: Vec<usize> = templates
+            .iter()
+            .map(|t| {
+                templates
+                    .iter()
+                    .position(|u| u.choices == t.choices)
+                    .expect("itself")
+            })
+            .collect();
         for (batch, accumulation) in candidates {
             let mut bases = graph.bases(model, machine, batch);
             cost::set_accumulation(&mut bases, accumulation);
+            let remat = blocks.remat_at(&bases);
             let mut any_fits = false;
-            for (k, b) in baselines.iter().enumerate() {
-                let plan = b.plan(model, batch, accumulation);
-                let prediction = evaluate_with(model, machine, &plan, &bases, &blocks);
+            let mut costs: Vec<Option<Vec<OpCost>>> = vec![None; templates.len()];
+            for (k, template) in templates.iter().enumerate() {
+                let first = priced_as[k];
+                let priced = costs[first]
+                    .get_or_insert_with(|| price_all(machine, &template.choices, &bases));
+                let plan = Plan {
+                    batch,
+                    accumulation,
+                    ..template.clone()
+                };
+                let prediction =
+                    evaluate_priced(model, machine, &plan, &bases, &blocks, &remat, priced);
                 any_fits |= prediction.peak_memory_bytes <= max_budget;
                 plans[k].push(Planned {
                     plan,
