@@ -596,6 +596,14 @@ fn block_badge(app: &App, b: usize, recompute: bool) -> Line<'static> {
     Line::from(spans)
 }
 
+/// An op's kind as the operator table shows it: whole in its 13 columns.
+fn kind_label(kind: crate::model::OpKind) -> &'static str {
+    match kind {
+        crate::model::OpKind::PositionalEmbedding => "pos_embedding",
+        other => other.as_str(),
+    }
+}
+
 fn draw_ops(app: &App, f: &mut Frame, area: Rect) {
     let plan = app.planned();
     let total_time = plan.map_or(1.0, |p| p.prediction.step_time_s);
@@ -650,7 +658,7 @@ fn draw_ops(app: &App, f: &mut Frame, area: Rect) {
                 let indent = if op.block.is_some() { "   " } else { "" };
                 mk(vec![
                     Cell::from(format!("{indent}{}", printable(&op.id))),
-                    Cell::from(op.kind.as_str()),
+                    Cell::from(kind_label(op.kind)),
                     Cell::from(units::count(ModelSpec::op_param_count(op))),
                     Cell::from(format!(
                         "{}{}",
@@ -671,7 +679,7 @@ fn draw_ops(app: &App, f: &mut Frame, area: Rect) {
     let border = theme::border(app.focus == Focus::Ops);
     let mut widths = vec![
         Constraint::Min(18),
-        Constraint::Length(12),
+        Constraint::Length(13),
         Constraint::Length(9),
         Constraint::Length(13),
         Constraint::Length(11),

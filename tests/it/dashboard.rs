@@ -1655,3 +1655,17 @@ fn help_fits_120x40_and_says_when_it_cannot() {
     let small = render_text(&a, 80, 24);
     assert!(small.contains("more lines: a taller terminal"), "{small}");
 }
+
+/// Every op kind shows whole in the operator table (`positional_embedding` as
+/// `pos_embedding`, not `positional_e`).
+#[test]
+fn op_kinds_show_whole() {
+    let mut a = app("gpt2-medium", "a100-80gb-8x-nvlink", 8 * GIB);
+    a.update(Action::End);
+    let screen = render_text(&a, 160, 48);
+    assert!(screen.contains("cross_entropy"), "{screen}");
+    a.update(Action::Home);
+    let screen = render_text(&a, 160, 48);
+    assert!(screen.contains("pos_embedding "), "{screen}");
+    assert!(!screen.contains("positional_e"), "{screen}");
+}
