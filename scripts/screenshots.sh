@@ -34,8 +34,8 @@ shoot() {
   sleep 1
   tmux capture-pane -p -t osdp-shot > "screenshots/$name.txt"
   tmux capture-pane -e -p -t osdp-shot > "$tmp/$name.ansi"
-  # Quit; a dashboard with a run asks first, and y stops the run with a checkpoint.
-  tmux send-keys -t osdp-shot q; sleep 0.3; tmux send-keys -t osdp-shot y 2>/dev/null || true; sleep 1
+  # Quit; a dashboard with a run asks first, and s stops the run with a checkpoint.
+  tmux send-keys -t osdp-shot q; sleep 0.3; tmux send-keys -t osdp-shot s 2>/dev/null || true; sleep 1
   {
     echo '<html><head><meta charset="utf-8"><style>'
     echo 'body{margin:0;background:#1e1e1e;color:#ddd}'
