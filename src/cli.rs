@@ -229,9 +229,13 @@ struct PlanArgs {
     /// Largest operator split (1, 2, 4, 8, ...; 1 disables splitting).
     #[arg(long, default_value_t = 8, value_parser = parse_split)]
     max_split: u32,
-    /// Never recompute activations.
+    /// Never recompute activations (blocks fixed on with --recompute-block still do).
     #[arg(long)]
     no_recompute: bool,
+    /// Fix a block's recomputation: BLOCK=on|off or FIRST-LAST=on|off (repeatable); the
+    /// planner stays exact over the plans that honour it (the dashboard's R).
+    #[arg(long, value_name = "BLOCK=on|off")]
+    recompute_block: Vec<String>,
     /// Fix an op's strategy: OP=dp|zero1|zero2|zero3|zero3/K:M|hsdp, optionally with
     /// +offload-opt or +offload-param (repeatable).
     #[arg(long, value_name = "OP=STRATEGY")]
@@ -689,6 +693,7 @@ impl PlanArgs {
             max_split: self.max_split,
             recompute: !self.no_recompute,
             pins: self.pin,
+            recompute_blocks: self.recompute_block,
             resolution_bytes: self.resolution,
             host_budget: self.host_budget,
             explain: self.explain,

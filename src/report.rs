@@ -30,6 +30,8 @@ pub struct PlanRequest {
     pub max_split: u32,
     pub recompute: bool,
     pub pins: Vec<String>,
+    /// `--recompute-block` as given.
+    pub recompute_blocks: Vec<String>,
     /// `--resolution`; absent: [`plan::request::search_resolution`]'s default.
     pub resolution_bytes: Option<u64>,
     /// Host memory per GPU that offloaded state may take (0: no offload) [default: the
@@ -223,6 +225,18 @@ pub fn plan_report(req: &PlanRequest) -> Result<PlanReport, Failure> {
             )));
         }
     }
+    let mut block_recompute: Vec<(usize, bool)> = Vec::new();
+    for arg in &req.recompute_blocks {
+        for (b, on) in plan::request::parse_block_recompute(&spec, arg).map_err(Failure::input)? {
+            if block_recompute.iter().any(|&(x, _)| x == b) {
+                return Err(Failure::input(format!(
+                    "--recompute-block {:?}: block {b} is fixed twice: give it once",
+                    crate::text::printable(arg)
+                )));
+            }
+            block_recompute.push((b, on));
+        }
+    }
     let explain: Vec<usize> = req
         .explain
         .iter()
@@ -259,7 +273,7 @@ pub fn plan_report(req: &PlanRequest) -> Result<PlanReport, Failure> {
             &machine,
             layout.memory_bytes(),
         ),
-        block_recompute: Vec::new(),
+        block_recompute,
     };
     let resolution_bytes = options.resolution_bytes;
     let started = Instant::now();

@@ -999,3 +999,57 @@ fn layouts_by_name_completions_and_a_closed_pipe() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.is_empty(), "{err}");
 }
+
+/// `--recompute-block` fixes blocks' recomputation as the dashboard's `R` does: the named
+/// blocks recompute (or not) and the others are searched; a block out of range, a bad word or a
+/// block fixed twice exits 2 with the reason.
+#[test]
+fn recompute_block_fixes_the_named_blocks() {
+    let args = [
+        "plan",
+        "sample-models/gpt2-medium.json",
+        "--layout",
+        "a100-80gb-8x-nvlink",
+        "--budget",
+        "40GiB",
+    ];
+    let free = stdout_ok(osdp().args(args));
+    assert!(
+        !free.contains(" recompute\n"),
+        "40 GiB needs no recomputation:\n{free}"
+    );
+    let fixed = stdout_ok(osdp().args(args).args(["--recompute-block", "0-3=on"]));
+    let line = |name: &str| -> String {
+        fixed
+            .lines()
+            .find(|l| l.trim_start().starts_with(name))
+            .unwrap_or_else(|| panic!("no {name} line:\n{fixed}"))
+            .to_string()
+    };
+    assert!(line("blocks 0-3 ").ends_with("recompute"), "{fixed}");
+    assert!(!line("blocks 4-23 ").ends_with("recompute"), "{fixed}");
+    for (bad, says) in [
+        ("24=on", "has blocks 0-23"),
+        ("3=yes", "expected on or off"),
+        ("three=on", "is not a block index"),
+    ] {
+        let out = osdp()
+            .args(args)
+            .args(["--recompute-block", bad])
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{bad}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains(says) && err.lines().count() == 1,
+            "{bad}: {err}"
+        );
+    }
+    let out = osdp()
+        .args(args)
+        .args(["--recompute-block", "3=on", "--recompute-block", "1-5=off"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("fixed twice"));
+}

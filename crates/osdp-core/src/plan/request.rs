@@ -77,6 +77,42 @@ pub fn parse_pin(model: &ModelSpec, m: &Machine, pin: &str) -> Result<(usize, Ch
     Ok((i, choice))
 }
 
+/// Parse `--recompute-block B=on|off` (B a block index or a range `A-B`) into (block,
+/// recompute) pairs, checked against the model's blocks.
+pub fn parse_block_recompute(model: &ModelSpec, arg: &str) -> Result<Vec<(usize, bool)>, String> {
+    let flag = "--recompute-block";
+    let (range, way) = arg
+        .split_once('=')
+        .ok_or_else(|| format!("{flag} {arg:?}: expected BLOCK=on|off or FIRST-LAST=on|off"))?;
+    let on = match way {
+        "on" => true,
+        "off" => false,
+        _ => {
+            return Err(format!(
+                "{flag} {arg:?}: expected on or off after =, got {way:?}"
+            ))
+        }
+    };
+    let blocks = model.config.layers as usize;
+    let index = |s: &str| -> Result<usize, String> {
+        s.trim()
+            .parse::<usize>()
+            .map_err(|_| format!("{flag} {arg:?}: {s:?} is not a block index"))
+    };
+    let (first, last) = match range.split_once('-') {
+        Some((a, b)) => (index(a)?, index(b)?),
+        None => (index(range)?, index(range)?),
+    };
+    if first > last || last >= blocks {
+        return Err(format!(
+            "{flag} {arg:?}: the model {:?} has blocks 0-{}",
+            model.name,
+            blocks.saturating_sub(1)
+        ));
+    }
+    Ok((first..=last).map(|b| (b, on)).collect())
+}
+
 /// Apply `--host-budget` to `m`: the host memory per GPU offloaded state may take (0: no
 /// offload). A layout without host figures cannot price offload: a budget other than 0 is
 /// refused there.
