@@ -740,6 +740,14 @@ impl App {
         self.rows().get(self.selected_row).copied()
     }
 
+    /// The selected block, or the block of the selected operator.
+    pub fn selected_block(&self) -> Option<usize> {
+        match self.selected()? {
+            Row::Block(b) => Some(b),
+            Row::Op(i) => self.blocks.of_op[i],
+        }
+    }
+
     /// Apply an action; re-plan when it changes what the plan depends on.
     pub fn update(&mut self, action: Action) {
         let rows = self.rows().len();
@@ -865,17 +873,10 @@ impl App {
                 Some(Row::Block(b)) => replan = self.cycle_block_pin(b),
                 None => {}
             },
-            Action::ToggleRecompute => {
-                let block = match self.selected() {
-                    Some(Row::Block(b)) => Some(b),
-                    Some(Row::Op(i)) => self.blocks.of_op[i],
-                    None => None,
-                };
-                match block {
-                    Some(b) => replan = self.toggle_recompute(b),
-                    None => self.message = Some("R acts on a block: select one of its rows".into()),
-                }
-            }
+            Action::ToggleRecompute => match self.selected_block() {
+                Some(b) => replan = self.toggle_recompute(b),
+                None => self.message = Some("R acts on a block: select one of its rows".into()),
+            },
             Action::FocusNext => {
                 self.focus = match self.focus {
                     Focus::Ops => Focus::Gpus,

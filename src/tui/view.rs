@@ -915,14 +915,6 @@ fn help_text(w: u16) -> Vec<Line<'static>> {
     text
 }
 
-/// The block an operator row belongs to (for the graph view).
-pub fn selected_block(app: &App) -> Option<usize> {
-    match app.selected()? {
-        Row::Block(b) => Some(b),
-        Row::Op(i) => app.blocks.of_op[i],
-    }
-}
-
 /// Lines of the selected block's DAG: one node per op in order, with the edges that skip ops
 /// (residual branches) drawn as lanes on the left. Row 0 is the block's input.
 pub fn graph_lines(app: &App, block: usize) -> Vec<Line<'static>> {
@@ -1012,7 +1004,7 @@ pub fn graph_lines(app: &App, block: usize) -> Vec<Line<'static>> {
 }
 
 fn draw_graph(app: &App, f: &mut Frame, area: Rect) {
-    let Some(b) = selected_block(app) else {
+    let Some(b) = app.selected_block() else {
         let block = Block::bordered().title(" graph ");
         f.render_widget(
             Paragraph::new("select a block or one of its ops to see its graph").block(block),

@@ -19,6 +19,15 @@ fn app(model: &str, layout: &str, budget: u64) -> App {
     a
 }
 
+/// Select block `b`'s row.
+fn select_block(a: &mut App, b: usize) {
+    a.selected_row = a
+        .rows()
+        .iter()
+        .position(|r| matches!(r, Row::Block(x) if *x == b))
+        .expect("a row of the block");
+}
+
 fn throughput(a: &App) -> f64 {
     a.planned()
         .expect("a plan fits")
@@ -1495,12 +1504,7 @@ fn no_color_leaves_no_colour_on_screen() {
 #[test]
 fn pins_work_on_block_rows() {
     let mut a = app("gpt2-medium", "a100-80gb-8x-nvlink", 8 * GIB);
-    let block = a
-        .rows()
-        .iter()
-        .position(|r| matches!(r, Row::Block(0)))
-        .unwrap();
-    a.selected_row = block;
+    select_block(&mut a, 0);
     let owners: Vec<usize> = (0..a.model.ops.len())
         .filter(|&i| a.blocks.of_op[i] == Some(0) && osdp_tui::cost::owns_params(&a.model.ops[i]))
         .collect();
@@ -1541,12 +1545,7 @@ fn pins_work_on_block_rows() {
 #[test]
 fn r_toggles_a_blocks_recomputation() {
     let mut a = app("gpt2-medium", "a100-80gb-8x-nvlink", 40 * GIB);
-    let block = a
-        .rows()
-        .iter()
-        .position(|r| matches!(r, Row::Block(3)))
-        .unwrap();
-    a.selected_row = block;
+    select_block(&mut a, 3);
     let before = a.planned().expect("fits").plan.recompute.clone();
     let free = throughput(&a);
     assert!(!before[3], "40 GiB holds gpt2-medium's activations");
@@ -1588,17 +1587,18 @@ fn r_toggles_a_blocks_recomputation() {
         .iter()
         .position(|&r| r)
         .expect("micro-batch 8 in 6 GiB recomputes some block");
-    a.selected_row = a
-        .rows()
-        .iter()
-        .position(|r| matches!(r, Row::Block(x) if *x == b))
-        .unwrap();
+    select_block(&mut a, b);
     a.update(Action::ToggleRecompute);
-    match a.planned() {
-        Some(p) => assert!(!p.plan.recompute[b]),
-        None => assert!(render_text(&a, 160, 48).contains("fits")),
-    }
-    assert!(render_text(&a, 160, 48).contains("1 rc fixed"));
+    let p = a
+        .planned()
+        .expect("another plan keeps the block's activations");
+    assert!(!p.plan.recompute[b]);
+    assert!(p.prediction.peak_memory_bytes <= 6 * GIB);
+    let screen = render_text(&a, 160, 48);
+    assert!(
+        screen.contains("no rc📌") && screen.contains("1 rc fixed"),
+        "{screen}"
+    );
 }
 
 /// Issue 19: clicking an operator row selects it and focuses the table; clicking the GPU

@@ -1032,6 +1032,7 @@ fn recompute_block_fixes_the_named_blocks() {
         ("24=on", "has blocks 0-23"),
         ("3=yes", "expected on or off"),
         ("three=on", "is not a block index"),
+        ("5-3=on", "runs low to high"),
     ] {
         let out = osdp()
             .args(args)

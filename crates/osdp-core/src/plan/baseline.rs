@@ -137,15 +137,16 @@ impl BaselineTable {
         let blocks = Blocks::of(model);
         let baselines = Baseline::of(machine);
         let mut plans: Vec<Vec<Planned>> = vec![Vec::new(); baselines.len()];
-        // Each baseline's plan, made once; a baseline with and without checkpointing makes
-        // the same choices, so each distinct set of choices is priced once per micro-batch.
+        // Each baseline's plan, made once. Its choices follow its strategy alone (with or
+        // without checkpointing), so each strategy is priced once per micro-batch, under the
+        // first baseline that has it.
         let templates: Vec<Plan> = baselines.iter().map(|b| b.plan(model, 1, 1)).collect();
-        let priced_as: Vec<usize> = templates
+        let priced_as: Vec<usize> = baselines
             .iter()
-            .map(|t| {
-                templates
+            .map(|b| {
+                baselines
                     .iter()
-                    .position(|u| u.choices == t.choices)
+                    .position(|o| o.strategy == b.strategy)
                     .expect("itself")
             })
             .collect();

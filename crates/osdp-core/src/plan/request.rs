@@ -103,7 +103,12 @@ pub fn parse_block_recompute(model: &ModelSpec, arg: &str) -> Result<Vec<(usize,
         Some((a, b)) => (index(a)?, index(b)?),
         None => (index(range)?, index(range)?),
     };
-    if first > last || last >= blocks {
+    if first > last {
+        return Err(format!(
+            "{flag} {arg:?}: a range runs low to high ({last}-{first})"
+        ));
+    }
+    if last >= blocks {
         return Err(format!(
             "{flag} {arg:?}: the model {:?} has blocks 0-{}",
             model.name,

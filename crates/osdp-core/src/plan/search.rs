@@ -800,13 +800,10 @@ impl<'m> Planner<'m> {
     }
 
     /// What a recomputed instance of `class` keeps (its block's input) at `batch`, when the
-    /// class is a block that may recompute.
+    /// class is a block that may recompute (as fixed, or as the options allow).
     fn kept_bytes(&self, class: &Class, batch: u64) -> Option<u64> {
-        let b = class
-            .blocks
-            .as_ref()
-            .filter(|_| self.options.recompute || class.forced == Some(true))
-            .filter(|_| class.forced != Some(false))?[0];
+        let may = class.forced.unwrap_or(self.options.recompute);
+        let b = class.blocks.as_ref().filter(|_| may)?[0];
         Some(
             self.machine
                 .activation_bytes(self.blocks.input_bytes_per_sample[b])
