@@ -8,7 +8,9 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use osdp_tui::cluster::{Figure, Layout};
-use osdp_tui::published::{geometric_mean, price_run, read_runs, Priced, PublishedRun, Role};
+use osdp_tui::published::{
+    geometric_mean, price_run, price_run_tuned, read_runs, Priced, PublishedRun, Role,
+};
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -132,8 +134,8 @@ fn main() {
     }
 }
 
-/// Fit, to the runs marked `fit`, each generation's matmul efficiency and attention scale
-/// and the shared half width, minimising the squared log error of
+/// Fit, to the runs marked `fit`, each generation's matmul efficiency and attention scale,
+/// the shared half width and the per-parameter pass bytes ([`osdp_tui::cost::PARAM_PASS_BYTES`]), minimising the squared log error of
 /// predicted over published tokens/s (coordinate descent, golden-section search per
 /// coordinate).
 fn fit(runs: &[&PublishedRun], layouts: &Path) {
@@ -150,6 +152,7 @@ fn fit(runs: &[&PublishedRun], layouts: &Path) {
         "A100 attention ×",
         "H100 attention ×",
         "half width",
+        "pass bytes",
     ];
     let bounds = [
         (0.3, 1.0),
@@ -157,6 +160,7 @@ fn fit(runs: &[&PublishedRun], layouts: &Path) {
         (0.3, 1.6),
         (0.3, 2.4),
         (0.0, 1024.0),
+        (0.0, 100.0),
     ];
     let mut x = [
         AMPERE.matmul.value,
@@ -164,8 +168,9 @@ fn fit(runs: &[&PublishedRun], layouts: &Path) {
         1.0,
         1.0,
         HOPPER.matmul_half_width.value,
+        osdp_tui::cost::PARAM_PASS_BYTES,
     ];
-    let loss = |x: &[f64; 5]| -> f64 {
+    let loss = |x: &[f64; 6]| -> f64 {
         fit.iter()
             .map(|r| {
                 let hopper = r.gpu.contains("H100");
@@ -187,13 +192,14 @@ fn fit(runs: &[&PublishedRun], layouts: &Path) {
                     e.attention_backward = fig((gen.attention_backward.value * att).min(1.0));
                     e.matmul_half_width = fig(x[4].max(1e-9));
                 };
-                price_run(r, layouts, &adjust).map_or(0.0, |p| p.ratio.ln().powi(2))
+                price_run_tuned(r, layouts, &adjust, &|m| m.param_pass_bytes = x[5])
+                    .map_or(0.0, |p| p.ratio.ln().powi(2))
             })
             .sum()
     };
     let g = (5f64.sqrt() - 1.0) / 2.0;
     for _round in 0..4 {
-        for i in 0..5 {
+        for i in 0..6 {
             let (mut a, mut b) = bounds[i];
             for _ in 0..30 {
                 let (c, d) = (b - g * (b - a), a + g * (b - a));

@@ -628,7 +628,7 @@ fn layout_shows_each_efficiency_with_where_it_comes_from() {
         .find(|l| l.trim_start().starts_with("efficiency matmul"))
         .unwrap_or_else(|| panic!("{text}"));
     assert!(
-        matmul.contains("63 %") && matmul.contains("Hopper default"),
+        matmul.contains("71 %") && matmul.contains("Hopper default"),
         "{matmul}"
     );
     assert!(matmul.contains("published-runs.md"), "{matmul}");

@@ -75,6 +75,15 @@ pub const MEMORY_EFFICIENCY: f64 = 0.8;
 /// A ring collective's fixed latency on GPUs besides its per-step ones: NCCL's tuning model
 /// (src/graph/tuning.cc) gives 8.4 µs for the Simple protocol large collectives use.
 pub const NCCL_BASE_LATENCY_S: f64 = 8.4e-6;
+/// Memory traffic per parameter of every micro-batch outside the kernels the graph lists, on
+/// GPUs: casting the gathered weights to the compute dtype, casting and scaling the gradient
+/// for its reduction, copying it into and out of the collective's buffers, accumulating it.
+/// PyTorch FSDP's mixed-precision passes count 14–30 bytes (a bf16 gradient cast to fp32, read
+/// 2 + write 4; divided in place, 8; autocast's weight casts, 6 each way; FSDP2's copy-in and
+/// copy-out, 4 each); fitted to 37.6 on the single-node runs of docs/published-runs.md, where it
+/// took the held-out error from 0.113 to 0.085 (rms log). The CPU trainer's own passes are in
+/// its calibrated step overhead.
+pub const PARAM_PASS_BYTES: f64 = 37.6;
 /// Backward of a matmul is two matmuls (input and weight gradients).
 pub const LINEAR_BWD_FACTOR: f64 = 2.0;
 /// Fused attention backward recomputes the scores: about 2.5× its forward.
@@ -453,6 +462,9 @@ pub struct Machine {
     /// its ops in proportion to their parameters), as FSDP units and DDP buckets do on GPUs.
     /// The CPU trainer issues one collective per op.
     pub block_collectives: bool,
+    /// Bytes moved per parameter every micro-batch outside the listed kernels
+    /// ([`PARAM_PASS_BYTES`] on GPUs, 0 on CPUs).
+    pub param_pass_bytes: f64,
     /// Fixed cost of launching one kernel, seconds.
     pub launch_s: f64,
     pub overhead_bytes: u64,
@@ -610,6 +622,10 @@ impl Machine {
                 .map_or(precision.grad_bytes, |d| d.bytes()),
             efficiency: Efficiencies::of(layout),
             block_collectives: layout.device.kind == DeviceKind::Gpu,
+            param_pass_bytes: match layout.device.kind {
+                DeviceKind::Gpu => PARAM_PASS_BYTES,
+                DeviceKind::Cpu => 0.0,
+            },
             launch_s: match layout.device.kind {
                 DeviceKind::Gpu => 5e-6,
                 DeviceKind::Cpu => 10e-6,
@@ -1126,7 +1142,17 @@ pub fn price(base: &OpBase, choice: Choice, m: &Machine) -> OpCost {
         _ => (1.0 + LINEAR_BWD_FACTOR) * split_launches,
     };
     let a = f64::from(base.accumulation.max(1));
-    let compute = a * (base.fwd_s + base.bwd_s + split_s);
+    // The per-parameter passes around the kernels (casts, gradient scaling and buffer copies):
+    // memory-bound over the whole (gathered) parameter, as often as its gradient is reduced —
+    // every micro-batch where it is reduce-scattered each time (zero2, zero3, hsdp), once a
+    // step where it is synchronised once (dp, zero1).
+    let passes =
+        m.param_pass_bytes * base.params as f64 / (m.memory_bytes_per_s * m.efficiency.memory);
+    let (micro_passes, step_passes) = match choice.strategy {
+        Strategy::Zero2 | Strategy::Zero3 | Strategy::Hsdp => (passes, 0.0),
+        Strategy::None | Strategy::Dp | Strategy::Zero1 => (0.0, passes),
+    };
+    let compute = a * (base.fwd_s + base.bwd_s + split_s + micro_passes) + step_passes;
     // Each micro-batch's collectives overlap its own compute; the once-a-step ones overlap
     // the first forward (gathers) or the last backward (gradient syncs) beside that
     // micro-batch's own. With one micro-batch this is the plain per-op overlap.
@@ -1400,6 +1426,7 @@ mod tests {
             reduce_bytes: 2,
             efficiency: Efficiencies::GENERIC,
             block_collectives: false,
+            param_pass_bytes: 0.0,
             launch_s: 5e-6,
             overhead_bytes: 0,
             compute_dtype: "bf16",
@@ -1548,6 +1575,43 @@ mod tests {
             accumulation: 1,
             latency_share: 1.0,
         }
+    }
+
+    #[test]
+    fn parameter_passes_run_as_often_as_the_gradient_is_reduced() {
+        let mut m = machine(8);
+        m.param_pass_bytes = PARAM_PASS_BYTES;
+        let pass_s = PARAM_PASS_BYTES * 50e6 / (m.memory_bytes_per_s * m.efficiency.memory);
+        let four = OpBase {
+            accumulation: 4,
+            ..linear_base(50_000_000)
+        };
+        let mut none = m.clone();
+        none.param_pass_bytes = 0.0;
+        for (strategy, times) in [
+            (Strategy::Dp, 1.0),
+            (Strategy::Zero1, 1.0),
+            (Strategy::Zero2, 4.0),
+            (Strategy::Zero3, 4.0),
+        ] {
+            let with = price(&four, Choice::plain(strategy), &m).compute_s;
+            let without = price(&four, Choice::plain(strategy), &none).compute_s;
+            assert!(
+                ((with - without) - times * pass_s).abs() < 1e-12,
+                "{strategy:?}: {} passes, expected {times}",
+                (with - without) / pass_s
+            );
+        }
+        // An op without parameters makes none.
+        let act = OpBase {
+            params: 0,
+            tensors: [ParamTensor::default(); 2],
+            ..four
+        };
+        assert_eq!(
+            price(&act, Choice::plain(Strategy::None), &m).compute_s,
+            price(&act, Choice::plain(Strategy::None), &none).compute_s
+        );
     }
 
     #[test]

@@ -332,13 +332,25 @@ pub fn price_run(
     layouts: &Path,
     adjust: &dyn Fn(&mut Layout),
 ) -> Result<Priced, String> {
+    price_run_tuned(run, layouts, adjust, &|_| {})
+}
+
+/// [`price_run`], `tune` changing the resolved machine too (to fit figures that are not the
+/// layout's).
+pub fn price_run_tuned(
+    run: &PublishedRun,
+    layouts: &Path,
+    adjust: &dyn Fn(&mut Layout),
+    tune: &dyn Fn(&mut Machine),
+) -> Result<Priced, String> {
     let published = run
         .tokens_per_s_per_gpu()
         .ok_or_else(|| format!("{}: no published tokens/s", run.id))?;
     let model = model_of(run)?;
     let mut layout = layout_of(run, layouts)?;
     adjust(&mut layout);
-    let m = Machine::new(&layout, &model);
+    let mut m = Machine::new(&layout, &model);
+    tune(&mut m);
     let every = match (run.activation_checkpointing.as_str(), run.recompute_every) {
         ("full", _) => 1,
         ("none", _) => 0,

@@ -43,19 +43,19 @@ pub struct Generation {
 }
 
 /// Where the fitted figures come from.
-const FIT: &str = "fitted 2026-11-23 to 24 published single-node llm-foundry FSDP runs on A100 \
+const FIT: &str = "fitted 2026-11-25 to 24 published single-node llm-foundry FSDP runs on A100 \
                    and H100 (docs/published-runs.md; `cargo run --release --example \
                    published-runs -- --fit`)";
 
 /// The attention figures are effective ones: fitted with FlashAttention-2's forward/backward
 /// ratio kept, they also carry the per-token work around the kernel (masking, softmax
 /// statistics, layout copies) that the graph does not list.
-const FIT_ATTENTION: &str = "fitted 2026-11-23 to 24 published single-node llm-foundry FSDP \
+const FIT_ATTENTION: &str = "fitted 2026-11-25 to 24 published single-node llm-foundry FSDP \
                              runs (docs/published-runs.md), keeping FlashAttention-2's \
                              backward/forward ratio (arXiv:2307.08691, arXiv:2407.08608)";
 
 const FITTED_HALF_WIDTH: Sourced = Sourced {
-    value: 520.0,
+    value: 592.0,
     source: FIT,
 };
 
@@ -64,42 +64,42 @@ const FITTED_MEMORY: Sourced = Sourced {
     source: "estimate: element-wise kernels reach ~80 % of HBM bandwidth",
 };
 
-/// Hopper (H100, H200): bf16 GEMMs of transformer shapes reach ~60 % of the datasheet's
+/// Hopper (H100, H200): bf16 GEMMs of transformer shapes reach ~70 % of the datasheet's
 /// 989 TFLOP/s in FSDP training.
 pub const HOPPER: Generation = Generation {
     name: "Hopper",
     summary: "Hopper efficiencies fitted to published H100 training runs",
     matmul: Sourced {
-        value: 0.63,
+        value: 0.714,
         source: FIT,
     },
     matmul_half_width: FITTED_HALF_WIDTH,
     attention_forward: Sourced {
-        value: 0.198,
+        value: 0.188,
         source: FIT_ATTENTION,
     },
     attention_backward: Sourced {
-        value: 0.160,
+        value: 0.152,
         source: FIT_ATTENTION,
     },
     memory: FITTED_MEMORY,
 };
 
-/// Ampere (A100, A10): GEMMs reach ~80 % of the A100's 312 TFLOP/s.
+/// Ampere (A100, A10): GEMMs reach ~90 % of the A100's 312 TFLOP/s.
 pub const AMPERE: Generation = Generation {
     name: "Ampere",
     summary: "Ampere efficiencies fitted to published A100 training runs",
     matmul: Sourced {
-        value: 0.846,
+        value: 0.917,
         source: FIT,
     },
     matmul_half_width: FITTED_HALF_WIDTH,
     attention_forward: Sourced {
-        value: 0.347,
+        value: 0.331,
         source: FIT_ATTENTION,
     },
     attention_backward: Sourced {
-        value: 0.292,
+        value: 0.279,
         source: FIT_ATTENTION,
     },
     memory: FITTED_MEMORY,
