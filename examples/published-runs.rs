@@ -2,7 +2,8 @@
 //! `docs/published-runs.md` keeps; `--fit` also fits each GPU generation's matmul efficiency to
 //! the runs marked `fit` and reports the error on the held-out ones.
 //!
-//! `cargo run --release --example published-runs -- [--fit] [--json]`
+//! `cargo run --release --example published-runs -- [--fit] [--json] [--peaks]`; `--peaks`
+//! prices DLRover/ATorch's published Llama-2-7B FSDP memory table (docs/published-runs.md).
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -34,6 +35,10 @@ fn main() {
         if let Some(r) = runs.iter().find(|r| r.id == id) {
             breakdown(r, &layouts);
         }
+        return;
+    }
+    if args.iter().any(|a| a == "--peaks") {
+        peaks(&layouts);
         return;
     }
     if args.iter().any(|a| a == "--fit") {
@@ -243,4 +248,62 @@ fn breakdown(r: &PublishedRun, layouts: &Path) {
         println!("{k:<16} {:>9.4} s {:>5.1} %", t, 100.0 * t / step);
     }
     println!("step {step:.4} s, ratio {:.2}", p.ratio);
+}
+
+/// DLRover/ATorch's Llama-2-7B FSDP table (README at commit 70df7d5): peak
+/// `torch.cuda.max_memory_allocated` in MiB on 8, 16, 32 and 64 A100-80GB, FULL_SHARD, every
+/// decoder layer checkpointed, 4 × 4,096 tokens per GPU, against the nearest plan priced two ways:
+/// this project's precision (bf16 compute copies, fp32 master) and that run's (fp32 parameters and
+/// gradients, activations priced in fp32 as an upper bound on autocast's mix).
+fn peaks(layouts: &Path) {
+    use osdp_tui::cost::Precision;
+    let fp32_params = Precision {
+        name: "fp32 parameters, bf16 autocast",
+        param_bytes: 4,
+        grad_bytes: 4,
+        optimizer_bytes: 8,
+        activation_bytes: 4,
+    };
+    let mib = |b: u64| b as f64 / f64::from(1u32 << 20);
+    println!("| GPUs | published MiB | priced as | predicted allocated MiB | of which not states | ratio |");
+    println!("|---:|---:|---|---:|---:|---:|");
+    for (nodes, published) in [(1u32, 39_596.3), (2, 34_776.7), (4, 32_366.8), (8, 31_161.9)] {
+        let run: PublishedRun = serde_json::from_value(serde_json::json!({
+            "id": format!("dlrover-llama2-7b-g{}", nodes * 8),
+            "source": {
+                "url": "https://github.com/intelligent-machine-learning/dlrover/blob/70df7d5a2b4c38899a11385189234dd8a8f26869/atorch/examples/llama2/README.md",
+                "what": "FSDP rows without LoRA", "accessed": "2026-11-25"
+            },
+            "gpu": "A100-80GB-SXM", "nodes": nodes, "gpus_per_node": 8,
+            "model": {
+                "family": "llama", "name": "llama2-7b", "d_model": 4096, "n_layers": 32,
+                "n_heads": 32, "n_kv_heads": 32, "ffn_hidden": 11008, "vocab": 32000,
+                "tied_embeddings": false, "gated_mlp": true
+            },
+            "seq_len": 4096, "micro_batch": 4, "grad_accum": 1, "sharding": "FULL_SHARD",
+            "activation_checkpointing": "full", "attention": "flash", "precision": "amp_bf16",
+            "reduce_dtype": "fp32",
+            // No throughput is compared here; the ratio below is of memory.
+            "published": {"tokens_per_s_per_gpu": 1.0}
+        }))
+        .expect("the run reads");
+        for precision in [None, Some(fp32_params)] {
+            let Ok(p) = price_run_tuned(&run, layouts, &|_| {}, &|m| {
+                if let Some(pr) = precision {
+                    m.precision = pr;
+                }
+            }) else {
+                continue;
+            };
+            let pr = &p.prediction;
+            let allocated = mib(pr.peak_memory_bytes - pr.overhead_bytes);
+            println!(
+                "| {} | {published:.0} | {} | {allocated:.0} | {:.0} | {:.2} |",
+                nodes * 8,
+                precision.map_or("bf16 mixed (this project's)", |p| p.name),
+                allocated - mib(pr.persistent_bytes),
+                allocated / published
+            );
+        }
+    }
 }
