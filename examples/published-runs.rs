@@ -267,7 +267,12 @@ fn peaks(layouts: &Path) {
     let mib = |b: u64| b as f64 / f64::from(1u32 << 20);
     println!("| GPUs | published MiB | priced as | predicted allocated MiB | of which not states | ratio |");
     println!("|---:|---:|---|---:|---:|---:|");
-    for (nodes, published) in [(1u32, 39_596.3), (2, 34_776.7), (4, 32_366.8), (8, 31_161.9)] {
+    for (nodes, published) in [
+        (1u32, 39_596.3),
+        (2, 34_776.7),
+        (4, 32_366.8),
+        (8, 31_161.9),
+    ] {
         let run: PublishedRun = serde_json::from_value(serde_json::json!({
             "id": format!("dlrover-llama2-7b-g{}", nodes * 8),
             "source": {

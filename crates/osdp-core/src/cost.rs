@@ -77,7 +77,8 @@ pub const MEMORY_EFFICIENCY: f64 = 0.8;
 pub const NCCL_BASE_LATENCY_S: f64 = 8.4e-6;
 /// Memory traffic per parameter of every micro-batch outside the kernels the graph lists, on
 /// GPUs: casting the gathered weights to the compute dtype, casting and scaling the gradient
-/// for its reduction, copying it into and out of the collective's buffers, accumulating it.
+/// for its reduction, copying it into and out of the collective's buffers, accumulating it;
+/// priced every micro-batch under every strategy, on layouts of two GPUs or more.
 /// PyTorch FSDP's mixed-precision passes count 14–30 bytes (a bf16 gradient cast to fp32, read
 /// 2 + write 4; divided in place, 8; autocast's weight casts, 6 each way; FSDP2's copy-in and
 /// copy-out, 4 each); fitted to 37.6 on the single-node runs of docs/published-runs.md, where it
@@ -463,7 +464,7 @@ pub struct Machine {
     /// The CPU trainer issues one collective per op.
     pub block_collectives: bool,
     /// Bytes moved per parameter every micro-batch outside the listed kernels
-    /// ([`PARAM_PASS_BYTES`] on GPUs, 0 on CPUs).
+    /// ([`PARAM_PASS_BYTES`] on two GPUs or more, 0 on one GPU and on CPUs).
     pub param_pass_bytes: f64,
     /// Fixed cost of launching one kernel, seconds.
     pub launch_s: f64,
@@ -622,9 +623,10 @@ impl Machine {
                 .map_or(precision.grad_bytes, |d| d.bytes()),
             efficiency: Efficiencies::of(layout),
             block_collectives: layout.device.kind == DeviceKind::Gpu,
+            // Fitted on runs sharded over 8 GPUs or more; one GPU gathers and reduces nothing.
             param_pass_bytes: match layout.device.kind {
-                DeviceKind::Gpu => PARAM_PASS_BYTES,
-                DeviceKind::Cpu => 0.0,
+                DeviceKind::Gpu if layout.world_size() > 1 => PARAM_PASS_BYTES,
+                _ => 0.0,
             },
             launch_s: match layout.device.kind {
                 DeviceKind::Gpu => 5e-6,
@@ -1142,17 +1144,14 @@ pub fn price(base: &OpBase, choice: Choice, m: &Machine) -> OpCost {
         _ => (1.0 + LINEAR_BWD_FACTOR) * split_launches,
     };
     let a = f64::from(base.accumulation.max(1));
-    // The per-parameter passes around the kernels (casts, gradient scaling and buffer copies):
-    // memory-bound over the whole (gathered) parameter, as often as its gradient is reduced —
-    // every micro-batch where it is reduce-scattered each time (zero2, zero3, hsdp), once a
-    // step where it is synchronised once (dp, zero1).
+    // The per-parameter passes around the kernels: memory-bound over the whole parameter, every
+    // micro-batch whatever the strategy — each one touches every weight and gradient then (the
+    // weights cast or gathered for compute, the gradient accumulated or cast and scaled for its
+    // reduce-scatter). The published runs, all sharded, cannot tell the strategies' shares
+    // apart, so one rule prices them all.
     let passes =
         m.param_pass_bytes * base.params as f64 / (m.memory_bytes_per_s * m.efficiency.memory);
-    let (micro_passes, step_passes) = match choice.strategy {
-        Strategy::Zero2 | Strategy::Zero3 | Strategy::Hsdp => (passes, 0.0),
-        Strategy::None | Strategy::Dp | Strategy::Zero1 => (0.0, passes),
-    };
-    let compute = a * (base.fwd_s + base.bwd_s + split_s + micro_passes) + step_passes;
+    let compute = a * (base.fwd_s + base.bwd_s + split_s + passes);
     // Each micro-batch's collectives overlap its own compute; the once-a-step ones overlap
     // the first forward (gathers) or the last backward (gradient syncs) beside that
     // micro-batch's own. With one micro-batch this is the plain per-op overlap.
@@ -1578,7 +1577,7 @@ mod tests {
     }
 
     #[test]
-    fn parameter_passes_run_as_often_as_the_gradient_is_reduced() {
+    fn parameter_passes_run_every_micro_batch_under_every_strategy() {
         let mut m = machine(8);
         m.param_pass_bytes = PARAM_PASS_BYTES;
         let pass_s = PARAM_PASS_BYTES * 50e6 / (m.memory_bytes_per_s * m.efficiency.memory);
@@ -1589,10 +1588,11 @@ mod tests {
         let mut none = m.clone();
         none.param_pass_bytes = 0.0;
         for (strategy, times) in [
-            (Strategy::Dp, 1.0),
-            (Strategy::Zero1, 1.0),
+            (Strategy::Dp, 4.0),
+            (Strategy::Zero1, 4.0),
             (Strategy::Zero2, 4.0),
             (Strategy::Zero3, 4.0),
+            (Strategy::Hsdp, 4.0),
         ] {
             let with = price(&four, Choice::plain(strategy), &m).compute_s;
             let without = price(&four, Choice::plain(strategy), &none).compute_s;
