@@ -641,6 +641,17 @@ fn show_layout(path: &Path, json: bool) -> Result<(), Failure> {
         format!("{} GiB", l.runtime_overhead_gib.value),
         &l.runtime_overhead_gib.source,
     );
+    let passes = crate::cost::param_pass_bytes(&l);
+    row(
+        "parameter passes",
+        format!("{passes} B per parameter per micro-batch"),
+        if passes > 0.0 {
+            "casts, gradient scaling and buffer copies around the kernels, at the memory rate: fitted \
+             2026-11-25 to published FSDP runs (docs/published-runs.md)"
+        } else {
+            "none priced: one GPU gathers and reduces nothing; a CPU's are in its calibrated step overhead"
+        },
+    );
     let reduce = match l.gradient_reduce_dtype {
         Some(d) => format!("{d:?}").to_lowercase(),
         None => "compute dtype".into(),

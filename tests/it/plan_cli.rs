@@ -633,6 +633,17 @@ fn layout_shows_each_efficiency_with_where_it_comes_from() {
     );
     assert!(matmul.contains("published-runs.md"), "{matmul}");
     assert!(text.contains("inter-node NICs per node"), "{text}");
+    // The passes around the kernels: priced on 16 GPUs, not on one.
+    let passes = |text: &str| {
+        text.lines()
+            .find(|l| l.trim_start().starts_with("parameter passes"))
+            .unwrap_or_else(|| panic!("{text}"))
+            .to_string()
+    };
+    assert!(passes(&text).contains("37.6 B per parameter"), "{text}");
+    let one = osdp().args(["layout", "h100-1x"]).assert().success();
+    let one = String::from_utf8_lossy(&one.get_output().stdout).into_owned();
+    assert!(passes(&one).contains(" 0 B per parameter"), "{one}");
     // A layout of its own overrides the generation.
     let dir = tempfile::tempdir().unwrap();
     let mut l: serde_json::Value = serde_json::from_str(

@@ -85,6 +85,16 @@ pub const NCCL_BASE_LATENCY_S: f64 = 8.4e-6;
 /// took the held-out error from 0.113 to 0.085 (rms log). The CPU trainer's own passes are in
 /// its calibrated step overhead.
 pub const PARAM_PASS_BYTES: f64 = 37.6;
+/// The bytes per parameter a layout's micro-batches pass over outside the kernels:
+/// [`PARAM_PASS_BYTES`] on two GPUs or more (the figure was fitted on runs sharded over 8 or
+/// more; one GPU gathers and reduces nothing), none on CPUs, where the trainer's own passes are
+/// part of its calibrated step overhead.
+pub fn param_pass_bytes(layout: &Layout) -> f64 {
+    match layout.device.kind {
+        DeviceKind::Gpu if layout.world_size() > 1 => PARAM_PASS_BYTES,
+        _ => 0.0,
+    }
+}
 /// Backward of a matmul is two matmuls (input and weight gradients).
 pub const LINEAR_BWD_FACTOR: f64 = 2.0;
 /// Fused attention backward recomputes the scores: about 2.5× its forward.
@@ -623,11 +633,7 @@ impl Machine {
                 .map_or(precision.grad_bytes, |d| d.bytes()),
             efficiency: Efficiencies::of(layout),
             block_collectives: layout.device.kind == DeviceKind::Gpu,
-            // Fitted on runs sharded over 8 GPUs or more; one GPU gathers and reduces nothing.
-            param_pass_bytes: match layout.device.kind {
-                DeviceKind::Gpu if layout.world_size() > 1 => PARAM_PASS_BYTES,
-                _ => 0.0,
-            },
+            param_pass_bytes: param_pass_bytes(layout),
             launch_s: match layout.device.kind {
                 DeviceKind::Gpu => 5e-6,
                 DeviceKind::Cpu => 10e-6,
