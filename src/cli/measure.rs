@@ -364,6 +364,8 @@ struct ValidateReport {
     timing_source: String,
     ranks: usize,
     batch_size: u64,
+    /// Micro-batches per timed step (the plan's gradient accumulation).
+    accumulation: u64,
     warmup_steps: usize,
     timed_steps: usize,
     repeats: u64,
@@ -488,7 +490,9 @@ fn validate_report(args: &ValidateArgs) -> Result<ValidateReport, Failure> {
     // model's figures against rank 0's op timings less the collectives inside them. Those are
     // compared on their own, with the gradient synchronisation and zero1/zero2 re-gathers the
     // trainer runs between ops (`sync_s`): all of it is what the model calls exposed comm.
-    let bases = crate::cost::op_bases(&model, &machine, plan.batch);
+    // Over every micro-batch of the step, as the profile sums them.
+    let mut bases = crate::cost::op_bases(&model, &machine, plan.batch);
+    crate::cost::set_accumulation(&mut bases, plan.accumulation);
     let mut by_kind: std::collections::BTreeMap<&str, (f64, f64)> = Default::default();
     for (i, op) in model.ops.iter().enumerate() {
         let e = by_kind
@@ -534,6 +538,7 @@ fn validate_report(args: &ValidateArgs) -> Result<ValidateReport, Failure> {
         timing_source: machine.timing_source(),
         ranks,
         batch_size: plan.batch,
+        accumulation: plan.accumulation.max(1),
         warmup_steps: args.warmup,
         timed_steps: steps,
         repeats: args.repeat,
@@ -598,11 +603,16 @@ impl ValidateReport {
             .iter()
             .fold((f64::MAX, 0.0f64), |(lo, hi), &t| (lo.min(t), hi.max(t)));
         println!(
-        "{} on {} ({} ranks), micro-batch {}: {} timed steps after {} warm-up, {} repetition(s)",
+        "{} on {} ({} ranks), micro-batch {}{}: {} timed steps after {} warm-up, {} repetition(s)",
         self.model,
         self.layout,
         self.ranks,
         self.batch_size,
+        if self.accumulation > 1 {
+            format!(" × {} accumulated", self.accumulation)
+        } else {
+            String::new()
+        },
         self.timed_steps,
         self.warmup_steps,
         self.repeats

@@ -155,6 +155,25 @@ fn calibrate_writes_a_layout_that_plan_and_validate_price_with() {
         // Forward gathers 4 slices, backward gathers and reduce-scatters each again.
         assert!(rank["collective_calls"].as_f64().unwrap() >= 12.0, "{rank}");
     }
+    // A plan that accumulates runs every micro-batch of its step, as training does (and as the
+    // prediction prices it): four micro-batches, four times the split op's collectives.
+    let accumulating = dir.path().join("accumulating.json");
+    stdout_ok(
+        on_layout("plan", &model, &path)
+            .args(["--budget", "4GiB", "--batch", "1", "--global-batch", "8"])
+            .args(["--pin", "h0.mlp.c_fc=zero3/4:4", "-o"])
+            .arg(&accumulating),
+    );
+    let acc = json_ok(
+        on_layout("validate", &model, &path)
+            .arg("--plan")
+            .arg(&accumulating)
+            .args(["--warmup", "0", "--steps", "1", "--json"]),
+    );
+    assert_eq!(acc["accumulation"], 4, "{acc}");
+    for rank in acc["measured"]["per_rank"].as_array().unwrap() {
+        assert!(rank["collective_calls"].as_f64().unwrap() >= 48.0, "{rank}");
+    }
     let coll = &v["collectives"];
     assert!(coll["measured_s"].as_f64().unwrap() > 0.0, "{coll}");
     assert!(coll["predicted_s"].as_f64().unwrap() > 0.0, "{coll}");

@@ -101,7 +101,8 @@ pub fn measure_plan(
         seq: model.config.seq_len as usize,
         vocab: model.config.vocab_size,
     };
-    let rows = plan.batch as usize;
+    // A step is the plan's: its micro-batches, accumulated, then one optimizer update.
+    let rows = (plan.batch * plan.accumulation.max(1)) as usize;
     let progress = std::sync::Mutex::new(progress);
     let per_rank: Vec<RankSteps> = on_rank_threads(ranks, |group| {
         let on_step = |done: usize| {
