@@ -138,37 +138,33 @@ fn calibrate_writes_a_layout_that_plan_and_validate_price_with() {
 
     // A sharded, split op's collectives are told apart from its compute: counted per rank and
     // compared as a row of their own.
-    let split_plan = dir.path().join("split.json");
-    stdout_ok(
-        on_layout("plan", &model, &path)
-            .args(["--budget", "4GiB", "--batch", "2"])
-            .args(["--pin", "h0.mlp.c_fc=zero3/4:4", "-o"])
-            .arg(&split_plan),
-    );
-    let v = json_ok(
-        on_layout("validate", &model, &path)
-            .arg("--plan")
-            .arg(&split_plan)
-            .args(["--warmup", "0", "--steps", "1", "--json"]),
-    );
+    // Plan with h0.mlp.c_fc split into 4 sharded slices, then validate one step of it.
+    let split_and_validate = |name: &str, batch: &[&str]| {
+        let file = dir.path().join(name);
+        stdout_ok(
+            on_layout("plan", &model, &path)
+                .args(["--budget", "4GiB"])
+                .args(batch)
+                .args(["--pin", "h0.mlp.c_fc=zero3/4:4", "-o"])
+                .arg(&file),
+        );
+        json_ok(
+            on_layout("validate", &model, &path)
+                .arg("--plan")
+                .arg(&file)
+                .args(["--warmup", "0", "--steps", "1", "--json"]),
+        )
+    };
+    let v = split_and_validate("split.json", &["--batch", "2"]);
     for rank in v["measured"]["per_rank"].as_array().unwrap() {
         // Forward gathers 4 slices, backward gathers and reduce-scatters each again.
         assert!(rank["collective_calls"].as_f64().unwrap() >= 12.0, "{rank}");
     }
     // A plan that accumulates runs every micro-batch of its step, as training does (and as the
     // prediction prices it): four micro-batches, four times the split op's collectives.
-    let accumulating = dir.path().join("accumulating.json");
-    stdout_ok(
-        on_layout("plan", &model, &path)
-            .args(["--budget", "4GiB", "--batch", "1", "--global-batch", "8"])
-            .args(["--pin", "h0.mlp.c_fc=zero3/4:4", "-o"])
-            .arg(&accumulating),
-    );
-    let acc = json_ok(
-        on_layout("validate", &model, &path)
-            .arg("--plan")
-            .arg(&accumulating)
-            .args(["--warmup", "0", "--steps", "1", "--json"]),
+    let acc = split_and_validate(
+        "accumulating.json",
+        &["--batch", "1", "--global-batch", "8"],
     );
     assert_eq!(acc["accumulation"], 4, "{acc}");
     for rank in acc["measured"]["per_rank"].as_array().unwrap() {
