@@ -38,7 +38,14 @@ fn main() {
         return;
     }
     if args.iter().any(|a| a == "--peaks") {
-        peaks(&layouts);
+        // Its throughput ratio is not used: only the plan's predicted memory is.
+        match runs
+            .iter()
+            .find(|r| r.id == "fms-a100-llama2-7b-s4096-g128-hsdp-noac")
+        {
+            Some(llama) => peaks(llama, &layouts),
+            None => eprintln!("published-runs: the data file has no Llama-2-7B A100 run"),
+        }
         return;
     }
     if args.iter().any(|a| a == "--fit") {
@@ -140,9 +147,9 @@ fn main() {
 }
 
 /// Fit, to the runs marked `fit`, each generation's matmul efficiency and attention scale,
-/// the shared half width and the per-parameter pass bytes ([`osdp_tui::cost::PARAM_PASS_BYTES`]), minimising the squared log error of
-/// predicted over published tokens/s (coordinate descent, golden-section search per
-/// coordinate).
+/// the shared half width and the per-parameter pass bytes
+/// ([`osdp_tui::cost::PARAM_PASS_BYTES`]), minimising the squared log error of predicted over
+/// published tokens/s (coordinate descent, golden-section search per coordinate).
 fn fit(runs: &[&PublishedRun], layouts: &Path) {
     use osdp_tui::cluster::known::{AMPERE, HOPPER};
     let fit: Vec<&PublishedRun> = runs
@@ -252,10 +259,11 @@ fn breakdown(r: &PublishedRun, layouts: &Path) {
 
 /// DLRover/ATorch's Llama-2-7B FSDP table (README at commit 70df7d5): peak
 /// `torch.cuda.max_memory_allocated` in MiB on 8, 16, 32 and 64 A100-80GB, FULL_SHARD, every
-/// decoder layer checkpointed, 4 × 4,096 tokens per GPU, against the nearest plan priced two ways:
-/// this project's precision (bf16 compute copies, fp32 master) and that run's (fp32 parameters and
-/// gradients, activations priced in fp32 as an upper bound on autocast's mix).
-fn peaks(layouts: &Path) {
+/// decoder layer checkpointed, 4 × 4,096 tokens per GPU, against the nearest plan priced two
+/// ways: this project's precision (bf16 compute copies, fp32 master) and that run's (fp32
+/// parameters and gradients, activations priced in fp32 as an upper bound on autocast's mix).
+/// `llama`: a priced Llama-2-7B run of the data file, whose shape and GPU it reuses.
+fn peaks(llama: &PublishedRun, layouts: &Path) {
     use osdp_tui::cost::Precision;
     let fp32_params = Precision {
         name: "fp32 parameters, bf16 autocast",
@@ -273,25 +281,21 @@ fn peaks(layouts: &Path) {
         (4, 32_366.8),
         (8, 31_161.9),
     ] {
-        let run: PublishedRun = serde_json::from_value(serde_json::json!({
-            "id": format!("dlrover-llama2-7b-g{}", nodes * 8),
-            "source": {
-                "url": "https://github.com/intelligent-machine-learning/dlrover/blob/70df7d5a2b4c38899a11385189234dd8a8f26869/atorch/examples/llama2/README.md",
-                "what": "FSDP rows without LoRA", "accessed": "2026-11-25"
-            },
-            "gpu": "A100-80GB-SXM", "nodes": nodes, "gpus_per_node": 8,
-            "model": {
-                "family": "llama", "name": "llama2-7b", "d_model": 4096, "n_layers": 32,
-                "n_heads": 32, "n_kv_heads": 32, "ffn_hidden": 11008, "vocab": 32000,
-                "tied_embeddings": false, "gated_mlp": true
-            },
-            "seq_len": 4096, "micro_batch": 4, "grad_accum": 1, "sharding": "FULL_SHARD",
-            "activation_checkpointing": "full", "attention": "flash", "precision": "amp_bf16",
-            "reduce_dtype": "fp32",
-            // No throughput is compared here; the ratio below is of memory.
-            "published": {"tokens_per_s_per_gpu": 1.0}
-        }))
-        .expect("the run reads");
+        let run = PublishedRun {
+            id: format!("dlrover-llama2-7b-g{}", nodes * 8),
+            nodes: Some(nodes),
+            gpus_per_node: Some(8),
+            seq_len: 4096,
+            micro_batch: 4,
+            grad_accum: Some(1),
+            sharding: Some("FULL_SHARD".into()),
+            activation_checkpointing: "full".into(),
+            recompute_every: None,
+            reduce_dtype: Some("fp32".into()),
+            network_gb_per_s_per_node: None,
+            band: None,
+            ..llama.clone()
+        };
         for precision in [None, Some(fp32_params)] {
             let Ok(p) = price_run_tuned(&run, layouts, &|_| {}, &|m| {
                 if let Some(pr) = precision {

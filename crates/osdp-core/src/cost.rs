@@ -792,8 +792,14 @@ impl Machine {
         flops / (self.flops_per_s * efficiency) + self.launch_s
     }
 
+    /// One element-wise kernel over `bytes`: [`Machine::streamed_s`] plus its launch.
     fn memory_s(&self, bytes: f64) -> f64 {
-        bytes / (self.memory_bytes_per_s * self.efficiency.memory) + self.launch_s
+        self.streamed_s(bytes) + self.launch_s
+    }
+
+    /// `bytes` read or written at the rate element-wise kernels reach of memory bandwidth.
+    fn streamed_s(&self, bytes: f64) -> f64 {
+        bytes / (self.memory_bytes_per_s * self.efficiency.memory)
     }
 }
 
@@ -1155,8 +1161,7 @@ pub fn price(base: &OpBase, choice: Choice, m: &Machine) -> OpCost {
     // weights cast or gathered for compute, the gradient accumulated or cast and scaled for its
     // reduce-scatter). The published runs, all sharded, cannot tell the strategies' shares
     // apart, so one rule prices them all.
-    let passes =
-        m.param_pass_bytes * base.params as f64 / (m.memory_bytes_per_s * m.efficiency.memory);
+    let passes = m.streamed_s(m.param_pass_bytes * base.params as f64);
     let compute = a * (base.fwd_s + base.bwd_s + split_s + passes);
     // Each micro-batch's collectives overlap its own compute; the once-a-step ones overlap
     // the first forward (gathers) or the last backward (gradient syncs) beside that
@@ -1190,10 +1195,7 @@ pub fn price(base: &OpBase, choice: Choice, m: &Machine) -> OpCost {
                 m.host_copy_s((gb * stepped) as f64) + host_adam_s(base, choice, m) + back
             }
             Some(cal) => calibrated_optimizer_s(cal, base, choice, m),
-            None => {
-                (OPTIMIZER_BYTES_PER_PARAM * updated) as f64
-                    / (m.memory_bytes_per_s * m.efficiency.memory)
-            }
+            None => m.streamed_s((OPTIMIZER_BYTES_PER_PARAM * updated) as f64),
         },
     }
 }
@@ -1586,7 +1588,7 @@ mod tests {
     fn parameter_passes_run_every_micro_batch_under_every_strategy() {
         let mut m = machine(8);
         m.param_pass_bytes = PARAM_PASS_BYTES;
-        let pass_s = PARAM_PASS_BYTES * 50e6 / (m.memory_bytes_per_s * m.efficiency.memory);
+        let pass_s = m.streamed_s(PARAM_PASS_BYTES * 50e6);
         let four = OpBase {
             accumulation: 4,
             ..linear_base(50_000_000)
