@@ -3,7 +3,11 @@
 and docs/fidelity.md report. Run it through scripts/gpu-check.sh, which finds this machine's
 PyTorch libraries and puts them on the library path first.
 
-Steps, each on its own so that one failure does not lose the others' figures:
+Steps, each on its own so that one failure does not lose the others' figures, each skipped
+with a message when what is left of --deadline-s would not cover it:
+  0. calibrate: `osdp-tui calibrate --device cuda --quick` writes this GPU's measured layout
+     (efficiencies of the trainer's kernels); the models are planned on it and priced on the
+     datasheet layout too.
   1. smoke: tiny-gpt2 and tiny-llama, --smoke-steps steps on the CPU (fp32) and on the GPU
      (bf16) with the same seed and data; the losses must agree to bf16 tolerance. If the GPU
      cannot train at all, the check stops here with the trainer's own message.
@@ -15,6 +19,8 @@ Steps, each on its own so that one failure does not lose the others' figures:
      model in plain PyTorch eager (bf16 autocast, fused AdamW, SDPA) at the same micro-batch, in
      a child process, halving the batch on out-of-memory and saying which batch it used.
   3. operator splitting of the largest untied Linear of the first model (split 1, 4, 8).
+  4. the dashboard's `--once` frame of the last model on this GPU's layout, with NVML's live
+     memory, saved as once.txt.
 
 This process never initialises CUDA itself: every GPU user is a child process, so the runs have
 the GPU to themselves. Everything lands in --out (default runs/gpu-check/): JSON per
@@ -96,6 +102,13 @@ def plan(bin_, model, layout, budget, out, extra=()):
     res = run([bin_, "plan", model, "--layout", layout, "--budget", budget, "--json", "-o", out,
                *extra])
     return json.loads(res.stdout)
+
+
+def evaluate(bin_, model, layout, plan_file):
+    """The plan priced on another layout: (step seconds, peak bytes)."""
+    res = run([bin_, "evaluate", model, "--layout", layout, "--plan", plan_file, "--json"])
+    e = json.loads(res.stdout)
+    return e["step_time_s"], e["peak_memory_bytes"]
 
 
 def train(bin_, model, plan_file, steps, metrics, device, extra=()):
@@ -200,8 +213,9 @@ def eager_model(cfg):
     return Model()
 
 
-def eager_child(model_json, batch, steps, warmup):
-    """Runs in its own process (`--eager-child`); prints one JSON line."""
+def eager_child(model_json, batch, steps, warmup, profile=False):
+    """Runs in its own process (`--eager-child`); prints one JSON line. With `profile`, the
+    last step runs under torch.profiler and its top CUDA kernels go to stderr."""
     import torch
     import torch.nn.functional as F
 
@@ -228,17 +242,32 @@ def eager_child(model_json, batch, steps, warmup):
     except torch.cuda.OutOfMemoryError:
         print(json.dumps({"oom": True}))
         return
+    if profile:
+        from torch.profiler import profile as prof, ProfilerActivity
+        with prof(activities=[ProfilerActivity.CUDA]) as p:
+            ids = torch.randint(0, vocab, (batch, seq + 1), device="cuda")
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                logits = model(ids[:, :-1])
+            loss = F.cross_entropy(logits.float().view(-1, vocab), ids[:, 1:].reshape(-1))
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            torch.cuda.synchronize()
+        print(p.key_averages().table(sort_by="cuda_time_total", row_limit=25), file=sys.stderr)
     print(json.dumps({"step_s": statistics.median(times[warmup:] or times),
                       "allocated_peak_bytes": torch.cuda.max_memory_allocated(),
                       "reserved_peak_bytes": torch.cuda.max_memory_reserved()}))
 
 
-def eager(py, model_json, batch, steps, warmup):
+def eager(py, model_json, batch, steps, warmup, profile=False):
     """PyTorch eager at `batch`, halving it on out-of-memory; `batch` in the result is the one
     it ran at."""
     while batch >= 1:
         res = subprocess.run([py, __file__, "--eager-child", str(model_json), str(batch),
-                              str(steps), str(warmup)], capture_output=True, text=True)
+                              str(steps), str(warmup)] + (["profile"] if profile else []),
+                             capture_output=True, text=True)
+        if profile:
+            log("eager profile of the last step:\n" + res.stderr[-6000:])
         try:
             out = json.loads(res.stdout.strip().splitlines()[-1])
         except (IndexError, json.JSONDecodeError):
@@ -266,6 +295,10 @@ def smoke(args, out, summary):
         log(f"smoke {name}: CPU done ({len(cpu)} steps); now the GPU")
         gpu = train(args.bin, model, plan_file, args.smoke_steps,
                     out / f"smoke.{name}.cuda.jsonl", "cuda", ["--data", "shakespeare"])
+        bad = [s["step"] for s in gpu if s.get("loss") is None or s.get("grad_norm") is None]
+        if bad:
+            raise StepFailed(f"smoke {name}: the GPU's loss or gradient norm is not finite from "
+                             f"step {bad[0]} (steps {bad[:5]}); the CPU's are")
         diffs = [abs(a["loss"] - b["loss"]) / abs(a["loss"]) for a, b in zip(cpu, gpu)]
         row = {"model": name, "steps": len(gpu), "max_rel_loss_diff": max(diffs),
                "first_loss": gpu[0]["loss"], "last_loss": gpu[-1]["loss"],
@@ -277,28 +310,61 @@ def smoke(args, out, summary):
     summary["smoke"] = rows
 
 
-def measure_model(args, out, name, layout, peak_bf16, gpu):
+def measure_model(args, out, name, layouts, peak_bf16, gpu):
+    """`layouts`: {"calibrated": path or None, "datasheet": path}. The plan is the calibrated
+    layout's where there is one; it is priced on both."""
     model = ROOT / "sample-models" / f"{name}.json"
     plan_file = out / f"{name}.plan.json"
-    p = plan(args.bin, model, layout, args.budget, plan_file)
-    log(f"{name}: plan micro-batch {p['batch_size']}, predicted step "
-        f"{1e3 * p['step_time_s']:.0f} ms, peak {p['peak_memory_bytes'] / GIB:.1f} GiB")
+    planned_on = layouts.get("calibrated") or layouts["datasheet"]
+    # One micro-batch a step (`--global-batch any`): the recipe's global batch would take
+    # dozens of accumulated micro-batches a step on one GPU, minutes per model here.
+    p = plan(args.bin, model, planned_on, args.budget, plan_file, ["--global-batch", "any"])
+    log(f"{name}: plan micro-batch {p['batch_size']} × {p.get('accumulation', 1)} on "
+        f"{Path(planned_on).name}, predicted step {1e3 * p['step_time_s']:.0f} ms, peak "
+        f"{p['peak_memory_bytes'] / GIB:.1f} GiB")
+    predicted = {}
+    for which, path in layouts.items():
+        if path is None:
+            continue
+        step_s, peak = evaluate(args.bin, model, path, plan_file)
+        predicted[which] = {"step_s": step_s, "peak_bytes": peak}
     steps = train(args.bin, model, plan_file, args.steps, out / f"{name}.jsonl", "cuda",
                   ["--data", "random"])
     seq = json.loads(model.read_text())["config"]["seq_len"]
     m = summarise(steps, args.warmup)
-    batch = p["batch_size"]
-    row = {"model": name, "gpu": gpu, "batch": batch,
+    batch = p["batch_size"] * p.get("accumulation", 1)
+    row = {"model": name, "gpu": gpu, "batch": batch, "micro_batch": p["batch_size"],
+           "planned_on": Path(planned_on).name,
            "tokens_per_s": batch * seq / m["step_s"],
            "mfu": model_flops_per_sample(model) * batch / m["step_s"] / peak_bf16,
            "predicted_step_s": p["step_time_s"],
            "predicted_peak_bytes": p["peak_memory_bytes"],
+           "predicted": predicted,
            "predicted_overhead_bytes": p["prediction"]["overhead_bytes"], **m}
     log(f"{name}: {row['tokens_per_s']:.0f} tokens/s, MFU {100 * row['mfu']:.1f} %, step "
-        f"{1e3 * m['step_s']:.0f} ms (predicted {1e3 * p['step_time_s']:.0f})")
+        f"{1e3 * m['step_s']:.0f} ms (predicted " + ", ".join(
+            f"{k} {1e3 * v['step_s']:.0f}" for k, v in predicted.items()) + ")")
+    if not args.skip_validate:
+        try:
+            v = json.loads(run([args.bin, "validate", model, "--layout", planned_on, "--plan",
+                                plan_file, "--steps", "4", "--warmup", "2", "--json"],
+                               timeout=180).stdout)
+            row["validate"] = {"step_s": v["measured"]["step_time_s"],
+                               "optimizer_s": v["measured"]["optimizer_s"],
+                               "other_s": v["measured"]["other_s"],
+                               "predicted_optimizer_s": v["predicted"]["optimizer_s"],
+                               "by_kind": v["compute_by_kind"]}
+            log(f"{name}: validate (a sync per op): step {1e3 * v['measured']['step_time_s']:.0f} "
+                f"ms, optimizer {1e3 * v['measured']['optimizer_s']:.0f} ms (predicted "
+                f"{1e3 * v['predicted']['optimizer_s']:.0f}); by kind measured/predicted ms: "
+                + ", ".join(f"{k} {1e3 * f['measured_s']:.0f}/{1e3 * f['predicted_s']:.0f}"
+                            for k, f in v["compute_by_kind"].items()))
+        except (StepFailed, KeyError, json.JSONDecodeError) as err:
+            row["validate_error"] = str(err)
     if not args.skip_eager:
         try:
-            e = eager(args.python, model, batch, args.steps, args.warmup)
+            e = eager(args.python, model, p["batch_size"], args.steps, args.warmup,
+                      profile=args.profile_eager and name == args.profile_eager)
             row.update(eager_batch=e["batch"], eager_tokens_per_s=e["batch"] * seq / e["step_s"],
                        eager_reserved_peak_bytes=e["reserved_peak_bytes"])
             log(f"{name}: eager {row['eager_tokens_per_s']:.0f} tokens/s at micro-batch "
@@ -307,6 +373,31 @@ def measure_model(args, out, name, layout, peak_bf16, gpu):
             row["eager_error"] = str(err)
     (out / f"{name}.json").write_text(json.dumps(row, indent=2))
     return row
+
+
+def calibrate(args, out, summary):
+    target = out / "calibrated.json"
+    res = run([args.bin, "calibrate", "--device", "cuda", "--quick", "-o", target, "--json"],
+              timeout=240)
+    layout = json.loads(res.stdout)
+    eff = layout["device"].get("efficiency", {})
+    summary["calibration"] = {k: v["value"] for k, v in eff.items()}
+    summary["calibration"]["host_link_gb_per_s"] = (layout.get("host") or {}).get(
+        "link_gb_per_s", {}).get("value")
+    summary["calibration"]["device"] = layout["device"]["model"]
+    log("calibrated: " + ", ".join(f"{k} {v:.3g}" for k, v in summary["calibration"].items()
+                                   if isinstance(v, float)))
+    return target
+
+
+def once_frame(args, out, name, layout):
+    model = ROOT / "sample-models" / f"{name}.json"
+    env = dict(os.environ, COLUMNS="160", LINES="48")
+    res = run([args.bin, model, "--layout", layout, "--budget", args.budget, "--once"],
+              env=env, timeout=60)
+    (out / "once.txt").write_text(res.stdout)
+    log(f"dashboard frame of {name} on {Path(layout).name}: {len(res.stdout.splitlines())} lines "
+        "in once.txt")
 
 
 def split_study(args, out, name, layout):
@@ -319,7 +410,7 @@ def split_study(args, out, name, layout):
     rows = []
     for k in (1, 4, 8):
         f = out / f"{name}.split{k}.plan.json"
-        p = plan(args.bin, model, layout, args.budget, f, ["--pin", f"{linear['id']}=zero3/{k}:{k}"])
+        p = plan(args.bin, model, layout, args.budget, f, ["--pin", f"{linear['id']}=zero3/{k}:{k}", "--global-batch", "any"])
         steps = train(args.bin, model, f, args.steps, out / f"{name}.split{k}.jsonl", "cuda",
                       ["--data", "random"])
         m = summarise(steps, args.warmup)
@@ -345,7 +436,8 @@ def write_report(out, summary, args):
         lines.append("")
     if summary.get("models"):
         lines += ["| model | batch | tokens/s | MFU | eager tokens/s (batch) | ratio | "
-                  "step meas/pred | peak GiB: ledger / alloc. reserved / NVML / predicted |",
+                  "step measured / predicted calibrated, datasheet | "
+                  "peak GiB: ledger / alloc. reserved / NVML / predicted |",
                   "|---|---|---|---|---|---|---|---|"]
         for r in summary["models"]:
             et = r.get("eager_tokens_per_s")
@@ -354,7 +446,9 @@ def write_report(out, summary, args):
             lines.append(
                 f"| {r['model']} | {r['batch']} | {r['tokens_per_s']:.0f} | "
                 f"{100 * r['mfu']:.1f} % | {eager_s} | {ratio} | "
-                f"{r['step_s'] * 1e3:.0f}/{r['predicted_step_s'] * 1e3:.0f} ms | "
+                f"{r['step_s'] * 1e3:.0f} / " + ", ".join(
+                    f"{v['step_s'] * 1e3:.0f}" for v in r.get("predicted", {}).values())
+                + " ms | "
                 f"{fmt_bytes(r['ledger_peak_bytes'])} / {fmt_bytes(r['reserved_peak_bytes'])} / "
                 f"{fmt_bytes(r['process_bytes'])} / {fmt_bytes(r['predicted_peak_bytes'])} |")
         lines.append("")
@@ -366,6 +460,13 @@ def write_report(out, summary, args):
                          f"{fmt_bytes(s['ledger_peak_bytes'])} GiB | "
                          f"{fmt_bytes(s['reserved_peak_bytes'])} GiB |")
         lines.append("")
+    if summary.get("calibration"):
+        lines.append("Calibrated: " + ", ".join(
+            f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}"
+            for k, v in summary["calibration"].items()))
+        lines.append("")
+    for s in summary.get("skipped", []):
+        lines.append(f"SKIPPED {s}")
     for f in summary["failures"]:
         lines.append(f"FAILED {f['step']}: {f['error']}")
     (out / "table.md").write_text("\n".join(lines) + "\n")
@@ -387,12 +488,28 @@ def main():
     ap.add_argument("--out", default=str(ROOT / "runs/gpu-check"))
     ap.add_argument("--skip-eager", action="store_true")
     ap.add_argument("--skip-split", action="store_true")
+    ap.add_argument("--skip-calibrate", action="store_true")
+    ap.add_argument("--skip-validate", action="store_true",
+                    help="skip `validate` (per-kind times, a synchronisation per op) per model")
+    ap.add_argument("--profile-eager", default="", metavar="MODEL",
+                    help="print PyTorch eager's top CUDA kernels of one step of this model")
+    ap.add_argument("--deadline-s", type=float, default=460,
+                    help="whole-check time budget: a step that would overrun it is skipped")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    summary = {"date": time.strftime("%Y-%m-%d"), "failures": [], "models": [], "split": []}
+    summary = {"date": time.strftime("%Y-%m-%d"), "failures": [], "models": [], "split": [],
+               "skipped": []}
+    started = time.monotonic()
 
-    def attempt(step, fn):
+    def attempt(step, fn, needs_s=0):
+        left = args.deadline_s - (time.monotonic() - started)
+        if left < needs_s:
+            msg = f"{step}: {left:.0f} s left of --deadline-s {args.deadline_s:.0f}, it needs ~{needs_s} s"
+            log(f"SKIPPED {msg}")
+            summary["skipped"].append(msg)
+            write_report(out, summary, args)
+            return None
         try:
             return fn()
         except Exception as err:  # noqa: BLE001 - every failure is recorded and the check goes on
@@ -417,28 +534,35 @@ def main():
     summary["layout"] = layout.name
     peak_bf16 = json.loads(layout.read_text())["device"]["dense_tflops"]["bf16"]["value"] * 1e12
 
-    attempt("smoke", lambda: smoke(args, out, summary))
-    if summary["failures"]:
+    layouts = {"calibrated": None, "datasheet": layout}
+    if not args.skip_calibrate:
+        layouts["calibrated"] = attempt("calibrate", lambda: calibrate(args, out, summary), 30)
+    attempt("smoke", lambda: smoke(args, out, summary), 30)
+    if any(f["step"] == "smoke" for f in summary["failures"]):
         lines = write_report(out, summary, args)
         print("\n".join(lines))
         log("the GPU cannot train the smoke models; stopping before the expensive ones")
         return 1
     models = [m for m in args.models.split(",") if m]
     for name in models:
-        row = attempt(name, lambda name=name: measure_model(args, out, name, layout, peak_bf16,
-                                                            summary["gpu"]))
+        row = attempt(name, lambda name=name: measure_model(args, out, name, layouts, peak_bf16,
+                                                            summary["gpu"]), 60)
         if row:
             summary["models"].append(row)
     if models and not args.skip_split:
-        rows = attempt("split", lambda: split_study(args, out, models[0], layout))
+        rows = attempt("split", lambda: split_study(args, out, models[0], layout), 60)
         summary["split"] = rows or []
+    if models:
+        attempt("once", lambda: once_frame(args, out, models[-1],
+                                           layouts["calibrated"] or layout), 10)
     lines = write_report(out, summary, args)
     print("\n".join(lines))
     return 1 if summary["failures"] else 0
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 6 and sys.argv[1] == "--eager-child":
-        eager_child(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]))
+    if len(sys.argv) in (6, 7) and sys.argv[1] == "--eager-child":
+        eager_child(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]),
+                    profile=len(sys.argv) == 7)
         sys.exit(0)
     sys.exit(main())

@@ -10,9 +10,10 @@ use super::Failure;
 
 #[derive(Debug, Args)]
 pub struct CalibrateArgs {
-    /// Where to compute: `cpu` times the CPU trainer's kernels; `cuda` (an NVIDIA GPU) times
-    /// only the host side, the CPU AdamW rate and pinned copies to and from GPU 0, into the
-    /// `--base` GPU layout's `host` section (the GPU's kernels are not timed yet).
+    /// Where to compute: `cpu` times the CPU trainer's kernels into curves; `cuda` times GPU 0
+    /// with the trainer's bf16 kernels (linears narrow and wide, causal attention per sequence
+    /// length, HBM streaming, the pinned host link) into a GPU layout's efficiencies: `--base`,
+    /// else the shipped layout of that GPU (h100-1x, h200-1x, …).
     #[arg(long, value_enum, default_value_t = DeviceArg::Cpu)]
     pub device: DeviceArg,
     /// Layout file to write (e.g. layouts/local-cpu.json); its name is the file's stem.
@@ -29,11 +30,12 @@ pub struct CalibrateArgs {
     /// Largest micro-batch timed per model (powers of two from 1).
     #[arg(long, default_value_t = 32, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=4096))]
     pub max_batch: u64,
-    /// Fewest points: micro-batches up to 4, one timed step each (a smoke test, not for use).
+    /// Fewest points: on the CPU micro-batches up to 4, one timed step each (a smoke test,
+    /// not for use); on a GPU fewer shapes, three repetitions each (under a minute).
     #[arg(long)]
     pub quick: bool,
     /// Start from this layout (keeps its memory per rank and description) [default: the
-    /// built-in `cpu` layout].
+    /// built-in `cpu` layout; with `--device cuda` the shipped layout of the GPU found].
     #[arg(long, value_name = "LAYOUT.json", value_parser = crate::cli::layout_arg)]
     pub base: Option<PathBuf>,
     /// Print what was measured as JSON.
@@ -154,7 +156,7 @@ pub fn calibrate(args: CalibrateArgs) -> Result<(), Failure> {
         }
     }
     if args.device == DeviceArg::Cuda {
-        return calibrate_cuda_host(&args);
+        return calibrate_cuda(&args);
     }
     let base = match &args.base {
         Some(p) => crate::cluster::read_layout(p).map_err(Failure::input)?,
@@ -186,10 +188,7 @@ pub fn calibrate(args: CalibrateArgs) -> Result<(), Failure> {
         .map_or("local".into(), |s| s.to_string_lossy().into_owned());
     let mut base = base;
     base.name = name;
-    let command = std::iter::once("osdp-tui".to_string())
-        .chain(std::env::args().skip(1))
-        .collect::<Vec<_>>()
-        .join(" ");
+    let command = command_line();
     let cfg = CalibrateConfig {
         ranks,
         models,
@@ -284,63 +283,176 @@ fn print_host(layout: &crate::cluster::Layout) {
     }
 }
 
-/// `calibrate --device cuda`: the GPU's kernels are not timed yet, but the host side is: the
-/// CPU AdamW rate and pinned copies to and from GPU 0, written into the `--base` GPU layout's
-/// `host` section (everything else of it kept).
+/// `calibrate --device cuda`: GPU 0 timed with the trainer's own kernels (bf16 linears narrow
+/// and wide, fused causal attention per sequence length, element-wise streaming through HBM, the
+/// pinned host link, the CPU AdamW step), written as the efficiencies and host figures of a GPU
+/// layout: `--base`, else the shipped one-GPU layout of the GPU found.
 #[cfg(feature = "train")]
-fn calibrate_cuda_host(args: &CalibrateArgs) -> Result<(), Failure> {
-    use crate::train::calibrate;
+fn calibrate_cuda(args: &CalibrateArgs) -> Result<(), Failure> {
+    use crate::train::calibrate::{self, gpu};
 
-    let Some(base) = &args.base else {
-        return Err(Failure::input(
-            "calibrate --device cuda measures the host side only (the CPU AdamW rate and the \
-             pinned host↔GPU link; timing the GPU's kernels is not built yet): name the GPU \
-             layout it completes with --base LAYOUT.json",
-        ));
+    let name = gpu_name();
+    let base = match &args.base {
+        Some(p) => p.clone(),
+        None => shipped_layout_for(&name).ok_or_else(|| {
+            Failure::input(format!(
+                "calibrate --device cuda: no shipped layout for {name}; name the GPU layout to                  complete with --base LAYOUT.json (its peak rates are what efficiencies are                  measured against)"
+            ))
+        })?,
     };
-    let mut layout = crate::cluster::read_layout(base).map_err(Failure::input)?;
+    let mut layout = crate::cluster::read_layout(&base).map_err(Failure::input)?;
     if layout.device.kind != crate::cluster::DeviceKind::Gpu {
         return Err(Failure::input(format!(
             "calibrate --device cuda: {} is not a GPU layout",
             base.display()
         )));
     }
-    if let Some(name) = args.output.file_stem() {
-        layout.name = name.to_string_lossy().into_owned();
+    let mut models = Vec::new();
+    for p in &args.model {
+        models.push(crate::model::read_model(p).map_err(Failure::input)?);
     }
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let ranks = (layout.gpus_per_node as usize).clamp(1, cores);
+    if let Some(stem) = args.output.file_stem() {
+        layout.name = stem.to_string_lossy().into_owned();
+    }
+    let bench = gpu::GpuBench::for_models(0, &models, args.quick);
+    let started = std::time::Instant::now();
     let mut bar = Bar::new();
-    let mut phase = 0.0;
-    let measured = calibrate::measure_host(crate::train::tch::Device::Cuda(0), ranks, &mut |w| {
-        bar.show(phase / 2.0, w);
-        phase += 1.0;
-    });
-    bar.show(1.0, "done");
+    let measured = gpu::measure(&bench, &mut |f, w| bar.show(f, w));
     bar.finish();
     let measured = measured.map_err(|e| Failure {
         code: 1,
         message: format!("calibration failed: {e}"),
     })?;
-    layout.host = Some(calibrate::host_spec(
-        &layout,
+    let when = calibrate::now_utc();
+    let command = command_line();
+    gpu::apply(
+        &mut layout,
         &measured,
-        &calibrate::now_utc(),
-    ));
-    crate::cluster::validate_layout(&layout).map_err(|p| Failure {
+        &gpu::Provenance {
+            gpu: &name,
+            measured_at: &when,
+            command: &command,
+        },
+    )
+    .map_err(|e| Failure {
         code: 1,
-        message: format!("the measured layout is not valid: {p}"),
+        message: e.to_string(),
     })?;
+    layout.description = format!(
+        "{name} as measured by `osdp-tui calibrate --device cuda` on {when} (from {})",
+        base.display()
+    );
     crate::input::write_json_atomically(&args.output, &layout)
         .map_err(|e| Failure::output(&args.output, e))?;
     if args.json {
         crate::report::print_json(&layout);
         return Ok(());
     }
-    println!("{} (host side only)", layout.device.model);
+    let e = &layout.device.efficiency;
+    let pct = |f: &Option<crate::cluster::Figure>| f.as_ref().map_or(0.0, |f| 100.0 * f.value);
+    println!(
+        "{name}, measured in {:.0} s",
+        started.elapsed().as_secs_f64()
+    );
+    println!(
+        "  bf16 linears: {:.1} % of the peak, half of that at {:.0} features ({} shapes)",
+        pct(&e.matmul),
+        e.matmul_half_width.as_ref().map_or(0.0, |f| f.value),
+        measured.gemm.len()
+    );
+    println!(
+        "  attention (causal): forward {:.1} %, backward {:.1} % of the peak",
+        pct(&e.attention_forward),
+        pct(&e.attention_backward)
+    );
+    println!(
+        "  element-wise: {:.1} % of the datasheet's {:.0} GB/s",
+        pct(&e.memory),
+        layout.device.memory_bandwidth_gb_per_s.value
+    );
+    if layout.world_size() > 1 || crate::train::tch::Cuda::device_count() > 1 {
+        println!(
+            "  collectives: not measured (NCCL bus bandwidth over several GPUs is not built yet)"
+        );
+    }
     print_host(&layout);
-    println!("wrote {}", args.output.display());
+    println!(
+        "wrote {}; plan with it: osdp-tui plan MODEL.json --layout {} --budget SIZE",
+        args.output.display(),
+        args.output.display()
+    );
     Ok(())
+}
+
+/// This command line, as a figure's source quotes it.
+#[cfg(feature = "train")]
+fn command_line() -> String {
+    std::iter::once("osdp-tui".to_string())
+        .chain(std::env::args().skip(1))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// GPU 0's name as the driver gives it (NVML), or a generic one.
+#[cfg(feature = "train")]
+fn gpu_name() -> String {
+    use crate::monitor::GpuSource;
+    crate::monitor::NvmlSource::open()
+        .and_then(|mut s| s.sample())
+        .ok()
+        .and_then(|v| v.into_iter().next())
+        .map_or_else(|| "CUDA GPU 0".to_string(), |s| s.name)
+}
+
+/// The shipped one-GPU layout for a GPU of this name (its datasheet peaks).
+#[cfg(feature = "train")]
+fn shipped_layout_for(gpu: &str) -> Option<std::path::PathBuf> {
+    let stem = if gpu.contains("H200") {
+        "h200-1x"
+    } else if gpu.contains("H100") {
+        "h100-1x"
+    } else if gpu.contains("4090") {
+        "rtx4090-1x"
+    } else if gpu.contains("V100") {
+        "v100-dgx2-1x"
+    } else {
+        return None;
+    };
+    crate::cli::layout_arg(stem).ok()
+}
+
+/// Where `validate` runs a layout's plan: a CPU layout on this CPU's rank threads (fp32); a
+/// one-GPU layout on GPU 0 in bf16 mixed precision, as `train --device cuda` runs it. Several
+/// GPUs are several processes, which validation does not launch.
+#[cfg(feature = "train")]
+fn validate_target(
+    layout: &crate::cluster::Layout,
+    path: &std::path::Path,
+) -> Result<crate::train::exec::Target, Failure> {
+    use crate::train::exec::{Numerics, Target};
+    if layout.device.kind == crate::cluster::DeviceKind::Cpu {
+        return Ok(Target::CPU);
+    }
+    if layout.world_size() != 1 {
+        return Err(Failure::input(format!(
+            "{} has {} GPUs; validate times one GPU (a one-GPU layout such as h100-1x, or one \
+             written by `osdp-tui calibrate --device cuda`); time several with `train --device \
+             cuda --metrics`",
+            path.display(),
+            layout.world_size()
+        )));
+    }
+    if !crate::train::tch::Cuda::is_available() {
+        return Err(Failure::input(format!(
+            "{} is a GPU layout and no CUDA GPU is usable here: validate it on its GPU, or use a \
+             CPU layout such as one written by `osdp-tui calibrate`",
+            path.display()
+        )));
+    }
+    Ok(Target {
+        device: crate::train::tch::Device::Cuda(0),
+        numerics: Numerics::Bf16Mixed,
+    })
 }
 
 /// `validate`: measure the plan, then print what was measured beside the prediction.
@@ -437,13 +549,7 @@ fn validate_report(args: &ValidateArgs) -> Result<ValidateReport, Failure> {
     let plan = crate::plan::read_plan(&args.plan, &model).map_err(Failure::input)?;
     crate::train::exec::check_runnable(&model, &plan)
         .map_err(|e| Failure::input(format!("{}: {e}", args.plan.display())))?;
-    if layout.device.kind != crate::cluster::DeviceKind::Cpu {
-        return Err(Failure::input(format!(
-            "{} is a GPU layout; this build validates on the CPU only (GPU training needs the \
-             NCCL backend): use a CPU layout such as one written by `osdp-tui calibrate`",
-            args.layout.display()
-        )));
-    }
+    let target = validate_target(&layout, &args.layout)?;
     let machine = crate::cost::Machine::new(&layout, &model);
     crate::plan::check_machine(&model, &plan, &machine)
         .map_err(|e| Failure::input(format!("{}: {e}", args.plan.display())))?;
@@ -460,7 +566,7 @@ fn validate_report(args: &ValidateArgs) -> Result<ValidateReport, Failure> {
         let done_before = (r * (args.warmup + steps)) as f64;
         let label = format!("repetition {}/{}", r + 1, args.repeat);
         bar.show(done_before / total, &label);
-        let samples = measure_plan(&model, &plan, ranks, args.warmup, steps, |s| {
+        let samples = measure_plan(&model, &plan, target, ranks, args.warmup, steps, |s| {
             bar.show((done_before + s as f64) / total, &label)
         })
         .map_err(|e| Failure {

@@ -289,11 +289,11 @@ fn draw_header(app: &App, f: &mut Frame, area: Rect) {
         )),
     ];
     // Whether the time figures are this machine's measurements or datasheet rates.
-    if let Some(c) = &app.layout.calibration {
+    if let Some(when) = app.layout.measured_at() {
         title.push(Span::styled(
             format!(
                 " · calibrated {}",
-                printable(c.measured_at.get(..10).unwrap_or_default())
+                printable(when.get(..10).unwrap_or_default())
             ),
             theme::GOOD,
         ));

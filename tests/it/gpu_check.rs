@@ -36,7 +36,15 @@ fn gpu_check_without_a_gpu_reaches_the_cuda_step_and_says_why_it_stops() {
         &std::fs::read_to_string(out_dir.path().join("summary.json")).unwrap(),
     )
     .unwrap();
-    assert_eq!(summary["failures"][0]["step"], "smoke", "{summary}");
+    // Calibration comes first and fails with its own reason; the smoke test still runs.
+    assert_eq!(summary["failures"][0]["step"], "calibrate", "{summary}");
+    assert!(
+        summary["failures"][0]["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("no CUDA device is usable")),
+        "{summary}"
+    );
+    assert_eq!(summary["failures"][1]["step"], "smoke", "{summary}");
     let table = std::fs::read_to_string(out_dir.path().join("table.md")).unwrap();
     assert!(table.contains("FAILED smoke"), "{table}");
 }

@@ -527,6 +527,10 @@ impl Efficiencies {
         memory: MEMORY_EFFICIENCY,
     };
 
+    /// The source of efficiencies `osdp-tui calibrate --device cuda` measured.
+    pub const MEASURED: &'static str =
+        "efficiencies measured on this GPU by `osdp-tui calibrate --device cuda`";
+
     /// The layout's own figures, else its GPU generation's (`cluster::known`), else generic.
     pub fn of(layout: &Layout) -> Efficiencies {
         let d = &layout.device;
@@ -548,6 +552,8 @@ impl Efficiencies {
         Efficiencies {
             source: if e.is_empty() {
                 base.source
+            } else if layout.calibration.is_none() && layout.measured_at().is_some() {
+                Efficiencies::MEASURED
             } else {
                 "the layout's own efficiencies"
             },
@@ -694,6 +700,9 @@ impl Machine {
     pub fn timing_source(&self) -> String {
         match &self.calibration {
             Some(c) => c.summary(),
+            None if self.efficiency.source == Efficiencies::MEASURED => {
+                format!("datasheet peaks × {}", self.efficiency.source)
+            }
             None => format!(
                 "datasheet rates × {} (not calibrated: `osdp-tui calibrate` measures a machine)",
                 self.efficiency.source

@@ -4,6 +4,8 @@
 //! running at once as in training), the optimizer's cost per tensor and per parameter, memory
 //! bandwidth, the collectives' latency and bandwidth, and the runtime's fixed memory.
 
+pub mod gpu;
+
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Instant;
@@ -12,7 +14,7 @@ use tch::{Device, Kind, Tensor};
 
 use super::collective::Collective;
 use super::exec::Profile;
-use super::exec::{adamw_update, OptimConfig};
+use super::exec::{adamw_update, OptimConfig, Target};
 use super::measure::{measure_plan, median, on_rank_threads, threads_per_rank, StepSample};
 use super::TrainError;
 use osdp_core::cluster::calibration::{
@@ -95,7 +97,7 @@ pub fn calibrate(cfg: &CalibrateConfig, progress: Progress<'_>) -> Result<Layout
                 &format!("kernels: {} at micro-batch {batch}", model.name),
             );
             let plan = osdp_core::plan::uniform_plan(model, Strategy::Dp, batch);
-            let samples = measure_plan(model, &plan, ranks, 1, cfg.steps, |_| {})?;
+            let samples = measure_plan(model, &plan, Target::CPU, ranks, 1, cfg.steps, |_| {})?;
             let mut slowest = 0.0f64;
             for (i, op) in model.ops.iter().enumerate() {
                 let work = cost::op_work(op, inputs[i], &machine, batch);
@@ -142,7 +144,7 @@ pub fn calibrate(cfg: &CalibrateConfig, progress: Progress<'_>) -> Result<Layout
         );
         if ranks > 1 {
             let plan = osdp_core::plan::uniform_plan(model, Strategy::Zero3, 1);
-            for s in measure_plan(model, &plan, ranks, 1, cfg.steps, |_| {})? {
+            for s in measure_plan(model, &plan, Target::CPU, ranks, 1, cfg.steps, |_| {})? {
                 for p in &s.profiles {
                     calls.extend_from_slice(&p.collectives);
                 }
@@ -294,7 +296,7 @@ fn time_split_linears(
         if super::exec::check_runnable(model, &plan).is_err() {
             break;
         }
-        let samples = measure_plan(model, &plan, ranks, 1, cfg.steps, |_| {})?;
+        let samples = measure_plan(model, &plan, Target::CPU, ranks, 1, cfg.steps, |_| {})?;
         for &i in &splits {
             points.push(CurvePoint {
                 work: bases[i].work / k,

@@ -862,6 +862,23 @@ impl Executor {
         Ok(w)
     }
 
+    /// A profiler clock reading. On a GPU kernels run after the host queues them, so while
+    /// profiling it first waits for the device: the times are then the kernels', at the cost
+    /// of a synchronisation per reading (a few µs).
+    fn clock(&self) -> Instant {
+        if self.profile.is_some() {
+            if let Device::Cuda(i) = self.device {
+                tch::Cuda::synchronize(i as i64);
+            }
+        }
+        Instant::now()
+    }
+
+    /// Seconds since `t0`, read as [`Executor::clock`] reads.
+    fn since(&self, t0: Instant) -> f64 {
+        (self.clock() - t0).as_secs_f64()
+    }
+
     /// How many collectives the profile holds (0 when not profiling).
     fn collectives_so_far(&self) -> usize {
         self.profile.as_ref().map_or(0, |p| p.collectives.len())
@@ -1139,11 +1156,11 @@ impl Executor {
                 continue;
             }
             let keep_extras = !full_pass || self.flow.recomputed_block[i].is_none();
-            let t0 = self.profile.is_some().then(Instant::now);
+            let t0 = self.profile.is_some().then(|| self.clock());
             let c0 = self.collectives_so_far();
             let y = self.forward_op(i, keep_extras)?;
-            if let (Some(p), Some(t0)) = (self.profile.as_mut(), t0) {
-                let dt = t0.elapsed().as_secs_f64();
+            let dt = t0.map(|t0| self.since(t0));
+            if let (Some(p), Some(dt)) = (self.profile.as_mut(), dt) {
                 if full_pass {
                     p.fwd_s[i] += dt;
                     p.fwd_coll_s[i] += p.collective_s_since(c0);
@@ -1239,8 +1256,14 @@ impl Executor {
                 let uw = self.uses[i][0][0];
                 let w = self.weight(uw)?;
                 if kind == OpKind::LayerNorm {
-                    let (dx, dw, db) =
-                        ops::layer_norm_bwd(g, &x, &self.extras[i][0], &self.extras[i][1], &w);
+                    let (dx, dw, db) = ops::layer_norm_bwd(
+                        g,
+                        &x,
+                        &self.extras[i][0],
+                        &self.extras[i][1],
+                        &w,
+                        self.norm_eps,
+                    );
                     self.release(uw, w);
                     self.add_param_grad(uw, dw)?;
                     if let Some(ub) = self.uses[i].get(1).map(|v| v[0]) {
@@ -1248,7 +1271,7 @@ impl Executor {
                     }
                     self.add_act_grad(self.flow.inputs[i][0], dx);
                 } else {
-                    let (dx, dw) = ops::rms_norm_bwd(g, &x, &self.extras[i][0], &w);
+                    let (dx, dw) = ops::rms_norm_bwd(g, &x, &self.extras[i][0], &w, self.norm_eps);
                     self.release(uw, w);
                     self.add_param_grad(uw, dw)?;
                     self.add_act_grad(self.flow.inputs[i][0], dx);
@@ -1352,7 +1375,7 @@ impl Executor {
             .reshape(shape)
             .to_device(self.device);
         let n = self.model.ops.len();
-        let step_t0 = Instant::now();
+        let step_t0 = self.clock();
         if let Some(p) = self.profile.as_mut() {
             *p = Profile {
                 fwd_s: vec![0.0; n],
@@ -1363,9 +1386,9 @@ impl Executor {
             };
         }
         self.ledger.reset_peak();
-        let t0 = Instant::now();
+        let t0 = self.clock();
         self.allocate_grads();
-        let alloc_s = t0.elapsed().as_secs_f64();
+        let alloc_s = self.since(t0);
         // Each micro-batch's loss is its tokens' mean: scaled by 1/(ranks × micro-batches),
         // the accumulated gradients are those of the mean over the whole global batch.
         let scale = 1.0 / (self.comm.world() * accumulation) as f64;
@@ -1389,9 +1412,10 @@ impl Executor {
             .all_reduce(&Tensor::from(local_loss))?
             .double_value(&[])
             / world;
+        let step_s = self.since(step_t0);
         if let Some(p) = self.profile.as_mut() {
             p.optimizer_s += alloc_s;
-            p.step_s = step_t0.elapsed().as_secs_f64();
+            p.step_s = step_s;
         }
         Ok(StepOutcome { loss, grad_norm })
     }
@@ -1420,11 +1444,12 @@ impl Executor {
                 if self.model.ops[i].kind != OpKind::CrossEntropy {
                     self.ledger.sub(Category::Working, nbytes(&g));
                 }
-                let t0 = Instant::now();
+                let t0 = self.clock();
                 let c0 = self.collectives_so_far();
                 self.backward_op(i, &g)?;
+                let dt = self.since(t0);
                 if let Some(p) = self.profile.as_mut() {
-                    p.bwd_s[i] += t0.elapsed().as_secs_f64();
+                    p.bwd_s[i] += dt;
                     p.bwd_coll_s[i] += p.collective_s_since(c0);
                 }
             }
@@ -1437,7 +1462,7 @@ impl Executor {
     fn optimizer_step(&mut self) -> Result<f64> {
         let world = self.comm.world() as i64;
         let rank = self.comm.rank();
-        let t_sync = Instant::now();
+        let t_sync = self.clock();
         // 1. Synchronise: dp all-reduces, zero1 reduce-scatters; zero2/3 already hold shards;
         // hsdp's node shards are summed across the nodes.
         let mut shards: Vec<Option<Tensor>> = Vec::with_capacity(self.units.len());
@@ -1484,8 +1509,8 @@ impl Executor {
             self.ledger.add(Category::Grads, nbytes(&synced));
             shards.push(Some(synced));
         }
-        let mut sync_s = t_sync.elapsed().as_secs_f64();
-        let t_update = Instant::now();
+        let mut sync_s = self.since(t_sync);
+        let t_update = self.clock();
         // 2. Global norm: replicated gradients counted once (by rank 0), shards by their owner
         // (hsdp's by their owner in the first node).
         // Summed on the device and read once: a read per tensor would wait for the device
@@ -1552,8 +1577,8 @@ impl Executor {
                 let _ = h.zero_();
             }
         }
-        let update_s = t_update.elapsed().as_secs_f64();
-        let t_gather = Instant::now();
+        let update_s = self.since(t_update);
+        let t_gather = self.clock();
         self.ledger.sub(Category::Grads, held_bytes);
         // 4. zero1/zero2 replicas get the updated parameters back.
         for u in 0..self.units.len() {
@@ -1582,7 +1607,7 @@ impl Executor {
             flat.copy_(&full.narrow(0, 0, unit.numel));
             self.ledger.sub(Category::GradBuffers, bytes);
         }
-        sync_s += t_gather.elapsed().as_secs_f64();
+        sync_s += self.since(t_gather);
         if let Some(p) = self.profile.as_mut() {
             p.optimizer_s += update_s;
             p.sync_s += sync_s;

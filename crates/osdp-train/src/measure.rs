@@ -5,7 +5,7 @@ use std::time::Instant;
 
 use super::collective::{Collective, LocalGroup};
 use super::data::{Sampler, Source};
-use super::exec::{Executor, Init, OptimConfig, Profile};
+use super::exec::{Executor, Init, OptimConfig, Profile, Target};
 use super::memory::Breakdown;
 use super::TrainError;
 use osdp_core::model::ModelSpec;
@@ -85,24 +85,31 @@ pub fn on_rank_threads_in_nodes<T: Send>(
 }
 
 /// Run `warmup` untimed and then `steps` timed steps of `plan` on `ranks` rank threads (random
-/// tokens: the data does not change the time), calling `progress` after each of rank 0's steps.
+/// tokens: the data does not change the time) computing on `target` (a GPU target takes one
+/// rank: GPU ranks are processes), calling `progress` after each of rank 0's steps.
 pub fn measure_plan(
     model: &ModelSpec,
     plan: &Plan,
+    target: Target,
     ranks: usize,
     warmup: usize,
     steps: usize,
     progress: impl FnMut(usize) + Send,
 ) -> Result<Vec<StepSample>, TrainError> {
     super::exec::check_runnable(model, plan).map_err(|e| TrainError::Invalid(e.to_string()))?;
+    if target.device != tch::Device::Cpu && ranks != 1 {
+        return Err(TrainError::Invalid(format!(
+            "{ranks} ranks on {:?}: timing on a GPU takes one rank (several GPUs are several \
+             processes)",
+            target.device
+        )));
+    }
     let sampler = Sampler {
         source: Source::Random,
         seed: 0,
         seq: model.config.seq_len as usize,
         vocab: model.config.vocab_size,
     };
-    // A step is the plan's: its micro-batches, accumulated, then one optimizer update.
-    let rows = (plan.batch * plan.accumulation.max(1)) as usize;
     let progress = std::sync::Mutex::new(progress);
     let per_rank: Vec<RankSteps> = on_rank_threads(ranks, |group| {
         let on_step = |done: usize| {
@@ -113,9 +120,9 @@ pub fn measure_plan(
         let steps = rank_steps(
             model,
             plan,
+            target,
             Box::new(group),
             &sampler,
-            rows,
             warmup + steps,
             on_step,
         )?;
@@ -133,12 +140,14 @@ pub fn measure_plan(
 fn rank_steps(
     model: &ModelSpec,
     plan: &Plan,
+    target: Target,
     group: Box<dyn Collective>,
     sampler: &Sampler,
-    rows: usize,
     steps: usize,
     on_step: impl Fn(usize),
 ) -> Result<RankSteps, TrainError> {
+    // A step is the plan's: its micro-batches, accumulated, then one optimizer update.
+    let rows = (plan.batch * plan.accumulation.max(1)) as usize;
     let rank = group.rank();
     let err = |e: super::exec::ExecError| TrainError::Rank {
         rank,
@@ -148,7 +157,7 @@ fn rank_steps(
         model,
         plan,
         group,
-        super::exec::Target::CPU,
+        target,
         Init::Fresh { seed: 0 },
         OptimConfig::default(),
     )

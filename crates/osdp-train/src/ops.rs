@@ -49,14 +49,21 @@ fn accumulation_kind(kind: Kind) -> Kind {
 /// come in another precision than the activations (on CUDA, `native_layer_norm` returns fp32
 /// mean and rstd for bf16 input; on the CPU, bf16): the arithmetic runs in fp32 for 16-bit
 /// inputs either way, so the next op never meets mixed dtypes.
+///
+/// On CUDA libtorch's fused kernels do it instead ([`norm_bwd_fused`]), with `eps`.
 pub fn layer_norm_bwd(
     dy: &Tensor,
     x: &Tensor,
     mean: &Tensor,
     rstd: &Tensor,
     w: &Tensor,
+    eps: f64,
 ) -> (Tensor, Tensor, Tensor) {
     let out = dy.kind();
+    if dy.device().is_cuda() {
+        let (dx, dw) = layer_norm_bwd_fused(dy, x, w, eps);
+        return (dx.to_kind(out), dw.to_kind(out), bias_grad(dy));
+    }
     let acc = accumulation_kind(out);
     let (dy, x, mean, rstd, w) = (
         dy.to_kind(acc),
@@ -83,9 +90,19 @@ pub fn rms_norm_fwd(x: &Tensor, w: &Tensor, eps: f64) -> (Tensor, Tensor) {
 }
 
 /// Gradients of [`rms_norm_fwd`]: `(dx, dw)` in `dy`'s dtype, computed in fp32 for 16-bit
-/// inputs as [`layer_norm_bwd`] is.
-pub fn rms_norm_bwd(dy: &Tensor, x: &Tensor, rstd: &Tensor, w: &Tensor) -> (Tensor, Tensor) {
+/// inputs as [`layer_norm_bwd`] is; on CUDA by libtorch's fused kernels, with `eps`.
+pub fn rms_norm_bwd(
+    dy: &Tensor,
+    x: &Tensor,
+    rstd: &Tensor,
+    w: &Tensor,
+    eps: f64,
+) -> (Tensor, Tensor) {
     let out = dy.kind();
+    if dy.device().is_cuda() {
+        let (dx, dw) = rms_norm_bwd_fused(dy, x, w, eps);
+        return (dx.to_kind(out), dw.to_kind(out));
+    }
     let acc = accumulation_kind(out);
     let (dy, x, rstd, w) = (
         dy.to_kind(acc),
@@ -99,6 +116,44 @@ pub fn rms_norm_bwd(dy: &Tensor, x: &Tensor, rstd: &Tensor, w: &Tensor) -> (Tens
     let dx = (dxhat - &xhat * c) * &rstd;
     let dw = bias_grad(&(&dy * xhat));
     (dx.to_kind(out), dw.to_kind(out))
+}
+
+/// A norm's `(dx, dw)` by libtorch's own kernels: `forward` run again under autograd on leaves
+/// of `x` and `w`, then the backward of `Σ y·dy` (whose gradient with respect to `y` is `dy`).
+/// A few passes over the activations in their own precision (the fused backward accumulates in
+/// fp32 inside) where the arithmetic of [`layer_norm_bwd`] takes a dozen over fp32 copies: on a
+/// GPU the difference is several-fold (docs/benchmarks.md, the first H100).
+pub fn norm_bwd_fused(
+    dy: &Tensor,
+    x: &Tensor,
+    w: &Tensor,
+    forward: impl Fn(&Tensor, &Tensor) -> Tensor,
+) -> (Tensor, Tensor) {
+    tch::with_grad(|| {
+        let (xl, wl) = (
+            x.detach().set_requires_grad(true),
+            w.detach().set_requires_grad(true),
+        );
+        let total = (forward(&xl, &wl) * dy).sum(accumulation_kind(dy.kind()));
+        let mut g = Tensor::run_backward(&[total], &[&xl, &wl], false, false).into_iter();
+        let dx = g.next().unwrap_or_else(|| x.zeros_like());
+        let dw = g.next().unwrap_or_else(|| w.zeros_like());
+        (dx, dw)
+    })
+}
+
+/// [`norm_bwd_fused`] of a layer norm (its bias only shifts `y`: its gradient is `Σ dy`).
+pub fn layer_norm_bwd_fused(dy: &Tensor, x: &Tensor, w: &Tensor, eps: f64) -> (Tensor, Tensor) {
+    let width = *x.size().last().unwrap_or(&1);
+    norm_bwd_fused(dy, x, w, |x, w| {
+        x.layer_norm([width], Some(w), None::<&Tensor>, eps, true)
+    })
+}
+
+/// [`norm_bwd_fused`] of an RMS norm.
+pub fn rms_norm_bwd_fused(dy: &Tensor, x: &Tensor, w: &Tensor, eps: f64) -> (Tensor, Tensor) {
+    let width = *x.size().last().unwrap_or(&1);
+    norm_bwd_fused(dy, x, w, |x, w| x.rms_norm([width], Some(w), eps))
 }
 
 /// The model's activation function.
@@ -191,10 +246,17 @@ pub fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor, inverse: bool) -> Tensor {
     }
 }
 
-/// `[b, s, heads·d] -> [b, heads, s, d]`.
+/// `[b, s, heads·d] -> [b, heads, s, d]`: on CUDA a strided view (the fused attention kernels
+/// read it as it is, as PyTorch's own `view(…).transpose(1, 2)` hands it to them), elsewhere a
+/// contiguous copy.
 fn heads_first(x: &Tensor, heads: i64, d: i64) -> Tensor {
     let (b, s) = (x.size()[0], x.size()[1]);
-    x.reshape([b, s, heads, d]).transpose(1, 2).contiguous()
+    let view = x.reshape([b, s, heads, d]).transpose(1, 2);
+    if x.device().is_cuda() {
+        view
+    } else {
+        view.contiguous()
+    }
 }
 
 /// `[b, heads, s, d] -> [b, s, heads·d]`.
@@ -251,8 +313,9 @@ fn prepare(
 }
 
 /// Attention core with libtorch's fused kernels: `(out [b, s, heads·d], what backward needs)`.
-/// On CPU the flash kernel (saves the log-sum-exp); on CUDA the memory-efficient kernel (saves
-/// the log-sum-exp and its random-number state).
+/// On CPU the flash kernel (saves the log-sum-exp). On CUDA PyTorch's own
+/// `scaled_dot_product_attention`, which picks the fastest kernel the GPU has (flash attention
+/// on Ampere and Hopper); it saves nothing: backward runs it again under autograd.
 pub fn attention_fwd(
     q: &Tensor,
     k: &Tensor,
@@ -263,17 +326,17 @@ pub fn attention_fwd(
     let (q, k, v) = prepare(q, k, v, a, rope_cs);
     let scale = 1.0 / (a.head_dim as f64).sqrt();
     if q.device().is_cuda() {
-        let (out, lse, seed, offset) = Tensor::internal_scaled_dot_product_efficient_attention(
+        let out = Tensor::scaled_dot_product_attention(
             &q,
             &k,
             &v,
             None::<Tensor>,
-            true,
             0.0,
             a.causal,
             scale,
+            false,
         );
-        return (heads_last(&out), vec![lse, seed, offset]);
+        return (heads_last(&out), Vec::new());
     }
     let (out, lse) = Tensor::internal_scaled_dot_product_flash_attention_for_cpu(
         &q,
@@ -285,6 +348,36 @@ pub fn attention_fwd(
         scale,
     );
     (heads_last(&out), vec![lse])
+}
+
+/// The CUDA attention core's gradients: its forward again on leaves that require grad, then
+/// autograd's backward of `Σ out · dout` (whose gradient with respect to `out` is `dout`).
+fn attention_bwd_autograd(
+    douth: &Tensor,
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    a: &AttentionShape,
+    scale: f64,
+) -> (Tensor, Tensor, Tensor) {
+    tch::with_grad(|| {
+        let leaf = |x: &Tensor| x.detach().set_requires_grad(true);
+        let (q, k, v) = (leaf(q), leaf(k), leaf(v));
+        let out = Tensor::scaled_dot_product_attention(
+            &q,
+            &k,
+            &v,
+            None::<Tensor>,
+            0.0,
+            a.causal,
+            scale,
+            false,
+        );
+        let total = (out * douth).sum(Kind::Float);
+        let mut g = Tensor::run_backward(&[total], &[&q, &k, &v], false, false).into_iter();
+        let mut next = || g.next().unwrap_or_else(|| Tensor::zeros_like(&q));
+        (next(), next(), next())
+    })
 }
 
 /// Gradients of [`attention_fwd`] with respect to `q`, `k`, `v` (in `[b, s, ·]` form).
@@ -302,41 +395,15 @@ pub fn attention_bwd(
     let (qh, kh, vh) = prepare(q, k, v, a, rope_cs);
     let scale = 1.0 / (a.head_dim as f64).sqrt();
     let douth = heads_first(dout, a.heads, a.head_dim);
-    let outh = heads_first(out, a.heads, a.head_dim);
-    let (mut dq, mut dk, mut dv) = if let [lse, seed, offset] = saved {
-        // The efficient kernel works in [b, s, heads, d]: transposed views, as SDPA passes them.
-        let t = |x: &Tensor| x.transpose(1, 2);
-        let s = qh.size()[2];
-        let (dq, dk, dv, _) = Tensor::internal_efficient_attention_backward(
-            &t(&douth),
-            &t(&qh),
-            &t(&kh),
-            &t(&vh),
-            None::<Tensor>,
-            &t(&outh),
-            None::<Tensor>,
-            None::<Tensor>,
-            s,
-            s,
-            lse,
-            0.0,
-            seed,
-            offset,
-            i64::from(a.causal),
-            false,
-            scale,
-            None,
-            None,
-            false,
-        );
-        (t(&dq), t(&dk), t(&dv))
+    let (mut dq, mut dk, mut dv) = if q.device().is_cuda() && saved.is_empty() {
+        attention_bwd_autograd(&douth, &qh, &kh, &vh, a, scale)
     } else {
         Tensor::internal_scaled_dot_product_flash_attention_for_cpu_backward(
             &douth,
             &qh,
             &kh,
             &vh,
-            &outh,
+            &heads_first(out, a.heads, a.head_dim),
             &saved[0],
             0.0,
             a.causal,
@@ -462,7 +529,7 @@ mod tests {
             &y,
             &x.layer_norm([16], Some(&w), Some(&b), 1e-5, false)
         ));
-        let (dx, dw, db) = layer_norm_bwd(&dy, &x, &mean, &rstd, &w);
+        let (dx, dw, db) = layer_norm_bwd(&dy, &x, &mean, &rstd, &w, 1e-5);
         assert!(close(&dx, &grad_of(&xl)));
         assert!(close(&dw, &grad_of(&wl)));
         assert!(close(&db, &grad_of(&bl)));
@@ -471,9 +538,33 @@ mod tests {
         let (y, rstd) = rms_norm_fwd(&xl, &wl, 1e-5);
         (&y * &dy).sum(Kind::Double).backward();
         assert!(close(&y.detach(), &x.rms_norm([16], Some(&w), 1e-5)));
-        let (dx, dw) = rms_norm_bwd(&dy, &x, &rstd.detach(), &w);
+        let (dx, dw) = rms_norm_bwd(&dy, &x, &rstd.detach(), &w, 1e-5);
         assert!(close(&dx, &grad_of(&xl)));
         assert!(close(&dw, &grad_of(&wl)));
+    }
+
+    /// The CUDA path's norm backwards (libtorch's fused kernels under autograd) give what the
+    /// CPU's arithmetic gives: same shapes, same gradients, the layer norm's bias left out.
+    #[test]
+    fn fused_norm_backwards_equal_the_written_out_ones() {
+        let (x, w, b, dy) = (
+            rand(&[2, 3, 16], 11),
+            rand(&[16], 12),
+            rand(&[16], 13),
+            rand(&[2, 3, 16], 14),
+        );
+        let (_, mean, rstd) = layer_norm_fwd(&x, &w, Some(&b), 1e-5);
+        let (dx, dw, _) = layer_norm_bwd(&dy, &x, &mean, &rstd, &w, 1e-5);
+        let (fdx, fdw) = layer_norm_bwd_fused(&dy, &x, &w, 1e-5);
+        assert!(close(&fdx, &dx) && close(&fdw, &dw));
+        let (_, rstd) = rms_norm_fwd(&x, &w, 1e-5);
+        let (dx, dw) = rms_norm_bwd(&dy, &x, &rstd, &w, 1e-5);
+        let (fdx, fdw) = rms_norm_bwd_fused(&dy, &x, &w, 1e-5);
+        assert!(close(&fdx, &dx) && close(&fdw, &dw));
+        // Under the executor's no-grad mode too, which is where it runs.
+        let _guard = tch::no_grad_guard();
+        let (gdx, _) = rms_norm_bwd_fused(&dy, &x, &w, 1e-5);
+        assert!(close(&gdx, &dx));
     }
 
     #[test]
@@ -672,7 +763,7 @@ mod tests {
         let (_, mean, rstd) =
             layer_norm_fwd(&x.to_kind(Kind::Float), &w.to_kind(Kind::Float), None, 1e-5);
         assert_eq!(mean.kind(), Kind::Float);
-        let (dx, dw, db) = layer_norm_bwd(&dyb, &xb, &mean, &rstd, &wb);
+        let (dx, dw, db) = layer_norm_bwd(&dyb, &xb, &mean, &rstd, &wb, 1e-5);
         for g in [&dx, &dw, &db] {
             assert_eq!(g.kind(), Kind::BFloat16, "gradients come in dy's dtype");
         }
@@ -704,7 +795,7 @@ mod tests {
             rel(&dw, &grad_of(&wl))
         );
         let (_, rstd) = rms_norm_fwd(&x.to_kind(Kind::Float), &w.to_kind(Kind::Float), 1e-5);
-        let (dx, dw) = rms_norm_bwd(&dyb, &xb, &rstd, &wb);
+        let (dx, dw) = rms_norm_bwd(&dyb, &xb, &rstd, &wb, 1e-5);
         assert_eq!((dx.kind(), dw.kind()), (Kind::BFloat16, Kind::BFloat16));
     }
 }

@@ -260,8 +260,68 @@ pub fn fit_ring(ranks: u32, points: &[(f64, f64)]) -> Option<(f64, f64)> {
     Some((alpha, beta))
 }
 
+/// Fit the cost model's GEMM efficiency curve `e(k) = matmul · k / (k + half_width)` to measured
+/// efficiencies at widths `k` (a GEMM's smallest side): a least-squares line through
+/// `1/e = 1/matmul + (half_width/matmul) · 1/k`. Returns `(matmul, half_width)`, the half width
+/// 0 when narrow GEMMs are no slower; `None` without a finite positive point. Where noise
+/// bends the line past the vertical axis (no positive asymptote), `matmul` is the best point's
+/// efficiency and the half width the median of what each point implies at that asymptote.
+pub fn fit_matmul_curve(points: &[(f64, f64)]) -> Option<(f64, f64)> {
+    let pts: Vec<(f64, f64)> = points
+        .iter()
+        .filter(|(k, e)| k.is_finite() && *k > 0.0 && e.is_finite() && *e > 0.0)
+        .map(|&(k, e)| (1.0 / k, 1.0 / e))
+        .collect();
+    if pts.is_empty() {
+        return None;
+    }
+    let n = pts.len() as f64;
+    let mx = pts.iter().map(|p| p.0).sum::<f64>() / n;
+    let my = pts.iter().map(|p| p.1).sum::<f64>() / n;
+    let sxx: f64 = pts.iter().map(|p| (p.0 - mx).powi(2)).sum();
+    let sxy: f64 = pts.iter().map(|p| (p.0 - mx) * (p.1 - my)).sum();
+    let slope = if sxx > 0.0 { sxy / sxx } else { 0.0 };
+    if slope <= 0.0 {
+        // No width effect: one efficiency, the points' harmonic mean (time-weighted).
+        return Some((1.0 / my, 0.0));
+    }
+    let intercept = my - slope * mx;
+    if intercept > 0.0 {
+        return Some((1.0 / intercept, slope / intercept));
+    }
+    let best = pts.iter().map(|p| 1.0 / p.1).fold(0.0, f64::max);
+    let mut implied: Vec<f64> = pts
+        .iter()
+        .map(|&(inv_k, inv_e)| ((best * inv_e - 1.0) / inv_k).max(0.0))
+        .collect();
+    implied.sort_by(f64::total_cmp);
+    Some((best, implied[implied.len() / 2]))
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn the_matmul_curve_fit_recovers_its_own_parameters() {
+        let curve = |k: f64| 0.8 * k / (k + 300.0);
+        let pts: Vec<(f64, f64)> = [64.0, 128.0, 512.0, 2048.0, 8192.0]
+            .iter()
+            .map(|&k| (k, curve(k)))
+            .collect();
+        let (m, hw) = fit_matmul_curve(&pts).unwrap();
+        assert!((m - 0.8).abs() < 1e-9, "{m}");
+        assert!((hw - 300.0).abs() < 1e-6, "{hw}");
+        // Narrow GEMMs as fast as wide ones: no half width, the common efficiency.
+        let (m, hw) = fit_matmul_curve(&[(64.0, 0.5), (4096.0, 0.5)]).unwrap();
+        assert!((m - 0.5).abs() < 1e-12 && hw == 0.0);
+        assert_eq!(fit_matmul_curve(&[(0.0, 0.5), (64.0, f64::NAN)]), None);
+        // A narrow outlier that no positive asymptote explains: the best point's efficiency,
+        // a half width that the points imply, never nothing.
+        let noisy = [(64.0, 0.02), (128.0, 0.5), (4096.0, 0.6), (8192.0, 0.62)];
+        let (m, hw) = fit_matmul_curve(&noisy).unwrap();
+        assert_eq!(m, 0.62);
+        assert!(hw > 0.0 && hw.is_finite(), "{hw}");
+    }
+
     use super::*;
 
     fn pt(work: f64, fwd_s: f64, bwd_s: f64) -> CurvePoint {

@@ -199,6 +199,22 @@ impl LinkSpec {
 }
 
 impl Layout {
+    /// When this layout's time figures were measured on a machine by `osdp-tui calibrate`
+    /// (RFC 3339): its CPU calibration's, else a measured GPU efficiency's (whose source reads
+    /// `measured on GPU, WHEN, …`); `None` for datasheet rates and fitted efficiencies.
+    pub fn measured_at(&self) -> Option<&str> {
+        if let Some(c) = &self.calibration {
+            return Some(&c.measured_at);
+        }
+        let e = &self.device.efficiency;
+        [&e.matmul, &e.attention_forward, &e.memory]
+            .into_iter()
+            .flatten()
+            .filter_map(|f| f.source.strip_prefix("measured on "))
+            .flat_map(|rest| rest.split([',', ' ', '`']))
+            .find(|w| w.len() == 20 && w.ends_with('Z') && w.as_bytes()[10] == b'T')
+    }
+
     /// Total ranks.
     pub fn world_size(&self) -> u32 {
         self.nodes * self.gpus_per_node
@@ -306,7 +322,12 @@ pub fn validate_layout(l: &Layout) -> Result<(), Problem> {
         }
     }
     if let Some(f) = &l.device.efficiency.matmul_half_width {
-        check_figure("device.efficiency.matmul_half_width", f)?;
+        // 0 is a measurement too (narrow GEMMs as fast as wide ones): checked as 1 would be.
+        let zero_or_more = Figure {
+            value: if f.value == 0.0 { 1.0 } else { f.value },
+            source: f.source.clone(),
+        };
+        check_figure("device.efficiency.matmul_half_width", &zero_or_more)?;
     }
     check_figure("runtime_overhead_gib", &l.runtime_overhead_gib)?;
     if l.runtime_overhead_gib.value >= l.device.memory_gib.value {
