@@ -42,7 +42,8 @@ pub struct Cli {
     /// [default: the local GPUs' if NVML finds any, else h100-sxm-8x-nvlink].
     #[arg(long, value_parser = layout_arg)]
     layout: Option<PathBuf>,
-    /// Memory budget per GPU [default: the layout's memory].
+    /// Memory budget per GPU: 24GiB, 8000MiB, 80GB; a bare number is GiB [default: the
+    /// layout's memory].
     #[arg(long, value_parser = parse_budget)]
     budget: Option<u64>,
     /// One budget per GPU, comma-separated.
@@ -207,7 +208,8 @@ struct PlanArgs {
     /// Cluster layout: a file, or a shipped layout's name (`layouts/NAME.json`).
     #[arg(long, value_parser = layout_arg)]
     layout: PathBuf,
-    /// Memory budget per GPU: 24GiB, 8000MiB, 80GB [default: the device's memory].
+    /// Memory budget per GPU: 24GiB, 8000MiB, 80GB; a bare number is GiB [default: the
+    /// device's memory].
     #[arg(long, value_parser = parse_budget)]
     budget: Option<u64>,
     /// One budget per GPU, comma-separated; the plan must fit the tightest.
@@ -289,10 +291,17 @@ fn parse_fixed_batch(s: &str) -> Result<u64, String> {
     }
 }
 
-/// A per-GPU budget: a size (see [`parse_size`]) of at most [`crate::plan::MAX_BUDGET_BYTES`].
+/// A per-GPU budget: a size (see [`parse_size`]) of at most [`crate::plan::MAX_BUDGET_BYTES`];
+/// a bare number is GiB (`20` is 20 GiB: no GPU budget is counted in bytes).
 pub(crate) fn parse_budget(s: &str) -> Result<u64, String> {
     use crate::plan::MAX_BUDGET_BYTES;
-    let bytes = parse_size(s)?;
+    let t = s.trim();
+    let bytes = match t.parse::<f64>() {
+        Ok(gib) if gib.is_finite() && gib >= 0.0 && !t.starts_with('-') => {
+            parse_size(&format!("{t} GiB"))?
+        }
+        _ => parse_size(s)?,
+    };
     if bytes > MAX_BUDGET_BYTES {
         return Err(format!(
             "{s} is more memory than a GPU has: at most {} per GPU",

@@ -292,8 +292,8 @@ pub fn plan_report(req: &PlanRequest) -> Result<PlanReport, Failure> {
                 )
             }
             _ => format!(
-                "no plan of {} fits {} per GPU on {}; the smallest budget that fits is {} ({} \
-                 bytes)",
+                "no plan of {} fits {} per GPU on {}; the smallest budget that fits is {} \
+                 (--budget {}B)",
                 spec.name,
                 units::bytes(budget),
                 layout.name,

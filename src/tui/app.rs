@@ -95,6 +95,9 @@ pub enum Action {
     No,
     /// Quit leaving the run going (the answer `d` to quitting with a run going).
     Detach,
+    /// Close what is on top (help, a question, an operator's choices, the comparison, the
+    /// log); at the top level nothing: only `q` quits (Esc).
+    Back,
     /// Open the command line (`:budget 40GiB`, `:gpu 3 budget 20GiB`, `:batch 512`, …).
     OpenCommand,
     /// Show one view under the header (`1`–`4`).
@@ -125,8 +128,8 @@ pub struct Settings {
 const UNDO_DEPTH: usize = 100;
 
 /// The commands of the command line, for its help and its errors.
-pub const COMMANDS: &str = "budget SIZE · gpu N budget SIZE · batch N|any · micro N|auto · \
-                            split K · write [PATH]";
+pub const COMMANDS: &str = "budget [SIZE] · gpu N budget SIZE · batch N|any · micro N|auto · \
+                            split K · write [PATH] · q (SIZE: 20GiB, 20 GiB, 1.5TiB; a bare number is GiB)";
 
 /// The operator pane: every choice of one op, priced in the plan on screen.
 #[derive(Debug, Clone)]
@@ -383,6 +386,22 @@ impl App {
     }
 
     /// The budget the plan must fit: the tightest GPU's.
+    /// The per-GPU budget in words: one size, or the range when GPUs differ
+    /// (`12.0 GiB–1.0 TiB per GPU`).
+    pub fn budget_summary(&self) -> String {
+        let lo = self.budgets.iter().copied().min().unwrap_or(0);
+        let hi = self.budgets.iter().copied().max().unwrap_or(0);
+        if lo == hi {
+            format!("{} per GPU", crate::units::bytes(lo))
+        } else {
+            format!(
+                "{}–{} per GPU",
+                crate::units::bytes(lo),
+                crate::units::bytes(hi)
+            )
+        }
+    }
+
     pub fn budget(&self) -> u64 {
         self.budgets.iter().copied().min().unwrap_or(0)
     }
@@ -752,6 +771,13 @@ impl App {
     pub fn update(&mut self, action: Action) {
         let rows = self.rows().len();
         let mut replan = false;
+        // Help covers the panels: while it is open no key reaches them.
+        if self.show_help {
+            if matches!(action, Action::Back | Action::ToggleHelp | Action::Quit) {
+                self.show_help = false;
+            }
+            return;
+        }
         if let Some(question) = self.confirm.take() {
             // A question on screen takes the next key: its answers act, anything else cancels.
             match (question, action) {
@@ -781,12 +807,15 @@ impl App {
         if self.log_view.is_some() && self.scroll_log(action) {
             return;
         }
-        if self.detail.is_some() && matches!(action, Action::Toggle | Action::Quit) {
+        if self.detail.is_some() && matches!(action, Action::Toggle | Action::Quit | Action::Back) {
             self.detail = None;
             return;
         }
         if self.compare.is_some()
-            && matches!(action, Action::Compare | Action::Quit | Action::Toggle)
+            && matches!(
+                action,
+                Action::Compare | Action::Quit | Action::Toggle | Action::Back
+            )
         {
             self.compare = None;
             return;
@@ -810,6 +839,7 @@ impl App {
             Action::StopRun => self.stop_run(),
             Action::RestartRun => self.restart_run(),
             Action::Yes | Action::No | Action::Detach => {}
+            Action::Back => self.message = Some("nothing to close: q quits".into()),
             Action::ToggleHelp => self.show_help = !self.show_help,
             Action::ToggleLog => self.log_view = Some(LogView::default()),
             Action::ToggleGraph => self.show_graph = !self.show_graph,
@@ -1017,15 +1047,25 @@ impl App {
         let ranks = u64::from(self.ranks());
         let result: Result<bool, String> = match words.as_slice() {
             [] => Ok(false),
-            ["budget", size] => crate::cli::parse_budget(size).map(|b| {
+            ["budget"] => {
+                self.message = Some(format!("budget {}", self.budget_summary()));
+                return;
+            }
+            ["budget", size @ ..] => crate::cli::parse_budget(&size.join(" ")).map(|b| {
                 self.budgets.iter_mut().for_each(|x| *x = b);
                 true
             }),
-            ["gpu", n, "budget", size] => match n.parse::<usize>() {
-                Ok(g) if g < self.budgets.len() => crate::cli::parse_budget(size).map(|b| {
-                    self.budgets[g] = b;
-                    true
-                }),
+            ["q" | "quit"] => {
+                self.update(Action::Quit);
+                return;
+            }
+            ["gpu", n, "budget", size @ ..] => match n.parse::<usize>() {
+                Ok(g) if g < self.budgets.len() => {
+                    crate::cli::parse_budget(&size.join(" ")).map(|b| {
+                        self.budgets[g] = b;
+                        true
+                    })
+                }
                 _ => Err(format!(
                     "gpu {n:?}: this layout's GPUs are 0 to {}",
                     self.budgets.len().saturating_sub(1)
@@ -1255,7 +1295,7 @@ impl App {
             Action::PageDown => top + rows,
             Action::Home => first,
             Action::End => tail_top,
-            Action::Quit | Action::ToggleLog => {
+            Action::Quit | Action::ToggleLog | Action::Back => {
                 self.log_view = None;
                 return true;
             }

@@ -154,8 +154,8 @@ pub const KEYMAP: &[Entry] = &[
     },
     Entry {
         keys: ":",
-        help: "command line: budget SIZE, gpu N budget SIZE, batch N|any (global), micro \
-               N|auto, split K, write [PATH]; Enter runs it, Esc closes",
+        help: "command line: budget SIZE (20 is 20 GiB), gpu N budget SIZE, batch N|any \
+               (global), micro N|auto, split K, write [PATH], q; Enter runs it, Esc closes",
         footer: Some("cmd"),
         log_footer: None,
         bindings: &[(ch(':'), Action::OpenCommand)],
@@ -232,15 +232,20 @@ pub const KEYMAP: &[Entry] = &[
         bindings: &[(ch('?'), Action::ToggleHelp)],
     },
     Entry {
-        keys: "q Esc Ctrl-C",
-        help: "quit (asks first while a run is going); close the log or an operator's choices",
+        keys: "Esc",
+        help: "close what is on top: help, a question, an operator's choices, the comparison, \
+               the log, the command line (never quits)",
+        footer: None,
+        log_footer: None,
+        bindings: &[(code(KeyCode::Esc), Action::Back)],
+    },
+    Entry {
+        keys: "q Ctrl-C :q",
+        help: "quit (asks first while a run is going); close the log, help or an operator's \
+               choices",
         footer: Some("quit"),
         log_footer: Some(("q/Esc", "close the log")),
-        bindings: &[
-            (ch('q'), Action::Quit),
-            (code(KeyCode::Esc), Action::Quit),
-            (ctrl('c'), Action::Quit),
-        ],
+        bindings: &[(ch('q'), Action::Quit), (ctrl('c'), Action::Quit)],
     },
 ];
 
@@ -270,7 +275,7 @@ pub fn footer(width: usize) -> String {
         .iter()
         .filter_map(|e| {
             let word = e.footer?;
-            // `+ / -` reads `+/-` there; of several names (`q Esc Ctrl-C`) the first.
+            // `+ / -` reads `+/-` there; of several names (`q Ctrl-C :q`) the first.
             let keys = if e.keys.contains(" / ") {
                 e.keys.replace(" / ", "/")
             } else {

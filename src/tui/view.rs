@@ -416,8 +416,8 @@ fn draw_header(app: &App, f: &mut Frame, area: Rect) {
         _ => String::new(),
     };
     lines.push(Line::from(format!(
-        "budget {} per GPU · split ≤ {} · {} pinned{} · {versus_all}{}{}",
-        units::bytes(budget),
+        "budget {} · split ≤ {} · {} pinned{} · {versus_all}{}{}",
+        app.budget_summary(),
         app.max_split,
         app.pins.len(),
         match app.block_recompute.len() {

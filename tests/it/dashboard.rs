@@ -1645,7 +1645,8 @@ fn help_fits_120x40_and_says_when_it_cannot() {
     a.update(Action::ToggleHelp);
     let big = render_text(&a, 120, 40);
     for want in [
-        "q Esc Ctrl-C",
+        "q Ctrl-C :q",
+        "close what is on top",
         "recompute the selected block",
         "+offload-opt",
     ] {
@@ -1668,4 +1669,71 @@ fn op_kinds_show_whole() {
     let screen = render_text(&a, 160, 48);
     assert!(screen.contains("pos_embedding "), "{screen}");
     assert!(!screen.contains("positional_e"), "{screen}");
+}
+
+/// Issue 34: Esc closes what is on top and never quits; while help is open no key reaches the
+/// panels beneath it; only `q` (and `:q`) quits.
+#[test]
+fn esc_backs_out_and_never_quits() {
+    let mut a = app("gpt2-medium", "a100-80gb-8x-nvlink", 8 * GIB);
+    let row = a.selected_row;
+    let settings = a.settings();
+    key(&mut a, '?');
+    assert!(a.show_help);
+    for c in "jjjjjjjj+b".chars() {
+        key(&mut a, c);
+    }
+    assert_eq!(a.selected_row, row, "j under the help moved the selection");
+    assert_eq!(
+        a.settings(),
+        settings,
+        "keys under the help changed the plan"
+    );
+    key(&mut a, '\u{1b}');
+    assert!(!a.show_help && !a.quit, "Esc closes the help and only that");
+    key(&mut a, '\u{1b}');
+    assert!(!a.quit, "Esc at the top level quits nothing");
+    assert!(render_text(&a, 120, 40).contains("nothing to close: q quits"));
+    // The operator's choices and the command line close the same way.
+    a.update(Action::Toggle);
+    key(&mut a, '\u{1b}');
+    assert!(!a.quit);
+    type_keys(&mut a, ":budg\x1b");
+    assert!(a.command.is_none() && !a.quit);
+    type_keys(&mut a, ":q\n");
+    assert!(a.quit, ":q quits");
+}
+
+/// Issue 34: a budget without a unit is GiB (`:budget 20`, `--budget 20`), a unit may follow a
+/// space, a bare `:budget` says the current one, and GPUs with different budgets show as a range.
+#[test]
+fn a_budget_without_a_unit_is_gib_and_differing_budgets_show_as_a_range() {
+    let mut a = app("gpt2-medium", "a100-80gb-8x-nvlink", 8 * GIB);
+    type_keys(&mut a, ":budget 20\n");
+    assert_eq!(a.budgets, vec![20 * GIB; 8]);
+    type_keys(&mut a, ":budget 12 GiB\n");
+    assert_eq!(a.budgets, vec![12 * GIB; 8]);
+    type_keys(&mut a, ":gpu 3 budget 40\n");
+    assert_eq!(a.budgets[3], 40 * GIB);
+    let screen = render_text(&a, 200, 60);
+    assert!(
+        screen.contains("budget 12.0 GiB–40.0 GiB per GPU"),
+        "{screen}"
+    );
+    type_keys(&mut a, ":budget\n");
+    assert_eq!(
+        a.message.as_deref(),
+        Some("budget 12.0 GiB–40.0 GiB per GPU")
+    );
+    let plan: serde_json::Value = serde_json::from_str(&stdout_ok(osdp().args([
+        "plan",
+        "sample-models/gpt2-medium.json",
+        "--layout",
+        "layouts/a100-80gb-8x-nvlink.json",
+        "--budget",
+        "20",
+        "--json",
+    ])))
+    .unwrap();
+    assert_eq!(plan["budget_bytes"], 20 * GIB, "{plan}");
 }

@@ -309,15 +309,13 @@ fn an_impossible_budget_names_the_smallest_that_fits() {
     assert_eq!(out.status.code(), Some(3));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("no plan of gpt2 fits 1.0 GiB"), "{err}");
-    let bytes: u64 = err
-        .split("GiB (")
+    // The exact figure, as a flag to copy.
+    let flag = err
+        .split("(--budget ")
         .nth(1)
-        .unwrap()
-        .split(' ')
-        .next()
-        .unwrap()
-        .parse()
+        .and_then(|r| r.split(')').next())
         .unwrap();
+    assert!(flag.ends_with('B') && flag[..flag.len() - 1].parse::<u64>().is_ok());
     // That budget does fit.
     osdp()
         .args([
@@ -326,7 +324,7 @@ fn an_impossible_budget_names_the_smallest_that_fits() {
             "--layout",
             "layouts/a100-80gb-8x-nvlink.json",
             "--budget",
-            &bytes.to_string(),
+            flag,
         ])
         .assert()
         .success();
