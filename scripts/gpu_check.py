@@ -225,19 +225,22 @@ def eager_child(model_json, batch, steps, warmup, profile=False):
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
     seq, vocab = cfg["seq_len"], cfg["vocab_size"]
     torch.cuda.reset_peak_memory_stats()
+    def step():
+        ids = torch.randint(0, vocab, (batch, seq + 1), device="cuda")
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            logits = model(ids[:, :-1])
+        loss = F.cross_entropy(logits.float().view(-1, vocab), ids[:, 1:].reshape(-1))
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        torch.cuda.synchronize()
+
     times = []
     try:
         for _ in range(steps):
-            ids = torch.randint(0, vocab, (batch, seq + 1), device="cuda")
             torch.cuda.synchronize()
             t0 = time.perf_counter()
-            with torch.autocast("cuda", dtype=torch.bfloat16):
-                logits = model(ids[:, :-1])
-            loss = F.cross_entropy(logits.float().view(-1, vocab), ids[:, 1:].reshape(-1))
-            loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            torch.cuda.synchronize()
+            step()
             times.append(time.perf_counter() - t0)
     except torch.cuda.OutOfMemoryError:
         print(json.dumps({"oom": True}))
@@ -245,14 +248,7 @@ def eager_child(model_json, batch, steps, warmup, profile=False):
     if profile:
         from torch.profiler import profile as prof, ProfilerActivity
         with prof(activities=[ProfilerActivity.CUDA]) as p:
-            ids = torch.randint(0, vocab, (batch, seq + 1), device="cuda")
-            with torch.autocast("cuda", dtype=torch.bfloat16):
-                logits = model(ids[:, :-1])
-            loss = F.cross_entropy(logits.float().view(-1, vocab), ids[:, 1:].reshape(-1))
-            loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            torch.cuda.synchronize()
+            step()
         print(p.key_averages().table(sort_by="cuda_time_total", row_limit=25), file=sys.stderr)
     print(json.dumps({"step_s": statistics.median(times[warmup:] or times),
                       "allocated_peak_bytes": torch.cuda.max_memory_allocated(),

@@ -26,8 +26,8 @@ pub const SERIES: Style = Style::new().fg(Color::Cyan);
 pub const RECOMPUTE: Style = Style::new().fg(Color::Magenta);
 /// Someone else's run, followed read-only.
 pub const ATTACHED: Style = Style::new().fg(Color::Cyan);
-/// The selected row.
-pub const SELECTED: Style = Style::new().bg(Color::DarkGray);
+/// The selected row: reverse video, which a terminal shows without any colour (`NO_COLOR`).
+pub const SELECTED: Style = Style::new().add_modifier(Modifier::REVERSED);
 
 /// The parts of a plan's memory in the header's bar: model states, kept activations, the
 /// largest transient, the runtime's own (CUDA context, NCCL, allocator).
@@ -41,6 +41,15 @@ pub const TIME_PARTS: [Color; 5] = [
     Color::Blue,
     Color::DarkGray,
 ];
+
+/// A panel's border lines: double when it has the keys, which shows without colour too.
+pub const fn border_type(focused: bool) -> ratatui::widgets::BorderType {
+    if focused {
+        ratatui::widgets::BorderType::Double
+    } else {
+        ratatui::widgets::BorderType::Plain
+    }
+}
 
 /// A panel's border: bright when it has the keys.
 pub const fn border(focused: bool) -> Style {

@@ -676,7 +676,8 @@ fn draw_ops(app: &App, f: &mut Frame, area: Rect) {
             }
         })
         .collect();
-    let border = theme::border(app.focus == Focus::Ops);
+    let focused = app.focus == Focus::Ops;
+    let border = theme::border(focused);
     let mut widths = vec![
         Constraint::Min(18),
         Constraint::Length(13),
@@ -696,7 +697,8 @@ fn draw_ops(app: &App, f: &mut Frame, area: Rect) {
             Block::bordered()
                 .title(" operators ")
                 .title_bottom(strategy_legend(false, app.machine.offers_offload()))
-                .border_style(border),
+                .border_style(border)
+                .border_type(theme::border_type(focused)),
         )
         .row_highlight_style(theme::SELECTED);
     let mut state = TableState::default()

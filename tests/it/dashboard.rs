@@ -1246,7 +1246,8 @@ fn without_nvml_the_panel_lists_ranks_and_home_end_jump() {
     assert_eq!(a.selected_gpu, 7);
     let screen = render_text(&a, 120, 40);
     assert!(
-        screen.lines().any(|l| l.contains("│7 ")),
+        // The GPU panel has the keys: its border is doubled.
+        screen.lines().any(|l| l.contains("║7 ")),
         "rank 7 in view:\n{screen}"
     );
 }
@@ -1736,4 +1737,46 @@ fn a_budget_without_a_unit_is_gib_and_differing_budgets_show_as_a_range() {
     ])))
     .unwrap();
     assert_eq!(plan["budget_bytes"], 20 * GIB, "{plan}");
+}
+
+/// Issue 34: with `NO_COLOR` the selected row and the focused panel still show: the row in
+/// reverse video, the panel's border doubled. Two `j` presses must change the colourless screen.
+#[test]
+fn without_colour_the_selection_and_the_focus_still_show() {
+    use ratatui::style::Modifier;
+    let mut a = app("gpt2-medium", "a100-80gb-8x-nvlink", 8 * GIB);
+    let mut t = ratatui::Terminal::new(ratatui::backend::TestBackend::new(120, 40)).unwrap();
+    let mut plain = |a: &App| {
+        t.draw(|f| {
+            osdp_tui::tui::view::draw(a, f);
+            osdp_tui::tui::strip_colors(f.buffer_mut());
+        })
+        .unwrap();
+        let b = t.backend().buffer().clone();
+        // The rows that carry reverse video, and the screen's text.
+        let width = b.area.width as usize;
+        let reversed: std::collections::BTreeSet<usize> = b
+            .content
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| c.modifier.contains(Modifier::REVERSED))
+            .map(|(i, _)| i / width)
+            .collect();
+        let text: String = b.content.iter().map(|c| c.symbol()).collect();
+        (reversed, text)
+    };
+    let (before, text) = plain(&a);
+    assert!(!before.is_empty(), "no row is marked without colour");
+    assert!(
+        text.contains('═'),
+        "the focused panel's border is not doubled"
+    );
+    key(&mut a, 'j');
+    key(&mut a, 'j');
+    let (after, _) = plain(&a);
+    assert_ne!(before, after, "j j left the colourless screen as it was");
+    // Tab gives the keys to the GPU panel: its border doubles, the operators' goes plain.
+    a.update(Action::FocusNext);
+    let (_, tabbed) = plain(&a);
+    assert_ne!(text, tabbed);
 }

@@ -326,17 +326,7 @@ pub fn attention_fwd(
     let (q, k, v) = prepare(q, k, v, a, rope_cs);
     let scale = 1.0 / (a.head_dim as f64).sqrt();
     if q.device().is_cuda() {
-        let out = Tensor::scaled_dot_product_attention(
-            &q,
-            &k,
-            &v,
-            None::<Tensor>,
-            0.0,
-            a.causal,
-            scale,
-            false,
-        );
-        return (heads_last(&out), Vec::new());
+        return (heads_last(&sdpa(&q, &k, &v, a, scale)), Vec::new());
     }
     let (out, lse) = Tensor::internal_scaled_dot_product_flash_attention_for_cpu(
         &q,
@@ -348,6 +338,12 @@ pub fn attention_fwd(
         scale,
     );
     (heads_last(&out), vec![lse])
+}
+
+/// PyTorch's `scaled_dot_product_attention` on heads-first `q`, `k`, `v`: the CUDA attention
+/// core, forward and (under autograd) backward.
+fn sdpa(q: &Tensor, k: &Tensor, v: &Tensor, a: &AttentionShape, scale: f64) -> Tensor {
+    Tensor::scaled_dot_product_attention(q, k, v, None::<Tensor>, 0.0, a.causal, scale, false)
 }
 
 /// The CUDA attention core's gradients: its forward again on leaves that require grad, then
@@ -363,17 +359,7 @@ fn attention_bwd_autograd(
     tch::with_grad(|| {
         let leaf = |x: &Tensor| x.detach().set_requires_grad(true);
         let (q, k, v) = (leaf(q), leaf(k), leaf(v));
-        let out = Tensor::scaled_dot_product_attention(
-            &q,
-            &k,
-            &v,
-            None::<Tensor>,
-            0.0,
-            a.causal,
-            scale,
-            false,
-        );
-        let total = (out * douth).sum(Kind::Float);
+        let total = (sdpa(&q, &k, &v, a, scale) * douth).sum(Kind::Float);
         let mut g = Tensor::run_backward(&[total], &[&q, &k, &v], false, false).into_iter();
         let mut next = || g.next().unwrap_or_else(|| Tensor::zeros_like(&q));
         (next(), next(), next())

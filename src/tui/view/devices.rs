@@ -68,7 +68,8 @@ pub fn draw_devices(app: &App, f: &mut Frame, area: Rect) {
     let mut hit = app.hit.get();
     hit.gpus = area;
     app.hit.set(hit);
-    let border = theme::border(app.focus == Focus::Gpus);
+    let focused = app.focus == Focus::Gpus;
+    let border = theme::border(focused);
     let inner = usize::from(area.width.saturating_sub(2));
     let rows = usize::from(area.height.saturating_sub(2));
     let (title, lines, selected) = match &app.gpus {
@@ -94,7 +95,12 @@ pub fn draw_devices(app: &App, f: &mut Frame, area: Rect) {
     let scroll = selected.end.saturating_sub(rows).min(selected.start);
     f.render_widget(
         Paragraph::new(lines)
-            .block(Block::bordered().title(title).border_style(border))
+            .block(
+                Block::bordered()
+                    .title(title)
+                    .border_style(border)
+                    .border_type(theme::border_type(focused)),
+            )
             .scroll((scroll as u16, 0)),
         area,
     );
