@@ -44,10 +44,10 @@ pub struct Cli {
     layout: Option<PathBuf>,
     /// Memory budget per GPU: 24GiB, 8000MiB, 80GB; a bare number is GiB [default: the
     /// layout's memory].
-    #[arg(long, value_parser = parse_budget)]
+    #[arg(long, value_parser = parse_budget, allow_hyphen_values = true)]
     budget: Option<u64>,
     /// One budget per GPU, comma-separated.
-    #[arg(long, value_delimiter = ',', value_parser = parse_budget, conflicts_with = "budget")]
+    #[arg(long, value_delimiter = ',', value_parser = parse_budget, allow_hyphen_values = true, conflicts_with = "budget")]
     budget_per_gpu: Vec<u64>,
     /// Largest operator split to start with.
     #[arg(long, default_value_t = 8, value_parser = parse_split)]
@@ -135,7 +135,7 @@ enum Command {
         #[arg(long)]
         json: bool,
         /// Budget to check the plan against [default: the device's memory].
-        #[arg(long, value_parser = parse_budget)]
+        #[arg(long, value_parser = parse_budget, allow_hyphen_values = true)]
         budget: Option<u64>,
         /// Price the plan's micro-batch at this global batch (samples per step over all
         /// GPUs), with the accumulation that makes it [default: the plan's].
@@ -210,10 +210,10 @@ struct PlanArgs {
     layout: PathBuf,
     /// Memory budget per GPU: 24GiB, 8000MiB, 80GB; a bare number is GiB [default: the
     /// device's memory].
-    #[arg(long, value_parser = parse_budget)]
+    #[arg(long, value_parser = parse_budget, allow_hyphen_values = true)]
     budget: Option<u64>,
     /// One budget per GPU, comma-separated; the plan must fit the tightest.
-    #[arg(long, value_delimiter = ',', value_parser = parse_budget, conflicts_with = "budget")]
+    #[arg(long, value_delimiter = ',', value_parser = parse_budget, allow_hyphen_values = true, conflicts_with = "budget")]
     budget_per_gpu: Vec<u64>,
     /// Micro-batch size per GPU, or `auto` to search it.
     #[arg(long, default_value = "auto", value_parser = parse_batch)]
@@ -245,7 +245,7 @@ struct PlanArgs {
     /// Host memory per GPU that offloaded optimizer state and parameters may take; 0 never
     /// offloads [default: 80 % of the layout's host memory over its GPUs; layouts without
     /// `host` figures never offload].
-    #[arg(long, value_parser = parse_budget, value_name = "SIZE")]
+    #[arg(long, value_parser = parse_budget, allow_hyphen_values = true, value_name = "SIZE")]
     host_budget: Option<u64>,
     /// Memory resolution of the search: plans within this much of the budget may be missed
     /// (per merged group); 0 is exact but slow on large models [default: 1 MiB; where offload
@@ -570,7 +570,7 @@ fn show_layout(path: &Path, json: bool) -> Result<(), Failure> {
         l.world_size()
     );
     let row = |what: &str, value: String, source: &str| {
-        println!("  {what:<30}{value:<16}{}", printable(source));
+        println!("  {what:<30}{value:<15} {}", printable(source));
     };
     row(
         "memory",

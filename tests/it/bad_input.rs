@@ -937,3 +937,38 @@ fn issue_21_many_distinct_blocks_stay_within_bounds() {
     assert!(stdout.contains("samples/s"), "{stdout}");
     assert!(stdout.contains("memory was resolved to"), "{stdout}");
 }
+
+/// Issue 34: a negative budget is refused as one, not with clap's advice to write `-- -5`
+/// (which would make it a model path); every budget flag takes the same path.
+#[test]
+fn a_negative_budget_is_named_negative() {
+    for flag in ["--budget", "--budget-per-gpu", "--host-budget"] {
+        let out = osdp()
+            .args([
+                "plan",
+                "sample-models/gpt2.json",
+                "--layout",
+                "layouts/cpu.json",
+                flag,
+                "-5GiB",
+            ])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{flag}: {err}");
+        assert!(err.contains("cannot be negative"), "{flag}: {err}");
+        assert!(!err.contains("-- -5"), "{flag}: {err}");
+    }
+}
+
+/// `layout` keeps a space between every figure and its source, however long the figure.
+#[test]
+fn layout_figures_and_sources_never_run_together() {
+    let out = osdp().args(["layout", "cpu"]).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    assert!(
+        text.contains("per micro-batch none priced"),
+        "the figure runs into its source:\n{text}"
+    );
+}
