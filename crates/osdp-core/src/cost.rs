@@ -552,7 +552,7 @@ impl Efficiencies {
         Efficiencies {
             source: if e.is_empty() {
                 base.source
-            } else if layout.calibration.is_none() && layout.measured_at().is_some() {
+            } else if layout.calibration.is_none() && e.measured_at.is_some() {
                 Efficiencies::MEASURED
             } else {
                 "the layout's own efficiencies"

@@ -134,11 +134,17 @@ pub struct Efficiency {
     /// Element-wise and normalisation kernels against memory bandwidth.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory: Option<Figure>,
+    /// When these figures were measured on the device (`osdp-tui calibrate --device cuda`,
+    /// RFC 3339); absent for fitted or estimated ones.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub measured_at: Option<String>,
 }
 
 impl Efficiency {
     pub fn is_empty(&self) -> bool {
-        self.figures().iter().all(|(_, f)| f.is_none()) && self.matmul_half_width.is_none()
+        self.figures().iter().all(|(_, f)| f.is_none())
+            && self.matmul_half_width.is_none()
+            && self.measured_at.is_none()
     }
 
     pub fn figures(&self) -> [(&'static str, &Option<Figure>); 4] {
@@ -200,19 +206,13 @@ impl LinkSpec {
 
 impl Layout {
     /// When this layout's time figures were measured on a machine by `osdp-tui calibrate`
-    /// (RFC 3339): its CPU calibration's, else a measured GPU efficiency's (whose source reads
-    /// `measured on GPU, WHEN, …`); `None` for datasheet rates and fitted efficiencies.
+    /// (RFC 3339): its CPU calibration's, else its measured GPU efficiencies'; `None` for
+    /// datasheet rates and fitted efficiencies.
     pub fn measured_at(&self) -> Option<&str> {
-        if let Some(c) = &self.calibration {
-            return Some(&c.measured_at);
+        match &self.calibration {
+            Some(c) => Some(&c.measured_at),
+            None => self.device.efficiency.measured_at.as_deref(),
         }
-        let e = &self.device.efficiency;
-        [&e.matmul, &e.attention_forward, &e.memory]
-            .into_iter()
-            .flatten()
-            .filter_map(|f| f.source.strip_prefix("measured on "))
-            .flat_map(|rest| rest.split([',', ' ', '`']))
-            .find(|w| w.len() == 20 && w.ends_with('Z') && w.as_bytes()[10] == b'T')
     }
 
     /// Total ranks.
@@ -321,13 +321,27 @@ pub fn validate_layout(l: &Layout) -> Result<(), Problem> {
             }
         }
     }
+    if l.device
+        .efficiency
+        .measured_at
+        .as_ref()
+        .is_some_and(|w| w.trim().is_empty())
+    {
+        return Err(Problem::field(
+            "device.efficiency.measured_at",
+            "must say when the efficiencies were measured",
+        ));
+    }
     if let Some(f) = &l.device.efficiency.matmul_half_width {
-        // 0 is a measurement too (narrow GEMMs as fast as wide ones): checked as 1 would be.
-        let zero_or_more = Figure {
-            value: if f.value == 0.0 { 1.0 } else { f.value },
-            source: f.source.clone(),
-        };
-        check_figure("device.efficiency.matmul_half_width", &zero_or_more)?;
+        // 0 is a measurement too: narrow GEMMs as fast as wide ones.
+        if f.value != 0.0 {
+            check_figure("device.efficiency.matmul_half_width", f)?;
+        } else if f.source.trim().is_empty() {
+            return Err(Problem::field(
+                "device.efficiency.matmul_half_width.source",
+                "every figure needs a source note (datasheet, measurement or estimate)",
+            ));
+        }
     }
     check_figure("runtime_overhead_gib", &l.runtime_overhead_gib)?;
     if l.runtime_overhead_gib.value >= l.device.memory_gib.value {

@@ -97,8 +97,6 @@ pub struct GpuBench {
     pub attention: Vec<(i64, i64, i64)>,
     /// Timed repetitions of each kernel (the median is kept).
     pub reps: usize,
-    /// Also time the pinned host link and the CPU AdamW step (offloading's prices).
-    pub host: bool,
 }
 
 impl GpuBench {
@@ -155,7 +153,6 @@ impl GpuBench {
             linears,
             attention,
             reps: if quick { 3 } else { 7 },
-            host: true,
         }
     }
 }
@@ -198,7 +195,7 @@ pub fn measure(
     }
     let gpu = Device::Cuda(index);
     let bf16 = (Kind::BFloat16, gpu);
-    let total = (bench.linears.len() + bench.attention.len() + 2 + usize::from(bench.host)) as f64;
+    let total = (bench.linears.len() + bench.attention.len() + 3) as f64;
     let mut done = 0.0;
     let _guard = tch::no_grad_guard();
 
@@ -293,12 +290,8 @@ pub fn measure(
         },
     ];
 
-    let host = if bench.host {
-        progress(done / total, "host: pinned link and CPU AdamW");
-        Some(super::measure_host(gpu, 1, &mut |_| {})?)
-    } else {
-        None
-    };
+    progress(done / total, "host: pinned link and CPU AdamW");
+    let host = Some(super::measure_host(gpu, 1, &mut |_| {})?);
     progress(1.0, "done");
     Ok(GpuMeasurement {
         gemm,
@@ -430,6 +423,7 @@ pub fn apply(
     if let Some(host) = &m.host {
         layout.host = Some(super::host_spec(layout, host, from.measured_at));
     }
+    layout.device.efficiency.measured_at = Some(from.measured_at.to_string());
     layout.device.model = from.gpu.to_string();
     osdp_core::cluster::validate_layout(layout)
         .map_err(|p| TrainError::Invalid(format!("the measured layout is not valid: {p}")))
