@@ -8,11 +8,11 @@ use std::hint::black_box;
 use std::path::{Path, PathBuf};
 
 use criterion::{criterion_group, criterion_main, Criterion};
-use osdp_tui::cluster::read_layout;
-use osdp_tui::cost::Machine;
-use osdp_tui::model::{hf, read_model, ModelSpec};
-use osdp_tui::plan::plan_with_baselines;
-use osdp_tui::plan::{PlanOptions, Planner};
+use osdp_core::cluster::read_layout;
+use osdp_core::cost::Machine;
+use osdp_core::model::{hf, read_model, ModelSpec};
+use osdp_core::plan::plan_with_baselines;
+use osdp_core::plan::{PlanOptions, Planner};
 
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -105,7 +105,7 @@ fn bench(c: &mut Criterion) {
     let (m, device) = machine("h100-1x", &llama);
     let offload = PlanOptions {
         global_batch: Some(512),
-        resolution_bytes: osdp_tui::plan::request::search_resolution(None, &llama, &m, device),
+        resolution_bytes: osdp_core::plan::request::search_resolution(None, &llama, &m, device),
         ..Default::default()
     };
     group.bench_function("full re-plan: llama-2-7b on 1xH100 offloading", |b| {

@@ -7,8 +7,8 @@ use std::hint::black_box;
 use std::path::PathBuf;
 
 use criterion::{criterion_group, criterion_main, Criterion};
-use osdp_tui::cluster::read_layout;
-use osdp_tui::model::read_model;
+use osdp_core::cluster::read_layout;
+use osdp_core::model::read_model;
 use osdp_tui::tui::app::{Action, App};
 use osdp_tui::tui::{render_text, view};
 use ratatui::backend::TestBackend;
@@ -38,7 +38,7 @@ fn bench(c: &mut Criterion) {
     });
     // With a background worker, a budget key re-uses the frontiers: time from the key to the
     // plan being ready and drawn.
-    let mut live = app().with_worker();
+    let mut live = app().with_planner_thread();
     while live.plan.is_none() || live.pending {
         live.poll_background();
         std::thread::sleep(std::time::Duration::from_millis(5));

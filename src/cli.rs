@@ -10,12 +10,13 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand, ValueEnum};
 
-use crate::cluster::{read_layout, Layout};
-use crate::model::{self, hf, AttentionImpl, ModelSummary};
-use crate::text::printable;
-use crate::units;
+use osdp_core::cluster::{read_layout, Layout};
+use osdp_core::model::{self, hf, AttentionImpl, ModelSummary};
+use osdp_core::text::printable;
+use osdp_core::units;
 
 mod measure;
+pub mod request;
 mod status;
 pub(crate) mod train;
 
@@ -61,7 +62,7 @@ pub struct Cli {
     /// Samples per optimizer step over all GPUs: plan micro-batch × accumulation for it
     /// (B cycles it). `any`: the highest samples/s at any batch. [default: as `plan`]
     #[arg(long, value_name = "N|any")]
-    global_batch: Option<crate::plan::GlobalBatchArg>,
+    global_batch: Option<request::GlobalBatchArg>,
     /// The global batch in tokens (a multiple of the model's sequence length).
     #[arg(long, value_name = "T", value_parser = clap::value_parser!(u64).range(1..), conflicts_with = "global_batch")]
     tokens_per_step: Option<u64>,
@@ -224,7 +225,7 @@ struct PlanArgs {
     /// step. [default: GPU layouts, the tokens per step published runs use for the model's
     /// size (GPT-3, Llama 2); the cpu layout, a step of about 2 s; with --batch alone, any]
     #[arg(long, value_name = "N|any")]
-    global_batch: Option<crate::plan::GlobalBatchArg>,
+    global_batch: Option<request::GlobalBatchArg>,
     /// The global batch in tokens (a multiple of the model's sequence length).
     #[arg(long, value_name = "T", value_parser = clap::value_parser!(u64).range(1..), conflicts_with = "global_batch")]
     tokens_per_step: Option<u64>,
@@ -281,9 +282,9 @@ fn parse_batch(s: &str) -> Result<BatchArg, String> {
         .map_err(|e| format!("{e}, or `auto`"))
 }
 
-/// A micro-batch from 1 to [`crate::plan::MAX_BATCH`].
+/// A micro-batch from 1 to [`osdp_core::plan::MAX_BATCH`].
 fn parse_fixed_batch(s: &str) -> Result<u64, String> {
-    use crate::plan::MAX_BATCH;
+    use osdp_core::plan::MAX_BATCH;
     match s.trim().parse::<u64>() {
         Ok(n) if (1..=MAX_BATCH).contains(&n) => Ok(n),
         Ok(n) if n > MAX_BATCH => Err(format!("{n} is too large: at most {MAX_BATCH}")),
@@ -291,10 +292,10 @@ fn parse_fixed_batch(s: &str) -> Result<u64, String> {
     }
 }
 
-/// A per-GPU budget: a size (see [`parse_size`]) of at most [`crate::plan::MAX_BUDGET_BYTES`];
+/// A per-GPU budget: a size (see [`parse_size`]) of at most [`osdp_core::plan::MAX_BUDGET_BYTES`];
 /// a bare number is GiB (`20` is 20 GiB: no GPU budget is counted in bytes).
 pub(crate) fn parse_budget(s: &str) -> Result<u64, String> {
-    use crate::plan::MAX_BUDGET_BYTES;
+    use osdp_core::plan::MAX_BUDGET_BYTES;
     let t = s.trim();
     let bytes = match t.parse::<f64>() {
         Ok(gib) if gib.is_finite() && gib >= 0.0 && !t.starts_with('-') => {
@@ -369,7 +370,7 @@ enum AttentionArg {
 
 pub fn main() -> ExitCode {
     #[cfg(feature = "train")]
-    crate::train::keep_freed_memory();
+    osdp_train::keep_freed_memory();
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         // A value our own parsers refused: one line, as every other bad input (clap adds a
@@ -381,7 +382,7 @@ pub fn main() -> ExitCode {
         }
         Err(e) => e.exit(),
     };
-    match run(cli) {
+    match dispatch(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(f) => {
             eprintln!("error: {}", f.message);
@@ -390,7 +391,7 @@ pub fn main() -> ExitCode {
     }
 }
 
-fn run(cli: Cli) -> Result<(), Failure> {
+fn dispatch(cli: Cli) -> Result<(), Failure> {
     // Commands that print and end exit quietly when their reader goes (`plan … | head`), as
     // other Unix tools do; the trainer and the dashboard keep the signal ignored (a peer's
     // socket or a worker's pipe that closes is an error they report, not a reason to die).
@@ -471,7 +472,7 @@ fn run(cli: Cli) -> Result<(), Failure> {
             }),
             _,
         ) => status::status(&run_dir, json, follow),
-        (Some(Command::Plan(args)), _) => crate::report::plan(args.into_request()?),
+        (Some(Command::Plan(args)), _) => crate::report::plan(args.into_command()?),
         (
             Some(Command::Evaluate {
                 model,
@@ -598,10 +599,10 @@ fn show_layout(path: &Path, json: bool) -> Result<(), Failure> {
         }
     }
     // Each efficiency: the layout's own figure, else its GPU generation's, else generic.
-    let e = crate::cost::Efficiencies::of(&l);
+    let e = osdp_core::cost::Efficiencies::of(&l);
     let generation = match d.kind {
-        crate::cluster::DeviceKind::Gpu => crate::cluster::known::lookup(&d.model),
-        crate::cluster::DeviceKind::Cpu => None,
+        osdp_core::cluster::DeviceKind::Gpu => osdp_core::cluster::known::lookup(&d.model),
+        osdp_core::cluster::DeviceKind::Cpu => None,
     }
     .map(|g| g.efficiency);
     let own = &d.efficiency;
@@ -650,7 +651,7 @@ fn show_layout(path: &Path, json: bool) -> Result<(), Failure> {
         format!("{} GiB", l.runtime_overhead_gib.value),
         &l.runtime_overhead_gib.source,
     );
-    let passes = crate::cost::param_pass_bytes(&l);
+    let passes = osdp_core::cost::param_pass_bytes(&l);
     row(
         "parameter passes",
         format!("{passes} B per parameter per micro-batch"),
@@ -698,8 +699,8 @@ fn show_layout(path: &Path, json: bool) -> Result<(), Failure> {
 }
 
 impl PlanArgs {
-    fn into_request(self) -> Result<crate::report::PlanRequest, Failure> {
-        Ok(crate::report::PlanRequest {
+    fn into_command(self) -> Result<crate::report::PlanCommand, Failure> {
+        Ok(crate::report::PlanCommand {
             model: self.model,
             layout: self.layout,
             budget: self.budget,
@@ -731,7 +732,7 @@ struct DashboardArgs {
     max_split: u32,
     once: bool,
     batch: Option<u64>,
-    global_batch: Option<crate::plan::GlobalBatchArg>,
+    global_batch: Option<request::GlobalBatchArg>,
     tokens_per_step: Option<u64>,
     run_dir: Option<PathBuf>,
     checkpoint_every: u64,
@@ -757,7 +758,7 @@ fn dashboard(args: DashboardArgs) -> Result<(), Failure> {
         (Some(p), _) => (read_layout(p).map_err(Failure::input)?, None),
         (None, Some(gpus)) => {
             let g = &gpus[0];
-            let l = crate::cluster::known::local_layout(
+            let l = osdp_core::cluster::known::local_layout(
                 &g.name,
                 gpus.len() as u32,
                 g.total_bytes.unwrap_or(0),
@@ -793,17 +794,16 @@ fn dashboard(args: DashboardArgs) -> Result<(), Failure> {
             })
             .collect()
     });
-    let budgets =
-        crate::plan::request::per_gpu_budgets(&layout, args.budget, &args.budget_per_gpu, free)
-            .map_err(Failure::input)?;
+    let budgets = request::per_gpu_budgets(&layout, args.budget, &args.budget_per_gpu, free)
+        .map_err(Failure::input)?;
     let run_dir = args
         .run_dir
         .clone()
         .unwrap_or_else(|| crate::run::RunDir::default_for(&spec.name).0);
-    let cpu = layout.device.kind == crate::cluster::DeviceKind::Cpu;
-    let chosen = crate::plan::choose_global_batch(
+    let cpu = layout.device.kind == osdp_core::cluster::DeviceKind::Cpu;
+    let chosen = request::choose_global_batch(
         &spec,
-        &crate::cost::Machine::new(&layout, &spec),
+        &osdp_core::cost::Machine::new(&layout, &spec),
         cpu,
         args.global_batch,
         args.tokens_per_step,
@@ -821,8 +821,8 @@ fn dashboard(args: DashboardArgs) -> Result<(), Failure> {
     }
     let mut app = App::new(spec, layout, budgets, args.max_split);
     app.notice = notice;
-    app.batch = args.batch;
-    app.global_batch = global_batch;
+    app.request.batch = args.batch;
+    app.request.global_batch = global_batch;
     if let Ok(exe) = std::env::current_exe() {
         let launch = crate::supervisor::LaunchSpec {
             exe,
@@ -830,7 +830,7 @@ fn dashboard(args: DashboardArgs) -> Result<(), Failure> {
             checkpoint_every: args.checkpoint_every,
             hang_after: std::time::Duration::from_secs(args.hang_after.max(1)),
         };
-        app = app.with_training(crate::tui::app::Training::new(launch, run_dir));
+        app = app.with_run_control(crate::tui::app::RunControl::new(launch, run_dir));
     }
     if !tui::interactive(args.once) {
         // One synchronous plan, one frame as text.
@@ -855,7 +855,7 @@ fn dashboard(args: DashboardArgs) -> Result<(), Failure> {
             app
         }
     };
-    tui::run(app.with_worker()).map_err(|e| Failure {
+    tui::event_loop(app.with_planner_thread()).map_err(|e| Failure {
         code: 1,
         message: format!("terminal: {e}"),
     })

@@ -6,26 +6,31 @@ use std::time::Instant;
 
 use serde::Serialize;
 
-use crate::cluster::{read_layout, Layout};
-use crate::cost::{Machine, Strategy};
+use crate::cli::request::{
+    choose_global_batch, parse_block_recompute, parse_pin, per_gpu_budgets, set_host_budget,
+    GlobalBatchArg,
+};
 use crate::failure::Failure;
-use crate::model::{self, ModelSpec};
-use crate::plan::baseline::{Baseline, Outcome};
-use crate::plan::{
+use osdp_core::cluster::{read_layout, Layout};
+use osdp_core::cost::{Machine, Strategy};
+use osdp_core::model::{self, ModelSpec};
+use osdp_core::plan::baseline::{Baseline, Outcome};
+use osdp_core::plan::{
     self, plan_with_baselines, Blocks, NoFit, PlanFile, PlanOptions, Planned, Prediction,
 };
-use crate::text::printable;
-use crate::units;
+use osdp_core::text::printable;
+use osdp_core::units;
 
-/// A checked `plan` command line.
+/// A `plan` command line, its flags as given: [`plan_report`] reads the files and turns the
+/// words into a [`plan::Request`].
 #[derive(Debug, Clone)]
-pub struct PlanRequest {
+pub struct PlanCommand {
     pub model: PathBuf,
     pub layout: PathBuf,
     pub budget: Option<u64>,
     pub budget_per_gpu: Vec<u64>,
     pub batch: Option<u64>,
-    pub global_batch: Option<crate::plan::GlobalBatchArg>,
+    pub global_batch: Option<GlobalBatchArg>,
     pub tokens_per_step: Option<u64>,
     pub max_split: u32,
     pub recompute: bool,
@@ -102,8 +107,8 @@ struct OpOut<'a> {
     split: u32,
     sharded_slices: u32,
     /// `offload-opt` or `offload-param`; absent when nothing is offloaded.
-    #[serde(skip_serializing_if = "crate::cost::Offload::is_none")]
-    offload: crate::cost::Offload,
+    #[serde(skip_serializing_if = "osdp_core::cost::Offload::is_none")]
+    offload: osdp_core::cost::Offload,
     recompute: bool,
     memory_bytes: u64,
     time_s: f64,
@@ -199,19 +204,18 @@ pub struct PlanReport {
 }
 
 /// Run the planner for a checked request.
-pub fn plan_report(req: &PlanRequest) -> Result<PlanReport, Failure> {
+pub fn plan_report(req: &PlanCommand) -> Result<PlanReport, Failure> {
     let (spec, layout) = load(&req.model, &req.layout)?;
     let mut machine = Machine::new(&layout, &spec);
-    plan::request::set_host_budget(&mut machine, &layout, req.host_budget)
-        .map_err(Failure::input)?;
-    let budgets = plan::request::per_gpu_budgets(&layout, req.budget, &req.budget_per_gpu, None)
-        .map_err(Failure::input)?;
+    set_host_budget(&mut machine, &layout, req.host_budget).map_err(Failure::input)?;
+    let budgets =
+        per_gpu_budgets(&layout, req.budget, &req.budget_per_gpu, None).map_err(Failure::input)?;
     let (binding_gpu, budget) = plan::request::binding(&budgets);
     let binding_gpu = (!req.budget_per_gpu.is_empty()).then_some(binding_gpu);
     let pins = req
         .pins
         .iter()
-        .map(|p| plan::request::parse_pin(&spec, &machine, p))
+        .map(|p| parse_pin(&spec, &machine, p))
         .collect::<Result<Vec<_>, _>>()
         .map_err(Failure::input)?;
     // Two pins of one op: which should win is the user's call, not the order of flags.
@@ -219,19 +223,19 @@ pub fn plan_report(req: &PlanRequest) -> Result<PlanReport, Failure> {
         if let Some(first) = pins[..k].iter().position(|(j, _)| j == i) {
             return Err(Failure::input(format!(
                 "--pin {:?} and --pin {:?} pin the same op {:?}: give one",
-                crate::text::printable(&req.pins[first]),
-                crate::text::printable(&req.pins[k]),
-                crate::text::printable(&spec.ops[*i].id)
+                osdp_core::text::printable(&req.pins[first]),
+                osdp_core::text::printable(&req.pins[k]),
+                osdp_core::text::printable(&spec.ops[*i].id)
             )));
         }
     }
     let mut block_recompute: Vec<(usize, bool)> = Vec::new();
     for arg in &req.recompute_blocks {
-        for (b, on) in plan::request::parse_block_recompute(&spec, arg).map_err(Failure::input)? {
+        for (b, on) in parse_block_recompute(&spec, arg).map_err(Failure::input)? {
             if block_recompute.iter().any(|&(x, _)| x == b) {
                 return Err(Failure::input(format!(
                     "--recompute-block {:?}: block {b} is fixed twice: give it once",
-                    crate::text::printable(arg)
+                    osdp_core::text::printable(arg)
                 )));
             }
             block_recompute.push((b, on));
@@ -250,8 +254,8 @@ pub fn plan_report(req: &PlanRequest) -> Result<PlanReport, Failure> {
             })
         })
         .collect::<Result<_, _>>()?;
-    let cpu = layout.device.kind == crate::cluster::DeviceKind::Cpu;
-    let chosen = plan::choose_global_batch(
+    let cpu = layout.device.kind == osdp_core::cluster::DeviceKind::Cpu;
+    let chosen = choose_global_batch(
         &spec,
         &machine,
         cpu,
@@ -260,21 +264,17 @@ pub fn plan_report(req: &PlanRequest) -> Result<PlanReport, Failure> {
         req.batch,
     )
     .map_err(Failure::input)?;
-    let global_batch = chosen.samples();
-    let options = PlanOptions {
-        batch: req.batch,
-        global_batch,
+    let request = plan::Request {
+        budgets,
         max_split: req.max_split,
+        batch: req.batch,
+        global_batch: chosen.samples(),
         recompute: req.recompute,
         pins,
-        resolution_bytes: plan::request::search_resolution(
-            req.resolution_bytes,
-            &spec,
-            &machine,
-            layout.memory_bytes(),
-        ),
         block_recompute,
+        resolution_bytes: req.resolution_bytes,
     };
+    let options = request.options(&spec, &machine, layout.memory_bytes());
     let resolution_bytes = options.resolution_bytes;
     let started = Instant::now();
     let result = plan_with_baselines(&spec, &machine, options.clone(), budget);
@@ -362,7 +362,7 @@ fn least_that_fits(
 }
 
 /// `plan`: plan, write the plan file if asked, print the report.
-pub fn plan(req: PlanRequest) -> Result<(), Failure> {
+pub fn plan(req: PlanCommand) -> Result<(), Failure> {
     let r = plan_report(&req)?;
     if let Some(path) = &req.output {
         let file = PlanFile::new(
@@ -371,7 +371,8 @@ pub fn plan(req: PlanRequest) -> Result<(), Failure> {
             &r.planned.plan,
             Some(&r.planned.prediction),
         );
-        crate::input::write_json_atomically(path, &file).map_err(|e| Failure::output(path, e))?;
+        osdp_core::input::write_json_atomically(path, &file)
+            .map_err(|e| Failure::output(path, e))?;
     }
     if req.json {
         print_json(&r.json());

@@ -20,11 +20,9 @@ use std::time::{Duration, Instant};
 
 use crate::cli::train::{DeviceArg, TrainArgs};
 use crate::lifeline::{self, Lifeline};
-use osdp_core::lock::{DirLock, LockOwner};
-use osdp_core::run::{
-    LogTail, MetricsTail, Predicted, RunDir, RunState, RunStatus, Standing, WorkerEvent,
-    RUN_TOKEN_VAR,
-};
+use crate::run::lock::{DirLock, LockOwner};
+use crate::run::{LogTail, MetricsTail, RunDir, RunState, RunStatus, Standing};
+use osdp_core::protocol::{Predicted, WorkerEvent, RUN_TOKEN_VAR};
 /// A fresh run token: 128 bits from the kernel's generator, as hex.
 pub fn new_run_token() -> String {
     let mut bytes = [0u8; 16];

@@ -1,13 +1,13 @@
-//! The interactive dashboard: app state and actions ([`app`]), the keys ([`keymap`]), the planner
-//! worker ([`worker`]), the memory panel's figures ([`memory`]), drawing ([`view`]) in one set
-//! of colours ([`theme`]), and the event loop below.
+//! The interactive dashboard: app state and actions ([`app`]), the keys ([`keymap`]), the
+//! planner's background thread ([`planner_thread`]), the memory panel's figures ([`memory`]),
+//! drawing ([`view`]) in one set of colours ([`theme`]), and the event loop below.
 
 pub mod app;
 pub mod keymap;
 pub mod memory;
+pub mod planner_thread;
 pub mod theme;
 pub mod view;
-pub mod worker;
 
 use std::io::IsTerminal;
 use std::time::Duration;
@@ -64,7 +64,7 @@ pub fn interactive(once: bool) -> bool {
 
 /// Run the dashboard until the user quits: a tokio loop over terminal events and a frame tick
 /// that collects what the planner and the GPU poller produced.
-pub fn run(app: App) -> std::io::Result<()> {
+pub fn event_loop(app: App) -> std::io::Result<()> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_time()
         .enable_io()

@@ -9,9 +9,10 @@ use std::time::Duration;
 use serde::Serialize;
 
 use super::Failure;
-use crate::run::{MetricsTail, RunDir, RunStatus, Standing, WorkerEvent};
-use crate::text::printable;
-use crate::units;
+use crate::run::{MetricsTail, RunDir, RunStatus, Standing};
+use osdp_core::protocol::WorkerEvent;
+use osdp_core::text::printable;
+use osdp_core::units;
 
 /// The exit code of `status --follow` when the run failed or its worker died.
 pub const RUN_FAILED_EXIT: u8 = 4;
@@ -35,7 +36,7 @@ struct StatusJson<'a> {
 enum FollowLine<'a> {
     Status(StatusJson<'a>),
     Dead {
-        owner: &'a crate::lock::LockOwner,
+        owner: &'a crate::run::lock::LockOwner,
         message: String,
     },
 }

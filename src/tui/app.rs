@@ -4,14 +4,14 @@ use std::collections::{HashSet, VecDeque};
 use std::sync::mpsc::Receiver;
 use std::sync::Arc;
 
-use crate::cluster::Layout;
-use crate::cost::{self, Choice, Machine, Strategy};
-use crate::model::ModelSpec;
 use crate::monitor::{GpuEvent, GpuSample};
-use crate::plan::{Blocks, Planned};
-use crate::units;
+use osdp_core::cluster::Layout;
+use osdp_core::cost::{self, Choice, Machine, Strategy};
+use osdp_core::model::ModelSpec;
+use osdp_core::plan::{Blocks, Planned, Request};
+use osdp_core::units;
 
-use super::worker::{PlanReady, PlanRequest, Worker};
+use super::planner_thread::{Job, PlanReady, PlannerThread};
 
 const GIB: u64 = 1 << 30;
 /// Samples of GPU memory kept for the sparklines.
@@ -113,17 +113,6 @@ pub enum Action {
     Quit,
 }
 
-/// What a plan on screen depends on, as the user set it: what `u` puts back.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Settings {
-    pub budgets: Vec<u64>,
-    pub max_split: u32,
-    pub batch: Option<u64>,
-    pub global_batch: Option<u64>,
-    pub pins: Vec<(usize, Choice)>,
-    pub block_recompute: Vec<(usize, bool)>,
-}
-
 /// Changes `u` can take back.
 const UNDO_DEPTH: usize = 100;
 
@@ -135,7 +124,7 @@ pub const COMMANDS: &str = "budget [SIZE] · gpu N budget SIZE · batch N|any ·
 #[derive(Debug, Clone)]
 pub struct OpDetail {
     pub op: usize,
-    pub alternatives: Vec<crate::plan::explain::Alternative>,
+    pub alternatives: Vec<osdp_core::plan::explain::Alternative>,
 }
 
 /// A question waiting for y/n.
@@ -151,28 +140,28 @@ pub enum Confirm {
 }
 
 /// Launching training from the dashboard: where runs go and how workers start.
-pub struct Training {
+pub struct RunControl {
     /// Worker binary, model file, checkpoint period, hang limit.
     pub spec: crate::supervisor::LaunchSpec,
     pub dir: crate::run::RunDir,
-    pub run: Option<crate::supervisor::Supervisor>,
+    pub supervisor: Option<crate::supervisor::Supervisor>,
     /// The plan the run uses and its prediction (the screen's may have moved on).
     pub run_plan: Option<Planned>,
     /// The plan in the run directory, for a run this dashboard found there (not started).
-    found_plan: Option<crate::plan::Plan>,
+    found_plan: Option<osdp_core::plan::Plan>,
     restart_pending: bool,
     quit_when_stopped: bool,
     /// The footer says what `x` is waiting for; the run's end replaces it.
     stop_notice: bool,
 }
 
-impl Training {
-    /// Training into run directory `dir`; a run already there is shown, and followed
+impl RunControl {
+    /// RunControl into run directory `dir`; a run already there is shown, and followed
     /// read-only while its worker lives.
-    pub fn new(spec: crate::supervisor::LaunchSpec, dir: std::path::PathBuf) -> Training {
+    pub fn new(spec: crate::supervisor::LaunchSpec, dir: std::path::PathBuf) -> RunControl {
         let dir = crate::run::RunDir(dir);
-        Training {
-            run: crate::supervisor::Supervisor::open(dir.clone(), spec.hang_after),
+        RunControl {
+            supervisor: crate::supervisor::Supervisor::open(dir.clone(), spec.hang_after),
             spec,
             dir,
             run_plan: None,
@@ -184,24 +173,24 @@ impl Training {
     }
 
     pub fn is_live(&self) -> bool {
-        self.run.as_ref().is_some_and(|r| r.is_live())
+        self.supervisor.as_ref().is_some_and(|r| r.is_live())
     }
 
     pub fn state(&self) -> crate::run::RunState {
-        match &self.run {
+        match &self.supervisor {
             Some(r) => r.state.clone(),
             None => crate::run::RunState::Idle,
         }
     }
 
     /// Who holds the run, when another process does (this dashboard only follows it).
-    pub fn owner(&self) -> Option<&crate::lock::LockOwner> {
-        self.run.as_ref().and_then(|r| r.owner())
+    pub fn owner(&self) -> Option<&crate::run::lock::LockOwner> {
+        self.supervisor.as_ref().and_then(|r| r.owner())
     }
 }
 
 /// Why this dashboard cannot start or restart a run another process holds.
-pub fn owned_by(owner: &crate::lock::LockOwner) -> String {
+pub fn owned_by(owner: &crate::run::lock::LockOwner) -> String {
     if owner.local {
         format!("run owned by {owner}; stop it there or x here to ask it to stop")
     } else {
@@ -239,16 +228,8 @@ pub struct App {
     pub layout: Layout,
     pub machine: Machine,
     pub blocks: Blocks,
-    /// Per-GPU budgets; the plan must fit the smallest.
-    pub budgets: Vec<u64>,
-    pub max_split: u32,
-    /// `None`: search the micro-batch.
-    pub batch: Option<u64>,
-    /// Samples per optimizer step over all ranks; `None`: highest throughput at any batch.
-    pub global_batch: Option<u64>,
-    pub pins: Vec<(usize, Choice)>,
-    /// Blocks whose recomputation the user fixed (`R`): (block, recompute).
-    pub block_recompute: Vec<(usize, bool)>,
+    /// What to plan, as the user set it (budgets per GPU, split, batch, pins, recomputation).
+    pub request: Request,
     pub plan: Option<PlanReady>,
     pub pending: bool,
     pub focus: Focus,
@@ -273,8 +254,8 @@ pub struct App {
     pub quit: bool,
     /// A line about where the layout came from (e.g. "no NVIDIA driver found; planning for …").
     pub notice: Option<String>,
-    /// Training from the dashboard, when the dashboard knows the model file.
-    pub training: Option<Training>,
+    /// RunControl from the dashboard, when the dashboard knows the model file.
+    pub run_control: Option<RunControl>,
     /// A y/n question on screen.
     pub confirm: Option<Confirm>,
     /// The answer to the last action that could not be done as asked.
@@ -282,7 +263,7 @@ pub struct App {
     /// The command line while it is open (`:`): what has been typed.
     pub command: Option<String>,
     /// Settings before each change, newest last (`u`).
-    pub undo: Vec<Settings>,
+    pub undo: Vec<Request>,
     /// The comparison of the plan on screen with the running one, while it is open (`c`).
     pub compare: Option<Vec<String>>,
     /// What fills the screen under the header.
@@ -290,7 +271,7 @@ pub struct App {
     /// The panels as last drawn, for mouse clicks.
     pub hit: std::cell::Cell<HitMap>,
     next_request: u64,
-    worker: Option<Worker>,
+    planner: Option<PlannerThread>,
     gpu_rx: Option<Receiver<GpuEvent>>,
 }
 
@@ -304,12 +285,7 @@ impl App {
             layout,
             machine,
             blocks,
-            budgets,
-            max_split,
-            batch: None,
-            global_batch: None,
-            pins: Vec::new(),
-            block_recompute: Vec::new(),
+            request: Request::new(budgets, max_split),
             plan: None,
             pending: false,
             focus: Focus::Ops,
@@ -326,7 +302,7 @@ impl App {
             show_graph: false,
             quit: false,
             notice: None,
-            training: None,
+            run_control: None,
             confirm: None,
             message: None,
             command: None,
@@ -335,7 +311,7 @@ impl App {
             view: View::Plan,
             hit: std::cell::Cell::new(HitMap::default()),
             next_request: 0,
-            worker: None,
+            planner: None,
             gpu_rx: None,
         };
         // The cursor starts on the first block, so the graph panel has a block to draw.
@@ -347,9 +323,9 @@ impl App {
         app
     }
 
-    /// Plan in the background from now on (the interactive dashboard).
-    pub fn with_worker(mut self) -> App {
-        self.worker = Some(Worker::spawn(
+    /// Plan on a background thread from now on (the interactive dashboard).
+    pub fn with_planner_thread(mut self) -> App {
+        self.planner = Some(PlannerThread::spawn(
             self.model.clone(),
             self.machine.clone(),
             self.layout.memory_bytes(),
@@ -364,24 +340,24 @@ impl App {
     }
 
     /// Launch training runs from this dashboard.
-    pub fn with_training(mut self, t: Training) -> App {
-        self.training = Some(t);
+    pub fn with_run_control(mut self, t: RunControl) -> App {
+        self.run_control = Some(t);
         self.read_found_plan();
         self
     }
 
     /// The plan of a run found in the run directory, to compare with the screen's.
     fn read_found_plan(&mut self) {
-        if let Some(t) = self.training.as_mut() {
+        if let Some(t) = self.run_control.as_mut() {
             t.found_plan = t
-                .run
+                .supervisor
                 .as_ref()
-                .and_then(|_| crate::plan::read_plan(&t.dir.plan(), &self.model).ok());
+                .and_then(|_| osdp_core::plan::read_plan(&t.dir.plan(), &self.model).ok());
         }
     }
 
     /// The current plan, when one fits.
-    pub fn planned(&self) -> Option<&crate::plan::Planned> {
+    pub fn planned(&self) -> Option<&osdp_core::plan::Planned> {
         self.plan.as_ref().and_then(|r| r.result.as_ref().ok())
     }
 
@@ -389,21 +365,21 @@ impl App {
     /// The per-GPU budget in words: one size, or the range when GPUs differ
     /// (`12.0 GiB–1.0 TiB per GPU`).
     pub fn budget_summary(&self) -> String {
-        let lo = self.budgets.iter().copied().min().unwrap_or(0);
-        let hi = self.budgets.iter().copied().max().unwrap_or(0);
+        let lo = self.request.budgets.iter().copied().min().unwrap_or(0);
+        let hi = self.request.budgets.iter().copied().max().unwrap_or(0);
         if lo == hi {
-            format!("{} per GPU", crate::units::bytes(lo))
+            format!("{} per GPU", osdp_core::units::bytes(lo))
         } else {
             format!(
                 "{}–{} per GPU",
-                crate::units::bytes(lo),
-                crate::units::bytes(hi)
+                osdp_core::units::bytes(lo),
+                osdp_core::units::bytes(hi)
             )
         }
     }
 
     pub fn budget(&self) -> u64 {
-        self.budgets.iter().copied().min().unwrap_or(0)
+        self.request.budget()
     }
 
     /// Data-parallel ranks of the layout.
@@ -411,33 +387,29 @@ impl App {
         self.layout.world_size().max(1)
     }
 
-    pub fn request(&mut self) -> PlanRequest {
+    /// The current request, numbered for the planner thread.
+    fn next_job(&mut self) -> Job {
         self.next_request += 1;
-        PlanRequest {
+        Job {
             id: self.next_request,
-            budget_bytes: self.budget(),
-            max_split: self.max_split,
-            batch: self.batch,
-            global_batch: self.global_batch,
-            pins: self.pins.clone(),
-            block_recompute: self.block_recompute.clone(),
+            request: self.request.clone(),
         }
     }
 
-    /// Ask for a plan of the current settings (synchronously when there is no worker).
+    /// Ask for a plan of the current request (synchronously without a planner thread).
     pub fn replan(&mut self) {
-        let r = self.request();
-        match &self.worker {
-            Some(w) => {
-                w.request(r);
+        let job = self.next_job();
+        match &self.planner {
+            Some(p) => {
+                p.send(job);
                 self.pending = true;
             }
             None => {
-                let ready = super::worker::plan_now(
+                let ready = super::planner_thread::plan_now(
                     &self.model,
                     &self.machine,
                     self.layout.memory_bytes(),
-                    &r,
+                    &job,
                 );
                 self.plan = Some(ready);
                 self.refresh_detail();
@@ -449,12 +421,12 @@ impl App {
     fn show_detail(&mut self, op: usize) {
         self.detail = self.planned().map(|p| OpDetail {
             op,
-            alternatives: crate::plan::explain::alternatives(
+            alternatives: osdp_core::plan::explain::alternatives(
                 &self.model,
                 &self.machine,
                 &p.plan,
                 op,
-                self.max_split,
+                self.request.max_split,
                 self.budget(),
             ),
         });
@@ -471,8 +443,8 @@ impl App {
     pub fn poll_background(&mut self) {
         self.now = std::time::Instant::now();
         let mut arrived = false;
-        if let Some(w) = &self.worker {
-            while let Ok(ready) = w.rx.try_recv() {
+        if let Some(p) = &self.planner {
+            while let Ok(ready) = p.rx.try_recv() {
                 self.pending = ready.id != self.next_request;
                 self.plan = Some(ready);
                 arrived = true;
@@ -492,15 +464,15 @@ impl App {
 
     /// Follow the run: new events, exits; finish a restart or a quit waiting on the stop.
     pub fn poll_training(&mut self) {
-        let Some(t) = self.training.as_mut() else {
+        let Some(t) = self.run_control.as_mut() else {
             return;
         };
-        if let Some(run) = t.run.as_mut() {
+        if let Some(run) = t.supervisor.as_mut() {
             run.poll();
         }
         if t.stop_notice && !t.is_live() {
             t.stop_notice = false;
-            self.message = t.run.as_ref().and_then(|r| r.note.clone());
+            self.message = t.supervisor.as_ref().and_then(|r| r.note.clone());
         }
         if !t.is_live() {
             if t.quit_when_stopped {
@@ -514,7 +486,7 @@ impl App {
 
     /// Whether the plan on screen differs from the one the run uses.
     pub fn plan_differs_from_run(&self) -> bool {
-        let run = self.training.as_ref().and_then(|t| {
+        let run = self.run_control.as_ref().and_then(|t| {
             t.run_plan
                 .as_ref()
                 .map(|p| &p.plan)
@@ -527,7 +499,7 @@ impl App {
     }
 
     fn start_run(&mut self, confirmed: bool) {
-        let Some(t) = self.training.as_ref() else {
+        let Some(t) = self.run_control.as_ref() else {
             self.message = Some("training needs the dashboard to be opened on a model file".into());
             return;
         };
@@ -568,7 +540,7 @@ impl App {
             self.confirm = Some(Confirm::StartUnpriced);
             return;
         }
-        let file = crate::plan::PlanFile::new(
+        let file = osdp_core::plan::PlanFile::new(
             &self.model,
             &self.layout.name,
             &planned.plan,
@@ -582,13 +554,13 @@ impl App {
             }
         };
         let world = self.layout.world_size() as usize;
-        let Some(t) = self.training.as_mut() else {
+        let Some(t) = self.run_control.as_mut() else {
             return;
         };
         // Drop the previous (exited) supervisor before starting the next.
-        t.run = None;
+        t.supervisor = None;
         let pr = &planned.prediction;
-        let predicted = crate::run::Predicted {
+        let predicted = osdp_core::protocol::Predicted {
             samples_per_s: pr.throughput_samples_per_s,
             tokens_per_s: pr.tokens_per_s,
             step_time_s: pr.step_time_s,
@@ -605,14 +577,15 @@ impl App {
         };
         match crate::supervisor::Supervisor::start(&t.spec, t.dir.clone(), &launch) {
             Ok(run) => {
-                t.run = Some(run);
+                t.supervisor = Some(run);
                 t.run_plan = Some(planned);
                 self.message = None;
             }
             Err(e) => {
                 // Another dashboard may have started a run here since this one looked: follow
                 // it instead.
-                t.run = crate::supervisor::Supervisor::open(t.dir.clone(), t.spec.hang_after);
+                t.supervisor =
+                    crate::supervisor::Supervisor::open(t.dir.clone(), t.spec.hang_after);
                 self.message = Some(match t.owner() {
                     Some(owner) => owned_by(owner),
                     None => format!("cannot start the worker {}: {e}", t.spec.exe.display()),
@@ -625,7 +598,7 @@ impl App {
     /// How a run of this layout is launched from here: CPU layouts as threads of one worker;
     /// a one-node GPU layout as one process per GPU, when this machine shows that many GPUs.
     fn gpu_launch(&self) -> Result<crate::supervisor::Ranks, String> {
-        if self.layout.device.kind != crate::cluster::DeviceKind::Gpu {
+        if self.layout.device.kind != osdp_core::cluster::DeviceKind::Gpu {
             return Ok(crate::supervisor::Ranks::CpuThreads);
         }
         let l = &self.layout;
@@ -655,9 +628,9 @@ impl App {
     /// `x`: ask the run to finish its step, checkpoint and exit; again: kill it.
     fn stop_run(&mut self) {
         let Some(run) = self
-            .training
+            .run_control
             .as_mut()
-            .and_then(|t| t.run.as_mut())
+            .and_then(|t| t.supervisor.as_mut())
             .filter(|r| r.is_live())
         else {
             self.message = Some("no run is going".into());
@@ -675,18 +648,18 @@ impl App {
             }
             None => "stopping before the first step; x again to kill".into(),
         });
-        if let Some(t) = self.training.as_mut() {
+        if let Some(t) = self.run_control.as_mut() {
             t.stop_notice = true;
         }
     }
 
     fn restart_run(&mut self) {
-        if let Some(owner) = self.training.as_ref().and_then(Training::owner) {
+        if let Some(owner) = self.run_control.as_ref().and_then(RunControl::owner) {
             self.message = Some(owned_by(owner));
             return;
         }
         let running = self
-            .training
+            .run_control
             .as_ref()
             .and_then(|t| t.run_plan.as_ref())
             .map(|p| p.prediction.global_batch);
@@ -705,10 +678,10 @@ impl App {
     }
 
     fn restart_confirmed(&mut self) {
-        let Some(t) = self.training.as_mut() else {
+        let Some(t) = self.run_control.as_mut() else {
             return self.start_run(false);
         };
-        match t.run.as_mut() {
+        match t.supervisor.as_mut() {
             Some(run) if run.is_live() => {
                 // This dashboard's own run (restart_run turned away another's): stopping it
                 // cannot be refused.
@@ -784,17 +757,21 @@ impl App {
                 (Confirm::StartUnpriced, Action::Yes) => self.start_run(true),
                 (Confirm::RestartNewBatch { .. }, Action::Yes) => self.restart_confirmed(),
                 (Confirm::QuitWhileRunning, Action::Detach) => {
-                    if let Some(run) = self.training.as_mut().and_then(|t| t.run.as_mut()) {
+                    if let Some(run) = self
+                        .run_control
+                        .as_mut()
+                        .and_then(|t| t.supervisor.as_mut())
+                    {
                         run.detach();
                     }
                     self.quit = true;
                 }
                 (Confirm::QuitWhileRunning, Action::StartRun | Action::StopRun) => {
                     self.stop_run();
-                    if let Some(t) = self.training.as_mut() {
+                    if let Some(t) = self.run_control.as_mut() {
                         // Unless the run cannot be stopped from here (another machine's).
                         t.quit_when_stopped = t
-                            .run
+                            .supervisor
                             .as_ref()
                             .is_some_and(|r| r.state == crate::run::RunState::Stopping);
                     }
@@ -831,7 +808,7 @@ impl App {
             Action::Undo => self.undo_last(),
             Action::WritePlan => self.write_plan(None),
             Action::Compare => self.open_compare(),
-            Action::Quit if self.training.as_ref().is_some_and(Training::is_live) => {
+            Action::Quit if self.run_control.as_ref().is_some_and(RunControl::is_live) => {
                 self.confirm = Some(Confirm::QuitWhileRunning);
             }
             Action::Quit => self.quit = true,
@@ -847,34 +824,37 @@ impl App {
                 let up = matches!(action, Action::RaiseBudget);
                 let step = |b: u64| budget_step(b, up);
                 if self.focus == Focus::Gpus {
-                    if let Some(b) = self.budgets.get_mut(self.selected_gpu) {
+                    if let Some(b) = self.request.budgets.get_mut(self.selected_gpu) {
                         *b = step(*b);
                     }
                 } else {
-                    for b in &mut self.budgets {
+                    for b in &mut self.request.budgets {
                         *b = step(*b);
                     }
                 }
                 replan = true;
             }
             Action::SplitUp => {
-                if self.max_split < 64 {
-                    self.max_split *= 2;
+                if self.request.max_split < 64 {
+                    self.request.max_split *= 2;
                     replan = true;
                 }
             }
             Action::SplitDown => {
-                if self.max_split > 1 {
-                    self.max_split /= 2;
+                if self.request.max_split > 1 {
+                    self.request.max_split /= 2;
                     replan = true;
                 }
             }
             Action::CycleBatch => {
                 const FIXED: [u64; 6] = [1, 2, 4, 8, 16, 32];
                 // At a fixed global batch, only micro-batches that divide each rank's share.
-                let per_rank = self.global_batch.map(|g| g / u64::from(self.ranks()));
+                let per_rank = self
+                    .request
+                    .global_batch
+                    .map(|g| g / u64::from(self.ranks()));
                 let fits = |f: &u64| per_rank.is_none_or(|p| p % f == 0);
-                self.batch = match self.batch {
+                self.request.batch = match self.request.batch {
                     None => FIXED.iter().copied().find(fits),
                     Some(b) => FIXED.iter().copied().filter(fits).find(|&f| f > b),
                 };
@@ -882,18 +862,18 @@ impl App {
             }
             Action::CycleGlobalBatch => {
                 let ranks = u64::from(self.ranks());
-                let next = match self.global_batch {
+                let next = match self.request.global_batch {
                     None => Some(ranks),
                     Some(g) if g < ranks * 1024 => {
                         Some((g / ranks + 1).next_power_of_two() * ranks)
                     }
                     Some(_) => None,
                 };
-                self.global_batch = next;
+                self.request.global_batch = next;
                 // A fixed micro-batch that no longer divides a rank's share goes back to auto.
-                if let (Some(g), Some(b)) = (self.global_batch, self.batch) {
+                if let (Some(g), Some(b)) = (self.request.global_batch, self.request.batch) {
                     if (g / ranks) % b != 0 {
-                        self.batch = None;
+                        self.request.batch = None;
                     }
                 }
                 replan = true;
@@ -921,7 +901,7 @@ impl App {
                     _ => 10,
                 };
                 if self.focus == Focus::Gpus {
-                    let n = self.budgets.len().max(1) as isize;
+                    let n = self.request.budgets.len().max(1) as isize;
                     self.selected_gpu =
                         (self.selected_gpu as isize + delta).clamp(0, n - 1) as usize;
                 } else {
@@ -936,7 +916,7 @@ impl App {
                     self.selected_gpu = if first {
                         0
                     } else {
-                        self.budgets.len().saturating_sub(1)
+                        self.request.budgets.len().saturating_sub(1)
                     };
                 } else {
                     self.selected_row = if first { 0 } else { rows.saturating_sub(1) };
@@ -1003,20 +983,13 @@ impl App {
         }
     }
 
-    /// The settings the plan on screen depends on.
-    pub fn settings(&self) -> Settings {
-        Settings {
-            budgets: self.budgets.clone(),
-            max_split: self.max_split,
-            batch: self.batch,
-            global_batch: self.global_batch,
-            pins: self.pins.clone(),
-            block_recompute: self.block_recompute.clone(),
-        }
+    /// What the plan on screen was asked for: what `u` puts back.
+    pub fn settings(&self) -> Request {
+        self.request.clone()
     }
 
     /// Keep `before` for `u` when the settings changed from it.
-    fn remember(&mut self, before: Settings) {
+    fn remember(&mut self, before: Request) {
         if before != self.settings() && self.undo.last() != Some(&before) {
             if self.undo.len() == UNDO_DEPTH {
                 self.undo.remove(0);
@@ -1030,12 +1003,7 @@ impl App {
             self.message = Some("nothing to undo".into());
             return;
         };
-        self.budgets = s.budgets;
-        self.max_split = s.max_split;
-        self.batch = s.batch;
-        self.global_batch = s.global_batch;
-        self.pins = s.pins;
-        self.block_recompute = s.block_recompute;
+        self.request = s;
         self.replan();
     }
 
@@ -1052,7 +1020,7 @@ impl App {
                 return;
             }
             ["budget", size @ ..] => crate::cli::parse_budget(&size.join(" ")).map(|b| {
-                self.budgets.iter_mut().for_each(|x| *x = b);
+                self.request.budgets.iter_mut().for_each(|x| *x = b);
                 true
             }),
             ["q" | "quit"] => {
@@ -1060,26 +1028,26 @@ impl App {
                 return;
             }
             ["gpu", n, "budget", size @ ..] => match n.parse::<usize>() {
-                Ok(g) if g < self.budgets.len() => {
+                Ok(g) if g < self.request.budgets.len() => {
                     crate::cli::parse_budget(&size.join(" ")).map(|b| {
-                        self.budgets[g] = b;
+                        self.request.budgets[g] = b;
                         true
                     })
                 }
                 _ => Err(format!(
                     "gpu {n:?}: this layout's GPUs are 0 to {}",
-                    self.budgets.len().saturating_sub(1)
+                    self.request.budgets.len().saturating_sub(1)
                 )),
             },
             ["batch", "any"] => {
-                self.global_batch = None;
+                self.request.global_batch = None;
                 Ok(true)
             }
             ["batch", n] => match n.parse::<u64>() {
-                Ok(g) if g > 0 && g % ranks == 0 && g / ranks <= crate::plan::MAX_BATCH => {
-                    self.global_batch = Some(g);
-                    if self.batch.is_some_and(|b| (g / ranks) % b != 0) {
-                        self.batch = None;
+                Ok(g) if g > 0 && g % ranks == 0 && g / ranks <= osdp_core::plan::MAX_BATCH => {
+                    self.request.global_batch = Some(g);
+                    if self.request.batch.is_some_and(|b| (g / ranks) % b != 0) {
+                        self.request.batch = None;
                     }
                     Ok(true)
                 }
@@ -1088,15 +1056,18 @@ impl App {
                 )),
             },
             ["micro", "auto"] => {
-                self.batch = None;
+                self.request.batch = None;
                 Ok(true)
             }
             ["micro", n] => match n.parse::<u64>() {
                 Ok(b)
-                    if (1..=crate::plan::MAX_BATCH).contains(&b)
-                        && self.global_batch.is_none_or(|g| (g / ranks) % b == 0) =>
+                    if (1..=osdp_core::plan::MAX_BATCH).contains(&b)
+                        && self
+                            .request
+                            .global_batch
+                            .is_none_or(|g| (g / ranks) % b == 0) =>
                 {
-                    self.batch = Some(b);
+                    self.request.batch = Some(b);
                     Ok(true)
                 }
                 _ => Err(format!(
@@ -1105,7 +1076,7 @@ impl App {
             },
             ["split", k] => match k.parse::<u32>() {
                 Ok(k) if k.is_power_of_two() && k <= 64 => {
-                    self.max_split = k;
+                    self.request.max_split = k;
                     Ok(true)
                 }
                 _ => Err(format!("split {k:?}: a power of two from 1 to 64")),
@@ -1120,7 +1091,7 @@ impl App {
             }
             _ => Err(format!(
                 "unknown command {:?}; commands: {COMMANDS}",
-                crate::text::printable(line.trim())
+                osdp_core::text::printable(line.trim())
             )),
         };
         match result {
@@ -1138,7 +1109,7 @@ impl App {
     pub fn default_plan_path(&self) -> std::path::PathBuf {
         std::path::PathBuf::from(format!(
             "{}.plan.json",
-            crate::text::file_component(&self.model.name)
+            osdp_core::text::file_component(&self.model.name)
         ))
     }
 
@@ -1149,26 +1120,30 @@ impl App {
             return;
         };
         let path = path.unwrap_or_else(|| self.default_plan_path());
-        let file = crate::plan::PlanFile::new(
+        let file = osdp_core::plan::PlanFile::new(
             &self.model,
             &self.layout.name,
             &planned.plan,
             Some(&planned.prediction),
         );
         let shown = path.display().to_string();
-        let shown = crate::text::printable(&shown);
-        self.message = Some(match crate::input::write_json_atomically(&path, &file) {
-            Ok(()) => {
-                format!("wrote the plan on screen to {shown} (osdp-tui evaluate … --plan reads it)")
-            }
-            Err(e) => format!("cannot write {shown}: {e}"),
-        });
+        let shown = osdp_core::text::printable(&shown);
+        self.message = Some(
+            match osdp_core::input::write_json_atomically(&path, &file) {
+                Ok(()) => {
+                    format!(
+                        "wrote the plan on screen to {shown} (osdp-tui evaluate … --plan reads it)"
+                    )
+                }
+                Err(e) => format!("cannot write {shown}: {e}"),
+            },
+        );
     }
 
     /// The plan on screen against the running one: their figures, then each op whose choice
     /// differs.
     fn open_compare(&mut self) {
-        let run = self.training.as_ref().and_then(|t| {
+        let run = self.run_control.as_ref().and_then(|t| {
             t.run_plan
                 .as_ref()
                 .map(|p| (p.plan.clone(), Some(p.prediction.clone())))
@@ -1179,7 +1154,7 @@ impl App {
                 Some("no run to compare with: s starts one with the plan on screen".into());
             return;
         };
-        let figures = |p: &crate::plan::Prediction| {
+        let figures = |p: &osdp_core::plan::Prediction| {
             format!(
                 "{:.2} samples/s · step {} · peak {} · batch {}",
                 p.throughput_samples_per_s,
@@ -1189,7 +1164,7 @@ impl App {
             )
         };
         let run_pred =
-            run_pred.unwrap_or_else(|| crate::plan::evaluate(&self.model, &self.machine, &run));
+            run_pred.unwrap_or_else(|| osdp_core::plan::evaluate(&self.model, &self.machine, &run));
         let mut lines = vec![
             format!("running    {}", figures(&run_pred)),
             format!("on screen  {}", figures(&screen.prediction)),
@@ -1203,7 +1178,7 @@ impl App {
             .map(|(i, op)| {
                 format!(
                     "{}  {} → {}",
-                    crate::text::printable(&op.id),
+                    osdp_core::text::printable(&op.id),
                     run.choices.get(i).map_or("-".into(), |c| c.label()),
                     screen.plan.choices[i].label()
                 )
@@ -1227,7 +1202,8 @@ impl App {
             })
             .collect();
         lines.push(String::new());
-        let batch = |p: &crate::plan::Plan| format!("{} × {} accumulated", p.batch, p.accumulation);
+        let batch =
+            |p: &osdp_core::plan::Plan| format!("{} × {} accumulated", p.batch, p.accumulation);
         if (run.batch, run.accumulation) != (screen.plan.batch, screen.plan.accumulation) {
             lines.push(format!(
                 "micro-batch  {} → {}",
@@ -1251,7 +1227,7 @@ impl App {
 
     /// The worker's output, when there is a run.
     pub fn log_tail(&self) -> Option<&crate::run::LogTail> {
-        Some(&self.training.as_ref()?.run.as_ref()?.log)
+        Some(&self.run_control.as_ref()?.supervisor.as_ref()?.log)
     }
 
     /// Lines of the log the log view shows at once.
@@ -1326,9 +1302,9 @@ impl App {
         };
         self.cycle_pin(first);
         let pin = self.pin_of(first);
-        self.pins.retain(|(i, _)| !ops.contains(i));
+        self.request.pins.retain(|(i, _)| !ops.contains(i));
         if let Some(c) = pin {
-            self.pins.extend(ops.iter().map(|&i| (i, c)));
+            self.request.pins.extend(ops.iter().map(|&i| (i, c)));
         }
         true
     }
@@ -1336,14 +1312,19 @@ impl App {
     /// Fix block `b`'s recomputation to the opposite of the plan's choice, or, when fixed
     /// already, hand it back to the planner.
     fn toggle_recompute(&mut self, b: usize) -> bool {
-        if let Some(k) = self.block_recompute.iter().position(|&(x, _)| x == b) {
-            self.block_recompute.remove(k);
+        if let Some(k) = self
+            .request
+            .block_recompute
+            .iter()
+            .position(|&(x, _)| x == b)
+        {
+            self.request.block_recompute.remove(k);
             self.message = Some(format!(
                 "block {b}: recomputation back to the planner's choice"
             ));
         } else {
             let now = self.planned().is_some_and(|p| p.plan.recompute[b]);
-            self.block_recompute.push((b, !now));
+            self.request.block_recompute.push((b, !now));
             self.message = Some(format!(
                 "block {b}: recompute {}, fixed (R again: the planner decides)",
                 if now { "off" } else { "on" }
@@ -1354,7 +1335,8 @@ impl App {
 
     /// The recomputation the user fixed for block `b`, if any.
     pub fn recompute_fixed(&self, b: usize) -> Option<bool> {
-        self.block_recompute
+        self.request
+            .block_recompute
             .iter()
             .find(|&&(x, _)| x == b)
             .map(|&(_, r)| r)
@@ -1376,8 +1358,8 @@ impl App {
         .into_iter()
         .filter(|&s| self.machine.refuses(s).is_none())
         .collect();
-        let current = self.pins.iter().position(|(i, _)| *i == op);
-        let next = match current.map(|k| self.pins[k].1.strategy) {
+        let current = self.request.pins.iter().position(|(i, _)| *i == op);
+        let next = match current.map(|k| self.request.pins[k].1.strategy) {
             None => Some(order[0]),
             Some(s) => order
                 .iter()
@@ -1386,16 +1368,20 @@ impl App {
                 .copied(),
         };
         if let Some(k) = current {
-            self.pins.remove(k);
+            self.request.pins.remove(k);
         }
         if let Some(s) = next {
-            self.pins.push((op, Choice::plain(s)));
+            self.request.pins.push((op, Choice::plain(s)));
         }
         true
     }
 
     pub fn pin_of(&self, op: usize) -> Option<Choice> {
-        self.pins.iter().find(|(i, _)| *i == op).map(|(_, c)| *c)
+        self.request
+            .pins
+            .iter()
+            .find(|(i, _)| *i == op)
+            .map(|(_, c)| *c)
     }
 }
 
@@ -1405,7 +1391,7 @@ pub fn budget_step(b: u64, up: bool) -> u64 {
     const FINE: u64 = 16 << 20;
     match (up, b < GIB) {
         (true, true) => (b + FINE).min(GIB),
-        (true, false) => b.saturating_add(GIB).min(crate::plan::MAX_BUDGET_BYTES),
+        (true, false) => b.saturating_add(GIB).min(osdp_core::plan::MAX_BUDGET_BYTES),
         (false, true) => b.saturating_sub(FINE).max(FINE),
         (false, false) if b == GIB => GIB - FINE,
         (false, false) => b.saturating_sub(GIB).max(GIB),

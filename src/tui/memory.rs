@@ -6,9 +6,9 @@
 //! memory as the worker reports it. Nothing here makes a figure up: what was not measured is
 //! `None` or an estimate by name.
 
-use crate::cluster::DeviceKind;
 use crate::monitor::GpuSample;
-use crate::run::DeviceMemory;
+use osdp_core::cluster::DeviceKind;
+use osdp_core::protocol::DeviceMemory;
 
 use super::app::App;
 
@@ -105,9 +105,9 @@ pub fn shows_ranks(app: &App) -> bool {
 /// The run's plan while its figures are on screen, else the plan on screen.
 fn plan(app: &App, run_first: bool) -> Option<PlanMemory> {
     let run = app
-        .training
+        .run_control
         .as_ref()
-        .and_then(|t| t.run.as_ref())
+        .and_then(|t| t.supervisor.as_ref())
         .filter(|_| run_first)
         .and_then(|r| r.status.predicted)
         .map(|p| PlanMemory {
@@ -123,16 +123,16 @@ fn plan(app: &App, run_first: bool) -> Option<PlanMemory> {
 }
 
 fn budget_of(app: &App, i: usize) -> u64 {
-    app.budgets.get(i).copied().unwrap_or(app.budget())
+    app.request.budgets.get(i).copied().unwrap_or(app.budget())
 }
 
 /// The GPUs' rows from NVML's `samples`. Rank `r` of a run started here is GPU `r` (one process
 /// per GPU, `LOCAL_RANK`), so a live run's rank figures go beside the GPU of that index.
 pub fn gpus(app: &App, samples: &[GpuSample]) -> Vec<GpuMemory> {
     let run = app
-        .training
+        .run_control
         .as_ref()
-        .and_then(|t| t.run.as_ref())
+        .and_then(|t| t.supervisor.as_ref())
         .filter(|r| r.is_live() && app.layout.device.kind == DeviceKind::Gpu);
     let plan = plan(app, run.is_some());
     let ranks = run.map(|r| match r.status.world_size {
@@ -169,12 +169,12 @@ pub fn gpus(app: &App, samples: &[GpuSample]) -> Vec<GpuMemory> {
 /// step when there is one.
 pub fn ranks(app: &App) -> Ranks {
     let last = app
-        .training
+        .run_control
         .as_ref()
-        .and_then(|t| t.run.as_ref())
+        .and_then(|t| t.supervisor.as_ref())
         .and_then(|r| r.status.last());
     Ranks {
-        ranks: (0..app.budgets.len().max(1))
+        ranks: (0..app.request.budgets.len().max(1))
             .map(|r| RankMemory {
                 rank: r,
                 measured_bytes: last.and_then(|p| p.memory_bytes.get(r).copied()),

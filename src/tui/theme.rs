@@ -4,8 +4,8 @@
 
 use ratatui::style::{Color, Modifier, Style};
 
-use crate::cost::{Choice, Strategy};
 use crate::run::RunState;
+use osdp_core::cost::{Choice, Strategy};
 
 /// Secondary text: column heads, hints, log lines.
 pub const MUTED: Style = Style::new().fg(Color::DarkGray);
@@ -63,7 +63,7 @@ pub const fn border(focused: bool) -> Style {
 /// Colour of a strategy badge. Split zero3 has its own (not recompute's); offloaded state
 /// (to host memory) has one whatever the sharding.
 pub const fn strategy(c: Choice) -> Color {
-    if !matches!(c.offload, crate::cost::Offload::None) {
+    if !matches!(c.offload, osdp_core::cost::Offload::None) {
         return Color::LightGreen;
     }
     match c.strategy {
@@ -78,7 +78,7 @@ pub const fn strategy(c: Choice) -> Color {
 }
 
 /// Colour of a training run's state.
-pub const fn run(state: &RunState) -> Color {
+pub const fn run_state(state: &RunState) -> Color {
     match state {
         RunState::Idle | RunState::Stopped => Color::DarkGray,
         RunState::Starting | RunState::Checkpointing | RunState::Stopping => Color::Yellow,

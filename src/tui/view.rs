@@ -1,6 +1,8 @@
-//! Drawing: reads the [`App`], never changes it.
+//! Drawing: reads the [`App`] and changes nothing in it but `app.hit`, where each panel
+//! landed on screen (a `Cell`, for mouse clicks). ratatui's `Layout` is imported as `Split`
+//! so that "layout" here means the cluster's.
 
-use ratatui::layout::{Constraint, Layout, Rect};
+use ratatui::layout::{Constraint, Layout as Split, Rect};
 use ratatui::style::{Modifier, Style, Stylize};
 use ratatui::symbols::Marker;
 use ratatui::text::{Line, Span};
@@ -19,10 +21,10 @@ pub use training::{fit, Rank};
 
 use super::app::{App, Confirm, Focus, Row, View};
 use super::{keymap, theme};
-use crate::cost::{Choice, Strategy};
-use crate::model::ModelSpec;
-use crate::text::printable;
-use crate::units;
+use osdp_core::cost::{Choice, Strategy};
+use osdp_core::model::ModelSpec;
+use osdp_core::text::printable;
+use osdp_core::units;
 
 pub const MIN_WIDTH: u16 = 80;
 pub const MIN_HEIGHT: u16 = 24;
@@ -47,7 +49,7 @@ pub fn draw(app: &App, f: &mut Frame) {
     } else {
         4
     };
-    let [header, strip, main, footer] = Layout::vertical([
+    let [header, strip, main, footer] = Split::vertical([
         Constraint::Length(header_height),
         Constraint::Length(1),
         Constraint::Min(10),
@@ -57,7 +59,7 @@ pub fn draw(app: &App, f: &mut Frame) {
     if app.log_view.is_some() {
         // The log over everything but the header's first line (the run's state) and the
         // footer.
-        let [title, log, footer] = Layout::vertical([
+        let [title, log, footer] = Split::vertical([
             Constraint::Length(1),
             Constraint::Min(1),
             Constraint::Length(1),
@@ -84,12 +86,15 @@ pub fn draw(app: &App, f: &mut Frame) {
         draw_strip(app, f, strip);
     }
     // A run (going, or with history) gets a panel under the plan when there is room.
-    let has_run = app.training.as_ref().is_some_and(|t| t.run.is_some());
+    let has_run = app
+        .run_control
+        .as_ref()
+        .is_some_and(|t| t.supervisor.is_some());
     if app.view != View::Plan {
         match app.view {
             View::Graph => {
                 let [graph, chart] =
-                    Layout::vertical([Constraint::Percentage(60), Constraint::Percentage(40)])
+                    Split::vertical([Constraint::Percentage(60), Constraint::Percentage(40)])
                         .areas(main);
                 draw_graph(app, f, graph);
                 draw_frontier(app, f, chart);
@@ -116,18 +121,18 @@ pub fn draw(app: &App, f: &mut Frame) {
         // A third of a tall screen: more of the run's lines (fewer give way).
         let panel_height = (main.height / 3).clamp(12, 16);
         let [top, panel] =
-            Layout::vertical([Constraint::Min(12), Constraint::Length(panel_height)]).areas(main);
+            Split::vertical([Constraint::Min(12), Constraint::Length(panel_height)]).areas(main);
         training::draw_training(app, f, panel);
         top
     } else {
         main
     };
     let [ops, right] =
-        Layout::horizontal([Constraint::Percentage(58), Constraint::Percentage(42)]).areas(main);
+        Split::horizontal([Constraint::Percentage(58), Constraint::Percentage(42)]).areas(main);
     draw_ops(app, f, ops);
     if right.height >= 40 {
         // Tall screens show everything: GPUs, the selected block's graph, the frontier.
-        let [gpus, graph, chart] = Layout::vertical([
+        let [gpus, graph, chart] = Split::vertical([
             Constraint::Percentage(30),
             Constraint::Percentage(40),
             Constraint::Percentage(30),
@@ -138,7 +143,7 @@ pub fn draw(app: &App, f: &mut Frame) {
         draw_frontier(app, f, chart);
     } else {
         let [gpus, lower] =
-            Layout::vertical([Constraint::Percentage(45), Constraint::Percentage(55)]).areas(right);
+            Split::vertical([Constraint::Percentage(45), Constraint::Percentage(55)]).areas(right);
         devices::draw_devices(app, f, gpus);
         if app.show_graph {
             draw_graph(app, f, lower);
@@ -302,10 +307,10 @@ fn draw_header(app: &App, f: &mut Frame, area: Rect) {
         // `osdp-tui calibrate` measures the machine itself.
         title.push(Span::styled(" · uncalibrated", theme::WARN));
     }
-    if let Some(t) = &app.training {
+    if let Some(t) = &app.run_control {
         let state = t.state();
         let step = t
-            .run
+            .supervisor
             .as_ref()
             .and_then(|r| r.status.last())
             .map(|p| format!(" step {}", p.step))
@@ -313,7 +318,7 @@ fn draw_header(app: &App, f: &mut Frame, area: Rect) {
         title.push(Span::raw(" · run: "));
         title.push(Span::styled(
             format!("{}{step}", state.label()),
-            Style::new().bold().fg(theme::run(&state)),
+            Style::new().bold().fg(theme::run_state(&state)),
         ));
     }
     // The state of the run and the pricing source matter more than the device's full name: on
@@ -337,7 +342,11 @@ fn draw_header(app: &App, f: &mut Frame, area: Rect) {
     }
     let mut lines = vec![Line::from(title)];
     let budget = app.budget();
-    let batch_mode = if app.batch.is_some() { "fixed" } else { "auto" };
+    let batch_mode = if app.request.batch.is_some() {
+        "fixed"
+    } else {
+        "auto"
+    };
     match &app.plan {
         None => lines.push(Line::from("planning…")),
         Some(ready) => match &ready.result {
@@ -410,17 +419,17 @@ fn draw_header(app: &App, f: &mut Frame, area: Rect) {
     let versus_all = match app.plan.as_ref().map(|r| (&r.result, &r.baselines)) {
         Some((Ok(p), baselines)) => format!(
             "vs DDP {} · vs FSDP {} · ",
-            versus(&p.prediction, baselines, crate::cost::Strategy::Dp),
-            versus(&p.prediction, baselines, crate::cost::Strategy::Zero3)
+            versus(&p.prediction, baselines, osdp_core::cost::Strategy::Dp),
+            versus(&p.prediction, baselines, osdp_core::cost::Strategy::Zero3)
         ),
         _ => String::new(),
     };
     lines.push(Line::from(format!(
         "budget {} · split ≤ {} · {} pinned{} · {versus_all}{}{}",
         app.budget_summary(),
-        app.max_split,
-        app.pins.len(),
-        match app.block_recompute.len() {
+        app.request.max_split,
+        app.request.pins.len(),
+        match app.request.block_recompute.len() {
             0 => String::new(),
             n => format!(" · {n} rc fixed"),
         },
@@ -441,7 +450,7 @@ const MEMORY_PARTS_SPANS: usize = 5;
 /// `host_budget`: where the plan offloads, the memory line ends with its host memory against
 /// the host budget.
 fn split_bars(
-    pr: &crate::plan::Prediction,
+    pr: &osdp_core::plan::Prediction,
     budget: u64,
     host_budget: Option<u64>,
     width: usize,
@@ -504,7 +513,7 @@ fn split_bars(
     let mut memory_line = line("memory ", &memory, &theme::MEMORY_PARTS, whole);
     // Right after the bar: the parts' names are what a narrow terminal cuts.
     if let Some(host) = host_budget {
-        let offloaded = Choice::DP.offloaded(crate::cost::Offload::Opt);
+        let offloaded = Choice::DP.offloaded(osdp_core::cost::Offload::Opt);
         memory_line.spans.insert(
             1 + MEMORY_PARTS_SPANS,
             Span::styled(
@@ -597,9 +606,9 @@ fn block_badge(app: &App, b: usize, recompute: bool) -> Line<'static> {
 }
 
 /// An op's kind as the operator table shows it: whole in its 13 columns.
-fn kind_label(kind: crate::model::OpKind) -> &'static str {
+fn kind_label(kind: osdp_core::model::OpKind) -> &'static str {
     match kind {
-        crate::model::OpKind::PositionalEmbedding => "pos_embedding",
+        osdp_core::model::OpKind::PositionalEmbedding => "pos_embedding",
         other => other.as_str(),
     }
 }
@@ -830,7 +839,10 @@ fn strategy_legend(long: bool, offload: bool) -> Line<'static> {
         ),
         badge("hsdp ", Choice::plain(Strategy::Hsdp)),
         if offload {
-            badge("+offload ", Choice::DP.offloaded(crate::cost::Offload::Opt))
+            badge(
+                "+offload ",
+                Choice::DP.offloaded(osdp_core::cost::Offload::Opt),
+            )
         } else {
             Span::raw("")
         },
@@ -909,7 +921,7 @@ fn help_text(w: u16) -> Vec<Line<'static>> {
         Span::styled(
             " +offload-opt, +offload-param",
             Style::new().fg(theme::strategy(
-                Choice::DP.offloaded(crate::cost::Offload::Opt),
+                Choice::DP.offloaded(osdp_core::cost::Offload::Opt),
             )),
         ),
         Span::raw(": state kept in host memory"),
@@ -1042,7 +1054,7 @@ fn draw_graph(app: &App, f: &mut Frame, area: Rect) {
 }
 
 /// `8 × 4 accum × 16 ranks`: how a step's samples are made.
-fn batch_breakdown(p: &crate::plan::Prediction) -> String {
+fn batch_breakdown(p: &osdp_core::plan::Prediction) -> String {
     let ranks = p.global_batch / (p.batch_size * p.accumulation).max(1);
     if p.accumulation > 1 {
         format!(
@@ -1057,14 +1069,14 @@ fn batch_breakdown(p: &crate::plan::Prediction) -> String {
 /// The plan against the faster of a baseline with and without checkpointing, named with the
 /// batch it runs at (`1.26× fsdp+ckpt @ 8`), or what it would need (`needs ≥ 25 GiB`).
 fn versus(
-    pr: &crate::plan::Prediction,
+    pr: &osdp_core::plan::Prediction,
     baselines: &[(
-        crate::plan::baseline::Baseline,
-        crate::plan::baseline::Outcome,
+        osdp_core::plan::baseline::Baseline,
+        osdp_core::plan::baseline::Outcome,
     )],
-    strategy: crate::cost::Strategy,
+    strategy: osdp_core::cost::Strategy,
 ) -> String {
-    use crate::plan::baseline::{best_of, Outcome};
+    use osdp_core::plan::baseline::{best_of, Outcome};
     if let Some((b, p)) = best_of(baselines, strategy) {
         return format!(
             "{:.2}× {} @ {}",

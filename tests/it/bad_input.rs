@@ -280,8 +280,8 @@ fn issue_21_a_model_name_cannot_pick_where_runs_are_written() {
     model["name"] = "../../escaped".into();
     let model_path = tmp.path().join("model.json");
     std::fs::write(&model_path, model.to_string()).unwrap();
-    let spec = osdp_tui::model::read_model(&model_path).unwrap();
-    let layout = osdp_tui::cluster::read_layout(&crate::root().join("layouts/cpu.json")).unwrap();
+    let spec = osdp_core::model::read_model(&model_path).unwrap();
+    let layout = osdp_core::cluster::read_layout(&crate::root().join("layouts/cpu.json")).unwrap();
     let run_dir = work.join(RunDir::default_for(&spec.name).0);
     let launch = osdp_tui::supervisor::LaunchSpec {
         exe: assert_cmd::cargo::cargo_bin("osdp-tui"),
@@ -290,10 +290,10 @@ fn issue_21_a_model_name_cannot_pick_where_runs_are_written() {
         hang_after: std::time::Duration::from_secs(20),
     };
     let mut app = osdp_tui::tui::app::App::new(spec, layout, vec![1 << 30; 2], 8)
-        .with_training(osdp_tui::tui::app::Training::new(launch, run_dir.clone()));
+        .with_run_control(osdp_tui::tui::app::RunControl::new(launch, run_dir.clone()));
     app.replan();
     app.update(osdp_tui::tui::app::Action::StartRun);
-    if let Some(run) = app.training.as_mut().and_then(|t| t.run.as_mut()) {
+    if let Some(run) = app.run_control.as_mut().and_then(|t| t.supervisor.as_mut()) {
         run.stop_and_wait(std::time::Duration::from_secs(20));
     }
     assert!(run_dir.join("plan.json").is_file(), "{:?}", app.message);
@@ -401,7 +401,7 @@ fn issue_21_a_symlink_at_the_temp_name_is_not_followed() {
         .path()
         .join(format!(".out.json.tmp-{}", std::process::id()));
     std::os::unix::fs::symlink(&victim, &planted).unwrap();
-    osdp_tui::input::write_atomically(&target, b"new\n").unwrap();
+    osdp_core::input::write_atomically(&target, b"new\n").unwrap();
     assert_eq!(std::fs::read_to_string(&victim).unwrap(), "keep me");
     assert_eq!(std::fs::read_to_string(&target).unwrap(), "new\n");
     assert!(std::fs::symlink_metadata(&planted).unwrap().is_symlink());

@@ -4,7 +4,7 @@
 use std::path::Path;
 
 use assert_cmd::Command;
-use osdp_tui::cluster::read_layout;
+use osdp_core::cluster::read_layout;
 
 use super::{json_ok, osdp, stdout_ok};
 
@@ -282,7 +282,7 @@ fn calibrate_checks_its_output_and_models_before_measuring() {
 /// op's host time off the predicted optimizer time. No timings are asserted, only that the
 /// figures are positive, plausible and used.
 fn host_figures_are_measured_and_price_offload(dir: &Path, path: &Path, model: &Path) {
-    use osdp_tui::cost::Machine;
+    use osdp_core::cost::Machine;
 
     let layout = read_layout(path).expect("a valid layout");
     let host = layout.host.as_ref().expect("a host section");
@@ -307,7 +307,7 @@ fn host_figures_are_measured_and_price_offload(dir: &Path, path: &Path, model: &
     assert_eq!(host.cpu_cores_per_node.value, cores);
 
     // The cost model's host rates are the layout's.
-    let spec = osdp_tui::model::read_model(model).unwrap();
+    let spec = osdp_core::model::read_model(model).unwrap();
     let m = Machine::new(&layout, &spec);
     assert_eq!(m.host_link_bytes_per_s, link.value * 1e9);
     let per_rank = adam.value * 1e6 * cores / f64::from(layout.gpus_per_node);
@@ -370,7 +370,7 @@ fn host_figures_are_measured_and_price_offload(dir: &Path, path: &Path, model: &
     // tensor (each at least the calibrated curve's fixed cost, as on the device), the fp32
     // weights back (launch costs are the same on both layouts).
     let spec_op = spec.ops.iter().find(|o| o.id == op).unwrap();
-    let params = osdp_tui::model::ModelSpec::op_param_count(spec_op) as f64;
+    let params = osdp_core::model::ModelSpec::op_param_count(spec_op) as f64;
     let fixed = m.calibration.as_ref().unwrap().optimizer_s(1);
     let adam_s = |rate: f64| -> f64 {
         spec_op

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use osdp_tui::train::checkpoint::{self, Manifest};
+use osdp_train::checkpoint::{self, Manifest};
 
 use super::train::{dp_plan, losses, sample, step_lines, tiny, write_plan};
 use super::{refused, root};

@@ -1,7 +1,7 @@
 //! The dashboard: its text rendering, its keys, and what it says when things are missing.
 
-use osdp_tui::cluster::read_layout;
-use osdp_tui::model::read_model;
+use osdp_core::cluster::read_layout;
+use osdp_core::model::read_model;
 use osdp_tui::monitor::{GpuEvent, GpuSample};
 use osdp_tui::tui::app::{Action, App, Focus, Row};
 use osdp_tui::tui::render_text;
@@ -112,8 +112,8 @@ fn gpu_focus_changes_one_gpus_budget() {
     a.update(Action::Down);
     a.update(Action::Down);
     a.update(Action::LowerBudget);
-    assert_eq!(a.budgets[2], 9 * GIB);
-    assert_eq!(a.budgets[0], 10 * GIB);
+    assert_eq!(a.request.budgets[2], 9 * GIB);
+    assert_eq!(a.request.budgets[0], 10 * GIB);
     assert_eq!(a.budget(), 9 * GIB, "the tightest GPU binds");
 }
 
@@ -150,9 +150,9 @@ fn blocks_expand_and_ops_can_be_pinned() {
 fn split_limit_and_batch_keys_replan() {
     let mut a = app("gpt2", "a100-80gb-8x-nvlink", 8 * GIB);
     a.update(Action::SplitDown);
-    assert_eq!(a.max_split, 4);
+    assert_eq!(a.request.max_split, 4);
     a.update(Action::CycleBatch);
-    assert_eq!(a.batch, Some(1));
+    assert_eq!(a.request.batch, Some(1));
     assert_eq!(a.planned().unwrap().prediction.batch_size, 1);
 }
 
@@ -230,7 +230,7 @@ fn failed_run(worker_lines: &[&str], tail: &str, hang_after_s: u64) -> (String, 
     let exe = fake_worker(dir.path(), worker_lines, tail);
     let mut a = app("tiny-gpt2", "cpu", GIB);
     // Steps of about 20 ms: the hang limit is --hang-after, not ten predicted steps.
-    a.batch = Some(1);
+    a.request.batch = Some(1);
     a.replan();
     let launch = LaunchSpec {
         exe,
@@ -238,7 +238,7 @@ fn failed_run(worker_lines: &[&str], tail: &str, hang_after_s: u64) -> (String, 
         checkpoint_every: 10,
         hang_after: std::time::Duration::from_secs(hang_after_s),
     };
-    a = a.with_training(osdp_tui::tui::app::Training::new(
+    a = a.with_run_control(osdp_tui::tui::app::RunControl::new(
         launch,
         dir.path().join("run"),
     ));
@@ -246,7 +246,7 @@ fn failed_run(worker_lines: &[&str], tail: &str, hang_after_s: u64) -> (String, 
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
     loop {
         a.poll_background();
-        if let RunState::Failed { why, .. } = a.training.as_ref().unwrap().state() {
+        if let RunState::Failed { why, .. } = a.run_control.as_ref().unwrap().state() {
             return (why, render_text(&a, 120, 40));
         }
         assert!(std::time::Instant::now() < deadline, "never failed");
@@ -265,12 +265,12 @@ fn a_gpu_layout_whose_gpus_are_not_here_starts_nothing_and_says_why() {
         checkpoint_every: 10,
         hang_after: std::time::Duration::from_secs(60),
     };
-    let mut a = app("gpt2", "a100-80gb-8x-nvlink", 20 * GIB).with_training(
-        osdp_tui::tui::app::Training::new(launch, dir.path().join("run")),
+    let mut a = app("gpt2", "a100-80gb-8x-nvlink", 20 * GIB).with_run_control(
+        osdp_tui::tui::app::RunControl::new(launch, dir.path().join("run")),
     );
     a.update(Action::StartRun);
     assert!(
-        a.training.as_ref().unwrap().run.is_none(),
+        a.run_control.as_ref().unwrap().supervisor.is_none(),
         "nothing started"
     );
     let message = a.message.clone().unwrap_or_default();
@@ -462,7 +462,7 @@ fn dashboard_with(exe: &std::path::Path, run_dir: &std::path::Path, hang_after_s
         checkpoint_every: 10,
         hang_after: std::time::Duration::from_secs(hang_after_s),
     };
-    app("tiny-gpt2", "cpu", GIB).with_training(osdp_tui::tui::app::Training::new(
+    app("tiny-gpt2", "cpu", GIB).with_run_control(osdp_tui::tui::app::RunControl::new(
         launch,
         run_dir.to_path_buf(),
     ))
@@ -497,18 +497,18 @@ fn key(a: &mut App, c: char) {
 }
 
 fn last_step(a: &App) -> u64 {
-    let run = a.training.as_ref().and_then(|t| t.run.as_ref());
+    let run = a.run_control.as_ref().and_then(|t| t.supervisor.as_ref());
     run.and_then(|r| r.status.last()).map_or(0, |p| p.step)
 }
 
 fn run_state(a: &App) -> osdp_tui::run::RunState {
-    a.training.as_ref().unwrap().state()
+    a.run_control.as_ref().unwrap().state()
 }
 
 fn worker_pid(a: &App) -> u32 {
-    a.training
+    a.run_control
         .as_ref()
-        .and_then(|t| t.run.as_ref())
+        .and_then(|t| t.supervisor.as_ref())
         .and_then(|r| r.pid())
         .expect("a worker")
 }
@@ -655,7 +655,7 @@ fn quitting_asks_and_a_detached_worker_runs_on_until_a_later_dashboard_stops_it(
         starts(&counted) == 2 && run_state(a) == osdp_tui::run::RunState::Running
     });
     assert!(
-        again.training.as_ref().unwrap().owner().is_none(),
+        again.run_control.as_ref().unwrap().owner().is_none(),
         "its own"
     );
 }
@@ -711,7 +711,7 @@ fn stale_lock(dir: &std::path::Path) -> u32 {
     child.wait().unwrap();
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap();
     std::fs::write(
-        dir.join(osdp_tui::lock::LOCK_FILE),
+        dir.join(osdp_tui::run::lock::LOCK_FILE),
         format!(
             r#"{{"pid":{pid},"start_ticks":1,"started":"2026-01-01 00:00:00 UTC","host":"{}"}}"#,
             host.trim()
@@ -937,7 +937,7 @@ fn the_panel_says_how_long_the_first_step_took() {
         checkpoint_every: 10,
         hang_after: std::time::Duration::from_secs(60),
     };
-    a = a.with_training(osdp_tui::tui::app::Training::new(
+    a = a.with_run_control(osdp_tui::tui::app::RunControl::new(
         launch,
         dir.path().join("run"),
     ));
@@ -947,9 +947,9 @@ fn the_panel_says_how_long_the_first_step_took() {
     let took = loop {
         a.poll_background();
         if let Some(t) = a
-            .training
+            .run_control
             .as_ref()
-            .and_then(|t| t.run.as_ref()?.first_step_after)
+            .and_then(|t| t.supervisor.as_ref()?.first_step_after)
         {
             break t;
         }
@@ -984,8 +984,8 @@ fn offloaded_operators_and_host_memory_are_on_screen() {
     let screen = render_text(&a, 120, 40);
     let want = format!(
         "host {} / {}",
-        osdp_tui::units::bytes(host),
-        osdp_tui::units::bytes(a.machine.host_budget_bytes)
+        osdp_core::units::bytes(host),
+        osdp_core::units::bytes(a.machine.host_budget_bytes)
     );
     assert!(screen.contains(&want), "{want} not in\n{screen}");
     assert!(screen.contains("+ofl-"), "{screen}");
@@ -1096,10 +1096,10 @@ fn the_training_panel_gives_the_elapsed_time_and_an_eta() {
         "target/snapshot-runs/eta-keys",
     );
     poll_until(&mut a, "the start", |a| {
-        a.training
+        a.run_control
             .as_ref()
             .unwrap()
-            .run
+            .supervisor
             .as_ref()
             .unwrap()
             .status
@@ -1110,8 +1110,8 @@ fn the_training_panel_gives_the_elapsed_time_and_an_eta() {
     let predicted = a.planned().unwrap().prediction.step_time_s;
     let want = format!(
         "elapsed 30 s · ETA ~{} (40 steps × {} predicted)",
-        osdp_tui::units::duration(40.0 * predicted),
-        osdp_tui::units::seconds(predicted)
+        osdp_core::units::duration(40.0 * predicted),
+        osdp_core::units::seconds(predicted)
     );
     let screen = render_text(&a, 120, 40);
     assert!(screen.contains(&want), "{want}\n{screen}");
@@ -1126,7 +1126,7 @@ fn the_training_panel_gives_the_elapsed_time_and_an_eta() {
     key(&mut a, 'x');
     key(&mut a, 'x');
     poll_until(&mut a, "the end", |a| {
-        !a.training.as_ref().unwrap().is_live()
+        !a.run_control.as_ref().unwrap().is_live()
     });
     let screen = render_text(&a, 120, 40);
     assert!(screen.contains("ran "), "{screen}");
@@ -1142,10 +1142,10 @@ fn the_training_panel_gives_the_elapsed_time_and_an_eta() {
         "target/snapshot-runs/eta-keys",
     );
     poll_until(&mut a, "the start", |a| {
-        a.training
+        a.run_control
             .as_ref()
             .unwrap()
-            .run
+            .supervisor
             .as_ref()
             .unwrap()
             .status
@@ -1166,7 +1166,7 @@ fn the_training_panel_gives_the_elapsed_time_and_an_eta() {
 #[test]
 fn the_gap_on_a_gpu_is_measured_or_named_an_estimate() {
     use crate::stand_in::*;
-    use osdp_tui::run::DeviceMemory;
+    use osdp_core::protocol::DeviceMemory;
     let dir = tempfile::tempdir().unwrap();
     let go = dir.path().join("go");
     let device = DeviceMemory {
@@ -1192,17 +1192,17 @@ fn the_gap_on_a_gpu_is_measured_or_named_an_estimate() {
     let exe = worker(dir.path(), &[started(4, None)], 0, &more);
     let mut a = start(idle, exe, "target/snapshot-runs/gap-keys");
     poll_until(&mut a, "the start", |a| {
-        a.training
+        a.run_control
             .as_ref()
             .unwrap()
-            .run
+            .supervisor
             .as_ref()
             .unwrap()
             .status
             .world_size
             == 4
     });
-    let runtime = osdp_tui::units::bytes(a.planned().unwrap().prediction.overhead_bytes);
+    let runtime = osdp_core::units::bytes(a.planned().unwrap().prediction.overhead_bytes);
     let screen = render_text(&a, 200, 60);
     let want =
         format!("not the plan's: runtime ≈{runtime} · estimated (CUDA context, NCCL, allocator)");
@@ -1270,7 +1270,7 @@ fn a_run_without_a_prediction_shows_no_predicted_figures() {
         hang_after: std::time::Duration::from_secs(60),
     };
     let a = app("tiny-gpt2", "cpu", GIB, None)
-        .with_training(osdp_tui::tui::app::Training::new(launch, run));
+        .with_run_control(osdp_tui::tui::app::RunControl::new(launch, run));
     let screen = render_text(&a, 120, 40);
     for want in [
         "samples/s 40.0 measured · — predicted",
@@ -1308,15 +1308,15 @@ fn the_command_line_sets_typed_values_and_u_undoes_them() {
     assert_eq!(a.settings(), start);
     type_keys(&mut a, "\n");
     assert!(a.command.is_none());
-    assert_eq!(a.budgets, vec![12 * GIB; 8]);
+    assert_eq!(a.request.budgets, vec![12 * GIB; 8]);
     assert!(render_text(&a, 120, 40).contains("budget 12.0 GiB per GPU"));
     type_keys(&mut a, ":gpu 3 budget 10GiB\n");
     assert_eq!(a.budget(), 10 * GIB);
-    assert_eq!(a.budgets[3], 10 * GIB);
-    assert_eq!(a.budgets[2], 12 * GIB);
+    assert_eq!(a.request.budgets[3], 10 * GIB);
+    assert_eq!(a.request.budgets[2], 12 * GIB);
     type_keys(&mut a, ":batch 512\n:micro 16\n:split 2\n");
     assert_eq!(
-        (a.global_batch, a.batch, a.max_split),
+        (a.request.global_batch, a.request.batch, a.request.max_split),
         (Some(512), Some(16), 2)
     );
     let p = a.planned().expect("fits").prediction.clone();
@@ -1507,7 +1507,7 @@ fn pins_work_on_block_rows() {
     let mut a = app("gpt2-medium", "a100-80gb-8x-nvlink", 8 * GIB);
     select_block(&mut a, 0);
     let owners: Vec<usize> = (0..a.model.ops.len())
-        .filter(|&i| a.blocks.of_op[i] == Some(0) && osdp_tui::cost::owns_params(&a.model.ops[i]))
+        .filter(|&i| a.blocks.of_op[i] == Some(0) && osdp_core::cost::owns_params(&a.model.ops[i]))
         .collect();
     assert!(owners.len() >= 4);
     let mut seen = Vec::new();
@@ -1524,7 +1524,7 @@ fn pins_work_on_block_rows() {
             assert_eq!(plan.choices[i], pins[0].unwrap(), "{}", a.model.ops[i].id);
         }
     }
-    use osdp_tui::cost::Strategy;
+    use osdp_core::cost::Strategy;
     assert_eq!(
         seen,
         [
@@ -1534,11 +1534,11 @@ fn pins_work_on_block_rows() {
             Strategy::Zero3
         ]
     );
-    assert!(a.pins.is_empty());
+    assert!(a.request.pins.is_empty());
     // `u` takes a block's pin back at once.
     a.update(Action::CyclePin);
     a.update(Action::Undo);
-    assert!(a.pins.is_empty());
+    assert!(a.request.pins.is_empty());
 }
 
 /// Issue 19: `R` on a block row fixes that block's recomputation against the plan's choice
@@ -1578,7 +1578,7 @@ fn r_toggles_a_blocks_recomputation() {
     // Where the budget makes the planner recompute, R forbids it: the plan keeps the block's
     // activations and spends memory elsewhere, or says nothing fits.
     let mut a = app("gpt2-medium", "a100-80gb-8x-nvlink", 6 * GIB);
-    a.batch = Some(8);
+    a.request.batch = Some(8);
     a.replan();
     let b = a
         .planned()
@@ -1711,11 +1711,11 @@ fn esc_backs_out_and_never_quits() {
 fn a_budget_without_a_unit_is_gib_and_differing_budgets_show_as_a_range() {
     let mut a = app("gpt2-medium", "a100-80gb-8x-nvlink", 8 * GIB);
     type_keys(&mut a, ":budget 20\n");
-    assert_eq!(a.budgets, vec![20 * GIB; 8]);
+    assert_eq!(a.request.budgets, vec![20 * GIB; 8]);
     type_keys(&mut a, ":budget 12 GiB\n");
-    assert_eq!(a.budgets, vec![12 * GIB; 8]);
+    assert_eq!(a.request.budgets, vec![12 * GIB; 8]);
     type_keys(&mut a, ":gpu 3 budget 40\n");
-    assert_eq!(a.budgets[3], 40 * GIB);
+    assert_eq!(a.request.budgets[3], 40 * GIB);
     let screen = render_text(&a, 200, 60);
     assert!(
         screen.contains("budget 12.0 GiB–40.0 GiB per GPU"),

@@ -1,14 +1,14 @@
-//! Training from the dashboard, headless: the app's update/poll/draw loop on a `TestBackend`,
+//! RunControl from the dashboard, headless: the app's update/poll/draw loop on a `TestBackend`,
 //! keys as a user presses them, and a real CPU worker process.
 
 use std::time::{Duration, Instant};
 
 use crossterm::event::{KeyCode, KeyModifiers};
-use osdp_tui::cluster::read_layout;
-use osdp_tui::model::read_model;
+use osdp_core::cluster::read_layout;
+use osdp_core::model::read_model;
 use osdp_tui::run::RunState;
 use osdp_tui::supervisor::LaunchSpec;
-use osdp_tui::tui::app::{App, Training};
+use osdp_tui::tui::app::{App, RunControl};
 use osdp_tui::tui::{action_for, render_text};
 
 use super::root;
@@ -20,14 +20,14 @@ fn dashboard(run_dir: &std::path::Path) -> App {
     let model = read_model(&model_path).unwrap();
     let layout = read_layout(&root().join("layouts/cpu.json")).unwrap();
     let mut app = App::new(model, layout, vec![360 * MIB; 2], 8);
-    app.batch = Some(4);
+    app.request.batch = Some(4);
     let launch = LaunchSpec {
         exe: assert_cmd::cargo::cargo_bin("osdp-tui"),
         model: model_path,
         checkpoint_every: 3,
         hang_after: Duration::from_secs(120),
     };
-    let mut app = app.with_training(Training::new(launch, run_dir.to_path_buf()));
+    let mut app = app.with_run_control(RunControl::new(launch, run_dir.to_path_buf()));
     app.replan();
     app
 }
@@ -55,24 +55,29 @@ fn run_until(app: &mut App, what: &str, done: impl Fn(&App) -> bool) -> String {
 }
 
 fn run(app: &App) -> &osdp_tui::supervisor::Supervisor {
-    app.training.as_ref().unwrap().run.as_ref().expect("a run")
+    app.run_control
+        .as_ref()
+        .unwrap()
+        .supervisor
+        .as_ref()
+        .expect("a run")
 }
 
 fn state(app: &App) -> RunState {
-    app.training.as_ref().unwrap().state()
+    app.run_control.as_ref().unwrap().state()
 }
 
 fn last_step(app: &App) -> u64 {
-    let t = app.training.as_ref().unwrap();
-    t.run
+    let t = app.run_control.as_ref().unwrap();
+    t.supervisor
         .as_ref()
         .and_then(|r| r.status.last())
         .map_or(0, |p| p.step)
 }
 
 fn segments(app: &App) -> Vec<u64> {
-    let t = app.training.as_ref().unwrap();
-    t.run
+    let t = app.run_control.as_ref().unwrap();
+    t.supervisor
         .as_ref()
         .map(|r| r.status.segments.clone())
         .unwrap_or_default()
@@ -158,10 +163,10 @@ fn start_replan_restart_and_stop_keep_the_step_count_and_the_loss_curve() {
     press(&mut app, 'x');
     let screen = run_until(&mut app, "the stop", |a| state(a) == RunState::Stopped);
     assert!(screen.contains("run: stopped"), "{screen}");
-    let latest = osdp_tui::train::checkpoint::latest(&run_dir.join("checkpoints"))
+    let latest = osdp_train::checkpoint::latest(&run_dir.join("checkpoints"))
         .unwrap()
         .expect("a checkpoint");
-    osdp_tui::train::checkpoint::load(&latest).expect("which loads");
+    osdp_train::checkpoint::load(&latest).expect("which loads");
     let stream = osdp_tui::run::read_status(&run_dir).unwrap();
     assert_eq!(
         stream.last().unwrap().step,
@@ -176,7 +181,7 @@ fn start_replan_restart_and_stop_keep_the_step_count_and_the_loss_curve() {
         text.contains(&format!("step {} · loss", last_step(&app))),
         "{text}"
     );
-    let predicted = app.training.as_ref().unwrap().run_plan.as_ref().unwrap();
+    let predicted = app.run_control.as_ref().unwrap().run_plan.as_ref().unwrap();
     let expected = format!(
         "predicted by the plan: {:.1} samples/s",
         predicted.prediction.throughput_samples_per_s
@@ -225,7 +230,7 @@ fn a_worker_killed_from_outside_shows_as_failed_and_r_resumes() {
         checkpoint.0,
         "resumed from the last good checkpoint"
     );
-    osdp_tui::train::checkpoint::load(std::path::Path::new(&checkpoint.1)).expect("not corrupted");
+    osdp_train::checkpoint::load(std::path::Path::new(&checkpoint.1)).expect("not corrupted");
     press(&mut app, 'q');
     assert!(!app.quit, "quitting a running dashboard asks first");
     press(&mut app, 's');
@@ -284,7 +289,7 @@ fn a_detached_run_keeps_training_and_a_later_dashboard_attaches_and_stops_it() {
         .clone()
         .expect("a checkpoint at the stop");
     assert_eq!(step, status.last().unwrap().step);
-    osdp_tui::train::checkpoint::load(std::path::Path::new(&path)).expect("which loads");
+    osdp_train::checkpoint::load(std::path::Path::new(&path)).expect("which loads");
     // SAFETY: waitpid on this test's own (exited) child; no memory is shared.
     unsafe {
         libc::waitpid(pid as libc::pid_t, std::ptr::null_mut(), 0);

@@ -219,7 +219,7 @@ fn import_names_the_model_from_its_config_and_says_the_sequence_length() {
                 ])
                 .args(extra),
         );
-        let m = osdp_tui::model::read_model(&out).unwrap();
+        let m = osdp_core::model::read_model(&out).unwrap();
         format!("{} | {said}", m.name)
     };
     let mut named = base.clone();

@@ -5,15 +5,15 @@
 //! four ranks arranged as two nodes of two. Offloaded state (issue 20) likewise, device and host
 //! memory apart.
 
-use osdp_tui::cost::{self, Choice, Machine, OpBase, Strategy};
-use osdp_tui::model::{self, saved, ModelSpec, OpKind};
-use osdp_tui::plan::{self, Blocks, Plan, Prediction};
-use osdp_tui::train::collective::Collective;
-use osdp_tui::train::data::{Sampler, Source};
-use osdp_tui::train::exec::{Executor, ForwardMemory, Init, OptimConfig, Target};
-use osdp_tui::train::measure::on_rank_threads_in_nodes;
-use osdp_tui::train::memory::Breakdown;
-use osdp_tui::train::TrainError;
+use osdp_core::cost::{self, Choice, Machine, OpBase, Strategy};
+use osdp_core::model::{self, saved, ModelSpec, OpKind};
+use osdp_core::plan::{self, Blocks, Plan, Prediction};
+use osdp_train::collective::Collective;
+use osdp_train::data::{Sampler, Source};
+use osdp_train::exec::{Executor, ForwardMemory, Init, OptimConfig, Target};
+use osdp_train::measure::on_rank_threads_in_nodes;
+use osdp_train::memory::Breakdown;
+use osdp_train::TrainError;
 
 use super::root;
 
@@ -31,18 +31,18 @@ fn tiny(name: &str) -> ModelSpec {
 /// The CPU layout (fp32 states and activations, as the CPU trainer runs) at `(ranks, ranks
 /// per node)`: its two ranks, or nodes of it joined by its own link.
 fn machine(m: &ModelSpec, (ranks, per_node): (usize, usize)) -> Machine {
-    let mut layout = osdp_tui::cluster::read_layout(&root().join("layouts/cpu.json")).unwrap();
+    let mut layout = osdp_core::cluster::read_layout(&root().join("layouts/cpu.json")).unwrap();
     layout.gpus_per_node = per_node as u32;
     layout.nodes = (ranks / per_node) as u32;
     if layout.nodes > 1 {
         layout.inter_node = Some(layout.intra_node.clone());
     }
     // A host to offload into (issue 20): its figures price time only; bytes are what is checked.
-    let fig = |value: f64| osdp_tui::cluster::Figure {
+    let fig = |value: f64| osdp_core::cluster::Figure {
         value,
         source: "test".into(),
     };
-    layout.host = Some(osdp_tui::cluster::HostSpec {
+    layout.host = Some(osdp_core::cluster::HostSpec {
         memory_gib_per_node: fig(16.0),
         link_gb_per_s: fig(4.0),
         cpu_cores_per_node: fig(2.0),
@@ -74,7 +74,7 @@ fn plan_of(m: &ModelSpec, linear: Choice, other: Choice, recompute: bool) -> Pla
 /// Every strategy, and ZeRO-3 splits with a sharded minority (bias replicated), half and all
 /// of the slices sharded; then all of them at once, odd blocks recomputed.
 fn plans(m: &ModelSpec) -> Vec<(String, Plan)> {
-    use osdp_tui::cost::Offload::{Opt, Param};
+    use osdp_core::cost::Offload::{Opt, Param};
     let zero3 = Choice::zero3(1, 1);
     let (zero1, zero2) = (
         Choice::plain(Strategy::Zero1),
@@ -134,7 +134,7 @@ fn one_step(
     let rows = plan.batch as usize;
     on_rank_threads_in_nodes(ranks, per_node, |group| {
         let rank = group.rank();
-        let failed = |e: osdp_tui::train::exec::ExecError| TrainError::Invalid(e.to_string());
+        let failed = |e: osdp_train::exec::ExecError| TrainError::Invalid(e.to_string());
         let mut exec = Executor::new(
             m,
             plan,
@@ -396,6 +396,6 @@ fn the_trainer_refuses_eager_attention_which_it_would_not_keep_as_priced() {
     let mut m = tiny("tiny-gpt2");
     m.config.attention = model::AttentionImpl::Eager;
     let plan = plan_of(&m, Choice::DP, Choice::DP, false);
-    let err = osdp_tui::train::exec::check_runnable(&m, &plan).unwrap_err();
+    let err = osdp_train::exec::check_runnable(&m, &plan).unwrap_err();
     assert!(err.to_string().contains("--attention flash"), "{err}");
 }

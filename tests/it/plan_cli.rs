@@ -1,10 +1,10 @@
 //! `plan` and `evaluate` as a user runs them, and the acceptance sweep over every sample.
 
-use osdp_tui::cluster::read_layout;
-use osdp_tui::cost::Machine;
-use osdp_tui::model::read_model;
-use osdp_tui::plan::plan_with_baselines;
-use osdp_tui::plan::{evaluate, PlanFile, PlanOptions};
+use osdp_core::cluster::read_layout;
+use osdp_core::cost::Machine;
+use osdp_core::model::read_model;
+use osdp_core::plan::plan_with_baselines;
+use osdp_core::plan::{evaluate, PlanFile, PlanOptions};
 
 use crate::{json_ok, osdp, root, stdout_ok};
 
@@ -840,10 +840,10 @@ fn llama_2_7b_fits_one_rtx4090_only_by_offloading_and_evaluate_agrees() {
 /// docs/offload.md for the other way of counting.
 #[test]
 fn zero_offload_10b_gpt2_on_one_v100_fits_and_is_priced_within_25_percent() {
-    use osdp_tui::cost::{Choice, Offload, Strategy};
-    use osdp_tui::model::hf::{import_str, ImportOptions};
-    use osdp_tui::model::AttentionImpl;
-    use osdp_tui::plan::{Blocks, Plan};
+    use osdp_core::cost::{Choice, Offload, Strategy};
+    use osdp_core::model::hf::{import_str, ImportOptions};
+    use osdp_core::model::AttentionImpl;
+    use osdp_core::plan::{Blocks, Plan};
     let config = r#"{"architectures":["GPT2LMHeadModel"],"model_type":"gpt2","n_layer":50,
         "n_embd":4096,"n_head":32,"n_positions":1024,"n_ctx":1024,"vocab_size":50257,
         "layer_norm_epsilon":1e-5,"activation_function":"gelu_new","torch_dtype":"float16"}"#;
@@ -865,7 +865,7 @@ fn zero_offload_10b_gpt2_on_one_v100_fits_and_is_priced_within_25_percent() {
         choices: model
             .ops
             .iter()
-            .map(|op| match osdp_tui::cost::owns_params(op) {
+            .map(|op| match osdp_core::cost::owns_params(op) {
                 true => offloaded,
                 false => Choice::NONE,
             })
@@ -904,7 +904,7 @@ fn offload_is_taken_only_where_the_budget_needs_it_or_it_pays() {
         let budget = l.memory_bytes();
         let options = PlanOptions {
             global_batch: Some(512),
-            resolution_bytes: osdp_tui::plan::request::search_resolution(None, &model, &m, budget),
+            resolution_bytes: osdp_core::plan::request::search_resolution(None, &model, &m, budget),
             ..Default::default()
         };
         let (best, _) = plan_with_baselines(&model, &m, options, budget).expect("fits");
@@ -922,7 +922,7 @@ fn offload_is_taken_only_where_the_budget_needs_it_or_it_pays() {
     assert!(!offloaded.is_empty());
     for i in offloaded {
         let mut back = h100.plan.clone();
-        back.choices[i].offload = osdp_tui::cost::Offload::None;
+        back.choices[i].offload = osdp_core::cost::Offload::None;
         let p = evaluate(&model, &m, &back);
         assert!(
             p.peak_memory_bytes > budget || p.step_time_s >= step,

@@ -1,13 +1,13 @@
 //! Planner properties on random small graphs: optimal against exhaustive enumeration priced by
 //! `evaluate`, every plan fits, more budget never lowers throughput.
 
-use osdp_tui::cluster::read_layout;
-use osdp_tui::cost::{self, Choice, Machine};
-use osdp_tui::model::{
+use osdp_core::cluster::read_layout;
+use osdp_core::cost::{self, Choice, Machine};
+use osdp_core::model::{
     Activation, AttentionImpl, Biases, DType, Family, GraphBuilder, ModelConfig, ModelSpec,
     NormKind, NormPosition, Positional,
 };
-use osdp_tui::plan::{evaluate, Plan, PlanOptions, Planner};
+use osdp_core::plan::{evaluate, Plan, PlanOptions, Planner};
 use proptest::prelude::*;
 
 fn small_model(hidden: u64, seq: u64, vocab: u64, blocks: u64, tied: bool) -> ModelSpec {
@@ -314,7 +314,7 @@ proptest! {
 /// it where it pays, exactly (against every plan, hsdp ones included), at a fixed global batch.
 #[test]
 fn on_two_nodes_of_one_nic_the_planner_takes_hsdp_exactly() {
-    use osdp_tui::cost::Strategy;
+    use osdp_core::cost::Strategy;
     let model = small_model(1024, 512, 1000, 1, true);
     let m = machine("a100-80gb-2x8-ib-hdr+1nic", &model);
     assert!(m.hybrid());
@@ -324,7 +324,7 @@ fn on_two_nodes_of_one_nic_the_planner_takes_hsdp_exactly() {
         max_split: 2,
         ..Default::default()
     };
-    let pairs = osdp_tui::plan::batch_options(&options, m.ranks).unwrap();
+    let pairs = osdp_core::plan::batch_options(&options, m.ranks).unwrap();
     let plans = all_plans_accumulated(&model, &m, &pairs, 2);
     let want = plans.iter().map(|p| p.1).fold(0.0, f64::max);
     let budget = 80u64 << 30;
@@ -384,7 +384,7 @@ proptest! {
         let m = machine(layout, &model);
         let global = per_rank * u64::from(m.ranks);
         let options = PlanOptions { global_batch: Some(global), max_split: 2, ..Default::default() };
-        let pairs = osdp_tui::plan::batch_options(&options, m.ranks).unwrap();
+        let pairs = osdp_core::plan::batch_options(&options, m.ranks).unwrap();
         prop_assert!(pairs.iter().all(|(b, a)| b * a == per_rank));
         let plans = all_plans_accumulated(&model, &m, &pairs, 2);
         let least = plans.iter().map(|p| p.0).min().unwrap();
@@ -407,7 +407,7 @@ fn a_global_batch_the_ranks_cannot_share_is_refused_with_the_nearest_that_can() 
         global_batch: Some(100),
         ..Default::default()
     };
-    let err = osdp_tui::plan::batch_options(&options, 8)
+    let err = osdp_core::plan::batch_options(&options, 8)
         .unwrap_err()
         .to_string();
     assert!(err.contains("96 and 104"), "{err}");
@@ -416,7 +416,7 @@ fn a_global_batch_the_ranks_cannot_share_is_refused_with_the_nearest_that_can() 
         batch: Some(5),
         ..Default::default()
     };
-    let err = osdp_tui::plan::batch_options(&options, 8)
+    let err = osdp_core::plan::batch_options(&options, 8)
         .unwrap_err()
         .to_string();
     assert!(err.contains("1, 2, 3, 4, 6, 12"), "{err}");
@@ -424,7 +424,7 @@ fn a_global_batch_the_ranks_cannot_share_is_refused_with_the_nearest_that_can() 
 
 /// The `cpu` layout's two ranks with a host of `host_budget` bytes per rank to offload into.
 fn offload_machine(model: &ModelSpec, host_budget: u64) -> Machine {
-    use osdp_tui::cluster::{Figure, HostSpec};
+    use osdp_core::cluster::{Figure, HostSpec};
     let mut l = read_layout(&crate::root().join("layouts/cpu.json")).unwrap();
     let fig = |value: f64| Figure {
         value,

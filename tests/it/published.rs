@@ -3,9 +3,11 @@
 
 use std::collections::BTreeMap;
 
-use osdp_tui::published::{
-    geometric_mean, price_run, read_runs, Priced, PublishedRun, Role, DEFAULT_BAND,
-};
+// The pricing of published runs lives with the example that prints their table.
+#[path = "../../examples/published-runs/runs.rs"]
+mod runs;
+
+use runs::{geometric_mean, price_run, read_runs, Priced, PublishedRun, Role, DEFAULT_BAND};
 
 use crate::root;
 

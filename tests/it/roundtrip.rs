@@ -2,7 +2,7 @@
 
 use std::path::Path;
 
-use osdp_tui::model::{
+use osdp_core::model::{
     self, Activation, AttentionImpl, Biases, DType, Family, GraphBuilder, ModelConfig, ModelSpec,
     NormKind, NormPosition, Positional,
 };

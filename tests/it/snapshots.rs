@@ -1,8 +1,8 @@
 //! Whole-screen snapshots through ratatui's `TestBackend` at the sizes people use, with a fake
 //! GPU source; and the key-driven changes a user would see.
 
-use osdp_tui::cluster::read_layout;
-use osdp_tui::model::read_model;
+use osdp_core::cluster::read_layout;
+use osdp_core::model::read_model;
 use osdp_tui::monitor::{GpuEvent, GpuSample};
 use osdp_tui::tui::app::{Action, App, Row};
 use osdp_tui::tui::render_text;
@@ -160,7 +160,7 @@ fn tall_screens_split_the_peak_and_the_step_into_parts() {
         ("transient", p.max_transient_bytes),
         ("runtime", p.overhead_bytes),
     ] {
-        let want = format!("{name} {}", osdp_tui::units::bytes(bytes));
+        let want = format!("{name} {}", osdp_core::units::bytes(bytes));
         assert!(memory.contains(&want), "{want:?} not in {memory:?}");
     }
     assert_eq!(
@@ -247,7 +247,7 @@ fn a_cpu_run_with_its_eta_and_each_ranks_memory() {
 #[test]
 fn a_gpu_run_with_the_parts_of_each_gpus_memory() {
     use crate::stand_in::*;
-    use osdp_tui::run::DeviceMemory;
+    use osdp_core::protocol::DeviceMemory;
     let dir = tempfile::tempdir().unwrap();
     let device = DeviceMemory {
         allocated_peak_bytes: Some(14 * GIB),

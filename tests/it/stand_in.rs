@@ -5,12 +5,12 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use osdp_tui::cluster::read_layout;
-use osdp_tui::model::read_model;
+use osdp_core::cluster::read_layout;
+use osdp_core::model::read_model;
+use osdp_core::protocol::{DeviceMemory, MemoryBreakdown, WorkerEvent};
 use osdp_tui::monitor::{GpuEvent, GpuSample};
-use osdp_tui::run::{DeviceMemory, MemoryBreakdown, WorkerEvent};
 use osdp_tui::supervisor::LaunchSpec;
-use osdp_tui::tui::app::{Action, App, Training};
+use osdp_tui::tui::app::{Action, App, RunControl};
 
 use crate::root;
 
@@ -98,7 +98,7 @@ pub fn start(mut a: App, exe: PathBuf, run_dir: &str) -> App {
         checkpoint_every: 1000,
         hang_after: Duration::from_secs(60),
     };
-    a = a.with_training(Training::new(launch, PathBuf::from(run_dir)));
+    a = a.with_run_control(RunControl::new(launch, PathBuf::from(run_dir)));
     a.update(Action::StartRun);
     assert!(a.message.is_none(), "{:?}", a.message);
     a
@@ -119,9 +119,9 @@ pub fn poll_until(a: &mut App, what: &str, done: impl Fn(&App) -> bool) {
 
 /// The run's last step on screen.
 pub fn last_step(a: &App) -> u64 {
-    a.training
+    a.run_control
         .as_ref()
-        .and_then(|t| t.run.as_ref())
+        .and_then(|t| t.supervisor.as_ref())
         .and_then(|r| r.status.last())
         .map_or(0, |p| p.step)
 }
@@ -135,9 +135,9 @@ pub fn log_len(a: &App) -> usize {
 /// same on every run.
 pub fn at(a: &mut App, secs: u64) {
     let began = a
-        .training
+        .run_control
         .as_ref()
-        .and_then(|t| t.run.as_ref())
+        .and_then(|t| t.supervisor.as_ref())
         .and_then(|r| r.began_at())
         .expect("a run that began");
     a.now = began + Duration::from_secs(secs);

@@ -4,12 +4,12 @@
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
 
-use osdp_tui::cost::{self, Choice, Strategy};
-use osdp_tui::model::{self, ModelSpec, OpKind};
-use osdp_tui::plan::{Plan, PlanFile};
-use osdp_tui::train::exec::{Numerics, OptimConfig, Target};
-use osdp_tui::train::tch::{self, Tensor};
-use osdp_tui::train::{self, data, TrainConfig, TrainSummary};
+use osdp_core::cost::{self, Choice, Strategy};
+use osdp_core::model::{self, ModelSpec, OpKind};
+use osdp_core::plan::{Plan, PlanFile};
+use osdp_train::exec::{Numerics, OptimConfig, Target};
+use osdp_train::tch::{self, Tensor};
+use osdp_train::{data, TrainConfig, TrainSummary};
 
 use super::{osdp, root, stdout_ok};
 
@@ -163,7 +163,7 @@ fn config(m: &ModelSpec, plan: Plan, world: usize, steps: u64) -> TrainConfig {
 }
 
 fn train(cfg: &TrainConfig) -> TrainSummary {
-    train::run(cfg, &AtomicBool::new(false), |_| {}).expect("training runs")
+    osdp_train::run(cfg, &AtomicBool::new(false), |_| {}).expect("training runs")
 }
 
 fn assert_same_losses(a: &[f64], b: &[f64], what: &str) {
@@ -244,8 +244,8 @@ fn accumulated_micro_batches_train_exactly_like_one_large_micro_batch() {
     // loss scale under accumulation shows there first.
     let run = |cfg: &TrainConfig| {
         let mut norms = Vec::new();
-        let summary = train::run(cfg, &AtomicBool::new(false), |ev| {
-            if let osdp_tui::run::WorkerEvent::Step { grad_norm, .. } = ev {
+        let summary = osdp_train::run(cfg, &AtomicBool::new(false), |ev| {
+            if let osdp_core::protocol::WorkerEvent::Step { grad_norm, .. } = ev {
                 norms.push(*grad_norm);
             }
         })
@@ -392,7 +392,7 @@ fn an_hsdp_checkpoint_resumes_under_other_plans_and_node_shapes() {
     let a = train(&first);
     let resume = |cfg: &mut TrainConfig| {
         cfg.resume_from = Some(
-            train::checkpoint::latest(dir.path())
+            osdp_train::checkpoint::latest(dir.path())
                 .unwrap()
                 .expect("a checkpoint"),
         );
@@ -419,7 +419,7 @@ fn hsdp_without_nodes_is_refused_with_the_reason() {
     let refused = |ranks_per_node: Option<usize>, needle: &str| {
         let mut cfg = config(&m, hsdp_plan(&m, 2, 1), 4, 1);
         cfg.ranks_per_node = ranks_per_node;
-        let err = train::run(&cfg, &AtomicBool::new(false), |_| {})
+        let err = osdp_train::run(&cfg, &AtomicBool::new(false), |_| {})
             .err()
             .expect("refused")
             .to_string();
@@ -438,7 +438,7 @@ fn resuming_under_another_plan_and_world_size_continues_the_same_run() {
     let mut first = config(&m, mixed_plan(&m, 4), 2, 10);
     first.checkpoint_dir = Some(dir.path().to_path_buf());
     let a = train(&first);
-    let ckpt = train::checkpoint::latest(dir.path())
+    let ckpt = osdp_train::checkpoint::latest(dir.path())
         .unwrap()
         .expect("a checkpoint");
     assert!(ckpt.ends_with("step-00000010"), "{}", ckpt.display());
@@ -454,11 +454,11 @@ fn resuming_under_another_plan_and_world_size_continues_the_same_run() {
 #[test]
 fn executor_memory_matches_the_planners_prediction_within_ten_percent() {
     let m = tiny("tiny-gpt2");
-    let layout = osdp_tui::cluster::read_layout(&root().join("layouts/cpu.json")).unwrap();
+    let layout = osdp_core::cluster::read_layout(&root().join("layouts/cpu.json")).unwrap();
     let machine = cost::Machine::new(&layout, &m);
     for plan in [dp_plan(&m), mixed_plan(&m, 4)] {
         let plan = Plan { batch: 4, ..plan };
-        let predicted = osdp_tui::plan::evaluate(&m, &machine, &plan);
+        let predicted = osdp_core::plan::evaluate(&m, &machine, &plan);
         let predicted = predicted.peak_memory_bytes - predicted.overhead_bytes;
         let run = train(&config(&m, plan, 2, 2));
         let measured = run.memory_bytes.iter().flatten().copied().max().unwrap();
@@ -491,10 +491,10 @@ fn bf16_mixed_precision_follows_fp32_and_holds_what_the_planner_predicts_for_gpu
     // A GPU layout's accounting (2 + 2 + 12 bytes per parameter, bf16 activations) is what the
     // bf16 executor holds.
     let mut layout =
-        osdp_tui::cluster::read_layout(&root().join("layouts/h100-sxm-8x-nvlink.json")).unwrap();
+        osdp_core::cluster::read_layout(&root().join("layouts/h100-sxm-8x-nvlink.json")).unwrap();
     layout.gpus_per_node = 2;
     let machine = cost::Machine::new(&layout, &m);
-    let predicted = osdp_tui::plan::evaluate(&m, &machine, &plan);
+    let predicted = osdp_core::plan::evaluate(&m, &machine, &plan);
     let predicted = predicted.peak_memory_bytes - predicted.overhead_bytes;
     let measured = bf16.memory_bytes.iter().flatten().copied().max().unwrap();
     let ratio = measured as f64 / predicted as f64;
@@ -595,12 +595,12 @@ fn a_crash_while_checkpointing_leaves_the_last_good_checkpoint() {
     assert!(run(&[], false).status.success());
     let killed = run(&["--resume"], true);
     assert!(!killed.status.success(), "the fault ends the process");
-    let latest = train::checkpoint::latest(&ckpt).unwrap().unwrap();
+    let latest = osdp_train::checkpoint::latest(&ckpt).unwrap().unwrap();
     assert!(
         latest.ends_with("step-00000002"),
         "latest still the good one"
     );
-    train::checkpoint::load(&latest).expect("and it loads");
+    osdp_train::checkpoint::load(&latest).expect("and it loads");
     let resumed = run(&["--resume"], false);
     assert!(
         resumed.status.success(),
@@ -612,7 +612,7 @@ fn a_crash_while_checkpointing_leaves_the_last_good_checkpoint() {
         .map(|v| v["step"].as_u64().unwrap())
         .collect();
     assert_eq!(steps.last(), Some(&4), "{steps:?}");
-    assert!(train::checkpoint::latest(&ckpt)
+    assert!(osdp_train::checkpoint::latest(&ckpt)
         .unwrap()
         .unwrap()
         .ends_with("step-00000004"));
@@ -705,7 +705,7 @@ fn sigterm_finishes_the_step_checkpoints_and_exits_zero() {
     let last = step_lines(&metrics).last().unwrap()["step"]
         .as_u64()
         .unwrap();
-    let latest = train::checkpoint::latest(&ckpt).unwrap().unwrap();
+    let latest = osdp_train::checkpoint::latest(&ckpt).unwrap().unwrap();
     assert!(
         latest.ends_with(format!("step-{last:08}")),
         "{}",
@@ -1121,7 +1121,7 @@ fn resume_takes_the_checkpoints_global_batch_seed_and_data() {
 /// plain zero3 and dp; other ops through zero3+offload-param, zero2, dp+offload-opt, dp; blocks
 /// 1 and 3 recompute. On 2 nodes (`hybrid`), hsdp with each offload joins the linears.
 fn offload_plan(m: &ModelSpec, micro_batch: u64, accumulation: u64, hybrid: bool) -> Plan {
-    use osdp_tui::cost::Offload::{Opt, Param};
+    use osdp_core::cost::Offload::{Opt, Param};
     let mut linear = vec![
         Choice::DP.offloaded(Opt),
         Choice::zero3(1, 1).offloaded(Param),
@@ -1206,7 +1206,7 @@ fn offloaded_state_checkpoints_and_resumes_under_other_plans() {
     let dir = tempfile::tempdir().unwrap();
     let resume = |cfg: &mut TrainConfig| {
         cfg.resume_from = Some(
-            train::checkpoint::latest(dir.path())
+            osdp_train::checkpoint::latest(dir.path())
                 .unwrap()
                 .expect("a checkpoint"),
         );

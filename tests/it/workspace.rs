@@ -1,6 +1,6 @@
 //! The one-way rule as the compiler sees it: the core crate (model, cluster, prices, planner,
-//! run protocol) builds with none of the terminal, GPU or libtorch crates in its tree, and the
-//! trainer never reaches the terminal or the app.
+//! worker protocol) builds with none of the terminal, GPU, libtorch or OS crates in its tree,
+//! and the trainer never reaches the terminal or the app.
 
 use std::process::Command;
 
@@ -42,7 +42,7 @@ fn assert_tree(package: &str, extra: &[&str], needs: &[&str], banned: &[&str]) {
 }
 
 #[test]
-fn the_core_crate_holds_no_terminal_gpu_or_libtorch_crate() {
+fn the_core_crate_holds_no_terminal_gpu_libtorch_or_os_crate() {
     assert_tree(
         "osdp-core",
         &["--edges", "normal,build"],
@@ -56,6 +56,8 @@ fn the_core_crate_holds_no_terminal_gpu_or_libtorch_crate() {
             "torch-sys",
             "cudarc",
             "clap",
+            // Locks, signals and processes are the app's and the trainer's.
+            "libc",
         ],
     );
 }

@@ -126,15 +126,9 @@ pub fn read_text(path: &Path, limit: u64) -> Result<String, InputError> {
     if let Some(e) = not_regular(&std::fs::metadata(path).map_err(io_err)?) {
         return Err(e);
     }
-    let mut options = std::fs::OpenOptions::new();
-    options.read(true);
-    // Should the path become a FIFO after the check, opening it must not wait for a writer.
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::OpenOptionsExt;
-        options.custom_flags(libc::O_NONBLOCK);
-    }
-    let file = options.open(path).map_err(io_err)?;
+    // The handle's own metadata is checked again below; a path swapped for a FIFO between the
+    // two looks would block this open, a race only a process already writing here can start.
+    let file = std::fs::File::open(path).map_err(io_err)?;
     let meta = file.metadata().map_err(io_err)?;
     if let Some(e) = not_regular(&meta) {
         return Err(e);
@@ -288,8 +282,8 @@ fn write_special(path: &Path, kind: &std::fs::FileType, bytes: &[u8]) -> std::io
 }
 
 /// Create a fresh temp file in `dir` for `file_name`. The name is hard to guess and the open
-/// refuses an existing entry and symlinks (`O_EXCL | O_NOFOLLOW`), so a link planted at the
-/// temp name cannot redirect the write.
+/// refuses any existing entry, a symlink included (`create_new` is `O_CREAT | O_EXCL`, which
+/// never follows a link), so a link planted at the temp name cannot redirect the write.
 fn create_temp_beside(dir: &Path, file_name: &str) -> std::io::Result<(PathBuf, std::fs::File)> {
     use std::sync::atomic::{AtomicU64, Ordering};
     static COUNTER: AtomicU64 = AtomicU64::new(0);
@@ -303,14 +297,11 @@ fn create_temp_beside(dir: &Path, file_name: &str) -> std::io::Result<(PathBuf, 
             std::process::id(),
             COUNTER.fetch_add(1, Ordering::Relaxed)
         ));
-        let mut options = std::fs::OpenOptions::new();
-        options.write(true).create_new(true);
-        #[cfg(unix)]
+        match std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&tmp)
         {
-            use std::os::unix::fs::OpenOptionsExt;
-            options.custom_flags(libc::O_NOFOLLOW);
-        }
-        match options.open(&tmp) {
             Ok(f) => return Ok((tmp, f)),
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => last_err = Some(e),
             Err(e) => return Err(e),

@@ -7,6 +7,7 @@ pub mod explain;
 mod file;
 mod frontier;
 pub mod request;
+pub use request::Request;
 mod search;
 
 pub use baseline::plan_with_baselines;
@@ -367,86 +368,6 @@ pub(crate) fn evaluate_priced(
         step_overhead_s: m.step_overhead_s(),
         ops,
     }
-}
-
-/// `--global-batch`: a number of samples, or `any` for the highest samples/s at any batch.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum GlobalBatchArg {
-    Samples(u64),
-    Any,
-}
-
-impl std::str::FromStr for GlobalBatchArg {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, String> {
-        let s = s.trim();
-        if s == "any" {
-            return Ok(GlobalBatchArg::Any);
-        }
-        match s.parse::<u64>() {
-            Ok(n) if n >= 1 => Ok(GlobalBatchArg::Samples(n)),
-            _ => Err(format!(
-                "expected a number of samples per step or `any`, got {s:?}"
-            )),
-        }
-    }
-}
-
-/// The global batch a command plans for: `--global-batch N|any`, `--tokens-per-step T`, a
-/// fixed `--batch` alone (one micro-batch a step, as before global batches existed), or the
-/// default for the model and layout ([`default_global_batch`]); checked, with the fixed
-/// micro-batch, against the layout's ranks (one message for `plan` and the dashboard).
-pub fn choose_global_batch(
-    model: &ModelSpec,
-    m: &Machine,
-    cpu: bool,
-    arg: Option<GlobalBatchArg>,
-    tokens: Option<u64>,
-    fixed_micro_batch: Option<u64>,
-) -> Result<GlobalBatch, String> {
-    if let Some(b) = fixed_micro_batch {
-        check_batch(model, b).map_err(|e| format!("--batch: {e}"))?;
-    }
-    let chosen = match (
-        global_batch_of(model, None, tokens)?,
-        arg,
-        fixed_micro_batch,
-    ) {
-        (Some(n), _, _) | (None, Some(GlobalBatchArg::Samples(n)), _) => GlobalBatch::Given(n),
-        (None, Some(GlobalBatchArg::Any), _) | (None, None, Some(_)) => GlobalBatch::Any,
-        (None, None, None) => GlobalBatch::Default(default_global_batch(model, m, cpu)),
-    };
-    let options = PlanOptions {
-        batch: fixed_micro_batch,
-        global_batch: chosen.samples(),
-        ..PlanOptions::default()
-    };
-    batch_options(&options, m.ranks).map_err(|e| e.to_string())?;
-    Ok(chosen)
-}
-
-/// The global batch in samples from `--global-batch N` or `--tokens-per-step T` (a whole
-/// number of the model's sequences).
-pub fn global_batch_of(
-    model: &ModelSpec,
-    samples: Option<u64>,
-    tokens: Option<u64>,
-) -> Result<Option<u64>, String> {
-    let Some(tokens) = tokens else {
-        return Ok(samples);
-    };
-    let seq = model.config.seq_len.max(1);
-    if tokens % seq != 0 {
-        let below = tokens / seq * seq;
-        return Err(format!(
-            "--tokens-per-step {tokens} is not a whole number of {seq}-token sequences; \
-             the nearest that are: {} and {}",
-            below.max(seq),
-            below + seq
-        ));
-    }
-    Ok(Some(tokens / seq))
 }
 
 /// What a plan's global batch is, and why.

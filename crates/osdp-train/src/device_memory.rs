@@ -44,9 +44,9 @@ impl DeviceMemory {
     }
 }
 
-impl From<DeviceMemory> for osdp_core::run::DeviceMemory {
+impl From<DeviceMemory> for osdp_core::protocol::DeviceMemory {
     fn from(d: DeviceMemory) -> Self {
-        osdp_core::run::DeviceMemory {
+        osdp_core::protocol::DeviceMemory {
             allocated_peak_bytes: d.allocated_peak,
             reserved_peak_bytes: d.reserved_peak,
             process_bytes: d.process,

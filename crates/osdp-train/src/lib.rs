@@ -29,7 +29,7 @@ use collective::{Collective, LocalGroup};
 use exec::{Executor, Init, OptimConfig, Target};
 use osdp_core::model::ModelSpec;
 use osdp_core::plan::Plan;
-use osdp_core::run::WorkerEvent;
+use osdp_core::protocol::WorkerEvent;
 
 /// Keep freed tensor memory inside the process rather than handing it back to the kernel after
 /// every op. The CPU trainer allocates and frees the same buffers (gathered weights, padded

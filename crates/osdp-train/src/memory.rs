@@ -22,7 +22,7 @@ pub enum Category {
 const CATEGORIES: usize = 7;
 
 /// Bytes by category: the protocol's type, so a worker reports exactly what it counted.
-pub use osdp_core::run::MemoryBreakdown as Breakdown;
+pub use osdp_core::protocol::MemoryBreakdown as Breakdown;
 
 fn from_array(a: &[u64; CATEGORIES], host: u64) -> Breakdown {
     Breakdown {

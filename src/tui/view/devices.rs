@@ -11,8 +11,8 @@ use ratatui::Frame;
 use super::super::app::{App, Focus, GpuView};
 use super::super::memory::{self, Gap, Measured, PlanMemory};
 use super::super::theme;
-use crate::text::printable;
-use crate::units;
+use osdp_core::text::printable;
+use osdp_core::units;
 
 /// The most recent `width` samples as `▁▂▃▅▇`, scaled to `max`.
 pub fn sparkline(values: &std::collections::VecDeque<u64>, max: u64, width: usize) -> String {
@@ -85,7 +85,7 @@ pub fn draw_devices(app: &App, f: &mut Frame, area: Rect) {
             (title, lines, selected)
         }
         _ => {
-            let cpu = app.layout.device.kind == crate::cluster::DeviceKind::Cpu;
+            let cpu = app.layout.device.kind == osdp_core::cluster::DeviceKind::Cpu;
             let (lines, selected) = rank_lines(app, inner);
             let title = if cpu { " ranks " } else { " GPUs " };
             (title.to_string(), lines, selected)
@@ -309,7 +309,7 @@ fn measured_items(m: Measured, plan: Option<PlanMemory>, wide: bool) -> Vec<Vec<
 
 fn rank_lines(app: &App, inner: usize) -> (Vec<Line<'static>>, std::ops::Range<usize>) {
     let r = memory::ranks(app);
-    let cpu = app.layout.device.kind == crate::cluster::DeviceKind::Cpu;
+    let cpu = app.layout.device.kind == osdp_core::cluster::DeviceKind::Cpu;
     let mut lines: Vec<Line> = Vec::new();
     if let GpuView::Unavailable(why) = &app.gpus {
         if !cpu {

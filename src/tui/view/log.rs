@@ -9,7 +9,7 @@ use ratatui::Frame;
 
 use super::super::app::App;
 use super::super::theme;
-use crate::text::printable;
+use osdp_core::text::printable;
 
 pub fn draw_log(app: &App, f: &mut Frame, area: Rect) {
     f.render_widget(Clear, area);
@@ -94,8 +94,8 @@ pub fn draw_log(app: &App, f: &mut Frame, area: Rect) {
     if title.width() + 2 > usize::from(area.width) {
         title = Line::from(vec![Span::raw(format!(" worker log · {range} · ")), state]);
     }
-    let border = match app.training.as_ref().map(|t| t.state()) {
-        Some(s) => Style::new().fg(theme::run(&s)),
+    let border = match app.run_control.as_ref().map(|t| t.state()) {
+        Some(s) => Style::new().fg(theme::run_state(&s)),
         None => theme::MUTED,
     };
     f.render_widget(

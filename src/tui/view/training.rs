@@ -2,7 +2,7 @@
 //! prediction, and its loss curve. Its lines carry a rank: when the panel is short, the least
 //! important give way, whatever the run's state.
 
-use ratatui::layout::{Constraint, Layout, Rect};
+use ratatui::layout::{Constraint, Layout as Split, Rect};
 use ratatui::style::{Modifier, Style};
 use ratatui::symbols::Marker;
 use ratatui::text::{Line, Span};
@@ -13,8 +13,8 @@ use super::super::app::App;
 use super::super::theme;
 use crate::run::{Remaining, RunState};
 use crate::supervisor::Supervisor;
-use crate::text::printable;
-use crate::units;
+use osdp_core::text::printable;
+use osdp_core::units;
 
 /// How much a line of the panel matters: a short panel drops the highest ranks first.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -272,15 +272,15 @@ fn lines(app: &App, run: &Supervisor, state: &RunState) -> Vec<(Rank, Line<'stat
 }
 
 pub fn draw_training(app: &App, f: &mut Frame, area: Rect) {
-    let Some(t) = &app.training else {
+    let Some(t) = &app.run_control else {
         return;
     };
-    let Some(run) = &t.run else {
+    let Some(run) = &t.supervisor else {
         return;
     };
     let state = t.state();
     let [text_area, chart_area] =
-        Layout::horizontal([Constraint::Percentage(60), Constraint::Percentage(40)]).areas(area);
+        Split::horizontal([Constraint::Percentage(60), Constraint::Percentage(40)]).areas(area);
     let title = format!(
         " training: {} · {} ",
         state.label(),
@@ -288,7 +288,7 @@ pub fn draw_training(app: &App, f: &mut Frame, area: Rect) {
     );
     let block = Block::bordered()
         .title(title)
-        .border_style(Style::new().fg(theme::run(&state)));
+        .border_style(Style::new().fg(theme::run_state(&state)));
     let width = usize::from(text_area.width.saturating_sub(2));
     let rows = usize::from(text_area.height.saturating_sub(2));
     f.render_widget(

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-use osdp_core::run::RUN_TOKEN_VAR;
+use osdp_core::protocol::RUN_TOKEN_VAR;
 
 const MAGIC: u32 = 0x05D9_7C01;
 /// Version of the join handshake: a rank of a build that speaks another is refused by name.

@@ -4,19 +4,22 @@
 //! Each run is reproduced as a plan the planner could have chosen — one strategy on every
 //! op (FSDP `FULL_SHARD` is ZeRO-3, `SHARD_GRAD_OP` ZeRO-2, `HYBRID_SHARD` hsdp, DDP), full
 //! activation checkpointing as recomputation of every block, the run's micro-batch and
-//! accumulation — on the layout of its GPUs, and priced by [`crate::plan::evaluate`], the same
+//! accumulation — on the layout of its GPUs, and priced by [`osdp_core::plan::evaluate`], the same
 //! function `osdp-tui evaluate` uses.
+
+// Shared by the example and tests/it/published.rs, each of which uses part of it.
+#![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::cluster::{read_layout, Figure, Layout};
-use crate::cost::{Machine, Strategy};
-use crate::model::hf::{import_str, ImportOptions};
-use crate::model::ModelSpec;
-use crate::plan::baseline::Baseline;
-use crate::plan::{evaluate, Prediction};
+use osdp_core::cluster::{read_layout, Figure, Layout};
+use osdp_core::cost::{Machine, Strategy};
+use osdp_core::model::hf::{import_str, ImportOptions};
+use osdp_core::model::ModelSpec;
+use osdp_core::plan::baseline::Baseline;
+use osdp_core::plan::{evaluate, Prediction};
 
 /// The data file: what it is, and the runs.
 #[derive(Debug, Clone, Deserialize)]
@@ -196,7 +199,7 @@ pub struct Priced {
 
 /// Read the data file.
 pub fn read_runs(path: &Path) -> Result<RunSet, String> {
-    let text = crate::input::read_text(path, 16 << 20).map_err(|e| e.to_string())?;
+    let text = osdp_core::input::read_text(path, 16 << 20).map_err(|e| e.to_string())?;
     serde_json::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))
 }
 
@@ -291,8 +294,8 @@ pub fn layout_of(run: &PublishedRun, layouts: &Path) -> Result<Layout, String> {
         };
     }
     l.gradient_reduce_dtype = match run.reduce_dtype.as_deref().unwrap_or("fp32") {
-        "fp32" => Some(crate::cluster::ReduceDType::Fp32),
-        "bf16" => Some(crate::cluster::ReduceDType::Bf16),
+        "fp32" => Some(osdp_core::cluster::ReduceDType::Fp32),
+        "bf16" => Some(osdp_core::cluster::ReduceDType::Bf16),
         other => return Err(format!("reduce dtype {other:?}")),
     };
     if let (Some(net), Some(inter)) = (run.network_gb_per_s_per_node, l.inter_node.as_mut()) {

@@ -40,7 +40,7 @@ fn on_host(host: &str) -> String {
     if host.is_empty() || host == this_host() {
         String::new()
     } else {
-        format!(" on host {}", crate::text::printable(host))
+        format!(" on host {}", osdp_core::text::printable(host))
     }
 }
 
@@ -133,7 +133,7 @@ impl DirLock {
                     dir.display(),
                     h.pid,
                     on_host(&h.host),
-                    crate::text::printable(&h.started)
+                    osdp_core::text::printable(&h.started)
                 )),
                 None => None,
             };
@@ -207,9 +207,9 @@ impl std::fmt::Display for LockOwner {
         let host = if self.host.is_empty() {
             "this machine".into()
         } else {
-            crate::text::printable(&self.host)
+            osdp_core::text::printable(&self.host)
         };
-        let started = crate::text::printable(&self.started);
+        let started = osdp_core::text::printable(&self.started);
         write!(f, "pid {} on {host} since {started}", self.pid)
     }
 }
@@ -260,7 +260,7 @@ fn in_use(what: &str, dir: &Path, holder: Option<Holder>) -> LockError {
         dir: dir.to_path_buf(),
         pid: h.pid,
         host: h.host,
-        started: crate::text::printable(&h.started).into_owned(),
+        started: osdp_core::text::printable(&h.started).into_owned(),
     }
 }
 
@@ -372,7 +372,7 @@ fn started_text(ticks: u64) -> String {
     // SAFETY: sysconf only reads a system constant.
     let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
     match boot {
-        Some(boot) if hz > 0 && ticks > 0 => crate::units::utc(boot + ticks / hz as u64),
+        Some(boot) if hz > 0 && ticks > 0 => osdp_core::units::utc(boot + ticks / hz as u64),
         _ => "at an unknown time".into(),
     }
 }

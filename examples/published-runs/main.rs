@@ -8,10 +8,10 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use osdp_tui::cluster::{Figure, Layout};
-use osdp_tui::published::{
-    geometric_mean, price_run, price_run_tuned, read_runs, Priced, PublishedRun, Role,
-};
+use osdp_core::cluster::{Figure, Layout};
+mod runs;
+
+use runs::{geometric_mean, price_run, price_run_tuned, read_runs, Priced, PublishedRun, Role};
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -148,10 +148,10 @@ fn main() {
 
 /// Fit, to the runs marked `fit`, each generation's matmul efficiency and attention scale,
 /// the shared half width and the per-parameter pass bytes
-/// ([`osdp_tui::cost::PARAM_PASS_BYTES`]), minimising the squared log error of predicted over
+/// ([`osdp_core::cost::PARAM_PASS_BYTES`]), minimising the squared log error of predicted over
 /// published tokens/s (coordinate descent, golden-section search per coordinate).
 fn fit(runs: &[&PublishedRun], layouts: &Path) {
-    use osdp_tui::cluster::known::{AMPERE, HOPPER};
+    use osdp_core::cluster::known::{AMPERE, HOPPER};
     let fit: Vec<&PublishedRun> = runs
         .iter()
         .copied()
@@ -180,7 +180,7 @@ fn fit(runs: &[&PublishedRun], layouts: &Path) {
         1.0,
         1.0,
         HOPPER.matmul_half_width.value,
-        osdp_tui::cost::PARAM_PASS_BYTES,
+        osdp_core::cost::PARAM_PASS_BYTES,
     ];
     let loss = |x: &[f64; 6]| -> f64 {
         fit.iter()
@@ -243,7 +243,7 @@ fn breakdown(r: &PublishedRun, layouts: &Path) {
     let Ok(p) = price_run(r, layouts, &|_| {}) else {
         return;
     };
-    let Ok(model) = osdp_tui::published::model_of(r) else {
+    let Ok(model) = runs::model_of(r) else {
         return;
     };
     let mut by: BTreeMap<&str, f64> = BTreeMap::new();
@@ -264,7 +264,7 @@ fn breakdown(r: &PublishedRun, layouts: &Path) {
 /// parameters and gradients, activations priced in fp32 as an upper bound on autocast's mix).
 /// `llama`: a priced Llama-2-7B run of the data file, whose shape and GPU it reuses.
 fn peaks(llama: &PublishedRun, layouts: &Path) {
-    use osdp_tui::cost::Precision;
+    use osdp_core::cost::Precision;
     let fp32_params = Precision {
         name: "fp32 parameters, bf16 autocast",
         param_bytes: 4,
