@@ -129,13 +129,13 @@ pub fn import_str(path: &Path, text: &str, opts: &ImportOptions) -> Result<Model
             .map(|f| f.to_string_lossy().into_owned())
             .unwrap_or_default()
     ));
-    let spec = match arch.as_str() {
-        "GPT2LMHeadModel" => gpt2(&cfg, opts)?.finish(&name, Family::Gpt2, source),
-        "OPTForCausalLM" => opt(&cfg, opts)?.finish(&name, Family::Opt, source),
+    let ((config, template), family) = match arch.as_str() {
+        "GPT2LMHeadModel" => (gpt2(&cfg, opts)?, Family::Gpt2),
+        "OPTForCausalLM" => (opt(&cfg, opts)?, Family::Opt),
         "LlamaForCausalLM" | "MistralForCausalLM" | "Qwen2ForCausalLM" => {
-            llama(&cfg, opts, &arch)?.finish(&name, Family::Llama, source)
+            (llama(&cfg, opts, &arch)?, Family::Llama)
         }
-        "BertForMaskedLM" => bert(&cfg, opts)?.finish(&name, Family::Bert, source),
+        "BertForMaskedLM" => (bert(&cfg, opts)?, Family::Bert),
         _ => {
             return Err(ImportError::Unsupported {
                 path: path.to_path_buf(),
@@ -143,6 +143,7 @@ pub fn import_str(path: &Path, text: &str, opts: &ImportOptions) -> Result<Model
             })
         }
     };
+    let spec = template.build(config).finish(&name, family, source);
     super::validate(&spec).map_err(|problem| ImportError::Invalid {
         path: path.to_path_buf(),
         problem,
@@ -298,12 +299,44 @@ impl Cfg<'_> {
     }
 }
 
+/// The sizes every family has.
 struct Common {
     vocab: u64,
     hidden: u64,
     layers: u64,
     heads: u64,
     max_positions: u64,
+}
+
+/// GPT-2's names for [`Common`]'s fields, in its order.
+const GPT2_FIELDS: [&str; 5] = ["vocab_size", "n_embd", "n_layer", "n_head", "n_positions"];
+/// The other families' names for them.
+const FIELDS: [&str; 5] = [
+    "vocab_size",
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "max_position_embeddings",
+];
+
+impl Common {
+    /// Reads `fields` in order (the first bad one is the one reported), each defaulting to
+    /// the matching entry of `defaults`; `--layers` replaces the number of layers.
+    fn read(
+        cfg: &Cfg,
+        opts: &ImportOptions,
+        fields: [&str; 5],
+        defaults: [u64; 5],
+    ) -> Result<Self, ImportError> {
+        let [vocab, hidden, layers, heads, positions] = fields;
+        Ok(Common {
+            vocab: cfg.uint(vocab, Some(defaults[0]))?,
+            hidden: cfg.uint(hidden, Some(defaults[1]))?,
+            layers: cfg.layers(opts, layers, defaults[2])?,
+            heads: cfg.uint(heads, Some(defaults[3]))?,
+            max_positions: cfg.uint(positions, Some(defaults[4]))?,
+        })
+    }
 }
 
 /// A model's name when `--name` is not given: the config's own (`_name_or_path`'s last part,
@@ -370,14 +403,320 @@ fn base_config(c: &Common, seq_len: u64, opts: &ImportOptions) -> ModelConfig {
     }
 }
 
-fn gpt2(cfg: &Cfg, opts: &ImportOptions) -> Result<GraphBuilder, ImportError> {
-    let common = Common {
-        vocab: cfg.uint("vocab_size", Some(50257))?,
-        hidden: cfg.uint("n_embd", Some(768))?,
-        layers: cfg.layers(opts, "n_layer", 12)?,
-        heads: cfg.uint("n_head", Some(12))?,
-        max_positions: cfg.uint("n_positions", Some(1024))?,
-    };
+/// An op's id (within its block, for block ops) and its module path in `transformers`.
+type Name = (&'static str, &'static str);
+
+/// A family's layout: what its ops are called, and the ops only some families have. The
+/// config says what the model computes (widths, biases, norm kind and position, dropout);
+/// [`Template::build`] emits embeddings, the blocks, the final norm and the head from both.
+struct Template {
+    /// Token embedding, `embed_dim` wide.
+    tokens: Name,
+    /// Learned position table, `position_offset` rows longer (rotary positions have no op).
+    positions: Option<Name>,
+    /// BERT's segment embedding.
+    token_types: Option<Name>,
+    /// Module of the sum of several embeddings (op `embed`).
+    embed_sum: Option<&'static str>,
+    /// Norm on the summed embeddings; the embedding dropout follows it, else the sum.
+    embed_norm: Option<Name>,
+    /// OPT's `project_in` and `project_out`, used where `embed_dim` ≠ hidden.
+    project: Option<[Name; 2]>,
+    /// Prefixes of a block's op ids and module paths; the block's index follows.
+    block: Name,
+    /// Before attention (pre-norm) or after its residual add (post-norm).
+    attn_norm: Name,
+    /// One fused QKV projection, or separate Q, K and V.
+    qkv: &'static [Name],
+    attn_core: Name,
+    attn_out: Name,
+    /// Modules of the residual adds after attention (op `add_1`) and after the MLP (`add_2`).
+    residuals: [&'static str; 2],
+    /// Before the MLP (pre-norm) or after its residual add (post-norm).
+    mlp_norm: Name,
+    /// The up projection, or a gated MLP's gate and up projections.
+    mlp_in: &'static [Name],
+    act: Name,
+    mlp_out: Name,
+    /// Used where the config has a final norm.
+    final_norm: Option<Name>,
+    /// BERT's prediction transform before the decoder: dense, activation, norm.
+    head_transform: Option<[Name; 3]>,
+    /// Projection onto the vocabulary, tied to `tokens` where the config ties them.
+    head: Name,
+    /// Norms carry weights (OPT's `layer_norm_elementwise_affine` may say not).
+    norm_affine: bool,
+}
+
+const GPT2: Template = Template {
+    tokens: ("wte", "transformer.wte"),
+    positions: Some(("wpe", "transformer.wpe")),
+    token_types: None,
+    embed_sum: Some("transformer.drop"),
+    embed_norm: None,
+    project: None,
+    block: ("h", "transformer.h"),
+    attn_norm: ("ln_1", "ln_1"),
+    qkv: &[("attn.c_attn", "attn.c_attn")],
+    attn_core: ("attn.core", "attn"),
+    attn_out: ("attn.c_proj", "attn.c_proj"),
+    residuals: ["attn.resid_dropout", "mlp.dropout"],
+    mlp_norm: ("ln_2", "ln_2"),
+    mlp_in: &[("mlp.c_fc", "mlp.c_fc")],
+    act: ("mlp.act", "mlp.act"),
+    mlp_out: ("mlp.c_proj", "mlp.c_proj"),
+    final_norm: Some(("ln_f", "transformer.ln_f")),
+    head_transform: None,
+    head: ("lm_head", "lm_head"),
+    norm_affine: true,
+};
+
+const OPT: Template = Template {
+    tokens: ("embed_tokens", "model.decoder.embed_tokens"),
+    positions: Some(("embed_positions", "model.decoder.embed_positions")),
+    embed_sum: Some("model.decoder.dropout"),
+    project: Some([
+        ("project_in", "model.decoder.project_in"),
+        ("project_out", "model.decoder.project_out"),
+    ]),
+    block: ("layers", "model.decoder.layers"),
+    attn_norm: ("self_attn_layer_norm", "self_attn_layer_norm"),
+    attn_out: ("self_attn.out_proj", "self_attn.out_proj"),
+    residuals: ["dropout_1", "dropout_2"],
+    mlp_norm: ("final_layer_norm", "final_layer_norm"),
+    mlp_in: &[("fc1", "fc1")],
+    act: ("act", "activation_fn"),
+    mlp_out: ("fc2", "fc2"),
+    final_norm: Some(("final_layer_norm", "model.decoder.final_layer_norm")),
+    // Q, K, V, the attention core and the head as Llama names them; no segments or
+    // embedding norm.
+    ..LLAMA
+};
+
+const LLAMA: Template = Template {
+    tokens: ("embed_tokens", "model.embed_tokens"),
+    positions: None,
+    token_types: None,
+    embed_sum: None,
+    embed_norm: None,
+    project: None,
+    block: ("layers", "model.layers"),
+    attn_norm: ("input_layernorm", "input_layernorm"),
+    qkv: &[
+        ("self_attn.q_proj", "self_attn.q_proj"),
+        ("self_attn.k_proj", "self_attn.k_proj"),
+        ("self_attn.v_proj", "self_attn.v_proj"),
+    ],
+    attn_core: ("self_attn.core", "self_attn"),
+    attn_out: ("self_attn.o_proj", "self_attn.o_proj"),
+    residuals: ["residual_1", "residual_2"],
+    mlp_norm: ("post_attention_layernorm", "post_attention_layernorm"),
+    mlp_in: &[
+        ("mlp.gate_proj", "mlp.gate_proj"),
+        ("mlp.up_proj", "mlp.up_proj"),
+    ],
+    act: ("mlp.act", "mlp.act_fn"),
+    mlp_out: ("mlp.down_proj", "mlp.down_proj"),
+    final_norm: Some(("norm", "model.norm")),
+    head_transform: None,
+    head: ("lm_head", "lm_head"),
+    norm_affine: true,
+};
+
+const BERT: Template = Template {
+    tokens: ("word_embeddings", "bert.embeddings.word_embeddings"),
+    positions: Some(("position_embeddings", "bert.embeddings.position_embeddings")),
+    token_types: Some((
+        "token_type_embeddings",
+        "bert.embeddings.token_type_embeddings",
+    )),
+    embed_sum: Some("bert.embeddings"),
+    embed_norm: Some(("embed_ln", "bert.embeddings.LayerNorm")),
+    project: None,
+    block: ("layer", "bert.encoder.layer"),
+    attn_norm: ("attention.ln", "attention.output.LayerNorm"),
+    qkv: &[
+        ("attention.query", "attention.self.query"),
+        ("attention.key", "attention.self.key"),
+        ("attention.value", "attention.self.value"),
+    ],
+    attn_core: ("attention.core", "attention.self"),
+    attn_out: ("attention.output", "attention.output.dense"),
+    residuals: ["attention.output.dropout", "output.dropout"],
+    mlp_norm: ("output.ln", "output.LayerNorm"),
+    mlp_in: &[("intermediate", "intermediate.dense")],
+    act: ("act", "intermediate.intermediate_act_fn"),
+    mlp_out: ("output", "output.dense"),
+    final_norm: None,
+    head_transform: Some([
+        ("cls.transform", "cls.predictions.transform.dense"),
+        ("cls.act", "cls.predictions.transform.transform_act_fn"),
+        ("cls.ln", "cls.predictions.transform.LayerNorm"),
+    ]),
+    head: ("cls.decoder", "cls.predictions.decoder"),
+    norm_affine: true,
+};
+
+impl Template {
+    /// The model's graph: embeddings, `c.layers` blocks, final norm, head and loss.
+    fn build(&self, c: ModelConfig) -> GraphBuilder {
+        let (h, e, v, layers) = (c.hidden, c.embed_dim, c.vocab_size, c.layers);
+        let project = self.project.filter(|_| e != h);
+        let final_norm = self.final_norm.filter(|_| c.final_norm);
+        let (lm_bias, tied) = (c.bias.lm_head, c.tied_embeddings);
+        let mut g = GraphBuilder::new(c);
+        let mut x = self.embeddings(&mut g, project.map(|p| p[0]));
+        for i in 0..layers {
+            x = self.block(&mut g, i, x);
+        }
+        g.set_block(None);
+        if let Some((id, m)) = final_norm {
+            x = g.norm(id, m, &x, self.norm_affine, false);
+        }
+        if let Some([_, (id, m)]) = project {
+            x = g.linear(id, m, &x, e, false, None);
+        }
+        if let Some([dense, act, norm]) = self.head_transform {
+            // The prediction transform's dense layer always has a bias.
+            x = g.linear(dense.0, dense.1, &x, h, true, None);
+            x = g.activation(act.0, act.1, &[&x]);
+            x = g.norm(norm.0, norm.1, &x, self.norm_affine, false);
+        }
+        let tied_to = format!("{}.weight", self.tokens.0);
+        let (id, m) = self.head;
+        let logits = g.linear(id, m, &x, v, lm_bias, tied.then_some(tied_to.as_str()));
+        g.cross_entropy("loss", "loss", &logits);
+        g
+    }
+
+    /// Token embedding (projected in where `project_in` is given), learned positions and
+    /// segments, their sum and its norm; returns the op the first block reads.
+    fn embeddings(&self, g: &mut GraphBuilder, project_in: Option<Name>) -> String {
+        let c = g.config();
+        let (h, e, v) = (c.hidden, c.embed_dim, c.vocab_size);
+        let positions = c.max_positions + c.position_offset;
+        let types = c.type_vocab_size;
+        let mut tok = g.embedding(self.tokens.0, self.tokens.1, v, e);
+        if let Some((id, m)) = project_in {
+            tok = g.linear(id, m, &tok, h, false, None);
+        }
+        let mut parts = vec![tok];
+        if let Some((id, m)) = self.positions {
+            parts.push(g.positional(id, m, positions, h));
+        }
+        if let Some((id, m)) = self.token_types {
+            parts.push(g.embedding(id, m, types, h));
+        }
+        let Some(sum) = self.embed_sum else {
+            return parts.swap_remove(0);
+        };
+        let x = g.add("embed", sum, &strs(&parts), self.embed_norm.is_none());
+        match self.embed_norm {
+            Some((id, m)) => g.norm(id, m, &x, self.norm_affine, true),
+            None => x,
+        }
+    }
+
+    /// Block `i` on input `x`: attention, then the MLP; returns the block's output.
+    fn block(&self, g: &mut GraphBuilder, i: u64, x: String) -> String {
+        g.set_block(Some(i as u32));
+        let b = Block { t: self, i };
+        let c = g.config();
+        let (h, f, bias) = (c.hidden, c.ffn_hidden, c.bias);
+        let (qd, kvd) = (c.heads * c.head_dim, c.kv_heads * c.head_dim);
+        let qkv_widths = match self.qkv.len() {
+            1 => vec![qd + 2 * kvd],
+            _ => vec![qd, kvd, kvd],
+        };
+        let add_1 = ("add_1", self.residuals[0]);
+        let x = b.sublayer(g, self.attn_norm, add_1, x, |g, input| {
+            let qkv: Vec<String> = self
+                .qkv
+                .iter()
+                .zip(&qkv_widths)
+                .map(|(&name, &width)| b.linear(g, name, input, width, bias.qkv))
+                .collect();
+            let (id, m) = b.at(self.attn_core);
+            let att = g.attention(&id, &m, &strs(&qkv));
+            b.linear(g, self.attn_out, &att, h, bias.attn_out)
+        });
+        let add_2 = ("add_2", self.residuals[1]);
+        b.sublayer(g, self.mlp_norm, add_2, x, |g, input| {
+            let up: Vec<String> = self
+                .mlp_in
+                .iter()
+                .map(|&name| b.linear(g, name, input, f, bias.mlp))
+                .collect();
+            let (id, m) = b.at(self.act);
+            let act = g.activation(&id, &m, &strs(&up));
+            b.linear(g, self.mlp_out, &act, h, bias.mlp)
+        })
+    }
+}
+
+/// Block `i` of a template: names its ops and wraps its sub-layers.
+struct Block<'t> {
+    t: &'t Template,
+    i: u64,
+}
+
+impl Block<'_> {
+    /// The op's id and module path in this block.
+    fn at(&self, (id, m): Name) -> (String, String) {
+        let ((pre, mp), i) = (self.t.block, self.i);
+        (format!("{pre}{i}.{id}"), format!("{mp}.{i}.{m}"))
+    }
+
+    fn linear(
+        &self,
+        g: &mut GraphBuilder,
+        name: Name,
+        input: &str,
+        width: u64,
+        bias: bool,
+    ) -> String {
+        let (id, m) = self.at(name);
+        g.linear(&id, &m, input, width, bias, None)
+    }
+
+    fn norm(&self, g: &mut GraphBuilder, name: Name, input: &str) -> String {
+        let (id, m) = self.at(name);
+        g.norm(&id, &m, input, self.t.norm_affine, false)
+    }
+
+    /// `x + body(x)`, normed before `body` (pre-norm) or after the add (post-norm). The
+    /// builder counts the residual dropout's mask only where the config has dropout.
+    fn sublayer(
+        &self,
+        g: &mut GraphBuilder,
+        norm: Name,
+        add: Name,
+        x: String,
+        body: impl FnOnce(&mut GraphBuilder, &str) -> String,
+    ) -> String {
+        let pre_norm = g.config().norm_position == NormPosition::Pre;
+        let input = if pre_norm {
+            self.norm(g, norm, &x)
+        } else {
+            x.clone()
+        };
+        let y = body(g, &input);
+        let (id, m) = self.at(add);
+        let sum = g.add(&id, &m, &[&x, &y], true);
+        if pre_norm {
+            sum
+        } else {
+            self.norm(g, norm, &sum)
+        }
+    }
+}
+
+fn strs(ids: &[String]) -> Vec<&str> {
+    ids.iter().map(String::as_str).collect()
+}
+
+fn gpt2(cfg: &Cfg, opts: &ImportOptions) -> Result<(ModelConfig, Template), ImportError> {
+    let common = Common::read(cfg, opts, GPT2_FIELDS, [50257, 768, 12, 12, 1024])?;
     cfg.heads_divide(common.hidden, common.heads, "n_head")?;
     let mut c = base_config(&common, cfg.seq_len(opts, common.max_positions)?, opts);
     c.ffn_hidden = cfg.opt_uint("n_inner")?.unwrap_or(4 * common.hidden);
@@ -386,98 +725,11 @@ fn gpt2(cfg: &Cfg, opts: &ImportOptions) -> Result<GraphBuilder, ImportError> {
     c.tied_embeddings = cfg.flag("tie_word_embeddings", true)?;
     c.dropout = cfg.float("resid_pdrop", 0.1)?;
     c.attention_dropout = cfg.float("attn_pdrop", 0.1)?;
-    let (h, v, f, p) = (c.hidden, c.vocab_size, c.ffn_hidden, c.max_positions);
-    let tied = c.tied_embeddings;
-    let mut g = GraphBuilder::new(c);
-    g.embedding("wte", "transformer.wte", v, h);
-    g.positional("wpe", "transformer.wpe", p, h);
-    let mut x = g.add("embed", "transformer.drop", &["wte", "wpe"], true);
-    for i in 0..common.layers {
-        g.set_block(Some(i as u32));
-        let (pre, mp) = (format!("h{i}"), format!("transformer.h.{i}"));
-        let ln1 = g.norm(
-            &format!("{pre}.ln_1"),
-            &format!("{mp}.ln_1"),
-            &x,
-            true,
-            false,
-        );
-        let qkv = g.linear(
-            &format!("{pre}.attn.c_attn"),
-            &format!("{mp}.attn.c_attn"),
-            &ln1,
-            3 * h,
-            true,
-            None,
-        );
-        let att = g.attention(&format!("{pre}.attn.core"), &format!("{mp}.attn"), &[&qkv]);
-        let proj = g.linear(
-            &format!("{pre}.attn.c_proj"),
-            &format!("{mp}.attn.c_proj"),
-            &att,
-            h,
-            true,
-            None,
-        );
-        let r1 = g.add(
-            &format!("{pre}.add_1"),
-            &format!("{mp}.attn.resid_dropout"),
-            &[&x, &proj],
-            true,
-        );
-        let ln2 = g.norm(
-            &format!("{pre}.ln_2"),
-            &format!("{mp}.ln_2"),
-            &r1,
-            true,
-            false,
-        );
-        let fc = g.linear(
-            &format!("{pre}.mlp.c_fc"),
-            &format!("{mp}.mlp.c_fc"),
-            &ln2,
-            f,
-            true,
-            None,
-        );
-        let act = g.activation(&format!("{pre}.mlp.act"), &format!("{mp}.mlp.act"), &[&fc]);
-        let out = g.linear(
-            &format!("{pre}.mlp.c_proj"),
-            &format!("{mp}.mlp.c_proj"),
-            &act,
-            h,
-            true,
-            None,
-        );
-        x = g.add(
-            &format!("{pre}.add_2"),
-            &format!("{mp}.mlp.dropout"),
-            &[&r1, &out],
-            true,
-        );
-    }
-    g.set_block(None);
-    let lnf = g.norm("ln_f", "transformer.ln_f", &x, true, false);
-    let logits = g.linear(
-        "lm_head",
-        "lm_head",
-        &lnf,
-        v,
-        false,
-        tied.then_some("wte.weight"),
-    );
-    g.cross_entropy("loss", "loss", &logits);
-    Ok(g)
+    Ok((c, GPT2))
 }
 
-fn opt(cfg: &Cfg, opts: &ImportOptions) -> Result<GraphBuilder, ImportError> {
-    let common = Common {
-        vocab: cfg.uint("vocab_size", Some(50272))?,
-        hidden: cfg.uint("hidden_size", Some(768))?,
-        layers: cfg.layers(opts, "num_hidden_layers", 12)?,
-        heads: cfg.uint("num_attention_heads", Some(12))?,
-        max_positions: cfg.uint("max_position_embeddings", Some(2048))?,
-    };
+fn opt(cfg: &Cfg, opts: &ImportOptions) -> Result<(ModelConfig, Template), ImportError> {
+    let common = Common::read(cfg, opts, FIELDS, [50272, 768, 12, 12, 2048])?;
     cfg.heads_divide(common.hidden, common.heads, "num_attention_heads")?;
     let mut c = base_config(&common, cfg.seq_len(opts, common.max_positions)?, opts);
     let pre_norm = cfg.flag("do_layer_norm_before", true)?;
@@ -505,177 +757,27 @@ fn opt(cfg: &Cfg, opts: &ImportOptions) -> Result<GraphBuilder, ImportError> {
     c.position_offset = 2;
     c.dropout = cfg.float("dropout", 0.1)?;
     c.attention_dropout = cfg.float("attention_dropout", 0.0)?;
-    let (h, e, v, f, p) = (
-        c.hidden,
-        c.embed_dim,
-        c.vocab_size,
-        c.ffn_hidden,
-        c.max_positions,
-    );
-    let tied = c.tied_embeddings;
-    let mut g = GraphBuilder::new(c);
-    let mut tok = g.embedding("embed_tokens", "model.decoder.embed_tokens", v, e);
-    if e != h {
-        tok = g.linear(
-            "project_in",
-            "model.decoder.project_in",
-            &tok,
-            h,
-            false,
-            None,
-        );
-    }
-    g.positional("embed_positions", "model.decoder.embed_positions", p + 2, h);
-    let mut x = g.add(
-        "embed",
-        "model.decoder.dropout",
-        &[&tok, "embed_positions"],
-        true,
-    );
-    for i in 0..common.layers {
-        g.set_block(Some(i as u32));
-        let (pre, mp) = (format!("layers{i}"), format!("model.decoder.layers.{i}"));
-        let ln_a = (
-            format!("{pre}.self_attn_layer_norm"),
-            format!("{mp}.self_attn_layer_norm"),
-        );
-        let ln_f = (
-            format!("{pre}.final_layer_norm"),
-            format!("{mp}.final_layer_norm"),
-        );
-        let attn_in = if pre_norm {
-            g.norm(&ln_a.0, &ln_a.1, &x, affine, false)
-        } else {
-            x.clone()
-        };
-        let q = g.linear(
-            &format!("{pre}.self_attn.q_proj"),
-            &format!("{mp}.self_attn.q_proj"),
-            &attn_in,
-            h,
-            bias,
-            None,
-        );
-        let k = g.linear(
-            &format!("{pre}.self_attn.k_proj"),
-            &format!("{mp}.self_attn.k_proj"),
-            &attn_in,
-            h,
-            bias,
-            None,
-        );
-        let vv = g.linear(
-            &format!("{pre}.self_attn.v_proj"),
-            &format!("{mp}.self_attn.v_proj"),
-            &attn_in,
-            h,
-            bias,
-            None,
-        );
-        let att = g.attention(
-            &format!("{pre}.self_attn.core"),
-            &format!("{mp}.self_attn"),
-            &[&q, &k, &vv],
-        );
-        let o = g.linear(
-            &format!("{pre}.self_attn.out_proj"),
-            &format!("{mp}.self_attn.out_proj"),
-            &att,
-            h,
-            bias,
-            None,
-        );
-        let mut r1 = g.add(
-            &format!("{pre}.add_1"),
-            &format!("{mp}.dropout_1"),
-            &[&x, &o],
-            true,
-        );
-        if !pre_norm {
-            r1 = g.norm(&ln_a.0, &ln_a.1, &r1, affine, false);
-        }
-        let mlp_in = if pre_norm {
-            g.norm(&ln_f.0, &ln_f.1, &r1, affine, false)
-        } else {
-            r1.clone()
-        };
-        let fc1 = g.linear(
-            &format!("{pre}.fc1"),
-            &format!("{mp}.fc1"),
-            &mlp_in,
-            f,
-            bias,
-            None,
-        );
-        let act = g.activation(
-            &format!("{pre}.act"),
-            &format!("{mp}.activation_fn"),
-            &[&fc1],
-        );
-        let fc2 = g.linear(
-            &format!("{pre}.fc2"),
-            &format!("{mp}.fc2"),
-            &act,
-            h,
-            bias,
-            None,
-        );
-        x = g.add(
-            &format!("{pre}.add_2"),
-            &format!("{mp}.dropout_2"),
-            &[&r1, &fc2],
-            true,
-        );
-        if !pre_norm {
-            x = g.norm(&ln_f.0, &ln_f.1, &x, affine, false);
-        }
-    }
-    g.set_block(None);
-    if g.config().final_norm {
-        x = g.norm(
-            "final_layer_norm",
-            "model.decoder.final_layer_norm",
-            &x,
-            affine,
-            false,
-        );
-    }
-    if e != h {
-        x = g.linear(
-            "project_out",
-            "model.decoder.project_out",
-            &x,
-            e,
-            false,
-            None,
-        );
-    }
-    let logits = g.linear(
-        "lm_head",
-        "lm_head",
-        &x,
-        v,
-        false,
-        tied.then_some("embed_tokens.weight"),
-    );
-    g.cross_entropy("loss", "loss", &logits);
-    Ok(g)
+    Ok((
+        c,
+        Template {
+            norm_affine: affine,
+            ..OPT
+        },
+    ))
 }
 
-fn llama(cfg: &Cfg, opts: &ImportOptions, arch: &str) -> Result<GraphBuilder, ImportError> {
+fn llama(
+    cfg: &Cfg,
+    opts: &ImportOptions,
+    arch: &str,
+) -> Result<(ModelConfig, Template), ImportError> {
     // Defaults of LlamaConfig, MistralConfig and Qwen2Config respectively.
     let (vocab, ffn, kv, max_pos) = match arch {
         "MistralForCausalLM" => (32000, 14336, 8, 4096 * 32),
         "Qwen2ForCausalLM" => (151936, 22016, 32, 32768),
         _ => (32000, 11008, 32, 2048),
     };
-    let common = Common {
-        vocab: cfg.uint("vocab_size", Some(vocab))?,
-        hidden: cfg.uint("hidden_size", Some(4096))?,
-        layers: cfg.layers(opts, "num_hidden_layers", 32)?,
-        heads: cfg.uint("num_attention_heads", Some(32))?,
-        max_positions: cfg.uint("max_position_embeddings", Some(max_pos))?,
-    };
+    let common = Common::read(cfg, opts, FIELDS, [vocab, 4096, 32, 32, max_pos])?;
     let mut c = base_config(&common, cfg.seq_len(opts, common.max_positions)?, opts);
     let default_kv = if arch == "LlamaForCausalLM" {
         common.heads
@@ -732,129 +834,11 @@ fn llama(cfg: &Cfg, opts: &ImportOptions, arch: &str) -> Result<GraphBuilder, Im
     c.positional = Positional::Rotary;
     c.rope_theta = Some(cfg.float("rope_theta", 10000.0)?);
     c.attention_dropout = cfg.float("attention_dropout", 0.0)?;
-    let (h, v, f) = (c.hidden, c.vocab_size, c.ffn_hidden);
-    let (qd, kvd) = (c.heads * c.head_dim, c.kv_heads * c.head_dim);
-    let tied = c.tied_embeddings;
-    let mut g = GraphBuilder::new(c);
-    let mut x = g.embedding("embed_tokens", "model.embed_tokens", v, h);
-    for i in 0..common.layers {
-        g.set_block(Some(i as u32));
-        let (pre, mp) = (format!("layers{i}"), format!("model.layers.{i}"));
-        let n1 = g.norm(
-            &format!("{pre}.input_layernorm"),
-            &format!("{mp}.input_layernorm"),
-            &x,
-            true,
-            false,
-        );
-        let q = g.linear(
-            &format!("{pre}.self_attn.q_proj"),
-            &format!("{mp}.self_attn.q_proj"),
-            &n1,
-            qd,
-            qkv_bias,
-            None,
-        );
-        let k = g.linear(
-            &format!("{pre}.self_attn.k_proj"),
-            &format!("{mp}.self_attn.k_proj"),
-            &n1,
-            kvd,
-            qkv_bias,
-            None,
-        );
-        let vv = g.linear(
-            &format!("{pre}.self_attn.v_proj"),
-            &format!("{mp}.self_attn.v_proj"),
-            &n1,
-            kvd,
-            qkv_bias,
-            None,
-        );
-        let att = g.attention(
-            &format!("{pre}.self_attn.core"),
-            &format!("{mp}.self_attn"),
-            &[&q, &k, &vv],
-        );
-        let o = g.linear(
-            &format!("{pre}.self_attn.o_proj"),
-            &format!("{mp}.self_attn.o_proj"),
-            &att,
-            h,
-            o_bias,
-            None,
-        );
-        let r1 = g.add(
-            &format!("{pre}.add_1"),
-            &format!("{mp}.residual_1"),
-            &[&x, &o],
-            false,
-        );
-        let n2 = g.norm(
-            &format!("{pre}.post_attention_layernorm"),
-            &format!("{mp}.post_attention_layernorm"),
-            &r1,
-            true,
-            false,
-        );
-        let gate = g.linear(
-            &format!("{pre}.mlp.gate_proj"),
-            &format!("{mp}.mlp.gate_proj"),
-            &n2,
-            f,
-            mlp_bias,
-            None,
-        );
-        let up = g.linear(
-            &format!("{pre}.mlp.up_proj"),
-            &format!("{mp}.mlp.up_proj"),
-            &n2,
-            f,
-            mlp_bias,
-            None,
-        );
-        let act = g.activation(
-            &format!("{pre}.mlp.act"),
-            &format!("{mp}.mlp.act_fn"),
-            &[&gate, &up],
-        );
-        let down = g.linear(
-            &format!("{pre}.mlp.down_proj"),
-            &format!("{mp}.mlp.down_proj"),
-            &act,
-            h,
-            mlp_bias,
-            None,
-        );
-        x = g.add(
-            &format!("{pre}.add_2"),
-            &format!("{mp}.residual_2"),
-            &[&r1, &down],
-            false,
-        );
-    }
-    g.set_block(None);
-    let n = g.norm("norm", "model.norm", &x, true, false);
-    let logits = g.linear(
-        "lm_head",
-        "lm_head",
-        &n,
-        v,
-        false,
-        tied.then_some("embed_tokens.weight"),
-    );
-    g.cross_entropy("loss", "loss", &logits);
-    Ok(g)
+    Ok((c, LLAMA))
 }
 
-fn bert(cfg: &Cfg, opts: &ImportOptions) -> Result<GraphBuilder, ImportError> {
-    let common = Common {
-        vocab: cfg.uint("vocab_size", Some(30522))?,
-        hidden: cfg.uint("hidden_size", Some(768))?,
-        layers: cfg.layers(opts, "num_hidden_layers", 12)?,
-        heads: cfg.uint("num_attention_heads", Some(12))?,
-        max_positions: cfg.uint("max_position_embeddings", Some(512))?,
-    };
+fn bert(cfg: &Cfg, opts: &ImportOptions) -> Result<(ModelConfig, Template), ImportError> {
+    let common = Common::read(cfg, opts, FIELDS, [30522, 768, 12, 12, 512])?;
     cfg.heads_divide(common.hidden, common.heads, "num_attention_heads")?;
     let mut c = base_config(&common, cfg.seq_len(opts, common.max_positions)?, opts);
     c.ffn_hidden = cfg.uint("intermediate_size", Some(3072))?;
@@ -868,158 +852,7 @@ fn bert(cfg: &Cfg, opts: &ImportOptions) -> Result<GraphBuilder, ImportError> {
     c.causal = false;
     c.dropout = cfg.float("hidden_dropout_prob", 0.1)?;
     c.attention_dropout = cfg.float("attention_probs_dropout_prob", 0.1)?;
-    let (h, v, f, p, t) = (
-        c.hidden,
-        c.vocab_size,
-        c.ffn_hidden,
-        c.max_positions,
-        c.type_vocab_size,
-    );
-    let tied = c.tied_embeddings;
-    let mut g = GraphBuilder::new(c);
-    g.embedding("word_embeddings", "bert.embeddings.word_embeddings", v, h);
-    g.positional(
-        "position_embeddings",
-        "bert.embeddings.position_embeddings",
-        p,
-        h,
-    );
-    g.embedding(
-        "token_type_embeddings",
-        "bert.embeddings.token_type_embeddings",
-        t,
-        h,
-    );
-    let sum = g.add(
-        "embed",
-        "bert.embeddings",
-        &[
-            "word_embeddings",
-            "position_embeddings",
-            "token_type_embeddings",
-        ],
-        false,
-    );
-    let mut x = g.norm("embed_ln", "bert.embeddings.LayerNorm", &sum, true, true);
-    for i in 0..common.layers {
-        g.set_block(Some(i as u32));
-        let (pre, mp) = (format!("layer{i}"), format!("bert.encoder.layer.{i}"));
-        let q = g.linear(
-            &format!("{pre}.attention.query"),
-            &format!("{mp}.attention.self.query"),
-            &x,
-            h,
-            true,
-            None,
-        );
-        let k = g.linear(
-            &format!("{pre}.attention.key"),
-            &format!("{mp}.attention.self.key"),
-            &x,
-            h,
-            true,
-            None,
-        );
-        let vv = g.linear(
-            &format!("{pre}.attention.value"),
-            &format!("{mp}.attention.self.value"),
-            &x,
-            h,
-            true,
-            None,
-        );
-        let att = g.attention(
-            &format!("{pre}.attention.core"),
-            &format!("{mp}.attention.self"),
-            &[&q, &k, &vv],
-        );
-        let o = g.linear(
-            &format!("{pre}.attention.output"),
-            &format!("{mp}.attention.output.dense"),
-            &att,
-            h,
-            true,
-            None,
-        );
-        let r1 = g.add(
-            &format!("{pre}.add_1"),
-            &format!("{mp}.attention.output.dropout"),
-            &[&x, &o],
-            true,
-        );
-        let n1 = g.norm(
-            &format!("{pre}.attention.ln"),
-            &format!("{mp}.attention.output.LayerNorm"),
-            &r1,
-            true,
-            false,
-        );
-        let inter = g.linear(
-            &format!("{pre}.intermediate"),
-            &format!("{mp}.intermediate.dense"),
-            &n1,
-            f,
-            true,
-            None,
-        );
-        let act = g.activation(
-            &format!("{pre}.act"),
-            &format!("{mp}.intermediate.intermediate_act_fn"),
-            &[&inter],
-        );
-        let out = g.linear(
-            &format!("{pre}.output"),
-            &format!("{mp}.output.dense"),
-            &act,
-            h,
-            true,
-            None,
-        );
-        let r2 = g.add(
-            &format!("{pre}.add_2"),
-            &format!("{mp}.output.dropout"),
-            &[&n1, &out],
-            true,
-        );
-        x = g.norm(
-            &format!("{pre}.output.ln"),
-            &format!("{mp}.output.LayerNorm"),
-            &r2,
-            true,
-            false,
-        );
-    }
-    g.set_block(None);
-    let d = g.linear(
-        "cls.transform",
-        "cls.predictions.transform.dense",
-        &x,
-        h,
-        true,
-        None,
-    );
-    let a = g.activation(
-        "cls.act",
-        "cls.predictions.transform.transform_act_fn",
-        &[&d],
-    );
-    let n = g.norm(
-        "cls.ln",
-        "cls.predictions.transform.LayerNorm",
-        &a,
-        true,
-        false,
-    );
-    let logits = g.linear(
-        "cls.decoder",
-        "cls.predictions.decoder",
-        &n,
-        v,
-        true,
-        tied.then_some("word_embeddings.weight"),
-    );
-    g.cross_entropy("loss", "loss", &logits);
-    Ok(g)
+    Ok((c, BERT))
 }
 
 #[cfg(test)]
