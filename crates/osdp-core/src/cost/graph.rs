@@ -1,0 +1,422 @@
+//! What the model graph says of each operator, whatever the sharding: [`OpBase`], the
+//! strategy-independent facts of an op at one micro-batch size (parameters, kernel times,
+//! activations), made from the [`OpGraph`] (who uses which parameters, what flows into each
+//! op, each op's share of its block); the calibration curves' key and measure of an op's work.
+
+use crate::model::{saved, AttentionImpl, ModelConfig, ModelSpec, OpKind, OpSpec};
+
+use super::{
+    cut_by_split, Choice, Machine, Unit, ATTENTION_BWD_FACTOR, ELEMENTWISE_BWD_FACTOR,
+    LINEAR_BWD_FACTOR,
+};
+
+/// Strategy-independent facts of one op at one micro-batch size.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OpBase {
+    /// Parameters the op owns (tied ones belong to their owner).
+    pub params: u64,
+    /// How many ops use these parameters (1 + tied users): each use gathers them under ZeRO-3.
+    pub uses: u32,
+    /// Whether OSDP's operator splitting applies (linears).
+    pub splittable: bool,
+    pub fwd_s: f64,
+    pub bwd_s: f64,
+    /// Activations kept for backward at this micro-batch.
+    pub saved_bytes: u64,
+    /// Gradient buffers while the op runs backward: its output's and its inputs' gradients.
+    pub working_bytes: u64,
+    /// Output at this micro-batch (what a recomputed block keeps of its input).
+    pub output_bytes: u64,
+    /// Work at this micro-batch, the calibration curves' axis: FLOPs for linears and attention,
+    /// bytes moved at the training precision for the others.
+    pub work: f64,
+    /// The parameter tensors the op owns (a validated op has at most two: weight and bias),
+    /// in the model's order; absent ones have no elements.
+    pub tensors: [ParamTensor; 2],
+    /// Micro-batches per optimizer step (gradient accumulation): the op's compute, and the
+    /// collectives a strategy repeats per micro-batch, run this many times a step.
+    pub accumulation: u32,
+    /// The share of a collective's latency this op pays: 1 where each op communicates on its
+    /// own; its fraction of its block's parameters where a block's ops communicate together.
+    pub latency_share: f64,
+}
+
+/// What an op owns, whatever the batch: made once per graph ([`OpGraph`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Owned {
+    /// [`ModelSpec::op_param_count`].
+    pub params: u64,
+    /// [`OpBase::uses`] ([`parameter_uses`]).
+    pub uses: u32,
+    /// [`OpBase::tensors`].
+    pub tensors: [ParamTensor; 2],
+}
+
+impl Owned {
+    pub fn of(op: &OpSpec, uses: u32) -> Owned {
+        let mut owned = op
+            .params
+            .iter()
+            .filter(|p| p.tied_to.is_none())
+            .map(|p| ParamTensor {
+                numel: p.shape.iter().product::<i64>().max(0) as u64,
+                cut: cut_by_split(op.kind, &p.name),
+            });
+        Owned {
+            params: ModelSpec::op_param_count(op),
+            uses,
+            tensors: [
+                owned.next().unwrap_or_default(),
+                owned.next().unwrap_or_default(),
+            ],
+        }
+    }
+}
+
+/// One parameter tensor an op owns, as sharding sees it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct ParamTensor {
+    pub numel: u64,
+    /// A split cuts it into column slices ([`cut_by_split`]).
+    pub cut: bool,
+}
+
+impl OpBase {
+    /// The units `choice` holds the op's parameters as ([`Choice::units`]).
+    pub fn units(&self, choice: Choice) -> impl Iterator<Item = Unit> + '_ {
+        self.tensors
+            .iter()
+            .filter(|t| t.numel > 0)
+            .flat_map(move |t| choice.units(t.numel, t.cut))
+    }
+
+    /// `input_bytes_per_sample`: the summed outputs of the op's inputs. `config`: the model's,
+    /// whose attention may be a fused causal kernel (which skips the masked half of its FLOPs).
+    pub fn new(
+        op: &OpSpec,
+        kernel: &str,
+        input_bytes_per_sample: u64,
+        m: &Machine,
+        batch: u64,
+        config: &ModelConfig,
+        owned: &Owned,
+    ) -> OpBase {
+        let causal_fused = config.causal && config.attention == AttentionImpl::Flash;
+        let b = batch as f64;
+        let flops = op.fwd_flops_per_sample as f64 * b;
+        let moved = (input_bytes_per_sample + op.output_bytes_per_sample) as f64 * b;
+        let work = op_work(op, input_bytes_per_sample, m, batch);
+        let measured = m
+            .calibration
+            .as_ref()
+            .and_then(|c| c.kernel_s(kernel, work));
+        let (fwd_s, bwd_s) = match op.kind {
+            _ if measured.is_some() => measured.unwrap_or_default(),
+            OpKind::Linear => {
+                // The GEMM's smallest side: its narrower feature count, or the rows of the
+                // micro-batch (tokens) when fewer.
+                let weight = op.params.first().map(|p| p.shape.as_slice()).unwrap_or(&[]);
+                let features = weight.iter().copied().min().unwrap_or(1).max(1) as f64;
+                let rows = flops / (2.0 * weight.iter().product::<i64>().max(1) as f64);
+                let width = features.min(rows.max(1.0));
+                (
+                    m.matmul_s(flops, width, 1),
+                    LINEAR_BWD_FACTOR * m.matmul_s(flops, width, 1),
+                )
+            }
+            OpKind::Attention if causal_fused => {
+                let done = flops / 2.0;
+                (
+                    m.attention_s(done, m.efficiency.attention_forward),
+                    m.attention_s(ATTENTION_BWD_FACTOR * done, m.efficiency.attention_backward),
+                )
+            }
+            OpKind::Attention => (
+                m.attention_s(flops, m.efficiency.attention_forward),
+                m.attention_s(
+                    ATTENTION_BWD_FACTOR * flops,
+                    m.efficiency.attention_backward,
+                ),
+            ),
+            _ => (
+                m.memory_s(moved),
+                ELEMENTWISE_BWD_FACTOR * m.memory_s(moved),
+            ),
+        };
+        // Activations in the training precision; token ids, fused attention's log-sum-exp and
+        // the loss's log-probabilities in their own dtypes whatever the precision.
+        let fixed = saved::fixed_dtype_saved_bytes(op, config);
+        let saved = m.activation_bytes(op.saved_bytes_per_sample - fixed) + fixed;
+        OpBase {
+            params: owned.params,
+            uses: owned.uses,
+            splittable: op.kind == OpKind::Linear,
+            fwd_s,
+            bwd_s,
+            saved_bytes: saved * batch,
+            working_bytes: m.activation_bytes(input_bytes_per_sample + op.output_bytes_per_sample)
+                * batch,
+            output_bytes: m.activation_bytes(op.output_bytes_per_sample) * batch,
+            work,
+            tensors: owned.tensors,
+            accumulation: 1,
+            latency_share: 1.0,
+        }
+    }
+
+    /// Forward time of the op over a whole step (every micro-batch): what recomputing it adds.
+    pub fn recompute_s(&self) -> f64 {
+        self.fwd_s * f64::from(self.accumulation.max(1))
+    }
+}
+
+/// Which calibration curve prices `op`: its kind (`linear`), and for activations also the
+/// function and whether it is gated (`activation/gelu_tanh`, `activation/silu_gated`), whose
+/// kernels differ several-fold at the same bytes.
+pub fn kernel_key(model: &ModelSpec, op: &OpSpec) -> &'static str {
+    use crate::model::Activation::{Gelu, GeluTanh, Relu, Silu};
+    let gated = op.inputs.len() == 2;
+    match (op.kind, model.config.activation, gated) {
+        (OpKind::Activation, Gelu, false) => "activation/gelu",
+        (OpKind::Activation, Gelu, true) => "activation/gelu_gated",
+        (OpKind::Activation, GeluTanh, false) => "activation/gelu_tanh",
+        (OpKind::Activation, GeluTanh, true) => "activation/gelu_tanh_gated",
+        (OpKind::Activation, Relu, false) => "activation/relu",
+        (OpKind::Activation, Relu, true) => "activation/relu_gated",
+        (OpKind::Activation, Silu, false) => "activation/silu",
+        (OpKind::Activation, Silu, true) => "activation/silu_gated",
+        (kind, _, _) => kind.as_str(),
+    }
+}
+
+/// The calibration curves' measure of an op's work at micro-batch `batch`: forward FLOPs for
+/// linears and attention, bytes read and written (at the machine's activation precision) for
+/// the memory-bound kinds.
+pub fn op_work(op: &OpSpec, input_bytes_per_sample: u64, m: &Machine, batch: u64) -> f64 {
+    match op.kind {
+        OpKind::Linear | OpKind::Attention => op.fwd_flops_per_sample as f64 * batch as f64,
+        _ => {
+            m.activation_bytes(input_bytes_per_sample + op.output_bytes_per_sample) as f64
+                * batch as f64
+        }
+    }
+}
+
+/// How many ops use each op's parameters: 1 for the owner plus its tied users.
+pub fn parameter_uses(model: &ModelSpec) -> Vec<u32> {
+    let mut uses: Vec<u32> = model
+        .ops
+        .iter()
+        .map(|o| u32::from(ModelSpec::op_param_count(o) > 0))
+        .collect();
+    for p in model.ops.iter().flat_map(|op| &op.params) {
+        if let Some(j) = model.tie_owner(p) {
+            uses[j] += 1;
+        }
+    }
+    uses
+}
+
+/// Per-sample bytes each op reads: the summed outputs of its inputs.
+pub fn input_bytes_per_sample(model: &ModelSpec) -> Vec<u64> {
+    let index = model.op_index();
+    model
+        .ops
+        .iter()
+        .map(|op| {
+            op.inputs
+                .iter()
+                .filter_map(|id| index.get(id.as_str()))
+                .map(|&j| model.ops[j].output_bytes_per_sample)
+                .sum()
+        })
+        .collect()
+}
+
+/// The base facts of every op at micro-batch `batch`.
+pub fn op_bases(model: &ModelSpec, m: &Machine, batch: u64) -> Vec<OpBase> {
+    OpGraph::of(model).bases(model, m, batch)
+}
+
+/// What the graph says of each op whatever the batch: who uses its parameters, what flows
+/// into it. Worth keeping when pricing many batch sizes (finding them means name lookups).
+#[derive(Debug, Clone)]
+pub struct OpGraph {
+    inputs: Vec<u64>,
+    /// Each op's fraction of its block's parameters (1 outside blocks).
+    block_share: Vec<f64>,
+    owned: Vec<Owned>,
+}
+
+impl OpGraph {
+    pub fn of(model: &ModelSpec) -> OpGraph {
+        let mut block_params: std::collections::HashMap<u32, u64> = Default::default();
+        for op in &model.ops {
+            if let Some(b) = op.block {
+                *block_params.entry(b).or_default() += ModelSpec::op_param_count(op);
+            }
+        }
+        let block_share = model
+            .ops
+            .iter()
+            .map(|op| match op.block.and_then(|b| block_params.get(&b)) {
+                Some(&total) if total > 0 => ModelSpec::op_param_count(op) as f64 / total as f64,
+                _ => 1.0,
+            })
+            .collect();
+        OpGraph {
+            inputs: input_bytes_per_sample(model),
+            block_share,
+            owned: model
+                .ops
+                .iter()
+                .zip(parameter_uses(model))
+                .map(|(op, uses)| Owned::of(op, uses))
+                .collect(),
+        }
+    }
+
+    /// The base facts of every op of `model` (the one this was made of) at `batch`.
+    pub fn bases(&self, model: &ModelSpec, m: &Machine, batch: u64) -> Vec<OpBase> {
+        model
+            .ops
+            .iter()
+            .enumerate()
+            .map(|(i, op)| {
+                OpBase::new(
+                    op,
+                    kernel_key(model, op),
+                    self.inputs[i],
+                    m,
+                    batch,
+                    &model.config,
+                    &self.owned[i],
+                )
+            })
+            .zip(&self.block_share)
+            .map(|(mut base, &share)| {
+                if m.block_collectives {
+                    base.latency_share = share;
+                }
+                base
+            })
+            .collect()
+    }
+}
+
+/// Price `bases` for `accumulation` micro-batches per optimizer step.
+pub fn set_accumulation(bases: &mut [OpBase], accumulation: u64) {
+    let a = u32::try_from(accumulation.max(1)).unwrap_or(u32::MAX);
+    for b in bases {
+        b.accumulation = a;
+    }
+}
+
+/// Whether the op owns parameters (and so has a sharding choice).
+pub fn owns_params(op: &OpSpec) -> bool {
+    ModelSpec::op_param_count(op) > 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cost::fixtures::{cluster, machine, sample};
+    use crate::cost::Precision;
+
+    #[test]
+    fn kernel_keys_name_the_kind_and_the_activation_as_model_json_does() {
+        use crate::model::Activation;
+        // tiny-llama's activations are gated, tiny-gpt2's plain.
+        for name in ["tiny-llama", "tiny-gpt2"] {
+            let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("../..")
+                .join(format!("sample-models/{name}.json"));
+            let mut model = crate::model::read_model(&path).unwrap();
+            for act in [
+                Activation::Gelu,
+                Activation::GeluTanh,
+                Activation::Relu,
+                Activation::Silu,
+            ] {
+                assert_eq!(serde_json::to_value(act).unwrap(), act.as_str());
+                model.config.activation = act;
+                for op in &model.ops {
+                    let want = match op.kind {
+                        OpKind::Activation if op.inputs.len() == 2 => {
+                            format!("activation/{}_gated", act.as_str())
+                        }
+                        OpKind::Activation => format!("activation/{}", act.as_str()),
+                        kind => serde_json::to_value(kind).unwrap().as_str().unwrap().into(),
+                    };
+                    assert_eq!(kernel_key(&model, op), want);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn fp32_training_doubles_bf16_activations_but_not_ids_log_sum_exp_or_log_probabilities() {
+        let model = sample("tiny-gpt2");
+        let mut m = machine(2);
+        m.precision = Precision::FP32;
+        assert_eq!(m.model_activation_bytes, 2);
+        let bases = op_bases(&model, &m, 1);
+        let c = &model.config;
+        for (op, base) in model.ops.iter().zip(&bases) {
+            let saved = op.saved_bytes_per_sample;
+            let want = match op.kind {
+                // 8-byte token ids.
+                OpKind::Embedding => c.seq_len * 8,
+                // Inputs and output doubled, one fp32 log-sum-exp per row and head as it is.
+                OpKind::Attention => {
+                    2 * (saved - c.heads * c.seq_len * 4) + c.heads * c.seq_len * 4
+                }
+                OpKind::CrossEntropy => saved,
+                _ => 2 * saved,
+            };
+            assert_eq!(base.saved_bytes, want, "{}", op.id);
+        }
+    }
+
+    #[test]
+    fn a_blocks_ops_share_one_collective_latency_on_gpus() {
+        let m = cluster(8, 8.0);
+        assert!(m.block_collectives);
+        let model = sample("gpt2");
+        let bases = op_bases(&model, &m, 1);
+        // Per block, the shares of the ops owning parameters add up to one latency.
+        let block0: f64 = model
+            .ops
+            .iter()
+            .zip(&bases)
+            .filter(|(o, _)| o.block == Some(0) && owns_params(o))
+            .map(|(_, b)| b.latency_share)
+            .sum();
+        assert!((block0 - 1.0).abs() < 1e-12, "{block0}");
+        // The embedding, outside blocks, pays a whole one.
+        assert_eq!(bases[0].latency_share, 1.0);
+    }
+
+    #[test]
+    fn causal_flash_attention_skips_the_masked_half() {
+        let causal = sample("gpt2");
+        let mut full = causal.clone();
+        full.config.causal = false;
+        let m = cluster(1, 8.0);
+        let attention = |model: &ModelSpec| {
+            let i = model
+                .ops
+                .iter()
+                .position(|o| o.kind == OpKind::Attention)
+                .unwrap();
+            let b = &op_bases(model, &m, 8)[i];
+            (b.fwd_s - m.launch_s, b.bwd_s - m.launch_s)
+        };
+        let (c, f) = (attention(&causal), attention(&full));
+        assert!((c.0 / f.0 - 0.5).abs() < 1e-9 && (c.1 / f.1 - 0.5).abs() < 1e-9);
+        // Backward: 2.5× the forward's FLOPs at the backward's own efficiency.
+        let e = m.efficiency;
+        let want = ATTENTION_BWD_FACTOR * e.attention_forward / e.attention_backward;
+        assert!((c.1 / c.0 - want).abs() < 1e-9);
+    }
+}

@@ -1,0 +1,470 @@
+//! The machine the cost model prices on: [`Machine`], a layout's rates resolved once for a
+//! model, with the kernel [`Efficiencies`] and the constants behind them; the time of kernels,
+//! ring collectives (α–β) and copies to host memory on it.
+
+use std::sync::Arc;
+
+use crate::cluster::{Calibration, DeviceKind, Layout};
+use crate::model::ModelSpec;
+
+use super::{Choice, Precision, Strategy};
+
+/// Fraction of the dense peak a large matmul reaches where neither the layout nor the GPU's
+/// generation says (the CPU layout, unknown GPUs).
+pub const MATMUL_EFFICIENCY: f64 = 0.7;
+/// Fraction of memory bandwidth element-wise kernels reach, likewise.
+pub const MEMORY_EFFICIENCY: f64 = 0.8;
+/// A ring collective's fixed latency on GPUs besides its per-step ones: NCCL's tuning model
+/// (src/graph/tuning.cc) gives 8.4 µs for the Simple protocol large collectives use.
+pub const NCCL_BASE_LATENCY_S: f64 = 8.4e-6;
+/// Memory traffic per parameter of every micro-batch outside the kernels the graph lists, on
+/// GPUs: casting the gathered weights to the compute dtype, casting and scaling the gradient
+/// for its reduction, copying it into and out of the collective's buffers, accumulating it;
+/// priced every micro-batch under every strategy, on layouts of two GPUs or more.
+/// PyTorch FSDP's mixed-precision passes count 14–30 bytes (a bf16 gradient cast to fp32, read
+/// 2 + write 4; divided in place, 8; autocast's weight casts, 6 each way; FSDP2's copy-in and
+/// copy-out, 4 each); fitted to 37.6 on the single-node runs of docs/published-runs.md, where it
+/// took the held-out error from 0.113 to 0.085 (rms log). The CPU trainer's own passes are in
+/// its calibrated step overhead.
+pub const PARAM_PASS_BYTES: f64 = 37.6;
+/// The bytes per parameter a layout's micro-batches pass over outside the kernels:
+/// [`PARAM_PASS_BYTES`] on two GPUs or more (the figure was fitted on runs sharded over 8 or
+/// more; one GPU gathers and reduces nothing), none on CPUs, where the trainer's own passes are
+/// part of its calibrated step overhead.
+pub fn param_pass_bytes(layout: &Layout) -> f64 {
+    match layout.device.kind {
+        DeviceKind::Gpu if layout.world_size() > 1 => PARAM_PASS_BYTES,
+        _ => 0.0,
+    }
+}
+/// Backward of a matmul is two matmuls (input and weight gradients).
+pub const LINEAR_BWD_FACTOR: f64 = 2.0;
+/// Fused attention backward recomputes the scores: about 2.5× its forward.
+pub const ATTENTION_BWD_FACTOR: f64 = 2.5;
+/// Element-wise backward reads and writes about twice the forward's bytes.
+pub const ELEMENTWISE_BWD_FACTOR: f64 = 2.0;
+
+/// Rates of the layout the cost model needs, resolved once.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Machine {
+    pub ranks: u32,
+    /// Dense FLOP/s for the model's compute dtype.
+    pub flops_per_s: f64,
+    pub memory_bytes_per_s: f64,
+    /// Nodes the ranks are spread over (ranks / nodes per node).
+    pub nodes: u32,
+    /// Bus bandwidth of a ring over all ranks, bytes/s: the intra-node link's, or across
+    /// nodes the lesser of it and a node's NICs together (one ring channel per NIC).
+    pub link_bytes_per_s: f64,
+    /// Per-step latency of a ring collective between ranks of one node, seconds.
+    pub link_latency_s: f64,
+    /// Per-step latency of the ring steps that cross nodes (`nodes − 1` of a ring's steps).
+    pub cross_node_latency_s: f64,
+    /// Ranks in one node (hybrid sharding's shard group); `ranks` on one node.
+    pub ranks_per_node: u32,
+    /// Bus bandwidth of a ring over the ranks of one node (the intra-node link), bytes/s.
+    pub node_link_bytes_per_s: f64,
+    /// Bus bandwidth of one cross-node ring of one rank per node (hybrid sharding's replica
+    /// group), bytes/s: each of a node's ranks runs its own such ring at once, so each gets
+    /// its share of the node's NICs.
+    pub replica_link_bytes_per_s: f64,
+    /// Fixed latency of one collective besides its steps (NCCL's launch and set-up).
+    pub collective_base_s: f64,
+    /// Bytes per element of reduced gradients on the wire.
+    pub reduce_bytes: u64,
+    /// Fractions of the peaks kernels reach: matmuls, fused attention forward and backward
+    /// (on causal FLOPs), memory-bound kernels.
+    pub efficiency: Efficiencies,
+    /// Collectives of a block's ops are issued together (one latency per block, shared by
+    /// its ops in proportion to their parameters), as FSDP units and DDP buckets do on GPUs.
+    /// The CPU trainer issues one collective per op.
+    pub block_collectives: bool,
+    /// Bytes moved per parameter every micro-batch outside the listed kernels
+    /// ([`PARAM_PASS_BYTES`] on two GPUs or more, 0 on one GPU and on CPUs).
+    pub param_pass_bytes: f64,
+    /// Fixed cost of launching one kernel, seconds.
+    pub launch_s: f64,
+    pub overhead_bytes: u64,
+    /// Which dtype the compute rate is for (for messages).
+    pub compute_dtype: &'static str,
+    pub precision: Precision,
+    /// Bytes of one activation element in the model description's figures.
+    pub model_activation_bytes: u64,
+    /// Whether collectives run on their own stream beside compute (GPUs); the CPU trainer
+    /// runs them in line, so all of their time is exposed.
+    pub overlap: bool,
+    /// Measured kernel curves and fixed costs (`osdp-tui calibrate`), preferred to the rates.
+    pub calibration: Option<Arc<Calibration>>,
+    /// Copy bandwidth between one device and host memory, each way, bytes/s; 0 where the
+    /// layout has no host figures (offload cannot be priced).
+    pub host_link_bytes_per_s: f64,
+    /// AdamW updates per second of the CPU cores that serve one rank (its share of the node's).
+    pub cpu_adam_params_per_s: f64,
+    /// Host memory one rank's offloaded state may take (the layout's default: 80 % of the
+    /// node's host memory over its devices; `--host-budget` sets it). 0: offload is not
+    /// offered.
+    pub host_budget_bytes: u64,
+}
+
+/// Kernel efficiencies the cost model prices with, resolved from the layout, the GPU's
+/// generation, or generic defaults.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Efficiencies {
+    /// Where they come from, in words (for `plan`'s "prices" line).
+    pub source: &'static str,
+    /// Of a large GEMM.
+    pub matmul: f64,
+    /// Narrow GEMMs reach less: a linear whose smaller side is `k` features runs at
+    /// `matmul · k / (k + matmul_half_width)`. 0 where not known.
+    pub matmul_half_width: f64,
+    pub attention_forward: f64,
+    pub attention_backward: f64,
+    pub memory: f64,
+}
+
+impl Efficiencies {
+    /// The fractions used where nothing better is known.
+    pub const GENERIC: Efficiencies = Efficiencies {
+        source: "generic efficiencies",
+        matmul: MATMUL_EFFICIENCY,
+        matmul_half_width: 0.0,
+        attention_forward: MATMUL_EFFICIENCY,
+        attention_backward: MATMUL_EFFICIENCY,
+        memory: MEMORY_EFFICIENCY,
+    };
+
+    /// The source of efficiencies `osdp-tui calibrate --device cuda` measured.
+    pub const MEASURED: &'static str =
+        "efficiencies measured on this GPU by `osdp-tui calibrate --device cuda`";
+
+    /// The layout's own figures, else its GPU generation's (`cluster::known`), else generic.
+    pub fn of(layout: &Layout) -> Efficiencies {
+        let d = &layout.device;
+        let base = match (d.kind, crate::cluster::known::lookup(&d.model)) {
+            (DeviceKind::Gpu, Some(g)) => Efficiencies {
+                source: g.efficiency.summary,
+                matmul: g.efficiency.matmul.value,
+                matmul_half_width: g.efficiency.matmul_half_width.value,
+                attention_forward: g.efficiency.attention_forward.value,
+                attention_backward: g.efficiency.attention_backward.value,
+                memory: g.efficiency.memory.value,
+            },
+            _ => Efficiencies::GENERIC,
+        };
+        let e = &d.efficiency;
+        let pick = |f: &Option<crate::cluster::Figure>, default: f64| {
+            f.as_ref().map_or(default, |f| f.value)
+        };
+        Efficiencies {
+            source: if e.is_empty() {
+                base.source
+            } else if layout.calibration.is_none() && e.measured_at.is_some() {
+                Efficiencies::MEASURED
+            } else {
+                "the layout's own efficiencies"
+            },
+            matmul: pick(&e.matmul, base.matmul),
+            matmul_half_width: pick(&e.matmul_half_width, base.matmul_half_width),
+            attention_forward: pick(&e.attention_forward, base.attention_forward),
+            attention_backward: pick(&e.attention_backward, base.attention_backward),
+            memory: pick(&e.memory, base.memory),
+        }
+    }
+}
+
+impl Machine {
+    /// Resolve a layout's figures for a model computing in `model.config.dtype`.
+    pub fn new(layout: &Layout, model: &ModelSpec) -> Machine {
+        let r = &layout.device.dense_tflops;
+        let precision = match layout.device.kind {
+            DeviceKind::Cpu => Precision::FP32,
+            DeviceKind::Gpu => Precision::MIXED_BF16,
+        };
+        let fp32 = [("fp32", &r.fp32), ("tf32", &r.tf32), ("bf16", &r.bf16)];
+        let wanted = match model.config.dtype {
+            _ if precision == Precision::FP32 => fp32,
+            crate::model::DType::Bf16 => [("bf16", &r.bf16), ("fp16", &r.fp16), ("fp32", &r.fp32)],
+            crate::model::DType::F16 => [("fp16", &r.fp16), ("bf16", &r.bf16), ("fp32", &r.fp32)],
+            crate::model::DType::F32 => fp32,
+        };
+        // A validated layout has at least one rate; fall back through the others.
+        let (compute_dtype, tflops) = wanted
+            .iter()
+            .find_map(|(n, f)| f.as_ref().map(|f| (*n, f.value)))
+            .or_else(|| {
+                [
+                    ("tf32", &r.tf32),
+                    ("fp32", &r.fp32),
+                    ("fp16", &r.fp16),
+                    ("bf16", &r.bf16),
+                ]
+                .iter()
+                .find_map(|(n, f)| f.as_ref().map(|f| (*n, f.value)))
+            })
+            .unwrap_or(("fp32", 1.0));
+        // A ring over several nodes runs one channel per NIC: its bus bandwidth is the
+        // lesser of the NVLink (or PCIe) one and all of a node's NICs together, and only
+        // the steps that cross nodes pay the network's latency.
+        let intra = &layout.intra_node;
+        let per_node = layout.gpus_per_node.max(1);
+        let (bw, cross_lat, replica_bw) = match &layout.inter_node {
+            Some(inter) if layout.nodes > 1 => {
+                let nics = inter.bus_bandwidth_gb_per_s.value * inter.nics();
+                (
+                    nics.min(intra.bus_bandwidth_gb_per_s.value),
+                    inter.latency_us.value,
+                    // A node's ranks each run a ring of one rank per node, side by side:
+                    // they share the node's NICs.
+                    (nics / f64::from(per_node)).min(intra.bus_bandwidth_gb_per_s.value),
+                )
+            }
+            _ => (
+                intra.bus_bandwidth_gb_per_s.value,
+                intra.latency_us.value,
+                intra.bus_bandwidth_gb_per_s.value,
+            ),
+        };
+        Machine {
+            ranks: layout.world_size(),
+            nodes: layout.nodes.max(1),
+            flops_per_s: tflops * 1e12,
+            memory_bytes_per_s: layout.device.memory_bandwidth_gb_per_s.value * 1e9,
+            link_bytes_per_s: bw * 1e9,
+            link_latency_s: intra.latency_us.value * 1e-6,
+            cross_node_latency_s: cross_lat * 1e-6,
+            ranks_per_node: per_node.min(layout.world_size().max(1)),
+            node_link_bytes_per_s: intra.bus_bandwidth_gb_per_s.value * 1e9,
+            replica_link_bytes_per_s: replica_bw * 1e9,
+            collective_base_s: match layout.device.kind {
+                DeviceKind::Gpu => NCCL_BASE_LATENCY_S,
+                // Calibrated CPU links fold it into the per-step figure.
+                DeviceKind::Cpu => 0.0,
+            },
+            reduce_bytes: layout
+                .gradient_reduce_dtype
+                .map_or(precision.grad_bytes, |d| d.bytes()),
+            efficiency: Efficiencies::of(layout),
+            block_collectives: layout.device.kind == DeviceKind::Gpu,
+            param_pass_bytes: param_pass_bytes(layout),
+            launch_s: match layout.device.kind {
+                DeviceKind::Gpu => 5e-6,
+                DeviceKind::Cpu => 10e-6,
+            },
+            overhead_bytes: layout.runtime_overhead_bytes(),
+            compute_dtype,
+            precision,
+            model_activation_bytes: model.config.dtype.bytes(),
+            overlap: layout.device.kind == DeviceKind::Gpu,
+            calibration: layout.calibration.clone().map(Arc::new),
+            host_link_bytes_per_s: layout
+                .host
+                .as_ref()
+                .map_or(0.0, |h| h.link_gb_per_s.value * 1e9),
+            cpu_adam_params_per_s: layout.host.as_ref().map_or(0.0, |h| {
+                h.adam_mparams_per_s_per_core.value * 1e6 * h.cpu_cores_per_node.value
+                    / f64::from(per_node)
+            }),
+            host_budget_bytes: layout.host_budget_bytes().unwrap_or(0),
+        }
+    }
+
+    /// Whether offloaded state can be priced here: the layout says what its host has.
+    pub fn prices_offload(&self) -> bool {
+        self.host_link_bytes_per_s > 0.0 && self.cpu_adam_params_per_s > 0.0
+    }
+
+    /// Whether the planner may offload: the host can be priced and has a budget.
+    pub fn offers_offload(&self) -> bool {
+        self.prices_offload() && self.host_budget_bytes > 0
+    }
+
+    /// Why `choice` cannot run on this machine, if it cannot: hybrid sharding on one node,
+    /// offload without host figures.
+    pub fn refuses_choice(&self, choice: Choice) -> Option<String> {
+        self.refuses(choice.strategy).or_else(|| {
+            (!choice.offload.is_none() && !self.prices_offload()).then(|| {
+                format!(
+                    "{} keeps state in host memory, but the layout has no `host` figures (host \
+                     memory, the link to it, CPU cores and their AdamW rate); add them to price \
+                     offload",
+                    choice.offload.as_str()
+                )
+            })
+        })
+    }
+
+    /// One copy of `bytes` between the device and host memory.
+    pub(super) fn host_copy_s(&self, bytes: f64) -> f64 {
+        if bytes <= 0.0 {
+            0.0
+        } else {
+            bytes / self.host_link_bytes_per_s + self.launch_s
+        }
+    }
+
+    /// Where the time figures come from, for `plan` output.
+    pub fn timing_source(&self) -> String {
+        match &self.calibration {
+            Some(c) => c.summary(),
+            None if self.efficiency.source == Efficiencies::MEASURED => {
+                format!("datasheet peaks × {}", self.efficiency.source)
+            }
+            None => format!(
+                "datasheet rates × {} (not calibrated: `osdp-tui calibrate` measures a machine)",
+                self.efficiency.source
+            ),
+        }
+    }
+
+    /// The fixed cost of a step outside operators, collectives and the optimizer (measured by
+    /// calibration; 0 otherwise).
+    pub fn step_overhead_s(&self) -> f64 {
+        self.calibration.as_ref().map_or(0.0, |c| c.step_overhead_s)
+    }
+
+    /// Activation bytes of the model description converted to this machine's precision.
+    pub fn activation_bytes(&self, model_bytes: u64) -> u64 {
+        model_bytes * self.precision.activation_bytes / self.model_activation_bytes.max(1)
+    }
+
+    /// Ring all-gather (or reduce-scatter) of a tensor of `bytes` in total.
+    pub fn all_gather_s(&self, bytes: f64) -> f64 {
+        self.ring_s(bytes, 1.0)
+    }
+
+    /// A ring collective of `bytes` that pays `latency_share` of the ring's latency (the
+    /// rest is paid by the other ops issued with it).
+    pub(super) fn ring_s(&self, bytes: f64, latency_share: f64) -> f64 {
+        let n = f64::from(self.ranks);
+        if self.ranks <= 1 {
+            return 0.0;
+        }
+        let nodes = f64::from(self.nodes.clamp(1, self.ranks));
+        latency_share
+            * (self.collective_base_s
+                + (n - nodes) * self.link_latency_s
+                + (nodes - 1.0) * self.cross_node_latency_s)
+            + (n - 1.0) / n * bytes / self.link_bytes_per_s
+    }
+
+    pub fn reduce_scatter_s(&self, bytes: f64) -> f64 {
+        self.all_gather_s(bytes)
+    }
+
+    /// Whether hybrid sharding applies: the ranks span more than one node.
+    pub fn hybrid(&self) -> bool {
+        self.nodes > 1 && self.ranks > self.ranks_per_node
+    }
+
+    /// Why `strategy` cannot run on this machine, if it cannot: hybrid sharding on one node.
+    pub fn refuses(&self, strategy: Strategy) -> Option<String> {
+        (strategy == Strategy::Hsdp && !self.hybrid()).then(|| {
+            format!(
+                "hsdp shards inside a node and replicates across nodes, but all {} ranks are on \
+                 one node: use zero3 (the same sharding over all ranks), or a layout of several \
+                 nodes",
+                self.ranks
+            )
+        })
+    }
+
+    /// A ring collective of `bytes` over the ranks of one node (hybrid sharding's gathers and
+    /// reduce-scatters), paying `latency_share` of its latency.
+    pub(super) fn node_ring_s(&self, bytes: f64, latency_share: f64) -> f64 {
+        let n = f64::from(self.ranks_per_node.min(self.ranks));
+        if n <= 1.0 {
+            return 0.0;
+        }
+        latency_share * (self.collective_base_s + (n - 1.0) * self.link_latency_s)
+            + (n - 1.0) / n * bytes / self.node_link_bytes_per_s
+    }
+
+    /// A ring collective of `bytes` over one rank per node (hybrid sharding's replica group):
+    /// every step crosses nodes.
+    pub(super) fn replica_ring_s(&self, bytes: f64, latency_share: f64) -> f64 {
+        let n = f64::from(self.nodes.clamp(1, self.ranks.max(1)));
+        if n <= 1.0 {
+            return 0.0;
+        }
+        latency_share * (self.collective_base_s + (n - 1.0) * self.cross_node_latency_s)
+            + (n - 1.0) / n * bytes / self.replica_link_bytes_per_s
+    }
+
+    /// Ring all-reduce = reduce-scatter + all-gather.
+    pub fn all_reduce_s(&self, bytes: f64) -> f64 {
+        2.0 * self.all_gather_s(bytes)
+    }
+
+    /// A GEMM of `flops` whose smaller side is `width` features.
+    pub(super) fn matmul_s(&self, flops: f64, width: f64, calls: u32) -> f64 {
+        let e = &self.efficiency;
+        let efficiency = e.matmul * width / (width + e.matmul_half_width);
+        flops / (self.flops_per_s * efficiency) + f64::from(calls) * self.launch_s
+    }
+
+    /// A fused attention kernel doing `flops` (causal ones: the masked half is skipped).
+    pub(super) fn attention_s(&self, flops: f64, efficiency: f64) -> f64 {
+        flops / (self.flops_per_s * efficiency) + self.launch_s
+    }
+
+    /// One element-wise kernel over `bytes`: [`Machine::streamed_s`] plus its launch.
+    pub(super) fn memory_s(&self, bytes: f64) -> f64 {
+        self.streamed_s(bytes) + self.launch_s
+    }
+
+    /// `bytes` read or written at the rate element-wise kernels reach of memory bandwidth.
+    pub(super) fn streamed_s(&self, bytes: f64) -> f64 {
+        bytes / (self.memory_bytes_per_s * self.efficiency.memory)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cost::fixtures::{cluster, linear_base, machine};
+    use crate::cost::price;
+
+    #[test]
+    fn ring_collectives_follow_alpha_beta() {
+        let m = machine(8);
+        // 1 GB all-gather over 8 ranks: 7·10 µs + 7/8 · 1e9 / 100e9 s = 70 µs + 8.75 ms.
+        assert!((m.all_gather_s(1e9) - (70e-6 + 8.75e-3)).abs() < 1e-12);
+        assert!((m.all_reduce_s(1e9) - 2.0 * (70e-6 + 8.75e-3)).abs() < 1e-12);
+        assert_eq!(machine(1).all_reduce_s(1e9), 0.0);
+    }
+
+    #[test]
+    fn a_node_of_nics_keeps_the_ring_at_nvlink_speed_and_only_crossings_pay_network_latency() {
+        // 1 GB gathered: with eight 46 GB/s NICs a node sends 368 GB/s, about NVLink's 370,
+        // so the bandwidth term hardly moves from 8 to 64 GPUs.
+        let bw = |m: &Machine| m.all_gather_s(1e9) - m.all_gather_s(0.0);
+        let (one, eight) = (cluster(1, 8.0), cluster(8, 8.0));
+        let per_byte = |m: &Machine, n: f64| bw(m) / ((n - 1.0) / n);
+        assert!((per_byte(&eight, 64.0) / per_byte(&one, 8.0) - 370.0 / 368.0).abs() < 1e-9);
+        // One NIC per node: the ring crawls at 46 GB/s.
+        assert!((per_byte(&cluster(8, 1.0), 64.0) - 1e9 / 46e9).abs() < 1e-12);
+        // Latency: NCCL's fixed 8.4 µs, then 64 ranks on 8 nodes = 56 steps inside nodes at
+        // 10 µs and 7 across at 15 µs.
+        let base = NCCL_BASE_LATENCY_S;
+        assert!((eight.all_gather_s(0.0) - (base + 56.0 * 10e-6 + 7.0 * 15e-6)).abs() < 1e-12);
+        assert!((one.all_gather_s(0.0) - (base + 7.0 * 10e-6)).abs() < 1e-12);
+    }
+
+    #[test]
+    fn compute_time_uses_efficiency_and_launches() {
+        let m = machine(8);
+        // 1 TFLOP at 70 % of 100 TFLOP/s = 1/70 s, plus one 5 µs launch.
+        assert!((m.matmul_s(1e12, 4096.0, 1) - (1.0 / 70.0 + 5e-6)).abs() < 1e-12);
+        // A narrow GEMM (256 features) with a 256-feature half width runs at half speed.
+        let mut narrow = machine(8);
+        narrow.efficiency.matmul_half_width = 256.0;
+        assert!((narrow.matmul_s(1e12, 256.0, 1) - (2.0 / 70.0 + 5e-6)).abs() < 1e-12);
+        // 1 GB through memory at 80 % of 1 TB/s = 1.25 ms, plus a launch.
+        assert!((m.memory_s(1e9) - (1.25e-3 + 5e-6)).abs() < 1e-12);
+        // Splitting into 4 slices adds 3 launches to forward and 6 to backward.
+        let b = linear_base(1000);
+        let one = price(&b, Choice::zero3(1, 1), &m).compute_s;
+        let four = price(&b, Choice::zero3(4, 4), &m).compute_s;
+        assert!((four - one - 9.0 * 5e-6).abs() < 1e-12);
+    }
+}

@@ -1,0 +1,742 @@
+//! What one operator costs under one choice: [`price`] gives its [`OpCost`] — bytes held on
+//! the device and in host memory, compute, communication and how much of it compute cannot
+//! hide, the optimizer step — from the units the choice holds the op's parameters as, the
+//! collectives its strategy runs, its copies over the host link and its kernels' times.
+
+use crate::cluster::Calibration;
+
+use super::{
+    Choice, Holding, Machine, Offload, OpBase, Strategy, LINEAR_BWD_FACTOR,
+    OPTIMIZER_BYTES_PER_PARAM,
+};
+
+/// What one op costs under one choice.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct OpCost {
+    /// Parameters, gradients and optimizer states held on each rank all step long.
+    pub persistent_bytes: u64,
+    /// Held only while the op runs: gathered weights, unsharded gradients, gradient buffers.
+    pub transient_bytes: u64,
+    /// Held all step in host memory (offloaded optimizer state and parameters).
+    pub host_bytes: u64,
+    /// Forward + backward compute.
+    pub compute_s: f64,
+    /// Total communication time (before overlap).
+    pub comm_s: f64,
+    /// Communication left after overlapping with the op's compute.
+    pub exposed_comm_s: f64,
+    pub optimizer_s: f64,
+}
+
+impl OpCost {
+    /// Time the op adds to a step (recomputation is accounted per block).
+    pub fn time_s(&self) -> f64 {
+        self.compute_s + self.exposed_comm_s + self.optimizer_s
+    }
+}
+
+fn ceil_div(a: u64, b: u64) -> u64 {
+    a.div_ceil(b)
+}
+
+/// Price `choice` for an op described by `base` on machine `m`.
+pub fn price(base: &OpBase, choice: Choice, m: &Machine) -> OpCost {
+    let held = Held::of(base, choice, m);
+    let (param_transient, comm) = collectives(base, choice, m, held.replicated);
+    let (fetched, host_micro_s) = host_copies(base, choice, m, &held);
+    let a = f64::from(base.accumulation.max(1));
+    let exposed = comm.exposed_s(base, m, a);
+    OpCost {
+        persistent_bytes: held.device,
+        transient_bytes: param_transient + fetched + base.working_bytes,
+        host_bytes: held.host,
+        compute_s: compute_s(base, choice, m, a),
+        comm_s: comm.total(a) + a * host_micro_s,
+        exposed_comm_s: exposed + a * host_micro_s,
+        optimizer_s: optimizer_s(base, choice, m, &held),
+    }
+}
+
+/// What one rank holds of an op's parameters under a choice, summed over its units.
+#[derive(Debug, Clone, Copy, Default)]
+struct Held {
+    /// Bytes held all step on the device and in host memory.
+    device: u64,
+    host: u64,
+    /// Elements this rank's optimizer updates (and keeps optimizer states for).
+    updated: u64,
+    /// Elements of the units every rank holds whole.
+    replicated: u64,
+    /// Elements of the compute copy this rank holds.
+    params: u64,
+    /// Offloaded gradients copied to the host every micro-batch / once a step (elements).
+    streamed: u64,
+    stepped: u64,
+}
+
+impl Held {
+    fn of(base: &OpBase, choice: Choice, m: &Machine) -> Held {
+        let n = u64::from(m.ranks.max(1));
+        // State and optimizer work follow the units the trainer holds (padded shares per unit).
+        let per_node = u64::from(m.ranks_per_node);
+        let mut held = Held::default();
+        for u in base.units(choice) {
+            let over = u.holding.shard_ranks(n, per_node);
+            let placed = u
+                .holding
+                .placed_bytes(u.numel, over, m.precision, choice.offload);
+            held.device += placed.device;
+            held.host += placed.host;
+            held.updated += u.holding.updated(u.numel, over);
+            held.params += u.holding.held(u.numel, over).0;
+            if u.holding.streams_grads() {
+                held.streamed += u.holding.updated(u.numel, over);
+            } else {
+                held.stepped += u.holding.updated(u.numel, over);
+            }
+            if u.holding == Holding::Replicated {
+                held.replicated += u.numel;
+            }
+        }
+        held
+    }
+}
+
+/// The collectives `choice` runs for the op, and the bytes its strategy holds on the device
+/// only while the op runs (gathered parameters, unsharded gradients). `replicated`: elements
+/// of the op's replicated units, whose gradients a split ZeRO-3 op all-reduces once a step.
+fn collectives(base: &OpBase, choice: Choice, m: &Machine, replicated: u64) -> (u64, Comm) {
+    let p = base.params;
+    let extra_gathers = f64::from(base.uses.max(1));
+    let share = base.latency_share;
+    let gather = |bytes: f64| m.ring_s(bytes, share);
+    let all_reduce = |bytes: f64| 2.0 * m.ring_s(bytes, share);
+    let pr = m.precision;
+    let (pb, gb) = (pr.param_bytes, pr.grad_bytes);
+    // Gradients travel in the reduce dtype.
+    let rb = m.reduce_bytes;
+    // Collectives as the executor runs them under gradient accumulation: DDP and ZeRO-1 sync
+    // gradients once a step (the last micro-batch's backward), ZeRO-1/2 gather the updated
+    // parameters once (before the first forward), ZeRO-2 reduce-scatters every micro-batch's
+    // gradients, ZeRO-3 gathers and reduce-scatters for every micro-batch.
+    let none = Comm::default();
+    let per_node = u64::from(m.ranks_per_node);
+    match choice.strategy {
+        Strategy::None => (0, none),
+        Strategy::Dp => (
+            0,
+            Comm {
+                step_bwd: all_reduce((rb * p) as f64),
+                ..none
+            },
+        ),
+        Strategy::Zero1 => (
+            0,
+            Comm {
+                step_fwd: gather((pb * p) as f64),
+                step_bwd: gather((rb * p) as f64),
+                ..none
+            },
+        ),
+        Strategy::Zero2 => (
+            gb * p,
+            Comm {
+                step_fwd: gather((pb * p) as f64),
+                micro_bwd: gather((rb * p) as f64),
+                ..none
+            },
+        ),
+        Strategy::Zero3 => {
+            let (k, s) = (u64::from(choice.split.max(1)), u64::from(choice.sharded));
+            let slice = (pb * p) as f64 / k as f64;
+            let grad_slice = (rb * p) as f64 / k as f64;
+            let slices = s as f64;
+            let step_bwd = if replicated > 0 {
+                all_reduce((rb * replicated) as f64)
+            } else {
+                0.0
+            };
+            (
+                // One slice's gathered parameters and its full gradient.
+                ceil_div((pb + gb) * p, k),
+                Comm {
+                    micro_fwd: extra_gathers * slices * gather(slice),
+                    micro_bwd: slices * (extra_gathers * gather(slice) + gather(grad_slice)),
+                    step_bwd,
+                    ..none
+                },
+            )
+        }
+        // ZeRO-3 inside the node for every micro-batch; the node's gradient shards summed
+        // across nodes once a step (a rank's 1/ranks-per-node share, over its NICs' share).
+        Strategy::Hsdp => {
+            let node = |bytes: f64| m.node_ring_s(bytes, share);
+            let shard = (rb * p) as f64 / per_node.max(1) as f64;
+            (
+                (pb + gb) * p,
+                Comm {
+                    micro_fwd: extra_gathers * node((pb * p) as f64),
+                    micro_bwd: extra_gathers * node((pb * p) as f64) + node((rb * p) as f64),
+                    step_bwd: 2.0 * m.replica_ring_s(shard, share),
+                    ..none
+                },
+            )
+        }
+    }
+}
+
+/// Copies over the host link every micro-batch: the device bytes an offloaded compute copy is
+/// fetched into, and the seconds the copies take.
+fn host_copies(base: &OpBase, choice: Choice, m: &Machine, held: &Held) -> (u64, f64) {
+    let extra_gathers = f64::from(base.uses.max(1));
+    let (pb, gb) = (m.precision.param_bytes, m.precision.grad_bytes);
+    // Offloaded parameters are fetched from host memory for every forward and backward (each
+    // use), into a device buffer of this rank's part; the fetches overlap compute like the
+    // collectives do (a copy engine beside the kernels), in line on CPUs.
+    // Copies over the host link every micro-batch: a streamed gradient shard after the
+    // backward, an offloaded compute copy before each use. The executor makes them in line
+    // (no copy stream yet), so none of their time hides behind compute.
+    let mut fetched = 0;
+    let mut host_micro_s = 0.0;
+    if !choice.offload.is_none() && held.streamed > 0 {
+        host_micro_s += m.host_copy_s((gb * held.streamed) as f64);
+    }
+    if choice.offload == Offload::Param {
+        host_micro_s += 2.0 * extra_gathers * m.host_copy_s((pb * held.params) as f64);
+        fetched = pb * held.params;
+    }
+    (fetched, host_micro_s)
+}
+
+/// Forward and backward compute of the op over a step of `a` micro-batches: its kernels, a
+/// split's slices and the per-parameter passes around the kernels, every micro-batch.
+fn compute_s(base: &OpBase, choice: Choice, m: &Machine, a: f64) -> f64 {
+    let split_s = split_s(base, choice, m);
+    // The per-parameter passes around the kernels: memory-bound over the whole parameter, every
+    // micro-batch whatever the strategy — each one touches every weight and gradient then (the
+    // weights cast or gathered for compute, the gradient accumulated or cast and scaled for its
+    // reduce-scatter). The published runs, all sharded, cannot tell the strategies' shares
+    // apart, so one rule prices them all.
+    let passes = m.streamed_s(m.param_pass_bytes * base.params as f64);
+    a * (base.fwd_s + base.bwd_s + split_s + passes)
+}
+
+/// What running a split op slice by slice adds to its kernels' time, forward and backward.
+fn split_s(base: &OpBase, choice: Choice, m: &Machine) -> f64 {
+    let split_launches = f64::from(choice.split.saturating_sub(1)) * m.launch_s;
+    // A split op runs its matmuls slice by slice: k smaller matmuls instead of one, forward and
+    // backward. A calibration prices the k slices from its `linear/split` curve (slices timed
+    // as the trainer runs them, narrowing and summing included) or, without one, from the plain
+    // linear curve; otherwise each slice costs a launch.
+    match m.calibration.as_ref().filter(|_| base.splittable) {
+        Some(cal) if choice.split > 1 => {
+            let k = f64::from(choice.split);
+            cal.kernel_s("linear/split", base.work / k)
+                .map_or((1.0 + LINEAR_BWD_FACTOR) * split_launches, |(f, b)| {
+                    (k * (f + b) - base.fwd_s - base.bwd_s).max(0.0)
+                })
+        }
+        _ => (1.0 + LINEAR_BWD_FACTOR) * split_launches,
+    }
+}
+
+/// The op's optimizer step on this rank, once a step.
+fn optimizer_s(base: &OpBase, choice: Choice, m: &Machine, held: &Held) -> f64 {
+    let (pb, gb) = (m.precision.param_bytes, m.precision.grad_bytes);
+    let updated = held.updated;
+    match &m.calibration {
+        _ if updated == 0 => 0.0,
+        // Once a step, after the last backward: this rank's gradients to the host, the
+        // AdamW step on its CPU cores, the updated weights back (an offloaded compute copy
+        // is updated in place on the host).
+        _ if !choice.offload.is_none() => {
+            let back = if choice.offload == Offload::Opt {
+                m.host_copy_s((pb * updated) as f64)
+            } else {
+                0.0
+            };
+            m.host_copy_s((gb * held.stepped) as f64) + host_adam_s(base, choice, m) + back
+        }
+        Some(cal) => calibrated_optimizer_s(cal, base, choice, m),
+        None => m.streamed_s((OPTIMIZER_BYTES_PER_PARAM * updated) as f64),
+    }
+}
+
+/// One op's collective time in a step, split by phase and by how often it runs.
+#[derive(Debug, Clone, Copy, Default)]
+struct Comm {
+    /// Per micro-batch, in its forward / backward.
+    micro_fwd: f64,
+    micro_bwd: f64,
+    /// Once a step: before the first forward / after the last backward.
+    step_fwd: f64,
+    step_bwd: f64,
+}
+
+impl Comm {
+    fn total(&self, accumulation: f64) -> f64 {
+        accumulation * (self.micro_fwd + self.micro_bwd) + self.step_fwd + self.step_bwd
+    }
+
+    /// The part of this communication the op's compute does not hide, over `accumulation`
+    /// micro-batches of its forward and backward.
+    fn exposed_s(&self, base: &OpBase, m: &Machine, accumulation: f64) -> f64 {
+        let (comm, a) = (self, accumulation);
+        // Each micro-batch's collectives overlap its own compute; the once-a-step ones overlap
+        // the first forward (gathers) or the last backward (gradient syncs) beside that
+        // micro-batch's own. With one micro-batch this is the plain per-op overlap.
+        if m.overlap {
+            let hidden = |comm: f64, compute: f64| (comm - compute).max(0.0);
+            (a - 1.0) * (hidden(comm.micro_fwd, base.fwd_s) + hidden(comm.micro_bwd, base.bwd_s))
+                + hidden(comm.micro_fwd + comm.step_fwd, base.fwd_s)
+                + hidden(comm.micro_bwd + comm.step_bwd, base.bwd_s)
+        } else {
+            comm.total(a)
+        }
+    }
+}
+
+/// The host's AdamW step of an offloaded op, tensor by tensor at the CPU cores' rate. A
+/// calibrated optimizer curve carries each tensor's fixed cost (below its range, its smallest
+/// step's time); the host's step pays it too, or a small tensor (a LayerNorm's weight and bias)
+/// would look cheaper to update on the host than where it is.
+fn host_adam_s(base: &OpBase, choice: Choice, m: &Machine) -> f64 {
+    let (n, per_node) = (u64::from(m.ranks.max(1)), u64::from(m.ranks_per_node));
+    let fixed = m.calibration.as_ref().map_or(0.0, |cal| cal.optimizer_s(1));
+    base.units(choice)
+        .map(|u| {
+            u.holding
+                .updated(u.numel, u.holding.shard_ranks(n, per_node))
+        })
+        .filter(|&updated| updated > 0)
+        .map(|updated| (updated as f64 / m.cpu_adam_params_per_s.max(1.0)).max(fixed))
+        .sum()
+}
+
+/// Measured optimizer time of one op's tensors on one rank, unit by unit as the trainer
+/// updates them ([`Choice::units`]): each unit whole or as this rank's share.
+fn calibrated_optimizer_s(cal: &Calibration, base: &OpBase, choice: Choice, m: &Machine) -> f64 {
+    let (n, per_node) = (u64::from(m.ranks.max(1)), u64::from(m.ranks_per_node));
+    base.units(choice)
+        .map(|u| {
+            let over = u.holding.shard_ranks(n, per_node);
+            cal.optimizer_s(u.holding.updated(u.numel, over))
+        })
+        .sum()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cost::fixtures::{calibrated, cluster, linear_base, machine, with_host};
+    use crate::cost::{choices, ParamTensor, NCCL_BASE_LATENCY_S, PARAM_PASS_BYTES};
+
+    /// On a calibrated layout a tiny tensor's host AdamW step pays the curve's fixed cost, as
+    /// its device step does: offloading a LayerNorm never looks like it saves time.
+    #[test]
+    fn a_small_tensor_offloaded_pays_the_optimizers_fixed_cost() {
+        let m = calibrated(with_host(machine(1)));
+        let base = linear_base(768);
+        let kept = price(&base, Choice::DP, &m).optimizer_s;
+        let off = price(&base, Choice::DP.offloaded(Offload::Opt), &m).optimizer_s;
+        assert!((kept - 50e-6).abs() < 1e-12, "{kept}");
+        assert!(off >= kept, "offloaded {off} s < kept {kept} s");
+        // A large tensor is priced at the host's rate, fixed cost long passed.
+        let big = linear_base(1 << 24);
+        let off = price(&big, Choice::DP.offloaded(Offload::Opt), &m).optimizer_s;
+        let adam = (1u64 << 24) as f64 / 1e9;
+        assert!(off > adam && off < adam + 0.1, "{off}");
+    }
+
+    #[test]
+    fn offload_moves_state_to_the_host_byte_for_byte() {
+        let m = with_host(machine(4));
+        let base = linear_base(1 << 20);
+        let p = (1u64 << 20) as f64;
+        for strategy in [
+            Strategy::Dp,
+            Strategy::Zero1,
+            Strategy::Zero2,
+            Strategy::Zero3,
+        ] {
+            let plain = price(&base, Choice::plain(strategy), &m);
+            let opt = price(&base, Choice::plain(strategy).offloaded(Offload::Opt), &m);
+            let updated = base
+                .units(Choice::plain(strategy))
+                .map(|u| u.holding.updated(u.numel, 4))
+                .sum::<u64>();
+            // The device lets go of the fp32 master and moments (12 bytes per parameter it
+            // updates) and, where gradients are sharded every micro-batch, of the gradient
+            // shard too (2); the host takes master, moments and an fp32 gradient (16).
+            let streams = matches!(strategy, Strategy::Zero2 | Strategy::Zero3);
+            let freed = 12 * updated + if streams { 2 * updated } else { 0 };
+            assert_eq!(
+                plain.persistent_bytes - opt.persistent_bytes,
+                freed,
+                "{strategy:?}"
+            );
+            assert_eq!(opt.host_bytes, 16 * updated, "{strategy:?}");
+            assert_eq!(plain.host_bytes, 0);
+            // Once a step: the gradient out (2 B) unless it streamed, AdamW on the CPU,
+            // weights back (2 B).
+            let copy = (2 * updated) as f64 / 25e9 + 5e-6;
+            let out = if streams { 0.0 } else { copy };
+            let want = out + updated as f64 / 1e9 + copy;
+            assert!((opt.optimizer_s - want).abs() < 1e-12, "{strategy:?}");
+            assert!(opt.optimizer_s > plain.optimizer_s);
+            // A streamed gradient crosses the host link every micro-batch, beside the backward.
+            let every = if streams { copy } else { 0.0 };
+            assert!(
+                (opt.comm_s - plain.comm_s - every).abs() < 1e-12,
+                "{strategy:?}"
+            );
+            assert_eq!(opt.transient_bytes, plain.transient_bytes);
+        }
+        // offload-param: the compute copy (2 B per held parameter) moves too, and is fetched
+        // for the forward and the backward; on one rank it is the whole tensor.
+        let one = with_host(machine(1));
+        let dp = price(&base, Choice::DP, &one);
+        let param = price(&base, Choice::DP.offloaded(Offload::Param), &one);
+        assert_eq!(dp.persistent_bytes - param.persistent_bytes, 14 * (1 << 20));
+        assert_eq!(param.host_bytes, 18 * (1 << 20));
+        assert_eq!(param.transient_bytes, dp.transient_bytes + 2 * (1 << 20));
+        let fetch = 2.0 * p / 25e9 + 5e-6;
+        assert!((param.comm_s - dp.comm_s - 2.0 * fetch).abs() < 1e-12);
+    }
+
+    #[test]
+    fn parameter_passes_run_every_micro_batch_under_every_strategy() {
+        let mut m = machine(8);
+        m.param_pass_bytes = PARAM_PASS_BYTES;
+        let pass_s = m.streamed_s(PARAM_PASS_BYTES * 50e6);
+        let four = OpBase {
+            accumulation: 4,
+            ..linear_base(50_000_000)
+        };
+        let mut none = m.clone();
+        none.param_pass_bytes = 0.0;
+        // Four micro-batches: four passes, whether the gradient is reduced every micro-batch
+        // (zero2, zero3, hsdp) or accumulated and synchronised once (dp, zero1).
+        for strategy in [
+            Strategy::Dp,
+            Strategy::Zero1,
+            Strategy::Zero2,
+            Strategy::Zero3,
+            Strategy::Hsdp,
+        ] {
+            let with = price(&four, Choice::plain(strategy), &m).compute_s;
+            let without = price(&four, Choice::plain(strategy), &none).compute_s;
+            assert!(
+                ((with - without) - 4.0 * pass_s).abs() < 1e-12,
+                "{strategy:?}: {} passes, expected 4",
+                (with - without) / pass_s
+            );
+        }
+        // An op without parameters makes none.
+        let act = OpBase {
+            params: 0,
+            tensors: [ParamTensor::default(); 2],
+            ..four
+        };
+        assert_eq!(
+            price(&act, Choice::plain(Strategy::None), &m).compute_s,
+            price(&act, Choice::plain(Strategy::None), &none).compute_s
+        );
+    }
+
+    #[test]
+    fn accumulation_repeats_compute_and_the_per_micro_batch_collectives_only() {
+        let mut m = machine(8);
+        m.overlap = false;
+        let one = linear_base(50_000_000);
+        let four = OpBase {
+            accumulation: 4,
+            ..one.clone()
+        };
+        for strategy in [
+            Strategy::Dp,
+            Strategy::Zero1,
+            Strategy::Zero2,
+            Strategy::Zero3,
+        ] {
+            let (c1, c4) = (
+                price(&one, Choice::plain(strategy), &m),
+                price(&four, Choice::plain(strategy), &m),
+            );
+            assert!(
+                (c4.compute_s - 4.0 * c1.compute_s).abs() < 1e-15,
+                "{strategy:?}"
+            );
+            assert_eq!(c4.persistent_bytes, c1.persistent_bytes, "{strategy:?}");
+            assert_eq!(
+                c4.optimizer_s, c1.optimizer_s,
+                "the optimizer runs once a step"
+            );
+            let (rs, ag, ar) = (
+                m.reduce_scatter_s(2.0 * 50e6),
+                m.all_gather_s(2.0 * 50e6),
+                m.all_reduce_s(2.0 * 50e6),
+            );
+            let want = match strategy {
+                // Gradients synced once a step, after the last micro-batch.
+                Strategy::Dp => ar,
+                Strategy::Zero1 => ag + rs,
+                // Reduce-scattered every micro-batch; the update gathered once.
+                Strategy::Zero2 => ag + 4.0 * rs,
+                // Gathered for forward and backward and reduce-scattered, every micro-batch.
+                _ => 4.0 * (2.0 * ag + rs),
+            };
+            assert!(
+                (c4.comm_s - want).abs() < 1e-12,
+                "{strategy:?}: {} vs {want}",
+                c4.comm_s
+            );
+        }
+        // With overlap, a once-a-step sync hides behind one micro-batch's backward only.
+        m.overlap = true;
+        let d = price(&four, Choice::DP, &m);
+        let one_bwd_hides = (m.all_reduce_s(2.0 * 50e6) - one.bwd_s).max(0.0);
+        assert!((d.exposed_comm_s - one_bwd_hides).abs() < 1e-15);
+    }
+
+    #[test]
+    fn memory_matches_the_zero_paper_table() {
+        // ZeRO (Rajbhandari et al. 2020), Figure 1: Ψ parameters, N_d = 64 ranks, K = 12.
+        let (psi, n) = (7_500_000_000u64, 64u32);
+        let m = machine(n);
+        let b = linear_base(psi);
+        let held = |c| price(&b, c, &m).persistent_bytes;
+        assert_eq!(held(Choice::DP), 16 * psi); // 120 GB
+        assert_eq!(
+            held(Choice::plain(Strategy::Zero1)),
+            4 * psi + 12 * psi / 64
+        ); // 31.4 GB
+        assert_eq!(
+            held(Choice::plain(Strategy::Zero2)),
+            2 * psi + 14 * psi / 64
+        ); // 16.6 GB
+        assert_eq!(held(Choice::zero3(1, 1)), 16 * psi / 64); // 1.9 GB
+        assert_eq!(16 * psi / 64, 1_875_000_000);
+    }
+
+    #[test]
+    fn partial_sharding_interpolates_between_dp_and_zero3() {
+        let m = machine(8);
+        let b = linear_base(8_000);
+        // 4 slices, 3 sharded: 2,000 params replicated (16 B each), 6,000 sharded over 8 ranks.
+        let c = price(&b, Choice::zero3(4, 3), &m);
+        assert_eq!(c.persistent_bytes, 16 * 2_000 + 16 * 6_000 / 8);
+        // One slice of bf16 params and its bf16 gradient is gathered at a time.
+        assert_eq!(c.transient_bytes, 4 * 8_000 / 4);
+        assert_eq!(
+            price(&b, Choice::zero3(1, 1), &m).transient_bytes,
+            4 * 8_000
+        );
+        assert_eq!(
+            price(&b, Choice::plain(Strategy::Zero2), &m).transient_bytes,
+            2 * 8_000
+        );
+        assert_eq!(price(&b, Choice::DP, &m).transient_bytes, 0);
+    }
+
+    #[test]
+    fn zero3_moves_one_and_a_half_times_the_bytes_of_dp() {
+        // Bandwidth term only: make latency vanish.
+        let mut m = machine(8);
+        m.link_latency_s = 0.0;
+        let b = linear_base(1_000_000_000);
+        let dp = price(&b, Choice::DP, &m).comm_s;
+        let z1 = price(&b, Choice::plain(Strategy::Zero1), &m).comm_s;
+        let z3 = price(&b, Choice::zero3(1, 1), &m).comm_s;
+        // DP all-reduces 2 GB of grads: 2 · 7/8 · 2e9 / 100e9 = 35 ms.
+        assert!((dp - 0.035).abs() < 1e-12, "{dp}");
+        assert!((z1 - dp).abs() < 1e-12);
+        assert!((z3 - 1.5 * dp).abs() < 1e-12, "{z3}");
+        // Splitting keeps the volume; each slice pays the latency again.
+        let mut m2 = machine(8);
+        m2.link_bytes_per_s = f64::INFINITY;
+        let one = price(&b, Choice::zero3(1, 1), &m2).comm_s;
+        let four = price(&b, Choice::zero3(4, 4), &m2).comm_s;
+        assert!((one - 3.0 * 70e-6).abs() < 1e-12);
+        assert!((four - 4.0 * one).abs() < 1e-12);
+    }
+
+    #[test]
+    fn communication_hides_behind_the_ops_compute() {
+        let mut m = machine(8);
+        m.link_latency_s = 0.0;
+        // 10M params: DP all-reduce of 20 MB = 2·7/8·20e6/100e9 = 350 µs < 2 ms backward.
+        let small = linear_base(10_000_000);
+        let c = price(&small, Choice::DP, &m);
+        assert_eq!(c.exposed_comm_s, 0.0);
+        // 1B params: 35 ms of all-reduce against 2 ms backward leaves 33 ms exposed.
+        let big = linear_base(1_000_000_000);
+        let c = price(&big, Choice::DP, &m);
+        assert!(
+            (c.exposed_comm_s - 0.033).abs() < 1e-12,
+            "{}",
+            c.exposed_comm_s
+        );
+    }
+
+    #[test]
+    fn optimizer_step_is_bandwidth_bound_over_the_local_shard() {
+        let m = machine(8);
+        let b = linear_base(8_000_000);
+        // DP updates all 8M params: 28 B each at 0.8 TB/s = 280 µs.
+        let dp = price(&b, Choice::DP, &m).optimizer_s;
+        assert!((dp - 8e6 * 28.0 / 0.8e12).abs() < 1e-15);
+        let z3 = price(&b, Choice::zero3(1, 1), &m).optimizer_s;
+        assert!((z3 - dp / 8.0).abs() < 1e-15);
+    }
+
+    #[test]
+    fn calibrated_curves_price_kernels_slices_and_the_optimizer() {
+        let m = calibrated(machine(8));
+        let mut b = linear_base(8_000_000);
+        b.work = 1e9;
+        (b.fwd_s, b.bwd_s) = m
+            .calibration
+            .as_ref()
+            .and_then(|c| c.kernel_s("linear", b.work))
+            .unwrap();
+        assert_eq!((b.fwd_s, b.bwd_s), (1e-2, 2e-2));
+        // Four slices of 250 MFLOP: log-log interpolation between the two points gives
+        // 10 ms · (1/4)^(1/3) each forward, twice that backward.
+        let slice_fwd = 1e-2 * 0.25f64.powf(1.0 / 3.0);
+        let one = price(&b, Choice::zero3(1, 1), &m).compute_s;
+        let four = price(&b, Choice::zero3(4, 4), &m).compute_s;
+        assert!((one - 3e-2).abs() < 1e-12, "{one}");
+        assert!((four - 4.0 * 3.0 * slice_fwd).abs() < 1e-9, "{four}");
+        // The optimizer follows its curve by tensor size: dp updates the 8M weight (1 ms per
+        // 1M beyond the curve's end), zero3 its 1M share, zero3/4:4 four shares of 250k, each
+        // log-log between the points: 50 µs · 20^(log(250)/log(1000)).
+        let dp = price(&b, Choice::DP, &m).optimizer_s;
+        assert!((dp - 8e-3).abs() < 1e-12, "{dp}");
+        let z3 = price(&b, Choice::zero3(1, 1), &m).optimizer_s;
+        assert!((z3 - 1e-3).abs() < 1e-12, "{z3}");
+        let quarter = 50e-6 * 20f64.powf(250f64.ln() / 1000f64.ln());
+        let z3_split = price(&b, Choice::zero3(4, 4), &m).optimizer_s;
+        assert!((z3_split - 4.0 * quarter).abs() < 1e-12, "{z3_split}");
+        // Two of four slices sharded: two shares and two whole slices of 2M.
+        let half = price(&b, Choice::zero3(4, 2), &m).optimizer_s;
+        assert!(
+            (half - (2.0 * quarter + 2.0 * 2e-3)).abs() < 1e-12,
+            "{half}"
+        );
+        // A `linear/split` curve (slices timed as the trainer runs them) prices the slices
+        // instead of the plain linear curve: 4 slices of 250 MFLOP at 4 ms + 8 ms each.
+        let mut ms = m.clone();
+        if let Some(c) = ms.calibration.as_mut().map(std::sync::Arc::make_mut) {
+            c.kernels.insert(
+                "linear/split".into(),
+                vec![crate::cluster::calibration::CurvePoint {
+                    work: 1e8,
+                    fwd_s: 1e-3,
+                    bwd_s: 2e-3,
+                }],
+            );
+        }
+        let four = price(&b, Choice::zero3(4, 4), &ms).compute_s;
+        assert!(
+            (four - 4.0 * (1e-3 * 2.5 + 2e-3 * 2.5)).abs() < 1e-12,
+            "{four}"
+        );
+        assert_eq!(price(&b, Choice::zero3(1, 1), &ms).compute_s, one);
+        assert_eq!(m.step_overhead_s(), 2e-3);
+        assert!(m.timing_source().starts_with("calibrated 2026-11-22"));
+        assert!(machine(8).timing_source().contains("not calibrated"));
+    }
+
+    #[test]
+    fn without_overlap_all_communication_is_exposed() {
+        let mut m = machine(8);
+        m.link_latency_s = 0.0;
+        let small = linear_base(10_000_000);
+        assert_eq!(price(&small, Choice::DP, &m).exposed_comm_s, 0.0);
+        m.overlap = false;
+        let c = price(&small, Choice::DP, &m);
+        assert!((c.exposed_comm_s - 350e-6).abs() < 1e-12 && c.exposed_comm_s == c.comm_s);
+    }
+
+    #[test]
+    fn a_split_ops_state_is_priced_unit_by_unit_as_the_trainer_holds_it() {
+        let m = machine(8);
+        // A 1000-element weight cut in 4 and a 10-element bias, in bf16 mixed (16 B each).
+        let b = OpBase {
+            tensors: [
+                ParamTensor {
+                    numel: 1000,
+                    cut: true,
+                },
+                ParamTensor {
+                    numel: 10,
+                    cut: false,
+                },
+            ],
+            params: 1010,
+            ..linear_base(1010)
+        };
+        // 1 of 4 slices sharded: one share of 250 (32 each) and three whole slices; the bias
+        // whole. Not 16 · 757.5 + 16 · 252.5 / 8, the sharded fraction of all parameters.
+        let one = price(&b, Choice::zero3(4, 1), &m).persistent_bytes;
+        assert_eq!(one, 16 * 32 + 16 * 3 * 250 + 16 * 10);
+        // 2 of 4: the bias is sharded too (10 over 8 ranks: 2 each).
+        let two = price(&b, Choice::zero3(4, 2), &m).persistent_bytes;
+        assert_eq!(two, 16 * 2 * 32 + 16 * 2 * 250 + 16 * 2);
+    }
+
+    #[test]
+    fn hsdp_holds_a_nodes_share_gathers_over_nvlink_and_syncs_across_nodes_once_a_step() {
+        // Two nodes of 8: NVLink 370 GB/s and 10 µs per step; eight 46 GB/s NICs, 15 µs.
+        let mut m = cluster(2, 8.0);
+        m.overlap = false;
+        assert_eq!((m.ranks, m.ranks_per_node, m.nodes), (16, 8, 2));
+        // Each of a node's 8 ranks runs its own cross-node ring over one NIC.
+        assert!((m.replica_link_bytes_per_s - 46e9).abs() < 1e-3);
+        let p = 1_000_000_000u64;
+        let mut b = linear_base(p);
+        b.accumulation = 4;
+        let hsdp = Choice::plain(Strategy::Hsdp);
+        let c = price(&b, hsdp, &m);
+        // ZeRO's 16 bytes per parameter over the node's 8 ranks, not all 16.
+        assert_eq!(c.persistent_bytes, 16 * p / 8);
+        assert_eq!(
+            c.transient_bytes,
+            price(&b, Choice::zero3(1, 1), &m).transient_bytes
+        );
+        // Per micro-batch two gathers and a reduce-scatter of 2 GB inside the node; once a
+        // step an all-reduce of the rank's 1/8 gradient shard over the 2 nodes.
+        let base = NCCL_BASE_LATENCY_S;
+        let node = base + 7.0 * 10e-6 + 7.0 / 8.0 * 2e9 / 370e9;
+        let across = 2.0 * (base + 15e-6 + 0.5 * (2e9 / 8.0) / 46e9);
+        let want = 4.0 * 3.0 * node + across;
+        assert!((c.comm_s - want).abs() < 1e-12, "{} vs {want}", c.comm_s);
+        // The optimizer updates the node share.
+        let z3 = price(&b, Choice::zero3(1, 1), &m).optimizer_s;
+        assert!((c.optimizer_s - 2.0 * z3).abs() < 1e-15);
+        // Offered, and runnable, only where the ranks span nodes.
+        assert!(choices(&b, &m, 1).contains(&hsdp));
+        assert_eq!(m.refuses(Strategy::Hsdp), None);
+        let one = cluster(1, 8.0);
+        assert!(!choices(&b, &one, 8).contains(&hsdp));
+        let why = one.refuses(Strategy::Hsdp).unwrap();
+        assert!(why.contains("one node"), "{why}");
+        assert_eq!(one.refuses(Strategy::Zero3), None);
+    }
+
+    #[test]
+    fn gradients_travel_in_the_reduce_dtype() {
+        let mut m = machine(8);
+        m.link_latency_s = 0.0;
+        let b = linear_base(1_000_000_000);
+        let bf16 = price(&b, Choice::DP, &m).comm_s;
+        m.reduce_bytes = 4;
+        assert!((price(&b, Choice::DP, &m).comm_s / bf16 - 2.0).abs() < 1e-12);
+        // ZeRO-3: two bf16 gathers and an fp32 reduce-scatter = (2 + 2 + 4) / 6 of bf16's.
+        let z = |m: &Machine| price(&b, Choice::zero3(1, 1), m).comm_s;
+        let fp32 = z(&m);
+        m.reduce_bytes = 2;
+        assert!((fp32 / z(&m) - 8.0 / 6.0).abs() < 1e-12);
+    }
+}
