@@ -1342,22 +1342,15 @@ impl App {
             .map(|&(_, r)| r)
     }
 
-    /// Pin the op to the next strategy it allows (dp → zero1 → zero2 → zero3 → hsdp on
-    /// several nodes → unpinned).
+    /// Pin the op to the next strategy the layout allows, in [`Strategy::ALL`]'s order (dp →
+    /// zero1 → zero2 → zero3 → hsdp on several nodes → unpinned).
     fn cycle_pin(&mut self, op: usize) -> bool {
         if !cost::owns_params(&self.model.ops[op]) {
             return false;
         }
-        let order: Vec<Strategy> = [
-            Strategy::Dp,
-            Strategy::Zero1,
-            Strategy::Zero2,
-            Strategy::Zero3,
-            Strategy::Hsdp,
-        ]
-        .into_iter()
-        .filter(|&s| self.machine.refuses(s).is_none())
-        .collect();
+        let order: Vec<Strategy> = Strategy::for_params()
+            .filter(|&s| self.machine.refuses(s).is_none())
+            .collect();
         let current = self.request.pins.iter().position(|(i, _)| *i == op);
         let next = match current.map(|k| self.request.pins[k].1.strategy) {
             None => Some(order[0]),

@@ -77,7 +77,7 @@ pub const KEYMAP: &[Entry] = &[
     },
     Entry {
         keys: "p",
-        help: "pin the selected op: dp, zero1, zero2, zero3, none",
+        help: "pin the selected op to the next strategy, in the legend's order, then unpinned",
         footer: Some("pin"),
         log_footer: None,
         bindings: &[(ch('p'), Action::CyclePin)],

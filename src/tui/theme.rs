@@ -5,7 +5,7 @@
 use ratatui::style::{Color, Modifier, Style};
 
 use crate::run::RunState;
-use osdp_core::cost::{Choice, Strategy};
+use osdp_core::cost::{Choice, Colour};
 
 /// Secondary text: column heads, hints, log lines.
 pub const MUTED: Style = Style::new().fg(Color::DarkGray);
@@ -60,20 +60,29 @@ pub const fn border(focused: bool) -> Style {
     }
 }
 
-/// Colour of a strategy badge. Split zero3 has its own (not recompute's); offloaded state
-/// (to host memory) has one whatever the sharding.
+/// Colour of a strategy badge: the strategy's own ([`Strategy::ALL`]); split zero3 has its
+/// own (not recompute's), and offloaded state (to host memory) has one whatever the sharding.
 pub const fn strategy(c: Choice) -> Color {
     if !matches!(c.offload, osdp_core::cost::Offload::None) {
         return Color::LightGreen;
     }
-    match c.strategy {
-        Strategy::None => Color::DarkGray,
-        Strategy::Dp => Color::Blue,
-        Strategy::Zero1 => Color::Cyan,
-        Strategy::Zero2 => Color::Green,
-        Strategy::Zero3 if c.split > 1 => Color::LightRed,
-        Strategy::Zero3 => Color::Yellow,
-        Strategy::Hsdp => Color::LightBlue,
+    if c.split > 1 {
+        return Color::LightRed;
+    }
+    colour(c.strategy.info().colour)
+}
+
+/// A colour the core names, in the terminal's terms.
+pub const fn colour(c: Colour) -> Color {
+    match c {
+        Colour::DarkGray => Color::DarkGray,
+        Colour::Blue => Color::Blue,
+        Colour::LightBlue => Color::LightBlue,
+        Colour::Cyan => Color::Cyan,
+        Colour::Green => Color::Green,
+        Colour::LightGreen => Color::LightGreen,
+        Colour::Yellow => Color::Yellow,
+        Colour::LightRed => Color::LightRed,
     }
 }
 

@@ -821,33 +821,27 @@ fn draw_frontier(app: &App, f: &mut Frame, area: Rect) {
 /// What each strategy colour means (the operators panel's bottom edge; `long` in help).
 /// `offload`: the layout offers offload (its colour is listed only then).
 fn strategy_legend(long: bool, offload: bool) -> Line<'static> {
-    let badge =
-        |label: &'static str, c: Choice| Span::styled(label, Style::new().fg(theme::strategy(c)));
-    Line::from(vec![
-        Span::raw(" "),
-        badge("dp ", Choice::DP),
-        badge("zero1 ", Choice::plain(Strategy::Zero1)),
-        badge("zero2 ", Choice::plain(Strategy::Zero2)),
-        badge("zero3 ", Choice::zero3(1, 1)),
-        badge(
-            if long {
+    let badge = |label: String, c: Choice| Span::styled(label, Style::new().fg(theme::strategy(c)));
+    let mut spans = vec![Span::raw(" ")];
+    for s in Strategy::for_params() {
+        spans.push(badge(format!("{} ", s.as_str()), Choice::plain(s)));
+        if s == Strategy::Zero3 {
+            let split = if long {
                 "zero3/K:M (split K, M sharded) "
             } else {
                 "zero3/K:M "
-            },
-            Choice::zero3(2, 1),
-        ),
-        badge("hsdp ", Choice::plain(Strategy::Hsdp)),
-        if offload {
-            badge(
-                "+offload ",
-                Choice::DP.offloaded(osdp_core::cost::Offload::Opt),
-            )
-        } else {
-            Span::raw("")
-        },
-        Span::styled("recompute ", theme::RECOMPUTE),
-    ])
+            };
+            spans.push(badge(split.into(), Choice::zero3(2, 1)));
+        }
+    }
+    if offload {
+        spans.push(badge(
+            "+offload ".into(),
+            Choice::DP.offloaded(osdp_core::cost::Offload::Opt),
+        ));
+    }
+    spans.push(Span::styled("recompute ", theme::RECOMPUTE));
+    Line::from(spans)
 }
 
 /// The plan on screen against the running one (`c`), over the main area.

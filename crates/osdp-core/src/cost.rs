@@ -37,5 +37,6 @@ pub use precision::{
 };
 pub use price::{price, OpCost};
 pub use strategy::{
-    choices, cut_by_split, offload_applies, Choice, Holding, Offload, Placed, Strategy, Unit,
+    choices, cut_by_split, offload_applies, Choice, Colour, Holding, Needs, Offload, Placed,
+    Strategy, StrategyInfo, Unit,
 };

@@ -195,7 +195,9 @@ fn calibrate_cuda(args: &CalibrateArgs) -> Result<(), Failure> {
         Some(p) => p.clone(),
         None => shipped_layout_for(&name).ok_or_else(|| {
             Failure::input(format!(
-                "calibrate --device cuda: no shipped layout for {name}; name the GPU layout to                  complete with --base LAYOUT.json (its peak rates are what efficiencies are                  measured against)"
+                "calibrate --device cuda: no shipped layout for {name}; name the GPU layout to \
+                 complete with --base LAYOUT.json (its peak rates are what efficiencies are \
+                 measured against)"
             ))
         })?,
     };

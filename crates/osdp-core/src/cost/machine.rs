@@ -7,7 +7,7 @@ use std::sync::Arc;
 use crate::cluster::{Calibration, DeviceKind, Layout};
 use crate::model::ModelSpec;
 
-use super::{Choice, Precision, Strategy};
+use super::{Choice, Needs, Precision, Strategy};
 
 /// Fraction of the dense peak a large matmul reaches where neither the layout nor the GPU's
 /// generation says (the CPU layout, unknown GPUs).
@@ -356,16 +356,20 @@ impl Machine {
         self.nodes > 1 && self.ranks > self.ranks_per_node
     }
 
-    /// Why `strategy` cannot run on this machine, if it cannot: hybrid sharding on one node.
+    /// Why `strategy` cannot run on this machine, if it cannot: what it needs of the layout
+    /// ([`StrategyInfo::needs`](super::StrategyInfo)) missing, e.g. hybrid sharding on one node.
     pub fn refuses(&self, strategy: Strategy) -> Option<String> {
-        (strategy == Strategy::Hsdp && !self.hybrid()).then(|| {
-            format!(
-                "hsdp shards inside a node and replicates across nodes, but all {} ranks are on \
+        match strategy.info().needs {
+            Needs::Nothing => None,
+            Needs::SeveralNodes if self.hybrid() => None,
+            Needs::SeveralNodes => Some(format!(
+                "{} shards inside a node and replicates across nodes, but all {} ranks are on \
                  one node: use zero3 (the same sharding over all ranks), or a layout of several \
                  nodes",
+                strategy.as_str(),
                 self.ranks
-            )
-        })
+            )),
+        }
     }
 
     /// A ring collective of `bytes` over the ranks of one node (hybrid sharding's gathers and

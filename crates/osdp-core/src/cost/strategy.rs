@@ -28,28 +28,182 @@ pub enum Strategy {
     Hsdp,
 }
 
+/// Everything about a strategy that is data rather than arithmetic, in one place: the name
+/// plan files, `--pin` and the dashboard use, how it holds an op's parameters, what it needs
+/// of the layout, whether its compute copy may leave the device, and how the dashboard shows
+/// it. The cost model, the planner's choice list, the plan file reader, the trainer (through
+/// [`Holding`]), the pin cycle, the theme and the legend read it from [`Strategy::ALL`];
+/// what a strategy costs is its arm in `cost::price`, and how it runs is its [`Holding`]'s in
+/// the trainer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StrategyInfo {
+    pub strategy: Strategy,
+    /// Its name in plan files, on the command line and on screen.
+    pub name: &'static str,
+    /// Other names [`Strategy::parse`] takes.
+    pub aliases: &'static [&'static str],
+    /// What it is, in a few words (help, the legend).
+    pub about: &'static str,
+    /// How a whole (unsplit) parameter tensor is held under it.
+    pub holding: Holding,
+    /// Whether it is for ops that own parameters (all but `none`).
+    pub owns_params: bool,
+    /// What it needs of the layout.
+    pub needs: Needs,
+    /// Whether the compute copy may be offloaded too (`+offload-param`): only where each rank
+    /// updates exactly what it holds; the optimizer state may leave under any strategy that
+    /// owns parameters.
+    pub offloads_params: bool,
+    /// Its colour on the dashboard.
+    pub colour: Colour,
+    /// The names of its baseline (this strategy everywhere, as its users run it) without and
+    /// with full activation checkpointing, if it has one.
+    pub baseline: Option<[&'static str; 2]>,
+}
+
+const _: () = assert!(
+    Strategy::rows_in_order(),
+    "Strategy::ALL is in the enum's order"
+);
+
+/// What a strategy needs of the layout.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Needs {
+    Nothing,
+    /// Ranks on several nodes (it shards inside a node and replicates across).
+    SeveralNodes,
+}
+
+/// One of the terminal's colours, by name (the dashboard maps it; the core draws nothing).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Colour {
+    DarkGray,
+    Blue,
+    LightBlue,
+    Cyan,
+    Green,
+    LightGreen,
+    Yellow,
+    LightRed,
+}
+
 impl Strategy {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Strategy::None => "none",
-            Strategy::Dp => "dp",
-            Strategy::Zero1 => "zero1",
-            Strategy::Zero2 => "zero2",
-            Strategy::Zero3 => "zero3",
-            Strategy::Hsdp => "hsdp",
+    /// Every strategy, in the order the planner lists its choices and `p` cycles pins.
+    pub const ALL: [StrategyInfo; 6] = [
+        StrategyInfo {
+            strategy: Strategy::None,
+            name: "none",
+            aliases: &[],
+            about: "no parameters to shard",
+            holding: Holding::Replicated,
+            owns_params: false,
+            needs: Needs::Nothing,
+            offloads_params: false,
+            colour: Colour::DarkGray,
+            baseline: None,
+        },
+        StrategyInfo {
+            strategy: Strategy::Dp,
+            name: "dp",
+            aliases: &["ddp"],
+            about: "replicated, gradients all-reduced (DDP)",
+            holding: Holding::Replicated,
+            owns_params: true,
+            needs: Needs::Nothing,
+            offloads_params: true,
+            colour: Colour::Blue,
+            baseline: Some(["ddp", "ddp+ckpt"]),
+        },
+        StrategyInfo {
+            strategy: Strategy::Zero1,
+            name: "zero1",
+            aliases: &[],
+            about: "optimizer states sharded",
+            holding: Holding::Zero1,
+            owns_params: true,
+            needs: Needs::Nothing,
+            offloads_params: false,
+            colour: Colour::Cyan,
+            baseline: None,
+        },
+        StrategyInfo {
+            strategy: Strategy::Zero2,
+            name: "zero2",
+            aliases: &[],
+            about: "optimizer states and gradients sharded",
+            holding: Holding::Zero2,
+            owns_params: true,
+            needs: Needs::Nothing,
+            offloads_params: false,
+            colour: Colour::Green,
+            baseline: Some(["zero2", "zero2+ckpt"]),
+        },
+        StrategyInfo {
+            strategy: Strategy::Zero3,
+            name: "zero3",
+            aliases: &["fsdp"],
+            about: "everything sharded, parameters gathered for use (FSDP)",
+            holding: Holding::Zero3,
+            owns_params: true,
+            needs: Needs::Nothing,
+            offloads_params: true,
+            colour: Colour::Yellow,
+            baseline: Some(["fsdp", "fsdp+ckpt"]),
+        },
+        StrategyInfo {
+            strategy: Strategy::Hsdp,
+            name: "hsdp",
+            aliases: &[],
+            about: "sharded inside a node, replicated across nodes",
+            holding: Holding::Hybrid,
+            owns_params: true,
+            needs: Needs::SeveralNodes,
+            offloads_params: true,
+            colour: Colour::LightBlue,
+            baseline: Some(["hsdp", "hsdp+ckpt"]),
+        },
+    ];
+
+    /// This strategy's row of [`Strategy::ALL`].
+    pub const fn info(self) -> &'static StrategyInfo {
+        &Strategy::ALL[self as usize]
+    }
+
+    /// Whether every row of [`Strategy::ALL`] stands at its strategy's index.
+    const fn rows_in_order() -> bool {
+        let mut i = 0;
+        while i < Strategy::ALL.len() {
+            if Strategy::ALL[i].strategy as usize != i {
+                return false;
+            }
+            i += 1;
         }
+        true
+    }
+
+    pub fn as_str(self) -> &'static str {
+        self.info().name
     }
 
     pub fn parse(s: &str) -> Option<Strategy> {
-        Some(match s {
-            "none" => Strategy::None,
-            "dp" | "ddp" => Strategy::Dp,
-            "zero1" => Strategy::Zero1,
-            "zero2" => Strategy::Zero2,
-            "zero3" | "fsdp" => Strategy::Zero3,
-            "hsdp" => Strategy::Hsdp,
-            _ => return None,
-        })
+        Strategy::ALL
+            .iter()
+            .find(|i| i.name == s || i.aliases.contains(&s))
+            .map(|i| i.strategy)
+    }
+
+    /// The strategies of ops that own parameters, in [`Strategy::ALL`]'s order.
+    pub fn for_params() -> impl Iterator<Item = Strategy> {
+        Strategy::ALL
+            .iter()
+            .filter(|i| i.owns_params)
+            .map(|i| i.strategy)
+    }
+
+    /// Their names, for messages: `dp, zero1, zero2, zero3 or hsdp`.
+    pub fn names_for_params() -> String {
+        let names: Vec<&str> = Strategy::for_params().map(Strategy::as_str).collect();
+        crate::text::or_list(&names)
     }
 }
 
@@ -316,15 +470,10 @@ impl Choice {
     /// bias is sharded when at least half its weight is).
     pub fn units(self, numel: u64, cut: bool) -> impl Iterator<Item = Unit> {
         let k = if cut { self.split.max(1) } else { 1 };
-        let whole = match self.strategy {
-            Strategy::None | Strategy::Dp => Holding::Replicated,
-            Strategy::Zero1 => Holding::Zero1,
-            Strategy::Zero2 => Holding::Zero2,
-            Strategy::Zero3 if self.split > 1 && self.sharded * 2 < self.split => {
-                Holding::Replicated
-            }
-            Strategy::Zero3 => Holding::Zero3,
-            Strategy::Hsdp => Holding::Hybrid,
+        let whole = if self.split > 1 && self.sharded * 2 < self.split {
+            Holding::Replicated
+        } else {
+            self.strategy.info().holding
         };
         (0..k).map(move |j| match k {
             1 => Unit {
@@ -345,22 +494,18 @@ impl Choice {
     }
 }
 
-/// Every choice the planner may make for an op on `m`: `None` for parameter-free ops; DP,
-/// ZeRO-1/2/3 otherwise, and HSDP where the ranks span several nodes; and for splittable ops
+/// Every choice the planner may make for an op on `m`: `None` for parameter-free ops; every
+/// strategy of [`Strategy::ALL`] for ops with parameters, but those the layout cannot run
+/// (HSDP on one node); and for splittable ops
 /// ZeRO-3 split into `k` = 2, 4, … ≤ `max_split` slices with 1..=k of them sharded.
 pub fn choices(base: &OpBase, m: &Machine, max_split: u32) -> Vec<Choice> {
     if base.params == 0 {
         return vec![Choice::NONE];
     }
-    let mut out = vec![
-        Choice::DP,
-        Choice::plain(Strategy::Zero1),
-        Choice::plain(Strategy::Zero2),
-        Choice::zero3(1, 1),
-    ];
-    if m.hybrid() {
-        out.push(Choice::plain(Strategy::Hsdp));
-    }
+    let mut out: Vec<Choice> = Strategy::for_params()
+        .filter(|&s| m.refuses(s).is_none())
+        .map(Choice::plain)
+        .collect();
     if m.offers_offload() {
         let unsplit: Vec<Choice> = out.clone();
         for c in unsplit {
@@ -389,9 +534,9 @@ pub fn choices(base: &OpBase, m: &Machine, max_split: u32) -> Vec<Choice> {
 pub fn offload_applies(strategy: Strategy, offload: Offload) -> bool {
     match offload {
         Offload::None => true,
-        _ if strategy == Strategy::None => false,
+        _ if !strategy.info().owns_params => false,
         Offload::Opt => true,
-        Offload::Param => matches!(strategy, Strategy::Dp | Strategy::Zero3 | Strategy::Hsdp),
+        Offload::Param => strategy.info().offloads_params,
     }
 }
 

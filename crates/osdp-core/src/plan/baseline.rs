@@ -19,25 +19,15 @@ pub struct Baseline {
 }
 
 impl Baseline {
-    /// Every baseline, in the order reports list them.
-    pub const ALL: [Baseline; 6] = [
-        Baseline::new(Strategy::Dp, false),
-        Baseline::new(Strategy::Dp, true),
-        Baseline::new(Strategy::Zero2, false),
-        Baseline::new(Strategy::Zero2, true),
-        Baseline::new(Strategy::Zero3, false),
-        Baseline::new(Strategy::Zero3, true),
-    ];
-
-    /// The baselines of machine `m`: [`Baseline::ALL`], and hsdp with and without
-    /// checkpointing where the ranks span several nodes.
+    /// The baselines of machine `m`: each strategy of [`Strategy::ALL`] that has one
+    /// ([`StrategyInfo::baseline`](crate::cost::StrategyInfo)) and that `m` can run, without
+    /// and with checkpointing, in the order reports list them.
     pub fn of(m: &Machine) -> Vec<Baseline> {
-        let hybrid = [
-            Baseline::new(Strategy::Hsdp, false),
-            Baseline::new(Strategy::Hsdp, true),
-        ];
-        let extra = if m.hybrid() { &hybrid[..] } else { &[] };
-        Baseline::ALL.iter().chain(extra).copied().collect()
+        Strategy::ALL
+            .iter()
+            .filter(|i| i.baseline.is_some() && m.refuses(i.strategy).is_none())
+            .flat_map(|i| [false, true].map(|c| Baseline::new(i.strategy, c)))
+            .collect()
     }
 
     const fn new(strategy: Strategy, checkpointing: bool) -> Baseline {
@@ -49,16 +39,10 @@ impl Baseline {
 
     /// `ddp`, `ddp+ckpt`, `zero2`, `fsdp`, `fsdp+ckpt`: the names users know them by.
     pub fn name(self) -> &'static str {
-        match (self.strategy, self.checkpointing) {
-            (Strategy::Dp, false) => "ddp",
-            (Strategy::Dp, true) => "ddp+ckpt",
-            (Strategy::Zero2, false) => "zero2",
-            (Strategy::Zero2, true) => "zero2+ckpt",
-            (Strategy::Zero3, false) => "fsdp",
-            (Strategy::Zero3, true) => "fsdp+ckpt",
-            (Strategy::Hsdp, false) => "hsdp",
-            (Strategy::Hsdp, true) => "hsdp+ckpt",
-            (s, _) => s.as_str(),
+        match self.strategy.info().baseline {
+            Some([plain, _]) if !self.checkpointing => plain,
+            Some([_, ckpt]) => ckpt,
+            None => self.strategy.as_str(),
         }
     }
 
@@ -367,7 +351,11 @@ mod tests {
         };
         assert!(*need > 8 << 30);
         // And it is the least peak of DDP at micro-batch 1.
-        let one = crate::plan::evaluate(&model, &m, &Baseline::ALL[0].plan(&model, 1, 1));
+        let one = crate::plan::evaluate(
+            &model,
+            &m,
+            &Baseline::new(Strategy::Dp, false).plan(&model, 1, 1),
+        );
         assert_eq!(*need, one.peak_memory_bytes);
     }
 }

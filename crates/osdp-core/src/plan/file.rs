@@ -216,8 +216,9 @@ pub fn check_choice(model: &ModelSpec, i: usize, c: Choice) -> Result<(), String
     match c.strategy {
         Strategy::None if owns => {
             return Err(format!(
-                "op {:?} owns parameters: strategy must be dp, zero1, zero2, zero3 or hsdp",
-                op.id
+                "op {:?} owns parameters: strategy must be {}",
+                op.id,
+                Strategy::names_for_params()
             ))
         }
         Strategy::None => {}
@@ -284,10 +285,15 @@ pub fn check_choice(model: &ModelSpec, i: usize, c: Choice) -> Result<(), String
             ));
         }
         if !cost::offload_applies(c.strategy, c.offload) {
+            let takers: Vec<&str> = Strategy::ALL
+                .iter()
+                .filter(|i| i.offloads_params)
+                .map(|i| i.name)
+                .collect();
             return Err(format!(
-                "{} combines with dp, zero3 or hsdp (each rank updates exactly the part it \
-                 holds), not {}",
+                "{} combines with {} (each rank updates exactly the part it holds), not {}",
                 c.offload.as_str(),
+                crate::text::or_list(&takers),
                 c.strategy.as_str()
             ));
         }
