@@ -10,7 +10,7 @@ mod tail;
 
 use std::path::PathBuf;
 
-use osdp_core::protocol::{Predicted, WorkerEvent};
+use osdp_core::protocol::{RunPrediction, WorkerEvent};
 
 pub use status::{read_status, Remaining, RunState, RunStatus, Standing, StepPoint};
 pub use tail::{end_cut_line, log_line, LogTail, MetricsTail};
@@ -43,7 +43,7 @@ impl RunDir {
         self.0.join("predicted.json")
     }
     /// The planner's figures for the run's plan, when the directory has them.
-    pub fn read_predicted(&self) -> Option<Predicted> {
+    pub fn read_predicted(&self) -> Option<RunPrediction> {
         std::fs::read_to_string(self.predicted())
             .ok()
             .and_then(|t| serde_json::from_str(&t).ok())

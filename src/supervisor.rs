@@ -22,7 +22,7 @@ use crate::cli::train::{DeviceArg, TrainArgs};
 use crate::lifeline::{self, Lifeline};
 use crate::run::lock::{DirLock, LockOwner};
 use crate::run::{LogTail, MetricsTail, RunDir, RunState, RunStatus, Standing};
-use osdp_core::protocol::{Predicted, WorkerEvent, RUN_TOKEN_VAR};
+use osdp_core::protocol::{RunPrediction, WorkerEvent, RUN_TOKEN_VAR};
 /// A fresh run token: 128 bits from the kernel's generator, as hex.
 pub fn new_run_token() -> String {
     let mut bytes = [0u8; 16];
@@ -76,7 +76,7 @@ pub struct Launch<'a> {
     pub ranks_per_node: Option<usize>,
     /// Samples per step over all ranks.
     pub global_batch: u64,
-    pub predicted: Option<Predicted>,
+    pub predicted: Option<RunPrediction>,
 }
 
 /// Who runs the run a [`Supervisor`] shows.

@@ -4,7 +4,7 @@ use std::path::Path;
 
 use serde::Serialize;
 
-use osdp_core::protocol::{DeviceMemory, Predicted, WorkerEvent};
+use osdp_core::protocol::{DeviceMemory, RunPrediction, WorkerEvent};
 
 use super::lock::LockOwner;
 use super::RunDir;
@@ -72,7 +72,7 @@ pub struct RunStatus {
     pub ended: Option<String>,
     pub failed: bool,
     /// The planner's figures for the run's plan, when the run directory has them.
-    pub predicted: Option<Predicted>,
+    pub predicted: Option<RunPrediction>,
 }
 
 impl RunStatus {
@@ -410,7 +410,7 @@ mod tests {
     #[test]
     fn the_time_left_is_steps_left_times_the_recent_step_time() {
         let mut s = RunStatus {
-            predicted: Some(Predicted {
+            predicted: Some(RunPrediction {
                 samples_per_s: 1.0,
                 tokens_per_s: 1.0,
                 step_time_s: 0.5,

@@ -559,14 +559,7 @@ impl App {
         };
         // Drop the previous (exited) supervisor before starting the next.
         t.supervisor = None;
-        let pr = &planned.prediction;
-        let predicted = osdp_core::protocol::Predicted {
-            samples_per_s: pr.throughput_samples_per_s,
-            tokens_per_s: pr.tokens_per_s,
-            step_time_s: pr.step_time_s,
-            peak_memory_bytes: pr.peak_memory_bytes,
-            runtime_overhead_bytes: pr.overhead_bytes,
-        };
+        let predicted = osdp_core::protocol::RunPrediction::from(&planned.prediction);
         let launch = crate::supervisor::Launch {
             plan_json: &json,
             ranks,
@@ -742,51 +735,145 @@ impl App {
 
     /// Apply an action; re-plan when it changes what the plan depends on.
     pub fn update(&mut self, action: Action) {
-        let rows = self.rows().len();
-        let mut replan = false;
+        if self.overlay_takes(action) {
+            return;
+        }
+        let before = self.settings();
+        let replan = match action {
+            Action::OpenCommand => {
+                self.command = Some(String::new());
+                false
+            }
+            Action::ShowView(v) => {
+                self.view = v;
+                false
+            }
+            Action::NextView => {
+                let i = View::ALL.iter().position(|&v| v == self.view).unwrap_or(0);
+                self.view = View::ALL[(i + 1) % View::ALL.len()];
+                false
+            }
+            Action::Undo => {
+                self.undo_last();
+                false
+            }
+            Action::WritePlan => {
+                self.write_plan(None);
+                false
+            }
+            Action::Compare => {
+                self.open_compare();
+                false
+            }
+            Action::Quit if self.run_control.as_ref().is_some_and(RunControl::is_live) => {
+                self.confirm = Some(Confirm::QuitWhileRunning);
+                false
+            }
+            Action::Quit => {
+                self.quit = true;
+                false
+            }
+            Action::StartRun => {
+                self.start_run(false);
+                false
+            }
+            Action::StopRun => {
+                self.stop_run();
+                false
+            }
+            Action::RestartRun => {
+                self.restart_run();
+                false
+            }
+            Action::Yes | Action::No | Action::Detach => false,
+            Action::Back => {
+                self.message = Some("nothing to close: q quits".into());
+                false
+            }
+            Action::ToggleHelp => {
+                self.show_help = !self.show_help;
+                false
+            }
+            Action::ToggleLog => {
+                self.log_view = Some(LogView::default());
+                false
+            }
+            Action::ToggleGraph => {
+                self.show_graph = !self.show_graph;
+                false
+            }
+            Action::RaiseBudget
+            | Action::LowerBudget
+            | Action::SplitUp
+            | Action::SplitDown
+            | Action::CycleBatch
+            | Action::CycleGlobalBatch => self.change_request(action),
+            Action::CyclePin => match self.selected() {
+                Some(Row::Op(i)) => self.cycle_pin(i),
+                Some(Row::Block(b)) => self.cycle_block_pin(b),
+                None => false,
+            },
+            Action::ToggleRecompute => match self.selected_block() {
+                Some(b) => self.toggle_recompute(b),
+                None => {
+                    self.message = Some("R acts on a block: select one of its rows".into());
+                    false
+                }
+            },
+            Action::FocusNext => {
+                self.focus = match self.focus {
+                    Focus::Ops => Focus::Gpus,
+                    Focus::Gpus => Focus::Ops,
+                };
+                false
+            }
+            Action::Up
+            | Action::Down
+            | Action::PageUp
+            | Action::PageDown
+            | Action::Home
+            | Action::End => {
+                self.move_cursor(action);
+                false
+            }
+            Action::Toggle => {
+                match self.selected() {
+                    Some(Row::Block(b)) if !self.expanded.remove(&b) => {
+                        self.expanded.insert(b);
+                    }
+                    Some(Row::Op(i)) => self.show_detail(i),
+                    _ => {}
+                }
+                false
+            }
+        };
+        if replan {
+            self.remember(before);
+            self.replan();
+        }
+    }
+
+    /// Whatever is on top takes the action first: help, a question, the log, the operator pane
+    /// or the comparison. True when it did (the panels behind see nothing).
+    fn overlay_takes(&mut self, action: Action) -> bool {
         // Help covers the panels: while it is open no key reaches them.
         if self.show_help {
             if matches!(action, Action::Back | Action::ToggleHelp | Action::Quit) {
                 self.show_help = false;
             }
-            return;
+            return true;
         }
         if let Some(question) = self.confirm.take() {
-            // A question on screen takes the next key: its answers act, anything else cancels.
-            match (question, action) {
-                (Confirm::StartUnpriced, Action::Yes) => self.start_run(true),
-                (Confirm::RestartNewBatch { .. }, Action::Yes) => self.restart_confirmed(),
-                (Confirm::QuitWhileRunning, Action::Detach) => {
-                    if let Some(run) = self
-                        .run_control
-                        .as_mut()
-                        .and_then(|t| t.supervisor.as_mut())
-                    {
-                        run.detach();
-                    }
-                    self.quit = true;
-                }
-                (Confirm::QuitWhileRunning, Action::StartRun | Action::StopRun) => {
-                    self.stop_run();
-                    if let Some(t) = self.run_control.as_mut() {
-                        // Unless the run cannot be stopped from here (another machine's).
-                        t.quit_when_stopped = t
-                            .supervisor
-                            .as_ref()
-                            .is_some_and(|r| r.state == crate::run::RunState::Stopping);
-                    }
-                }
-                _ => {}
-            }
-            return;
+            self.answer(question, action);
+            return true;
         }
         self.message = None;
         if self.log_view.is_some() && self.scroll_log(action) {
-            return;
+            return true;
         }
         if self.detail.is_some() && matches!(action, Action::Toggle | Action::Quit | Action::Back) {
             self.detail = None;
-            return;
+            return true;
         }
         if self.compare.is_some()
             && matches!(
@@ -795,31 +882,43 @@ impl App {
             )
         {
             self.compare = None;
-            return;
+            return true;
         }
-        let before = self.settings();
+        false
+    }
+
+    /// A question on screen takes the next key: its answers act, anything else cancels.
+    fn answer(&mut self, question: Confirm, action: Action) {
+        match (question, action) {
+            (Confirm::StartUnpriced, Action::Yes) => self.start_run(true),
+            (Confirm::RestartNewBatch { .. }, Action::Yes) => self.restart_confirmed(),
+            (Confirm::QuitWhileRunning, Action::Detach) => {
+                if let Some(run) = self
+                    .run_control
+                    .as_mut()
+                    .and_then(|t| t.supervisor.as_mut())
+                {
+                    run.detach();
+                }
+                self.quit = true;
+            }
+            (Confirm::QuitWhileRunning, Action::StartRun | Action::StopRun) => {
+                self.stop_run();
+                if let Some(t) = self.run_control.as_mut() {
+                    // Unless the run cannot be stopped from here (another machine's).
+                    t.quit_when_stopped = t
+                        .supervisor
+                        .as_ref()
+                        .is_some_and(|r| r.state == crate::run::RunState::Stopping);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// Budgets, split and batches from their keys. True when the request changed.
+    fn change_request(&mut self, action: Action) -> bool {
         match action {
-            Action::OpenCommand => self.command = Some(String::new()),
-            Action::ShowView(v) => self.view = v,
-            Action::NextView => {
-                let i = View::ALL.iter().position(|&v| v == self.view).unwrap_or(0);
-                self.view = View::ALL[(i + 1) % View::ALL.len()];
-            }
-            Action::Undo => self.undo_last(),
-            Action::WritePlan => self.write_plan(None),
-            Action::Compare => self.open_compare(),
-            Action::Quit if self.run_control.as_ref().is_some_and(RunControl::is_live) => {
-                self.confirm = Some(Confirm::QuitWhileRunning);
-            }
-            Action::Quit => self.quit = true,
-            Action::StartRun => self.start_run(false),
-            Action::StopRun => self.stop_run(),
-            Action::RestartRun => self.restart_run(),
-            Action::Yes | Action::No | Action::Detach => {}
-            Action::Back => self.message = Some("nothing to close: q quits".into()),
-            Action::ToggleHelp => self.show_help = !self.show_help,
-            Action::ToggleLog => self.log_view = Some(LogView::default()),
-            Action::ToggleGraph => self.show_graph = !self.show_graph,
             Action::RaiseBudget | Action::LowerBudget => {
                 let up = matches!(action, Action::RaiseBudget);
                 let step = |b: u64| budget_step(b, up);
@@ -832,19 +931,15 @@ impl App {
                         *b = step(*b);
                     }
                 }
-                replan = true;
+                true
             }
-            Action::SplitUp => {
-                if self.request.max_split < 64 {
-                    self.request.max_split *= 2;
-                    replan = true;
-                }
+            Action::SplitUp if self.request.max_split < 64 => {
+                self.request.max_split *= 2;
+                true
             }
-            Action::SplitDown => {
-                if self.request.max_split > 1 {
-                    self.request.max_split /= 2;
-                    replan = true;
-                }
+            Action::SplitDown if self.request.max_split > 1 => {
+                self.request.max_split /= 2;
+                true
             }
             Action::CycleBatch => {
                 const FIXED: [u64; 6] = [1, 2, 4, 8, 16, 32];
@@ -858,7 +953,7 @@ impl App {
                     None => FIXED.iter().copied().find(fits),
                     Some(b) => FIXED.iter().copied().filter(fits).find(|&f| f > b),
                 };
-                replan = true;
+                true
             }
             Action::CycleGlobalBatch => {
                 let ranks = u64::from(self.ranks());
@@ -876,64 +971,30 @@ impl App {
                         self.request.batch = None;
                     }
                 }
-                replan = true;
+                true
             }
-            Action::CyclePin => match self.selected() {
-                Some(Row::Op(i)) => replan = self.cycle_pin(i),
-                Some(Row::Block(b)) => replan = self.cycle_block_pin(b),
-                None => {}
-            },
-            Action::ToggleRecompute => match self.selected_block() {
-                Some(b) => replan = self.toggle_recompute(b),
-                None => self.message = Some("R acts on a block: select one of its rows".into()),
-            },
-            Action::FocusNext => {
-                self.focus = match self.focus {
-                    Focus::Ops => Focus::Gpus,
-                    Focus::Gpus => Focus::Ops,
-                }
-            }
-            Action::Up | Action::Down | Action::PageUp | Action::PageDown => {
-                let delta: isize = match action {
-                    Action::Up => -1,
-                    Action::Down => 1,
-                    Action::PageUp => -10,
-                    _ => 10,
-                };
-                if self.focus == Focus::Gpus {
-                    let n = self.request.budgets.len().max(1) as isize;
-                    self.selected_gpu =
-                        (self.selected_gpu as isize + delta).clamp(0, n - 1) as usize;
-                } else {
-                    self.selected_row = (self.selected_row as isize + delta)
-                        .clamp(0, rows.saturating_sub(1) as isize)
-                        as usize;
-                }
-            }
-            Action::Home | Action::End => {
-                let first = action == Action::Home;
-                if self.focus == Focus::Gpus {
-                    self.selected_gpu = if first {
-                        0
-                    } else {
-                        self.request.budgets.len().saturating_sub(1)
-                    };
-                } else {
-                    self.selected_row = if first { 0 } else { rows.saturating_sub(1) };
-                }
-            }
-            Action::Toggle => match self.selected() {
-                Some(Row::Block(b)) if !self.expanded.remove(&b) => {
-                    self.expanded.insert(b);
-                }
-                Some(Row::Op(i)) => self.show_detail(i),
-                _ => {}
-            },
+            _ => false,
         }
-        if replan {
-            self.remember(before);
-            self.replan();
-        }
+    }
+
+    /// The cursor of the focused panel: a row of the operators, or a GPU.
+    fn move_cursor(&mut self, action: Action) {
+        let rows = self.rows().len();
+        let gpus = self.request.budgets.len();
+        let (cursor, len) = match self.focus {
+            Focus::Gpus => (&mut self.selected_gpu, gpus),
+            Focus::Ops => (&mut self.selected_row, rows),
+        };
+        let last = len.saturating_sub(1) as isize;
+        let to = match action {
+            Action::Home => 0,
+            Action::End => last,
+            Action::Up => *cursor as isize - 1,
+            Action::Down => *cursor as isize + 1,
+            Action::PageUp => *cursor as isize - 10,
+            _ => *cursor as isize + 10,
+        };
+        *cursor = to.clamp(0, last) as usize;
     }
 
     /// A key from the terminal: to the command line while it is open, else its action.

@@ -57,25 +57,7 @@ pub fn draw(app: &App, f: &mut Frame) {
     ])
     .areas(area);
     if app.log_view.is_some() {
-        // The log over everything but the header's first line (the run's state) and the
-        // footer.
-        let [title, log, footer] = Split::vertical([
-            Constraint::Length(1),
-            Constraint::Min(1),
-            Constraint::Length(1),
-        ])
-        .areas(area);
-        draw_header(app, f, title);
-        log::draw_log(app, f, log);
-        draw_footer(
-            app,
-            f,
-            footer,
-            keymap::log_footer(usize::from(footer.width)),
-        );
-        if app.show_help {
-            draw_help(f, area);
-        }
+        draw_log_screen(app, f, area);
         return;
     }
     draw_header(app, f, header);
@@ -91,23 +73,7 @@ pub fn draw(app: &App, f: &mut Frame) {
         .as_ref()
         .is_some_and(|t| t.supervisor.is_some());
     if app.view != View::Plan {
-        match app.view {
-            View::Graph => {
-                let [graph, chart] =
-                    Split::vertical([Constraint::Percentage(60), Constraint::Percentage(40)])
-                        .areas(main);
-                draw_graph(app, f, graph);
-                draw_frontier(app, f, chart);
-            }
-            View::Gpus => devices::draw_devices(app, f, main),
-            View::Training if has_run => training::draw_training(app, f, main),
-            View::Training | View::Plan => f.render_widget(
-                Paragraph::new(" no run here yet: s starts one with the plan on screen")
-                    .style(theme::MUTED)
-                    .block(Block::bordered().title(" training ")),
-                main,
-            ),
-        }
+        draw_other_view(app, f, main, has_run);
         draw_footer(app, f, footer, keymap::footer(usize::from(footer.width)));
         if let Some(lines) = &app.compare {
             draw_compare(lines, f, main);
@@ -130,8 +96,66 @@ pub fn draw(app: &App, f: &mut Frame) {
     let [ops, right] =
         Split::horizontal([Constraint::Percentage(58), Constraint::Percentage(42)]).areas(main);
     draw_ops(app, f, ops);
+    draw_plan_side(app, f, right);
+    draw_footer(app, f, footer, keymap::footer(usize::from(footer.width)));
+    if let Some(d) = &app.detail {
+        draw_detail(app, d, f, main);
+    }
+    if let Some(lines) = &app.compare {
+        draw_compare(lines, f, main);
+    }
+    if app.show_help {
+        draw_help(f, area);
+    }
+}
+
+/// The worker's log over everything but the header's first line (the run's state) and the
+/// footer.
+fn draw_log_screen(app: &App, f: &mut Frame, area: Rect) {
+    let [title, log, footer] = Split::vertical([
+        Constraint::Length(1),
+        Constraint::Min(1),
+        Constraint::Length(1),
+    ])
+    .areas(area);
+    draw_header(app, f, title);
+    log::draw_log(app, f, log);
+    draw_footer(
+        app,
+        f,
+        footer,
+        keymap::log_footer(usize::from(footer.width)),
+    );
+    if app.show_help {
+        draw_help(f, area);
+    }
+}
+
+/// Views 2–4 (graph and frontier, GPUs, training) in `main`.
+fn draw_other_view(app: &App, f: &mut Frame, main: Rect, has_run: bool) {
+    match app.view {
+        View::Graph => {
+            let [graph, chart] =
+                Split::vertical([Constraint::Percentage(60), Constraint::Percentage(40)])
+                    .areas(main);
+            draw_graph(app, f, graph);
+            draw_frontier(app, f, chart);
+        }
+        View::Gpus => devices::draw_devices(app, f, main),
+        View::Training if has_run => training::draw_training(app, f, main),
+        View::Training | View::Plan => f.render_widget(
+            Paragraph::new(" no run here yet: s starts one with the plan on screen")
+                .style(theme::MUTED)
+                .block(Block::bordered().title(" training ")),
+            main,
+        ),
+    }
+}
+
+/// The plan view's right side: GPUs, and the selected block's graph or the frontier (both on
+/// tall screens).
+fn draw_plan_side(app: &App, f: &mut Frame, right: Rect) {
     if right.height >= 40 {
-        // Tall screens show everything: GPUs, the selected block's graph, the frontier.
         let [gpus, graph, chart] = Split::vertical([
             Constraint::Percentage(30),
             Constraint::Percentage(40),
@@ -150,16 +174,6 @@ pub fn draw(app: &App, f: &mut Frame) {
         } else {
             draw_frontier(app, f, lower);
         }
-    }
-    draw_footer(app, f, footer, keymap::footer(usize::from(footer.width)));
-    if let Some(d) = &app.detail {
-        draw_detail(app, d, f, main);
-    }
-    if let Some(lines) = &app.compare {
-        draw_compare(lines, f, main);
-    }
-    if app.show_help {
-        draw_help(f, area);
     }
 }
 
@@ -280,6 +294,17 @@ fn draw_detail(app: &App, detail: &super::app::OpDetail, f: &mut Frame, area: Re
 }
 
 fn draw_header(app: &App, f: &mut Frame, area: Rect) {
+    let mut lines = vec![header_title(app, area.width)];
+    lines.extend(header_plan(app, area));
+    lines.push(header_settings(app));
+    if let Some(n) = &app.notice {
+        lines.push(Line::from(Span::styled(n.clone(), theme::WARN)));
+    }
+    f.render_widget(Paragraph::new(lines), area);
+}
+
+/// The header's first line: model, layout, pricing source, and the run's state.
+fn header_title(app: &App, width: u16) -> Line<'static> {
     let m: &ModelSpec = &app.model;
     let mut title = vec![
         Span::styled("osdp-tui ", Style::new().bold()),
@@ -323,7 +348,7 @@ fn draw_header(app: &App, f: &mut Frame, area: Rect) {
     }
     // The state of the run and the pricing source matter more than the device's full name: on
     // a narrow terminal the description shortens before they are cut.
-    if Line::from(title.clone()).width() > usize::from(area.width) {
+    if Line::from(title.clone()).width() > usize::from(width) {
         title[1] = Span::raw(format!(
             "{} ({}) on {} ({} ranks)",
             printable(&m.name),
@@ -333,14 +358,20 @@ fn draw_header(app: &App, f: &mut Frame, area: Rect) {
         ));
     }
     // Narrower still (80 columns with a run's step): the model and the layout by name alone.
-    if Line::from(title.clone()).width() > usize::from(area.width) {
+    if Line::from(title.clone()).width() > usize::from(width) {
         title[1] = Span::raw(format!(
             "{} on {}",
             printable(&m.name),
             printable(&app.layout.name)
         ));
     }
-    let mut lines = vec![Line::from(title)];
+    Line::from(title)
+}
+
+/// The plan's figures (batch, speed, peak, step) and its memory and time bars, or why there is
+/// no plan.
+fn header_plan(app: &App, area: Rect) -> Vec<Line<'static>> {
+    let mut lines = Vec::new();
     let budget = app.budget();
     let batch_mode = if app.request.batch.is_some() {
         "fixed"
@@ -404,6 +435,11 @@ fn draw_header(app: &App, f: &mut Frame, area: Rect) {
             Err(nf) => lines.push(Line::from(Span::styled(nf.describe(budget), theme::BAD))),
         },
     }
+    lines
+}
+
+/// What the plan was asked for (budgets, split, pins, fixes) and how it compares.
+fn header_settings(app: &App) -> Line<'static> {
     let replan = app
         .plan
         .as_ref()
@@ -424,7 +460,7 @@ fn draw_header(app: &App, f: &mut Frame, area: Rect) {
         ),
         _ => String::new(),
     };
-    lines.push(Line::from(format!(
+    Line::from(format!(
         "budget {} · split ≤ {} · {} pinned{} · {versus_all}{}{}",
         app.budget_summary(),
         app.request.max_split,
@@ -435,11 +471,7 @@ fn draw_header(app: &App, f: &mut Frame, area: Rect) {
         },
         replan,
         if app.pending { " · planning…" } else { "" }
-    )));
-    if let Some(n) = &app.notice {
-        lines.push(Line::from(Span::styled(n.clone(), theme::WARN)));
-    }
-    f.render_widget(Paragraph::new(lines), area);
+    ))
 }
 
 /// The plan's memory against the budget and its step time, each a bar of coloured parts with

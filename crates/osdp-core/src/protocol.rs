@@ -116,16 +116,29 @@ pub enum WorkerEvent {
     },
 }
 
-/// The planner's figures for a run's plan, beside which its measurements are shown.
+/// The part of the planner's [`Prediction`](crate::plan::Prediction) a run directory keeps
+/// (`predicted.json`), beside which the run's measurements are shown.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct Predicted {
+pub struct RunPrediction {
     pub samples_per_s: f64,
     pub tokens_per_s: f64,
     pub step_time_s: f64,
     /// Peak per rank, runtime overhead included.
     pub peak_memory_bytes: u64,
     pub runtime_overhead_bytes: u64,
+}
+
+impl From<&crate::plan::Prediction> for RunPrediction {
+    fn from(p: &crate::plan::Prediction) -> RunPrediction {
+        RunPrediction {
+            samples_per_s: p.throughput_samples_per_s,
+            tokens_per_s: p.tokens_per_s,
+            step_time_s: p.step_time_s,
+            peak_memory_bytes: p.peak_memory_bytes,
+            runtime_overhead_bytes: p.overhead_bytes,
+        }
+    }
 }
 
 /// The environment variable that carries a run's token to its rank processes: every rank
