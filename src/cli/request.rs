@@ -4,7 +4,7 @@
 //! name the flags, are the command line's.
 
 use osdp_core::cluster::Layout;
-use osdp_core::cost::{Choice, Machine};
+use osdp_core::cost::{Choice, Machine, Strategy};
 use osdp_core::model::ModelSpec;
 use osdp_core::plan::{
     batch_options, check_batch, check_choice, default_global_batch, GlobalBatch, PlanOptions,
@@ -59,10 +59,11 @@ pub fn parse_pin(model: &ModelSpec, m: &Machine, pin: &str) -> Result<(usize, Ch
         .position(|o| o.id == op)
         .ok_or_else(|| format!("--pin {pin:?}: model {:?} has no op {op:?}", model.name))?;
     let choice = Choice::parse(strategy).ok_or_else(|| {
+        let names: Vec<&str> = Strategy::ALL.iter().map(|i| i.name).collect();
         format!(
-            "--pin {pin:?}: unknown strategy {strategy:?} (none, dp, zero1, zero2, zero3, \
-             zero3/K:M, hsdp, each but none and zero3/K:M optionally +offload-opt or \
-             +offload-param)"
+            "--pin {pin:?}: unknown strategy {strategy:?} ({}, zero3/K:M, each but none and \
+             zero3/K:M optionally +offload-opt or +offload-param)",
+            names.join(", ")
         )
     })?;
     check_choice(model, i, choice).map_err(|e| format!("--pin {pin:?}: {e}"))?;

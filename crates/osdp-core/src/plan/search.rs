@@ -88,7 +88,7 @@ impl NoFit {
         match self.host_budget_bytes {
             Some(h) if self.min_budget_bytes == u64::MAX => format!(
                 "nothing fits {} per GPU: even the plans that offload to host memory need more \
-                 than the host budget of {} per GPU (raise it with --host-budget, or add GPUs)",
+                 than the host budget of {} per GPU (raise the host budget, or add GPUs)",
                 crate::units::bytes(budget),
                 crate::units::bytes(h)
             ),
