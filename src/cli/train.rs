@@ -701,7 +701,7 @@ pub fn train(args: TrainArgs) -> Result<(), Failure> {
         tty: lead && std::io::stderr().is_terminal(),
     };
     let started = std::time::Instant::now();
-    let result = crate::train::run(&setup.cfg, &stop, |ev| progress.event(ev));
+    let result = crate::train::train(&setup.cfg, &stop, |ev| progress.event(ev));
     if progress.tty {
         eprint!("\r\x1b[2K");
     }

@@ -9,6 +9,7 @@ pub mod collective;
 pub mod cuda;
 pub mod data;
 pub mod device_memory;
+mod env;
 pub mod exec;
 pub mod measure;
 pub mod memory;
@@ -42,11 +43,15 @@ use osdp_core::run::WorkerEvent;
 pub fn keep_freed_memory() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     for (param, value, var) in [
-        (libc::M_MMAP_THRESHOLD, 32 << 20, "MALLOC_MMAP_THRESHOLD_"),
-        (libc::M_TRIM_THRESHOLD, 256 << 20, "MALLOC_TRIM_THRESHOLD_"),
-        (libc::M_TOP_PAD, 64 << 20, "MALLOC_TOP_PAD_"),
+        (libc::M_MMAP_THRESHOLD, 32 << 20, env::MALLOC_MMAP_THRESHOLD),
+        (
+            libc::M_TRIM_THRESHOLD,
+            256 << 20,
+            env::MALLOC_TRIM_THRESHOLD,
+        ),
+        (libc::M_TOP_PAD, 64 << 20, env::MALLOC_TOP_PAD),
     ] {
-        if std::env::var_os(var).is_none() {
+        if !env::malloc_tunable_set(var) {
             // SAFETY: mallopt only changes glibc's allocator tunables; it is called from the
             // main thread before the ranks start.
             unsafe { libc::mallopt(param, value) };
@@ -135,52 +140,16 @@ struct RankEnd {
     params: Vec<(String, Tensor)>,
 }
 
-/// Run training; `stop` asks for a graceful stop (finish the step, checkpoint, return).
-pub fn run(
+/// Train: run the plan for the configured steps. `stop` asks for a graceful stop (finish the
+/// step, checkpoint, return).
+pub fn train(
     cfg: &TrainConfig,
     stop: &AtomicBool,
     mut on_event: impl FnMut(&WorkerEvent),
 ) -> Result<TrainSummary, TrainError> {
     let world = cfg.world_size;
-    if let Some(m) = &cfg.membership {
-        if m.world != world {
-            return Err(TrainError::Invalid(format!(
-                "WORLD_SIZE is {} but the world size asked for is {world}",
-                m.world
-            )));
-        }
-    }
-    if world == 0 {
-        return Err(TrainError::Invalid(
-            "the world size must be at least 1".into(),
-        ));
-    }
-    accumulation(cfg.global_batch, world, cfg.plan.batch).map_err(TrainError::Invalid)?;
-    exec::check_runnable(&cfg.model, &cfg.plan).map_err(|e| TrainError::Invalid(e.to_string()))?;
-    check_nodes(
-        &cfg.model,
-        &cfg.plan,
-        world,
-        cfg.ranks_per_node,
-        cfg.target.device,
-    )
-    .map_err(TrainError::Invalid)?;
-    let restored = match &cfg.resume_from {
-        Some(dir) => {
-            let (manifest, params) = checkpoint::load(dir)?;
-            let fp = osdp_core::plan::fingerprint(&cfg.model);
-            if manifest.model_fingerprint != fp {
-                return Err(TrainError::Invalid(format!(
-                    "checkpoint {} is of model {:?}, not {:?} (the operator graphs differ)",
-                    dir.display(),
-                    manifest.model,
-                    cfg.model.name
-                )));
-            }
-            Some((manifest, params))
-        }
-        None => None,
-    };
+    check_config(cfg)?;
+    let restored = restore(cfg)?;
     let first_step = restored.as_ref().map_or(0, |(m, _)| m.step);
     let last_step = (cfg.steps > 0).then(|| first_step + cfg.steps);
     on_event(&WorkerEvent::Started {
@@ -194,12 +163,7 @@ pub fn run(
         device: device_label(cfg.target),
     });
     // Ranks on this machine share its cores.
-    let local_ranks = std::env::var("LOCAL_WORLD_SIZE")
-        .or_else(|_| std::env::var("SLURM_NTASKS_PER_NODE"))
-        .ok()
-        .and_then(|v| v.parse::<usize>().ok())
-        .unwrap_or(world)
-        .max(1);
+    let local_ranks = env::local_ranks().unwrap_or(world).max(1);
     tch::set_num_threads(measure::threads_per_rank(local_ranks) as i32);
 
     let sampler = data::Sampler {
@@ -209,28 +173,7 @@ pub fn run(
         vocab: cfg.model.config.vocab_size,
     };
     let rows = (cfg.global_batch as usize) / world;
-    // The ranks this process runs, each with its collective handle and (for threads) a way to
-    // release the others when it fails; a failed process drops its connections instead.
-    let members: Vec<(Box<dyn Collective>, Option<collective::AbortHandle>)> = match &cfg.membership
-    {
-        None => LocalGroup::with_nodes(world, cfg.ranks_per_node.unwrap_or(world))
-            .map_err(TrainError::Invalid)?
-            .into_iter()
-            .map(|g| {
-                let abort = g.abort_handle();
-                (Box::new(g) as Box<dyn Collective>, Some(abort))
-            })
-            .collect(),
-        Some(m) => vec![(
-            join_group(
-                m,
-                cfg.target.device,
-                &terms(cfg, first_step),
-                cfg.ranks_per_node.unwrap_or(world),
-            )?,
-            None,
-        )],
-    };
+    let members = members(cfg, first_step)?;
     let (tx, rx) = mpsc::channel::<RankMsg>();
     let mut summary = TrainSummary {
         first_step,
@@ -249,20 +192,8 @@ pub fn run(
                     let body = std::panic::AssertUnwindSafe(|| {
                         rank_main(cfg, stop, group, sampler, rows, first_step, restored, &tx)
                     });
-                    let out = std::panic::catch_unwind(body).unwrap_or_else(|payload| {
-                        let msg = payload
-                            .downcast_ref::<String>()
-                            .cloned()
-                            .or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string()))
-                            .unwrap_or_else(|| "panicked".into());
-                        // libtorch's errors carry a C++ backtrace (escaped): keep the message.
-                        let first = msg.lines().next().unwrap_or("panicked");
-                        let first = first.split("\\n").next().unwrap_or(first);
-                        Err(TrainError::Rank {
-                            rank,
-                            message: first.to_string(),
-                        })
-                    });
+                    let out = std::panic::catch_unwind(body)
+                        .unwrap_or_else(|payload| Err(panicked(rank, payload.as_ref())));
                     if let (Err(e), Some(aborter)) = (&out, &aborter) {
                         aborter.abort(&e.to_string());
                     }
@@ -272,44 +203,7 @@ pub fn run(
             .collect();
         drop(tx);
         for msg in rx {
-            match msg {
-                RankMsg::Step {
-                    step,
-                    loss,
-                    grad_norm,
-                    lr,
-                    time_s,
-                    memory_bytes,
-                    peak,
-                    device_memory,
-                } => {
-                    let samples_per_s = cfg.global_batch as f64 / time_s.max(1e-9);
-                    summary.losses.push(loss);
-                    summary.memory_bytes.push(memory_bytes.clone());
-                    summary.last_step = step;
-                    on_event(&WorkerEvent::Step {
-                        step,
-                        loss,
-                        grad_norm,
-                        lr,
-                        step_time_s: time_s,
-                        samples_per_s,
-                        tokens_per_s: samples_per_s * cfg.model.config.seq_len as f64,
-                        memory_bytes,
-                        memory_breakdown: peak,
-                        device_memory: device_memory
-                            .iter()
-                            .any(|d| !d.is_empty())
-                            .then(|| device_memory.iter().map(|&d| d.into()).collect()),
-                    });
-                }
-                RankMsg::Checkpointing { step } => on_event(&WorkerEvent::Checkpointing { step }),
-                RankMsg::Checkpoint { step, path, time_s } => on_event(&WorkerEvent::Checkpoint {
-                    step,
-                    path: path.display().to_string(),
-                    write_time_s: time_s,
-                }),
-            }
+            report(cfg, msg, &mut summary, &mut on_event);
         }
         handles
             .into_iter()
@@ -342,6 +236,152 @@ pub fn run(
         reason: if end.by_signal { "signal" } else { "completed" }.into(),
     });
     Ok(summary)
+}
+
+/// Whether `cfg` can run before anything starts: the world (the launcher's and the one asked
+/// for), the batch's split into micro-batches, the plan on this model, the nodes.
+fn check_config(cfg: &TrainConfig) -> Result<(), TrainError> {
+    let world = cfg.world_size;
+    if let Some(m) = &cfg.membership {
+        if m.world != world {
+            return Err(TrainError::Invalid(format!(
+                "WORLD_SIZE is {} but the world size asked for is {world}",
+                m.world
+            )));
+        }
+    }
+    if world == 0 {
+        return Err(TrainError::Invalid(
+            "the world size must be at least 1".into(),
+        ));
+    }
+    accumulation(cfg.global_batch, world, cfg.plan.batch).map_err(TrainError::Invalid)?;
+    exec::check_runnable(&cfg.model, &cfg.plan).map_err(|e| TrainError::Invalid(e.to_string()))?;
+    check_nodes(
+        &cfg.model,
+        &cfg.plan,
+        world,
+        cfg.ranks_per_node,
+        cfg.target.device,
+    )
+    .map_err(TrainError::Invalid)
+}
+
+/// A checkpoint's manifest and full parameter values, as every rank starts from them.
+type Restored = (
+    checkpoint::Manifest,
+    std::collections::HashMap<String, exec::FullState>,
+);
+
+/// The checkpoint `cfg` resumes from, loaded and checked to be of this model; `None` when it
+/// starts afresh.
+fn restore(cfg: &TrainConfig) -> Result<Option<Restored>, TrainError> {
+    let Some(dir) = &cfg.resume_from else {
+        return Ok(None);
+    };
+    let (manifest, params) = checkpoint::load(dir)?;
+    let fp = osdp_core::plan::fingerprint(&cfg.model);
+    if manifest.model_fingerprint != fp {
+        return Err(TrainError::Invalid(format!(
+            "checkpoint {} is of model {:?}, not {:?} (the operator graphs differ)",
+            dir.display(),
+            manifest.model,
+            cfg.model.name
+        )));
+    }
+    Ok(Some((manifest, params)))
+}
+
+/// A rank this process runs: its collective handle and, for threads, a way to release the
+/// others when it fails (a failed process drops its connections instead).
+type Member = (Box<dyn Collective>, Option<collective::AbortHandle>);
+
+/// The ranks this process runs: every rank as a thread, or this process's one rank of a
+/// multi-process group (joined here).
+fn members(cfg: &TrainConfig, first_step: u64) -> Result<Vec<Member>, TrainError> {
+    let world = cfg.world_size;
+    Ok(match &cfg.membership {
+        None => LocalGroup::with_nodes(world, cfg.ranks_per_node.unwrap_or(world))
+            .map_err(TrainError::Invalid)?
+            .into_iter()
+            .map(|g| {
+                let abort = g.abort_handle();
+                (Box::new(g) as Box<dyn Collective>, Some(abort))
+            })
+            .collect(),
+        Some(m) => vec![(
+            join_group(
+                m,
+                cfg.target.device,
+                &terms(cfg, first_step),
+                cfg.ranks_per_node.unwrap_or(world),
+            )?,
+            None,
+        )],
+    })
+}
+
+/// A rank thread's panic as its error, with the first line of the panic's message.
+fn panicked(rank: usize, payload: &(dyn std::any::Any + Send)) -> TrainError {
+    let msg = payload
+        .downcast_ref::<String>()
+        .cloned()
+        .or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string()))
+        .unwrap_or_else(|| "panicked".into());
+    // libtorch's errors carry a C++ backtrace (escaped): keep the message.
+    let first = msg.lines().next().unwrap_or("panicked");
+    let first = first.split("\\n").next().unwrap_or(first);
+    TrainError::Rank {
+        rank,
+        message: first.to_string(),
+    }
+}
+
+/// Pass on what rank 0 sent as an event, keeping the step's figures in `summary`.
+fn report(
+    cfg: &TrainConfig,
+    msg: RankMsg,
+    summary: &mut TrainSummary,
+    on_event: &mut impl FnMut(&WorkerEvent),
+) {
+    match msg {
+        RankMsg::Step {
+            step,
+            loss,
+            grad_norm,
+            lr,
+            time_s,
+            memory_bytes,
+            peak,
+            device_memory,
+        } => {
+            let samples_per_s = cfg.global_batch as f64 / time_s.max(1e-9);
+            summary.losses.push(loss);
+            summary.memory_bytes.push(memory_bytes.clone());
+            summary.last_step = step;
+            on_event(&WorkerEvent::Step {
+                step,
+                loss,
+                grad_norm,
+                lr,
+                step_time_s: time_s,
+                samples_per_s,
+                tokens_per_s: samples_per_s * cfg.model.config.seq_len as f64,
+                memory_bytes,
+                memory_breakdown: peak,
+                device_memory: device_memory
+                    .iter()
+                    .any(|d| !d.is_empty())
+                    .then(|| device_memory.iter().map(|&d| d.into()).collect()),
+            });
+        }
+        RankMsg::Checkpointing { step } => on_event(&WorkerEvent::Checkpointing { step }),
+        RankMsg::Checkpoint { step, path, time_s } => on_event(&WorkerEvent::Checkpoint {
+            step,
+            path: path.display().to_string(),
+            write_time_s: time_s,
+        }),
+    }
 }
 
 /// What every process of a multi-process run must agree on, for the join to compare: the
@@ -513,10 +553,7 @@ fn rank_main(
     sampler: &data::Sampler,
     rows: usize,
     first_step: u64,
-    restored: Option<&(
-        checkpoint::Manifest,
-        std::collections::HashMap<String, exec::FullState>,
-    )>,
+    restored: Option<&Restored>,
     tx: &mpsc::Sender<RankMsg>,
 ) -> Result<RankEnd, TrainError> {
     let rank = group.rank();
@@ -631,9 +668,18 @@ pub(crate) fn collect_ranks<T>(results: Vec<Result<T, TrainError>>) -> Result<Ve
 }
 
 /// Test hook: `OSDP_FAULT=kill-mid-checkpoint` ends the process after the rank files are
-/// written and before the checkpoint is committed, as a crash or `kill -9` would.
+/// written and before the checkpoint is committed, as a crash or `kill -9` would. Built only
+/// with feature `fault-injection` (tests); release builds never read `OSDP_FAULT`.
+#[cfg(feature = "fault-injection")]
 fn fault_requested(what: &str) -> bool {
-    std::env::var("OSDP_FAULT").is_ok_and(|v| v == what)
+    env::fault().is_some_and(|v| v == what)
+}
+
+/// Without feature `fault-injection` no fault is ever requested: a constant the compiler
+/// removes with the code it guards.
+#[cfg(not(feature = "fault-injection"))]
+const fn fault_requested(_what: &str) -> bool {
+    false
 }
 
 fn save(
