@@ -7,6 +7,7 @@
 //! name the crate they come from.
 
 pub mod cli;
+pub mod env;
 pub mod failure;
 pub mod lifeline;
 pub mod monitor;

@@ -42,11 +42,6 @@ pub fn render_text(app: &App, width: u16, height: u16) -> String {
     out
 }
 
-/// Whether `NO_COLOR` asks for no colours (set and not empty: no-color.org).
-pub fn no_color() -> bool {
-    std::env::var_os("NO_COLOR").is_some_and(|v| !v.is_empty())
-}
-
 /// Every cell's colours back to the terminal's own; bold, reverse and the rest stay, so the
 /// cursor, the focus and the bars still read.
 pub fn strip_colors(buf: &mut ratatui::buffer::Buffer) {
@@ -86,7 +81,7 @@ async fn run_loop(mut app: App) -> std::io::Result<()> {
     use tokio::signal::unix::{signal, SignalKind};
     let mut term = signal(SignalKind::terminate())?;
     let mut hup = signal(SignalKind::hangup())?;
-    let no_color = no_color();
+    let no_color = crate::env::no_color();
     let result: std::io::Result<()> = async {
         while !app.quit {
             app.poll_background();

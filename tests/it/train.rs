@@ -163,7 +163,7 @@ fn config(m: &ModelSpec, plan: Plan, world: usize, steps: u64) -> TrainConfig {
 }
 
 fn train(cfg: &TrainConfig) -> TrainSummary {
-    osdp_train::run(cfg, &AtomicBool::new(false), |_| {}).expect("training runs")
+    osdp_train::train(cfg, &AtomicBool::new(false), |_| {}).expect("training runs")
 }
 
 fn assert_same_losses(a: &[f64], b: &[f64], what: &str) {
@@ -244,7 +244,7 @@ fn accumulated_micro_batches_train_exactly_like_one_large_micro_batch() {
     // loss scale under accumulation shows there first.
     let run = |cfg: &TrainConfig| {
         let mut norms = Vec::new();
-        let summary = osdp_train::run(cfg, &AtomicBool::new(false), |ev| {
+        let summary = osdp_train::train(cfg, &AtomicBool::new(false), |ev| {
             if let osdp_core::protocol::WorkerEvent::Step { grad_norm, .. } = ev {
                 norms.push(*grad_norm);
             }
@@ -419,7 +419,7 @@ fn hsdp_without_nodes_is_refused_with_the_reason() {
     let refused = |ranks_per_node: Option<usize>, needle: &str| {
         let mut cfg = config(&m, hsdp_plan(&m, 2, 1), 4, 1);
         cfg.ranks_per_node = ranks_per_node;
-        let err = osdp_train::run(&cfg, &AtomicBool::new(false), |_| {})
+        let err = osdp_train::train(&cfg, &AtomicBool::new(false), |_| {})
             .err()
             .expect("refused")
             .to_string();
@@ -568,6 +568,8 @@ pub(crate) fn step_lines(metrics: &Path) -> Vec<serde_json::Value> {
         .collect()
 }
 
+// Needs the `OSDP_FAULT` hook, built only with feature `fault-injection` (scripts/test.sh).
+#[cfg(feature = "fault-injection")]
 #[test]
 fn a_crash_while_checkpointing_leaves_the_last_good_checkpoint() {
     let m = tiny("tiny-gpt2");

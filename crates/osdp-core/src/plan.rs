@@ -370,6 +370,30 @@ pub(crate) fn evaluate_priced(
     }
 }
 
+/// Micro-batches per rank and step when `global` samples run on `world` ranks in micro-batches
+/// of `micro` (a rank's share smaller than one micro-batch runs as one); why not, when the
+/// ranks cannot share the batch or the micro-batches cannot make it. The rule the trainer runs
+/// a plan by, at whatever global batch it is given: every (micro-batch, accumulation) pair
+/// [`batch_options`] offers the planner passes it; a rank's share smaller than one
+/// micro-batch, which the planner never picks, runs as one smaller micro-batch.
+pub fn accumulation(global: u64, world: usize, micro: u64) -> Result<u64, String> {
+    let world = world as u64;
+    if global == 0 || world == 0 || global % world != 0 {
+        return Err(format!(
+            "world size {world} does not divide the global batch of {global} samples"
+        ));
+    }
+    let (per_rank, micro) = (global / world, micro.max(1));
+    if per_rank > micro && per_rank % micro != 0 {
+        return Err(format!(
+            "a global batch of {global} samples is {per_rank} per rank on {world} ranks, not a \
+             whole number of the plan's micro-batches of {micro}; use a multiple of {}",
+            micro * world
+        ));
+    }
+    Ok((per_rank / micro).max(1))
+}
+
 /// What a plan's global batch is, and why.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum GlobalBatch {

@@ -86,14 +86,68 @@ pub fn calibrate(cfg: &CalibrateConfig, progress: Progress<'_>) -> Result<Layout
     let total = (cfg.models.len() * (ladder.len() + 2) + 5) as f64;
     let mut done = 0.0;
 
-    let mut raw: BTreeMap<String, Vec<CurvePoint>> = BTreeMap::new();
+    let (mut raw, others) = time_kernels(cfg, ranks, &ladder, progress, &mut done, total)?;
+    progress(done / total, "optimizer");
+    let optimizer = measure_optimizer(ranks)?;
+    done += 1.0;
+    progress(done / total, "memory bandwidth");
+    let bandwidth = measure_bandwidth(ranks)?;
+    done += 1.0;
+    let mut phase = 0.0;
+    let host = measure_host(Device::Cpu, ranks, &mut |what| {
+        progress((done + phase) / total, what);
+        phase += 1.0;
+    })?;
+    done += 2.0;
+    let calls =
+        time_collectives_and_splits(cfg, ranks, &ladder, &mut raw, progress, &mut done, total)?;
+    let kernels: Curves = raw.into_iter().map(|(k, v)| (k, fold_points(v))).collect();
+    let collectives = bin_collectives(calls);
+    progress(done / total, "writing the layout");
+
+    let layout = measured_layout(
+        cfg,
+        ranks,
+        Measured {
+            kernels,
+            collectives,
+            optimizer,
+            bandwidth,
+            host,
+            overhead_bytes,
+            others,
+        },
+    )?;
+    progress(
+        1.0,
+        &format!("done in {:.0} s", started.elapsed().as_secs_f64()),
+    );
+    Ok(layout)
+}
+
+/// Points of curves by kernel key (`linear`, `linear/split`, …).
+type Curves = BTreeMap<String, Vec<CurvePoint>>;
+
+/// The kernel curves' raw points by kernel key: every model trained under dp at each
+/// micro-batch of `ladder` (until a step takes longer than `max_step_s`), each op's forward and
+/// backward timed. Also, per step, what the step spent beyond rank 0's operators, collectives
+/// and optimizer.
+fn time_kernels(
+    cfg: &CalibrateConfig,
+    ranks: usize,
+    ladder: &[u64],
+    progress: Progress<'_>,
+    done: &mut f64,
+    total: f64,
+) -> Result<(Curves, Vec<f64>), TrainError> {
+    let mut raw: Curves = BTreeMap::new();
     let mut others: Vec<f64> = Vec::new();
     for model in &cfg.models {
         let machine = Machine::new(&cfg.base, model);
         let inputs = cost::input_bytes_per_sample(model);
         for (li, &batch) in ladder.iter().enumerate() {
             progress(
-                done / total,
+                *done / total,
                 &format!("kernels: {} at micro-batch {batch}", model.name),
             );
             let plan = osdp_core::plan::uniform_plan(model, Strategy::Dp, batch);
@@ -117,29 +171,31 @@ pub fn calibrate(cfg: &CalibrateConfig, progress: Progress<'_>) -> Result<Layout
                 let ops: f64 = p.fwd_s.iter().chain(&p.bwd_s).sum();
                 others.push((s.step_s - ops - p.optimizer_s - p.sync_s).max(0.0));
             }
-            done += 1.0;
+            *done += 1.0;
             if slowest > cfg.max_step_s {
-                done += (ladder.len() - li - 1) as f64;
+                *done += (ladder.len() - li - 1) as f64;
                 break;
             }
         }
     }
-    progress(done / total, "optimizer");
-    let optimizer = measure_optimizer(ranks)?;
-    done += 1.0;
-    progress(done / total, "memory bandwidth");
-    let bandwidth = measure_bandwidth(ranks)?;
-    done += 1.0;
-    let mut phase = 0.0;
-    let host = measure_host(Device::Cpu, ranks, &mut |what| {
-        progress((done + phase) / total, what);
-        phase += 1.0;
-    })?;
-    done += 2.0;
+    Ok((raw, others))
+}
+
+/// Per model: the collectives of ZeRO-3 steps (with more than one rank), returned as
+/// `(bytes, seconds)` calls, and the split linears' points, added to `raw` as `linear/split`.
+fn time_collectives_and_splits(
+    cfg: &CalibrateConfig,
+    ranks: usize,
+    ladder: &[u64],
+    raw: &mut Curves,
+    progress: Progress<'_>,
+    done: &mut f64,
+    total: f64,
+) -> Result<Vec<(f64, f64)>, TrainError> {
     let mut calls: Vec<(f64, f64)> = Vec::new();
     for model in &cfg.models {
         progress(
-            done / total,
+            *done / total,
             &format!("collectives: {} under ZeRO-3", model.name),
         );
         if ranks > 1 {
@@ -150,27 +206,55 @@ pub fn calibrate(cfg: &CalibrateConfig, progress: Progress<'_>) -> Result<Layout
                 }
             }
         }
-        done += 1.0;
+        *done += 1.0;
         progress(
-            done / total,
+            *done / total,
             &format!(
                 "split linears: {} under ZeRO-3 in {SPLIT} slices",
                 model.name
             ),
         );
-        let slices = time_split_linears(model, &cfg.base, ranks, &ladder, cfg)?;
+        let slices = time_split_linears(model, &cfg.base, ranks, ladder, cfg)?;
         if !slices.is_empty() {
             raw.entry("linear/split".to_string())
                 .or_default()
                 .extend(slices);
         }
-        done += 1.0;
+        *done += 1.0;
     }
-    let kernels: BTreeMap<String, Vec<CurvePoint>> =
-        raw.into_iter().map(|(k, v)| (k, fold_points(v))).collect();
-    let collectives = bin_collectives(calls);
-    progress(done / total, "writing the layout");
+    Ok(calls)
+}
 
+/// Everything `calibrate` measured, for [`measured_layout`] to write down.
+struct Measured {
+    kernels: Curves,
+    collectives: Vec<CollectivePoint>,
+    optimizer: Vec<OptimizerPoint>,
+    /// Bytes per second of a tensor copy, all ranks copying at once.
+    bandwidth: f64,
+    host: HostMeasurement,
+    /// Resident bytes of the process before any tensor.
+    overhead_bytes: Option<u64>,
+    /// Per step, seconds beyond the operators, collectives and optimizer.
+    others: Vec<f64>,
+}
+
+/// `cfg.base` with what was measured written in, every figure saying how it was measured;
+/// checked to be a valid layout.
+fn measured_layout(
+    cfg: &CalibrateConfig,
+    ranks: usize,
+    measured: Measured,
+) -> Result<Layout, TrainError> {
+    let Measured {
+        kernels,
+        collectives,
+        optimizer,
+        bandwidth,
+        host,
+        overhead_bytes,
+        others,
+    } = measured;
     let measured_at = now_utc();
     let threads = threads_per_rank(ranks);
     let device = format!(
@@ -244,10 +328,6 @@ pub fn calibrate(cfg: &CalibrateConfig, progress: Progress<'_>) -> Result<Layout
     });
     osdp_core::cluster::validate_layout(&layout)
         .map_err(|p| TrainError::Invalid(format!("the measured layout is not valid: {p}")))?;
-    progress(
-        1.0,
-        &format!("done in {:.0} s", started.elapsed().as_secs_f64()),
-    );
     Ok(layout)
 }
 

@@ -50,7 +50,7 @@ impl NodeGroups {
 }
 
 /// Why `ranks_per_node` cannot arrange `world` ranks in several nodes, if it cannot.
-pub fn check_nodes(world: usize, ranks_per_node: usize) -> Result<(), String> {
+pub fn check_node_size(world: usize, ranks_per_node: usize) -> Result<(), String> {
     if ranks_per_node == 0 || world % ranks_per_node != 0 {
         return Err(format!(
             "{ranks_per_node} ranks per node do not divide the {world} ranks into whole nodes"
@@ -142,7 +142,7 @@ impl LocalGroup {
     /// Handles for `world` ranks arranged as nodes of `ranks_per_node` consecutive ranks,
     /// each with its [`NodeGroups`] (none when that is one node).
     pub fn with_nodes(world: usize, ranks_per_node: usize) -> Result<Vec<LocalGroup>, String> {
-        check_nodes(world, ranks_per_node)?;
+        check_node_size(world, ranks_per_node)?;
         if ranks_per_node >= world {
             return Ok(LocalGroup::new(world));
         }

@@ -74,7 +74,7 @@ fn no_cuda_reason() -> String {
                 (libcuda.so.1) is not: install the driver, or train on the CPU with --device cpu"
             .into();
     }
-    let visible = std::env::var("CUDA_VISIBLE_DEVICES")
+    let visible = crate::env::cuda_visible_devices()
         .map(|v| format!(" (CUDA_VISIBLE_DEVICES={v:?})"))
         .unwrap_or_default();
     format!(
@@ -187,13 +187,11 @@ impl NcclLib {
 /// `LD_LIBRARY_PATH` and beside the libtorch this program was built against (pip puts it in
 /// `nvidia/nccl/lib` next to `torch/lib`); last the bare name, for the loader's own search.
 fn nccl_candidates() -> Vec<PathBuf> {
-    if let Some(p) = std::env::var_os("OSDP_NCCL_LIB") {
+    if let Some(p) = crate::env::nccl_lib() {
         return vec![PathBuf::from(p)];
     }
-    let mut dirs: Vec<PathBuf> = std::env::var_os("LD_LIBRARY_PATH")
-        .map(|v| std::env::split_paths(&v).collect())
-        .unwrap_or_default();
-    if let Some(built) = option_env!("OSDP_TORCH_LIB_DIR") {
+    let mut dirs: Vec<PathBuf> = crate::env::library_path();
+    if let Some(built) = crate::env::BUILT_TORCH_LIB_DIR {
         dirs.push(PathBuf::from(built));
     }
     let mut out: Vec<PathBuf> = dirs

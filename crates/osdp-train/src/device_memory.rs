@@ -8,50 +8,33 @@
 
 use tch::Device;
 
-/// One rank's device memory over one step. `None`: not available here.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct DeviceMemory {
-    /// Peak bytes the allocator handed out during the step.
-    pub allocated_peak: Option<u64>,
-    /// Peak bytes the allocator held from the driver (allocated plus its cache).
-    pub reserved_peak: Option<u64>,
-    /// NVML's used memory of this process after the step.
-    pub process: Option<u64>,
+/// One rank's device memory over one step, as the metrics stream carries it. `None`: not
+/// available here.
+pub use osdp_core::protocol::DeviceMemory;
+
+/// Three numbers for a collective (`-1`: not available), in a fixed order.
+pub fn to_wire(d: DeviceMemory) -> [f64; 3] {
+    let f = |v: Option<u64>| v.map_or(-1.0, |b| b as f64);
+    [
+        f(d.allocated_peak_bytes),
+        f(d.reserved_peak_bytes),
+        f(d.process_bytes),
+    ]
 }
 
-impl DeviceMemory {
-    /// Three numbers for a collective (`-1`: not available), in a fixed order.
-    pub fn to_wire(self) -> [f64; 3] {
-        let f = |v: Option<u64>| v.map_or(-1.0, |b| b as f64);
-        [
-            f(self.allocated_peak),
-            f(self.reserved_peak),
-            f(self.process),
-        ]
-    }
-
-    pub fn from_wire(w: &[f64]) -> DeviceMemory {
-        let g = |i: usize| w.get(i).copied().filter(|v| *v >= 0.0).map(|v| v as u64);
-        DeviceMemory {
-            allocated_peak: g(0),
-            reserved_peak: g(1),
-            process: g(2),
-        }
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.allocated_peak.is_none() && self.reserved_peak.is_none() && self.process.is_none()
+/// The figures [`to_wire`] sent.
+pub fn from_wire(w: &[f64]) -> DeviceMemory {
+    let g = |i: usize| w.get(i).copied().filter(|v| *v >= 0.0).map(|v| v as u64);
+    DeviceMemory {
+        allocated_peak_bytes: g(0),
+        reserved_peak_bytes: g(1),
+        process_bytes: g(2),
     }
 }
 
-impl From<DeviceMemory> for osdp_core::protocol::DeviceMemory {
-    fn from(d: DeviceMemory) -> Self {
-        osdp_core::protocol::DeviceMemory {
-            allocated_peak_bytes: d.allocated_peak,
-            reserved_peak_bytes: d.reserved_peak,
-            process_bytes: d.process,
-        }
-    }
+/// Whether no figure is available.
+pub fn is_empty(d: &DeviceMemory) -> bool {
+    d.allocated_peak_bytes.is_none() && d.reserved_peak_bytes.is_none() && d.process_bytes.is_none()
 }
 
 /// Start a new peak window on `device` (the start of a step).
@@ -71,11 +54,11 @@ pub fn read(device: Device) -> DeviceMemory {
     let Device::Cuda(ordinal) = device else {
         return DeviceMemory::default();
     };
-    let (allocated_peak, reserved_peak) = allocator_peaks(ordinal);
+    let (allocated_peak_bytes, reserved_peak_bytes) = allocator_peaks(ordinal);
     DeviceMemory {
-        allocated_peak,
-        reserved_peak,
-        process: process_bytes(ordinal),
+        allocated_peak_bytes,
+        reserved_peak_bytes,
+        process_bytes: process_bytes(ordinal),
     }
 }
 
@@ -142,13 +125,13 @@ mod tests {
     #[test]
     fn figures_survive_the_wire_and_missing_ones_stay_missing() {
         let m = DeviceMemory {
-            allocated_peak: Some(3 << 30),
-            reserved_peak: None,
-            process: Some(5 << 30),
+            allocated_peak_bytes: Some(3 << 30),
+            reserved_peak_bytes: None,
+            process_bytes: Some(5 << 30),
         };
-        assert_eq!(DeviceMemory::from_wire(&m.to_wire()), m);
+        assert_eq!(from_wire(&to_wire(m)), m);
         assert!(
-            read(Device::Cpu).is_empty(),
+            is_empty(&read(Device::Cpu)),
             "the CPU has no device figures"
         );
     }

@@ -9,6 +9,7 @@ pub mod collective;
 pub mod cuda;
 pub mod data;
 pub mod device_memory;
+pub mod env;
 pub mod exec;
 pub mod measure;
 pub mod memory;
@@ -42,11 +43,15 @@ use osdp_core::protocol::WorkerEvent;
 pub fn keep_freed_memory() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     for (param, value, var) in [
-        (libc::M_MMAP_THRESHOLD, 32 << 20, "MALLOC_MMAP_THRESHOLD_"),
-        (libc::M_TRIM_THRESHOLD, 256 << 20, "MALLOC_TRIM_THRESHOLD_"),
-        (libc::M_TOP_PAD, 64 << 20, "MALLOC_TOP_PAD_"),
+        (libc::M_MMAP_THRESHOLD, 32 << 20, env::MALLOC_MMAP_THRESHOLD),
+        (
+            libc::M_TRIM_THRESHOLD,
+            256 << 20,
+            env::MALLOC_TRIM_THRESHOLD,
+        ),
+        (libc::M_TOP_PAD, 64 << 20, env::MALLOC_TOP_PAD),
     ] {
-        if std::env::var_os(var).is_none() {
+        if !env::malloc_tunable_set(var) {
             // SAFETY: mallopt only changes glibc's allocator tunables; it is called from the
             // main thread before the ranks start.
             unsafe { libc::mallopt(param, value) };
@@ -135,52 +140,16 @@ struct RankEnd {
     params: Vec<(String, Tensor)>,
 }
 
-/// Run training; `stop` asks for a graceful stop (finish the step, checkpoint, return).
-pub fn run(
+/// Train: run the plan for the configured steps. `stop` asks for a graceful stop (finish the
+/// step, checkpoint, return).
+pub fn train(
     cfg: &TrainConfig,
     stop: &AtomicBool,
     mut on_event: impl FnMut(&WorkerEvent),
 ) -> Result<TrainSummary, TrainError> {
     let world = cfg.world_size;
-    if let Some(m) = &cfg.membership {
-        if m.world != world {
-            return Err(TrainError::Invalid(format!(
-                "WORLD_SIZE is {} but the world size asked for is {world}",
-                m.world
-            )));
-        }
-    }
-    if world == 0 {
-        return Err(TrainError::Invalid(
-            "the world size must be at least 1".into(),
-        ));
-    }
-    accumulation(cfg.global_batch, world, cfg.plan.batch).map_err(TrainError::Invalid)?;
-    exec::check_runnable(&cfg.model, &cfg.plan).map_err(|e| TrainError::Invalid(e.to_string()))?;
-    check_nodes(
-        &cfg.model,
-        &cfg.plan,
-        world,
-        cfg.ranks_per_node,
-        cfg.target.device,
-    )
-    .map_err(TrainError::Invalid)?;
-    let restored = match &cfg.resume_from {
-        Some(dir) => {
-            let (manifest, params) = checkpoint::load(dir)?;
-            let fp = osdp_core::plan::fingerprint(&cfg.model);
-            if manifest.model_fingerprint != fp {
-                return Err(TrainError::Invalid(format!(
-                    "checkpoint {} is of model {:?}, not {:?} (the operator graphs differ)",
-                    dir.display(),
-                    manifest.model,
-                    cfg.model.name
-                )));
-            }
-            Some((manifest, params))
-        }
-        None => None,
-    };
+    check_config(cfg)?;
+    let restored = restore(cfg)?;
     let first_step = restored.as_ref().map_or(0, |(m, _)| m.step);
     let last_step = (cfg.steps > 0).then(|| first_step + cfg.steps);
     on_event(&WorkerEvent::Started {
@@ -194,12 +163,7 @@ pub fn run(
         device: device_label(cfg.target),
     });
     // Ranks on this machine share its cores.
-    let local_ranks = std::env::var("LOCAL_WORLD_SIZE")
-        .or_else(|_| std::env::var("SLURM_NTASKS_PER_NODE"))
-        .ok()
-        .and_then(|v| v.parse::<usize>().ok())
-        .unwrap_or(world)
-        .max(1);
+    let local_ranks = env::local_ranks().unwrap_or(world).max(1);
     tch::set_num_threads(measure::threads_per_rank(local_ranks) as i32);
 
     let sampler = data::Sampler {
@@ -209,28 +173,7 @@ pub fn run(
         vocab: cfg.model.config.vocab_size,
     };
     let rows = (cfg.global_batch as usize) / world;
-    // The ranks this process runs, each with its collective handle and (for threads) a way to
-    // release the others when it fails; a failed process drops its connections instead.
-    let members: Vec<(Box<dyn Collective>, Option<collective::AbortHandle>)> = match &cfg.membership
-    {
-        None => LocalGroup::with_nodes(world, cfg.ranks_per_node.unwrap_or(world))
-            .map_err(TrainError::Invalid)?
-            .into_iter()
-            .map(|g| {
-                let abort = g.abort_handle();
-                (Box::new(g) as Box<dyn Collective>, Some(abort))
-            })
-            .collect(),
-        Some(m) => vec![(
-            join_group(
-                m,
-                cfg.target.device,
-                &terms(cfg, first_step),
-                cfg.ranks_per_node.unwrap_or(world),
-            )?,
-            None,
-        )],
-    };
+    let members = members(cfg, first_step)?;
     let (tx, rx) = mpsc::channel::<RankMsg>();
     let mut summary = TrainSummary {
         first_step,
@@ -249,20 +192,8 @@ pub fn run(
                     let body = std::panic::AssertUnwindSafe(|| {
                         rank_main(cfg, stop, group, sampler, rows, first_step, restored, &tx)
                     });
-                    let out = std::panic::catch_unwind(body).unwrap_or_else(|payload| {
-                        let msg = payload
-                            .downcast_ref::<String>()
-                            .cloned()
-                            .or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string()))
-                            .unwrap_or_else(|| "panicked".into());
-                        // libtorch's errors carry a C++ backtrace (escaped): keep the message.
-                        let first = msg.lines().next().unwrap_or("panicked");
-                        let first = first.split("\\n").next().unwrap_or(first);
-                        Err(TrainError::Rank {
-                            rank,
-                            message: first.to_string(),
-                        })
-                    });
+                    let out = std::panic::catch_unwind(body)
+                        .unwrap_or_else(|payload| Err(panicked(rank, payload.as_ref())));
                     if let (Err(e), Some(aborter)) = (&out, &aborter) {
                         aborter.abort(&e.to_string());
                     }
@@ -272,44 +203,7 @@ pub fn run(
             .collect();
         drop(tx);
         for msg in rx {
-            match msg {
-                RankMsg::Step {
-                    step,
-                    loss,
-                    grad_norm,
-                    lr,
-                    time_s,
-                    memory_bytes,
-                    peak,
-                    device_memory,
-                } => {
-                    let samples_per_s = cfg.global_batch as f64 / time_s.max(1e-9);
-                    summary.losses.push(loss);
-                    summary.memory_bytes.push(memory_bytes.clone());
-                    summary.last_step = step;
-                    on_event(&WorkerEvent::Step {
-                        step,
-                        loss,
-                        grad_norm,
-                        lr,
-                        step_time_s: time_s,
-                        samples_per_s,
-                        tokens_per_s: samples_per_s * cfg.model.config.seq_len as f64,
-                        memory_bytes,
-                        memory_breakdown: peak,
-                        device_memory: device_memory
-                            .iter()
-                            .any(|d| !d.is_empty())
-                            .then(|| device_memory.iter().map(|&d| d.into()).collect()),
-                    });
-                }
-                RankMsg::Checkpointing { step } => on_event(&WorkerEvent::Checkpointing { step }),
-                RankMsg::Checkpoint { step, path, time_s } => on_event(&WorkerEvent::Checkpoint {
-                    step,
-                    path: path.display().to_string(),
-                    write_time_s: time_s,
-                }),
-            }
+            report(cfg, msg, &mut summary, &mut on_event);
         }
         handles
             .into_iter()
@@ -344,6 +238,153 @@ pub fn run(
     Ok(summary)
 }
 
+/// Whether `cfg` can run before anything starts: the world (the launcher's and the one asked
+/// for), the batch's split into micro-batches, the plan on this model, the nodes.
+fn check_config(cfg: &TrainConfig) -> Result<(), TrainError> {
+    let world = cfg.world_size;
+    if let Some(m) = &cfg.membership {
+        if m.world != world {
+            return Err(TrainError::Invalid(format!(
+                "WORLD_SIZE is {} but the world size asked for is {world}",
+                m.world
+            )));
+        }
+    }
+    if world == 0 {
+        return Err(TrainError::Invalid(
+            "the world size must be at least 1".into(),
+        ));
+    }
+    osdp_core::plan::accumulation(cfg.global_batch, world, cfg.plan.batch)
+        .map_err(TrainError::Invalid)?;
+    exec::check_runnable(&cfg.model, &cfg.plan).map_err(|e| TrainError::Invalid(e.to_string()))?;
+    check_plan_nodes(
+        &cfg.model,
+        &cfg.plan,
+        world,
+        cfg.ranks_per_node,
+        cfg.target.device,
+    )
+    .map_err(TrainError::Invalid)
+}
+
+/// A checkpoint's manifest and full parameter values, as every rank starts from them.
+type Restored = (
+    checkpoint::Manifest,
+    std::collections::HashMap<String, exec::FullState>,
+);
+
+/// The checkpoint `cfg` resumes from, loaded and checked to be of this model; `None` when it
+/// starts afresh.
+fn restore(cfg: &TrainConfig) -> Result<Option<Restored>, TrainError> {
+    let Some(dir) = &cfg.resume_from else {
+        return Ok(None);
+    };
+    let (manifest, params) = checkpoint::load(dir)?;
+    let fp = osdp_core::plan::fingerprint(&cfg.model);
+    if manifest.model_fingerprint != fp {
+        return Err(TrainError::Invalid(format!(
+            "checkpoint {} is of model {:?}, not {:?} (the operator graphs differ)",
+            dir.display(),
+            manifest.model,
+            cfg.model.name
+        )));
+    }
+    Ok(Some((manifest, params)))
+}
+
+/// A rank this process runs: its collective handle and, for threads, a way to release the
+/// others when it fails (a failed process drops its connections instead).
+type Member = (Box<dyn Collective>, Option<collective::AbortHandle>);
+
+/// The ranks this process runs: every rank as a thread, or this process's one rank of a
+/// multi-process group (joined here).
+fn members(cfg: &TrainConfig, first_step: u64) -> Result<Vec<Member>, TrainError> {
+    let world = cfg.world_size;
+    Ok(match &cfg.membership {
+        None => LocalGroup::with_nodes(world, cfg.ranks_per_node.unwrap_or(world))
+            .map_err(TrainError::Invalid)?
+            .into_iter()
+            .map(|g| {
+                let abort = g.abort_handle();
+                (Box::new(g) as Box<dyn Collective>, Some(abort))
+            })
+            .collect(),
+        Some(m) => vec![(
+            join_group(
+                m,
+                cfg.target.device,
+                &terms(cfg, first_step),
+                cfg.ranks_per_node.unwrap_or(world),
+            )?,
+            None,
+        )],
+    })
+}
+
+/// A rank thread's panic as its error, with the first line of the panic's message.
+fn panicked(rank: usize, payload: &(dyn std::any::Any + Send)) -> TrainError {
+    let msg = payload
+        .downcast_ref::<String>()
+        .cloned()
+        .or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string()))
+        .unwrap_or_else(|| "panicked".into());
+    // libtorch's errors carry a C++ backtrace (escaped): keep the message.
+    let first = msg.lines().next().unwrap_or("panicked");
+    let first = first.split("\\n").next().unwrap_or(first);
+    TrainError::Rank {
+        rank,
+        message: first.to_string(),
+    }
+}
+
+/// Pass on what rank 0 sent as an event, keeping the step's figures in `summary`.
+fn report(
+    cfg: &TrainConfig,
+    msg: RankMsg,
+    summary: &mut TrainSummary,
+    on_event: &mut impl FnMut(&WorkerEvent),
+) {
+    match msg {
+        RankMsg::Step {
+            step,
+            loss,
+            grad_norm,
+            lr,
+            time_s,
+            memory_bytes,
+            peak,
+            device_memory,
+        } => {
+            let samples_per_s = cfg.global_batch as f64 / time_s.max(1e-9);
+            summary.losses.push(loss);
+            summary.memory_bytes.push(memory_bytes.clone());
+            summary.last_step = step;
+            on_event(&WorkerEvent::Step {
+                step,
+                loss,
+                grad_norm,
+                lr,
+                step_time_s: time_s,
+                samples_per_s,
+                tokens_per_s: samples_per_s * cfg.model.config.seq_len as f64,
+                memory_bytes,
+                memory_breakdown: peak,
+                device_memory: device_memory
+                    .iter()
+                    .any(|d| !device_memory::is_empty(d))
+                    .then_some(device_memory),
+            });
+        }
+        RankMsg::Checkpointing { step } => on_event(&WorkerEvent::Checkpointing { step }),
+        RankMsg::Checkpoint { step, path, time_s } => on_event(&WorkerEvent::Checkpoint {
+            step,
+            path: path.display().to_string(),
+            write_time_s: time_s,
+        }),
+    }
+}
+
 /// What every process of a multi-process run must agree on, for the join to compare: the
 /// model, the plan, the world, the step it starts from and every hyper-parameter the ranks
 /// must share. A field's name is what a refusal names ("rank 2 has lr 0.001, rank 0 has …").
@@ -360,8 +401,9 @@ fn terms(cfg: &TrainConfig, first_step: u64) -> tcp::Terms {
         "{:08x}",
         crc32fast::hash(&serde_json::to_vec(&plan).unwrap_or_default())
     );
-    let accumulation = accumulation(cfg.global_batch, cfg.world_size, cfg.plan.batch)
-        .map_or_else(|e| e, |a| a.to_string());
+    let accumulation =
+        osdp_core::plan::accumulation(cfg.global_batch, cfg.world_size, cfg.plan.batch)
+            .map_or_else(|e| e, |a| a.to_string());
     tcp::Terms::default()
         .with("model", osdp_core::plan::fingerprint(&cfg.model))
         .with("plan", plan)
@@ -390,9 +432,9 @@ fn terms(cfg: &TrainConfig, first_step: u64) -> tcp::Terms {
 }
 
 /// Whether `world` ranks on `device`, as nodes of `ranks_per_node` (`None`: one node), can
-/// run `plan`: the nodes divide the ranks, and hsdp (which needs several nodes) has them on
-/// the CPU backends. Says why not.
-pub fn check_nodes(
+/// run `plan`: the nodes divide the ranks, and a strategy that needs several nodes (hsdp) has
+/// them on the CPU backends. Says why not.
+pub fn check_plan_nodes(
     model: &ModelSpec,
     plan: &Plan,
     world: usize,
@@ -400,12 +442,12 @@ pub fn check_nodes(
     device: tch::Device,
 ) -> Result<(), String> {
     if let Some(n) = ranks_per_node {
-        collective::check_nodes(world, n).map_err(|e| format!("--ranks-per-node: {e}"))?;
+        collective::check_node_size(world, n).map_err(|e| format!("--ranks-per-node: {e}"))?;
     }
     let Some(i) = plan
         .choices
         .iter()
-        .position(|c| c.strategy == osdp_core::cost::Strategy::Hsdp)
+        .position(|c| c.strategy.info().needs == osdp_core::cost::Needs::SeveralNodes)
     else {
         return Ok(());
     };
@@ -452,28 +494,6 @@ fn join_group(
     ))
 }
 
-/// Micro-batches per rank and step when `global` samples run on `world` ranks in micro-batches
-/// of `micro` (a rank's share smaller than one micro-batch runs as one); why not, when the
-/// ranks cannot share the batch or the micro-batches cannot make it. The rule `train`'s
-/// checks and the run itself share.
-pub fn accumulation(global: u64, world: usize, micro: u64) -> Result<u64, String> {
-    let world = world as u64;
-    if global == 0 || world == 0 || global % world != 0 {
-        return Err(format!(
-            "world size {world} does not divide the global batch of {global} samples"
-        ));
-    }
-    let (per_rank, micro) = (global / world, micro.max(1));
-    if per_rank > micro && per_rank % micro != 0 {
-        return Err(format!(
-            "a global batch of {global} samples is {per_rank} per rank on {world} ranks, not a \
-             whole number of the plan's micro-batches of {micro}; use a multiple of {}",
-            micro * world
-        ));
-    }
-    Ok((per_rank / micro).max(1))
-}
-
 /// The GPU ordinal of local rank `local_rank` when this process sees `count` GPUs: its own
 /// when it sees them all, the only one when a launcher gives each process one GPU
 /// (`CUDA_VISIBLE_DEVICES` per rank, where `LOCAL_RANK` counts GPUs it cannot see).
@@ -513,10 +533,7 @@ fn rank_main(
     sampler: &data::Sampler,
     rows: usize,
     first_step: u64,
-    restored: Option<&(
-        checkpoint::Manifest,
-        std::collections::HashMap<String, exec::FullState>,
-    )>,
+    restored: Option<&Restored>,
     tx: &mpsc::Sender<RankMsg>,
 ) -> Result<RankEnd, TrainError> {
     let rank = group.rank();
@@ -566,7 +583,9 @@ fn rank_main(
         // Every rank's peak, step time and device figures, so rank 0 reports them all.
         const PER_RANK: usize = 5;
         let mut mine = vec![exec.ledger.peak().total() as f64, time_s];
-        mine.extend(device_memory::read(cfg.target.device).to_wire());
+        mine.extend(device_memory::to_wire(device_memory::read(
+            cfg.target.device,
+        )));
         let mine = Tensor::from_slice(&mine);
         let all = exec.comm().all_gather(&mine).map_err(|e| err(e.into()))?;
         let all = Vec::<f64>::try_from(all.to_device(tch::Device::Cpu)).unwrap_or_default();
@@ -581,7 +600,7 @@ fn rank_main(
                 peak: exec.ledger.peak(),
                 device_memory: all
                     .chunks(PER_RANK)
-                    .map(|c| device_memory::DeviceMemory::from_wire(&c[2..]))
+                    .map(|c| device_memory::from_wire(&c[2..]))
                     .collect(),
             });
         }
@@ -631,9 +650,18 @@ pub(crate) fn collect_ranks<T>(results: Vec<Result<T, TrainError>>) -> Result<Ve
 }
 
 /// Test hook: `OSDP_FAULT=kill-mid-checkpoint` ends the process after the rank files are
-/// written and before the checkpoint is committed, as a crash or `kill -9` would.
+/// written and before the checkpoint is committed, as a crash or `kill -9` would. Built only
+/// with feature `fault-injection` (tests); release builds never read `OSDP_FAULT`.
+#[cfg(feature = "fault-injection")]
 fn fault_requested(what: &str) -> bool {
-    std::env::var("OSDP_FAULT").is_ok_and(|v| v == what)
+    env::fault().is_some_and(|v| v == what)
+}
+
+/// Without feature `fault-injection` no fault is ever requested: a constant the compiler
+/// removes with the code it guards.
+#[cfg(not(feature = "fault-injection"))]
+const fn fault_requested(_what: &str) -> bool {
+    false
 }
 
 fn save(

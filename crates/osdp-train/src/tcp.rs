@@ -14,7 +14,7 @@ use tch::{Kind, Tensor};
 
 use std::sync::Arc;
 
-use super::collective::{check_nodes, sum_in_rank_order, Aborted, Collective, NodeGroups};
+use super::collective::{check_node_size, sum_in_rank_order, Aborted, Collective, NodeGroups};
 pub use join::{Membership, RunToken, Terms};
 
 /// One process's handle on the group.
@@ -62,7 +62,7 @@ impl TcpGroup {
     /// [`NodeGroups`]); unchanged when that is one node. Every process must arrange the same.
     pub fn with_nodes(self, ranks_per_node: usize) -> Result<TcpGroup, String> {
         let world = self.links.world;
-        check_nodes(world, ranks_per_node)?;
+        check_node_size(world, ranks_per_node)?;
         if ranks_per_node >= world {
             return Ok(self);
         }

@@ -28,12 +28,8 @@ fn target(
     }
     #[cfg(feature = "cuda")]
     {
-        let local_rank = std::env::var("LOCAL_RANK")
-            .or_else(|_| std::env::var("SLURM_LOCALID"))
-            .ok()
-            .and_then(|v| v.parse::<usize>().ok())
-            .unwrap_or(0);
-        let device = osdp_train::cuda::preflight(local_rank).map_err(Failure::input)?;
+        let device =
+            osdp_train::cuda::preflight(osdp_train::env::local_rank()).map_err(Failure::input)?;
         Ok(Target { device, numerics })
     }
     #[cfg(not(feature = "cuda"))]
@@ -144,13 +140,12 @@ fn setup(args: &TrainArgs) -> Result<Setup, Failure> {
         .iter()
         .any(|c| c.strategy == osdp_core::cost::Strategy::Hsdp);
     let ranks_per_node = args.ranks_per_node.or_else(|| {
-        membership.as_ref().filter(|_| hybrid).and_then(|_| {
-            ["LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE"]
-                .iter()
-                .find_map(|v| std::env::var(v).ok()?.trim().parse::<usize>().ok())
-        })
+        membership
+            .as_ref()
+            .filter(|_| hybrid)
+            .and_then(|_| osdp_train::env::local_ranks())
     });
-    osdp_train::check_nodes(&model, &plan, world_size, ranks_per_node, target.device)
+    osdp_train::check_plan_nodes(&model, &plan, world_size, ranks_per_node, target.device)
         .map_err(|e| Failure::input(format!("{}: {e}", args.plan.display())))?;
     // One trainer per checkpoint directory: a second would interleave its checkpoints with
     // ours. Rank 0 holds the lock for a run of several processes, which share the directory.
@@ -206,8 +201,8 @@ fn setup(args: &TrainArgs) -> Result<Setup, Failure> {
         .and_then(|g| g.parse::<u64>().ok())
         .unwrap_or(plan.batch * plan.accumulation * world_size as u64);
     let seed = seed_s.and_then(|s| s.parse::<u64>().ok()).unwrap_or(0);
-    let accumulation =
-        osdp_train::accumulation(global_batch, world_size, plan.batch).map_err(Failure::input)?;
+    let accumulation = osdp_core::plan::accumulation(global_batch, world_size, plan.batch)
+        .map_err(Failure::input)?;
     let source = match data_name.as_str() {
         "shakespeare" => data::Source::shakespeare(),
         "random" => data::Source::Random,
@@ -401,7 +396,7 @@ pub fn train(args: TrainArgs) -> Result<(), Failure> {
         tty: lead && std::io::stderr().is_terminal(),
     };
     let started = std::time::Instant::now();
-    let result = osdp_train::run(&setup.cfg, &stop, |ev| progress.event(ev));
+    let result = osdp_train::train(&setup.cfg, &stop, |ev| progress.event(ev));
     if progress.tty {
         eprint!("\r\x1b[2K");
     }

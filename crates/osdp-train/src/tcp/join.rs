@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-use osdp_core::protocol::RUN_TOKEN_VAR;
+use crate::env::{self, OSDP_RUN_TOKEN};
 
 const MAGIC: u32 = 0x05D9_7C01;
 /// Version of the join handshake: a rank of a build that speaks another is refused by name.
@@ -89,13 +89,13 @@ impl Membership {
     /// Under torchrun (`TORCHELASTIC_RUN_ID` set) its own store already listens on
     /// `MASTER_PORT`, so the group uses the next port; `OSDP_PORT` overrides either.
     pub fn from_env() -> Result<Option<Membership>, String> {
-        Membership::from_vars(|k| std::env::var(k).ok())
+        Membership::from_vars(env::launcher_var)
     }
 
     /// [`Membership::from_env`] over any source of variables.
     pub fn from_vars(var: impl Fn(&str) -> Option<String>) -> Result<Option<Membership>, String> {
         // torchrun's names first, Slurm's as the fallback (`srun osdp-tui train …`).
-        let Some(world) = var("WORLD_SIZE").or_else(|| var("SLURM_NTASKS")) else {
+        let Some(world) = var(env::WORLD_SIZE).or_else(|| var(env::SLURM_NTASKS)) else {
             return Ok(None);
         };
         let num = |k: &str, v: &str| {
@@ -103,37 +103,37 @@ impl Membership {
                 .parse::<usize>()
                 .map_err(|_| format!("{k}={v:?} is not a number"))
         };
-        let world = num("WORLD_SIZE", &world)?;
+        let world = num(env::WORLD_SIZE, &world)?;
         let rank = num(
-            "RANK",
-            &var("RANK")
-                .or_else(|| var("SLURM_PROCID"))
+            env::RANK,
+            &var(env::RANK)
+                .or_else(|| var(env::SLURM_PROCID))
                 .ok_or("WORLD_SIZE is set but RANK is not")?,
         )?;
         if world == 0 || rank >= world {
             return Err(format!("RANK {rank} is not below WORLD_SIZE {world}"));
         }
-        let addr = var("MASTER_ADDR").unwrap_or_else(|| "127.0.0.1".into());
+        let addr = var(env::MASTER_ADDR).unwrap_or_else(|| "127.0.0.1".into());
         let master_port = num(
-            "MASTER_PORT",
-            &var("MASTER_PORT").unwrap_or_else(|| "29500".into()),
+            env::MASTER_PORT,
+            &var(env::MASTER_PORT).unwrap_or_else(|| "29500".into()),
         )?;
-        let port = match (var("OSDP_PORT"), var("TORCHELASTIC_RUN_ID")) {
-            (Some(p), _) => num("OSDP_PORT", &p)?,
+        let port = match (var(env::OSDP_PORT), var(env::TORCHELASTIC_RUN_ID)) {
+            (Some(p), _) => num(env::OSDP_PORT, &p)?,
             (None, Some(_)) => master_port + 1,
             (None, None) => master_port,
         };
         if port > usize::from(u16::MAX) {
             return Err(format!("port {port} is not a TCP port (at most 65535)"));
         }
-        let timeout = match var("OSDP_JOIN_TIMEOUT_S") {
-            Some(v) => num("OSDP_JOIN_TIMEOUT_S", &v)?.min(24 * 3600) as u64,
+        let timeout = match var(env::OSDP_JOIN_TIMEOUT_S) {
+            Some(v) => num(env::OSDP_JOIN_TIMEOUT_S, &v)?.min(24 * 3600) as u64,
             None => 120,
         };
-        let token = var(RUN_TOKEN_VAR).unwrap_or_default();
+        let token = var(OSDP_RUN_TOKEN).unwrap_or_default();
         if token.len() > MAX_TOKEN_BYTES {
             return Err(format!(
-                "{RUN_TOKEN_VAR} is {} bytes long (at most {MAX_TOKEN_BYTES})",
+                "{OSDP_RUN_TOKEN} is {} bytes long (at most {MAX_TOKEN_BYTES})",
                 token.len()
             ));
         }
@@ -480,35 +480,70 @@ fn refuse_all(joined: &[Option<TcpStream>], why: &str) {
 /// at once, so a stranger that sends nothing or trickles bytes holds up no one.
 pub(super) fn gather(m: &Membership, terms: &Terms) -> Result<Vec<TcpStream>, String> {
     let deadline = Instant::now() + m.join_timeout;
-    let secs = m.join_timeout.as_secs();
-    let patience = HELLO_TIMEOUT.min(m.join_timeout);
     let listener = TcpListener::bind(&m.master)
         .map_err(|e| format!("rank 0 cannot listen on {}: {e}", m.master))?;
     listener.set_nonblocking(true).map_err(|e| e.to_string())?;
-    let mut pending: VecDeque<Pending> = VecDeque::new();
-    let mut joined: Vec<Option<TcpStream>> = (1..m.world).map(|_| None).collect();
-    let mut away = TurnedAway::default();
-    while joined.iter().any(Option::is_none) {
+    let mut lobby = Lobby {
+        m,
+        terms,
+        patience: HELLO_TIMEOUT.min(m.join_timeout),
+        pending: VecDeque::new(),
+        joined: (1..m.world).map(|_| None).collect(),
+        away: TurnedAway::default(),
+    };
+    while lobby.joined.iter().any(Option::is_none) {
         let now = Instant::now();
         if now >= deadline {
-            for _ in &pending {
-                away.note("were still sending their hello");
-            }
-            let missing: Vec<String> = joined
-                .iter()
-                .enumerate()
-                .filter(|(_, p)| p.is_none())
-                .map(|(i, _)| (i + 1).to_string())
-                .collect();
-            let why = format!(
-                "rank(s) {} did not join {} within {secs} s{}",
-                missing.join(", "),
-                m.master,
-                away.summary()
-            );
-            refuse_all(&joined, &format!("the run cannot start: {why}"));
-            return Err(why);
+            return Err(lobby.too_late());
         }
+        let accepted = lobby.accept(&listener, now)?;
+        let read = lobby.read_hellos(now)?;
+        if !(accepted || read) {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+    lobby.welcome()
+}
+
+/// Rank 0's join in progress: the connections still sending their hello, the ranks that have
+/// joined, and those turned away.
+struct Lobby<'a> {
+    m: &'a Membership,
+    terms: &'a Terms,
+    /// How long a connection may take to send its whole hello.
+    patience: Duration,
+    pending: VecDeque<Pending>,
+    /// Ranks 1.. by rank, once joined.
+    joined: Vec<Option<TcpStream>>,
+    away: TurnedAway,
+}
+
+impl Lobby<'_> {
+    /// The join's deadline has passed: tell the ranks that joined, and say who is missing.
+    fn too_late(&mut self) -> String {
+        let secs = self.m.join_timeout.as_secs();
+        for _ in &self.pending {
+            self.away.note("were still sending their hello");
+        }
+        let missing: Vec<String> = self
+            .joined
+            .iter()
+            .enumerate()
+            .filter(|(_, p)| p.is_none())
+            .map(|(i, _)| (i + 1).to_string())
+            .collect();
+        let why = format!(
+            "rank(s) {} did not join {} within {secs} s{}",
+            missing.join(", "),
+            self.m.master,
+            self.away.summary()
+        );
+        refuse_all(&self.joined, &format!("the run cannot start: {why}"));
+        why
+    }
+
+    /// Accept the connections waiting on `listener` as pending; whether there were any.
+    fn accept(&mut self, listener: &TcpListener, now: Instant) -> Result<bool, String> {
         let mut busy = false;
         // At most a pending queue's worth per round: a flood of connections cannot keep
         // rank 0 accepting past its deadline.
@@ -519,11 +554,11 @@ pub(super) fn gather(m: &Membership, terms: &Terms) -> Result<Vec<TcpStream>, St
                     if stream.set_nonblocking(true).is_err() {
                         continue;
                     }
-                    if pending.len() >= MAX_PENDING {
-                        pending.pop_front();
-                        away.note("were pushed out by newer connections");
+                    if self.pending.len() >= MAX_PENDING {
+                        self.pending.pop_front();
+                        self.away.note("were pushed out by newer connections");
                     }
-                    pending.push_back(Pending {
+                    self.pending.push_back(Pending {
                         stream,
                         buf: Vec::new(),
                         since: now,
@@ -538,79 +573,96 @@ pub(super) fn gather(m: &Membership, terms: &Terms) -> Result<Vec<TcpStream>, St
                             | std::io::ErrorKind::ConnectionReset
                             | std::io::ErrorKind::Interrupted
                     ) => {}
-                Err(e) => return Err(format!("rank 0 accepting on {}: {e}", m.master)),
+                Err(e) => return Err(format!("rank 0 accepting on {}: {e}", self.m.master)),
             }
         }
+        Ok(busy)
+    }
+
+    /// Read what each pending connection has sent: drop the slow, the closed and the
+    /// rejected, admit each whole hello; whether anything happened.
+    fn read_hellos(&mut self, now: Instant) -> Result<bool, String> {
+        let mut busy = false;
         let mut i = 0;
-        while i < pending.len() {
-            let p = &mut pending[i];
-            match p.advance(&m.token) {
+        while i < self.pending.len() {
+            let p = &mut self.pending[i];
+            match p.advance(&self.m.token) {
                 Progress::Waiting(progressed) => {
                     busy |= progressed;
-                    if now.duration_since(p.since) >= patience {
-                        away.note("sent no whole hello in time");
-                        pending.remove(i);
+                    if now.duration_since(p.since) >= self.patience {
+                        self.away.note("sent no whole hello in time");
+                        self.pending.remove(i);
                     } else {
                         i += 1;
                     }
                 }
                 Progress::Closed => {
-                    away.note("closed the connection before their hello");
-                    pending.remove(i);
+                    self.away.note("closed the connection before their hello");
+                    self.pending.remove(i);
                 }
                 Progress::Rejected(r) => {
                     if let Some(tell) = &r.tell {
                         let _ = send_answer(&p.stream, &Answer::Refused(tell.clone()));
                     }
-                    away.note(r.why);
-                    pending.remove(i);
+                    self.away.note(r.why);
+                    self.pending.remove(i);
                 }
                 Progress::Hello(hello) => {
-                    let Some(p) = pending.remove(i) else { break };
+                    let Some(p) = self.pending.remove(i) else {
+                        break;
+                    };
                     busy = true;
-                    if let Some(why) = terms.disagreement(hello.rank, &hello.terms) {
-                        let _ = send_answer(
-                            &p.stream,
-                            &Answer::Refused(format!("rank 0 refused this rank: {why}")),
-                        );
-                        refuse_all(&joined, &format!("the run cannot start: {why}"));
-                        return Err(format!("the ranks disagree: {why}"));
-                    }
-                    let (r, w) = (hello.rank, hello.world);
-                    if w != m.world || !(1..m.world).contains(&r) {
-                        let tell = format!(
-                            "rank 0 refused this process: it says it is rank {r} of {w}, \
-                             the run has ranks 1 to {} besides rank 0",
-                            m.world - 1
-                        );
-                        let _ = send_answer(&p.stream, &Answer::Refused(tell));
-                        away.note("claimed a rank the run does not have");
-                    } else if joined[r - 1].is_some() {
-                        let tell =
-                            format!("rank 0 refused this process: rank {r} has already joined");
-                        let _ = send_answer(&p.stream, &Answer::Refused(tell));
-                        away.note("claimed a rank that had already joined");
-                    } else {
-                        joined[r - 1] = Some(p.stream);
-                    }
+                    self.admit(hello, p.stream)?;
                 }
             }
         }
-        if !busy {
-            std::thread::sleep(Duration::from_millis(5));
+        Ok(busy)
+    }
+
+    /// A whole hello: the rank joins if its terms agree and it claims a rank the run has that
+    /// has not joined; terms that differ end the join on every rank.
+    fn admit(&mut self, hello: Hello, stream: TcpStream) -> Result<(), String> {
+        let m = self.m;
+        if let Some(why) = self.terms.disagreement(hello.rank, &hello.terms) {
+            let _ = send_answer(
+                &stream,
+                &Answer::Refused(format!("rank 0 refused this rank: {why}")),
+            );
+            refuse_all(&self.joined, &format!("the run cannot start: {why}"));
+            return Err(format!("the ranks disagree: {why}"));
         }
+        let (r, w) = (hello.rank, hello.world);
+        if w != m.world || !(1..m.world).contains(&r) {
+            let tell = format!(
+                "rank 0 refused this process: it says it is rank {r} of {w}, \
+                 the run has ranks 1 to {} besides rank 0",
+                m.world - 1
+            );
+            let _ = send_answer(&stream, &Answer::Refused(tell));
+            self.away.note("claimed a rank the run does not have");
+        } else if self.joined[r - 1].is_some() {
+            let tell = format!("rank 0 refused this process: rank {r} has already joined");
+            let _ = send_answer(&stream, &Answer::Refused(tell));
+            self.away.note("claimed a rank that had already joined");
+        } else {
+            self.joined[r - 1] = Some(stream);
+        }
+        Ok(())
     }
-    // Every rank is here and agrees: let them start.
-    let mut peers = Vec::with_capacity(joined.len());
-    for (i, s) in joined.into_iter().flatten().enumerate() {
-        let ready = s
-            .set_nonblocking(false)
-            .and_then(|()| s.set_nodelay(true))
-            .and_then(|()| send_answer(&s, &Answer::Welcome));
-        ready.map_err(|e| format!("rank {} left during the join: {e}", i + 1))?;
-        peers.push(s);
+
+    /// Every rank is here and agrees: let them start.
+    fn welcome(self) -> Result<Vec<TcpStream>, String> {
+        let mut peers = Vec::with_capacity(self.joined.len());
+        for (i, s) in self.joined.into_iter().flatten().enumerate() {
+            let ready = s
+                .set_nonblocking(false)
+                .and_then(|()| s.set_nodelay(true))
+                .and_then(|()| send_answer(&s, &Answer::Welcome));
+            ready.map_err(|e| format!("rank {} left during the join: {e}", i + 1))?;
+            peers.push(s);
+        }
+        Ok(peers)
     }
-    Ok(peers)
 }
 
 /// Ranks 1..: connect to rank 0 (retrying until the join timeout), say hello, and wait for
