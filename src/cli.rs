@@ -570,15 +570,26 @@ fn show_layout(path: &Path, json: bool) -> Result<(), Failure> {
         printable(&d.model),
         l.world_size()
     );
-    let row = |what: &str, value: String, source: &str| {
-        println!("  {what:<30}{value:<15} {}", printable(source));
-    };
-    row(
+    layout_device_rows(d);
+    layout_efficiency_rows(&l);
+    layout_overhead_rows(&l);
+    layout_link_rows(&l);
+    Ok(())
+}
+
+/// One figure of `osdp-tui layout`: what it is, its value, where it came from.
+fn layout_row(what: &str, value: String, source: &str) {
+    println!("  {what:<30}{value:<15} {}", printable(source));
+}
+
+/// The device's memory, memory bandwidth and dense rates.
+fn layout_device_rows(d: &osdp_core::cluster::DeviceSpec) {
+    layout_row(
         "memory",
         format!("{} GiB", d.memory_gib.value),
         &d.memory_gib.source,
     );
-    row(
+    layout_row(
         "memory bandwidth",
         format!("{} GB/s", d.memory_bandwidth_gb_per_s.value),
         &d.memory_bandwidth_gb_per_s.source,
@@ -591,15 +602,20 @@ fn show_layout(path: &Path, json: bool) -> Result<(), Failure> {
         ("fp32", &r.fp32),
     ] {
         if let Some(f) = rate {
-            row(
+            layout_row(
                 &format!("dense {name}"),
                 format!("{} TFLOP/s", f.value),
                 &f.source,
             );
         }
     }
-    // Each efficiency: the layout's own figure, else its GPU generation's, else generic.
-    let e = osdp_core::cost::Efficiencies::of(&l);
+}
+
+/// The efficiencies the planner uses: the layout's own figure, else its GPU generation's,
+/// else generic.
+fn layout_efficiency_rows(l: &Layout) {
+    let d = &l.device;
+    let e = osdp_core::cost::Efficiencies::of(l);
     let generation = match d.kind {
         osdp_core::cluster::DeviceKind::Gpu => osdp_core::cluster::known::lookup(&d.model),
         osdp_core::cluster::DeviceKind::Cpu => None,
@@ -644,15 +660,20 @@ fn show_layout(path: &Path, json: bool) -> Result<(), Failure> {
             (None, Some(f), Some(g)) => format!("{} default: {}", g.name, f.source),
             _ => "generic default, not fitted to this device (calibrate measures it)".into(),
         };
-        row(&format!("efficiency {name}"), value, &source);
+        layout_row(&format!("efficiency {name}"), value, &source);
     }
-    row(
+}
+
+/// The runtime's memory, the parameter passes priced around the kernels, and the dtype
+/// gradients are reduced in.
+fn layout_overhead_rows(l: &Layout) {
+    layout_row(
         "runtime overhead",
         format!("{} GiB", l.runtime_overhead_gib.value),
         &l.runtime_overhead_gib.source,
     );
-    let passes = osdp_core::cost::param_pass_bytes(&l);
-    row(
+    let passes = osdp_core::cost::param_pass_bytes(l);
+    layout_row(
         "parameter passes",
         format!("{passes} B per parameter per micro-batch"),
         if passes > 0.0 {
@@ -666,28 +687,32 @@ fn show_layout(path: &Path, json: bool) -> Result<(), Failure> {
         Some(d) => format!("{d:?}").to_lowercase(),
         None => "compute dtype".into(),
     };
-    row(
+    layout_row(
         "gradient reduce dtype",
         reduce,
         "what reduce-scatters and all-reduces move (osdp-tui's trainer: the compute dtype)",
     );
+}
+
+/// Each link's bandwidth, latency and NICs.
+fn layout_link_rows(l: &Layout) {
     for (name, link) in [
         ("intra-node", Some(&l.intra_node)),
         ("inter-node", l.inter_node.as_ref()),
     ] {
         if let Some(link) = link {
-            row(
+            layout_row(
                 &format!("{name} ({:?})", link.kind).to_lowercase(),
                 format!("{} GB/s", link.bus_bandwidth_gb_per_s.value),
                 &link.bus_bandwidth_gb_per_s.source,
             );
-            row(
+            layout_row(
                 &format!("{name} latency"),
                 format!("{} µs", link.latency_us.value),
                 &link.latency_us.source,
             );
             if let Some(n) = &link.nics_per_node {
-                row(
+                layout_row(
                     &format!("{name} NICs per node"),
                     format!("{}", n.value),
                     &n.source,
@@ -695,7 +720,6 @@ fn show_layout(path: &Path, json: bool) -> Result<(), Failure> {
             }
         }
     }
-    Ok(())
 }
 
 impl PlanArgs {

@@ -12,7 +12,7 @@ use crate::cli::request::{
 };
 use crate::failure::Failure;
 use osdp_core::cluster::{read_layout, Layout};
-use osdp_core::cost::{Machine, Strategy};
+use osdp_core::cost::{Choice, Machine, Strategy};
 use osdp_core::model::{self, ModelSpec};
 use osdp_core::plan::baseline::{Baseline, Outcome};
 use osdp_core::plan::{
@@ -212,48 +212,9 @@ pub fn plan_report(req: &PlanCommand) -> Result<PlanReport, Failure> {
         per_gpu_budgets(&layout, req.budget, &req.budget_per_gpu, None).map_err(Failure::input)?;
     let (binding_gpu, budget) = plan::request::binding(&budgets);
     let binding_gpu = (!req.budget_per_gpu.is_empty()).then_some(binding_gpu);
-    let pins = req
-        .pins
-        .iter()
-        .map(|p| parse_pin(&spec, &machine, p))
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(Failure::input)?;
-    // Two pins of one op: which should win is the user's call, not the order of flags.
-    for (k, (i, _)) in pins.iter().enumerate() {
-        if let Some(first) = pins[..k].iter().position(|(j, _)| j == i) {
-            return Err(Failure::input(format!(
-                "--pin {:?} and --pin {:?} pin the same op {:?}: give one",
-                osdp_core::text::printable(&req.pins[first]),
-                osdp_core::text::printable(&req.pins[k]),
-                osdp_core::text::printable(&spec.ops[*i].id)
-            )));
-        }
-    }
-    let mut block_recompute: Vec<(usize, bool)> = Vec::new();
-    for arg in &req.recompute_blocks {
-        for (b, on) in parse_block_recompute(&spec, arg).map_err(Failure::input)? {
-            if block_recompute.iter().any(|&(x, _)| x == b) {
-                return Err(Failure::input(format!(
-                    "--recompute-block {:?}: block {b} is fixed twice: give it once",
-                    osdp_core::text::printable(arg)
-                )));
-            }
-            block_recompute.push((b, on));
-        }
-    }
-    let explain: Vec<usize> = req
-        .explain
-        .iter()
-        .map(|id| {
-            spec.ops.iter().position(|o| o.id == *id).ok_or_else(|| {
-                Failure::input(format!(
-                    "--explain {:?}: {} has no op of that id (`osdp-tui inspect` lists them)",
-                    printable(id),
-                    printable(&spec.name)
-                ))
-            })
-        })
-        .collect::<Result<_, _>>()?;
+    let pins = pins_of(req, &spec, &machine)?;
+    let block_recompute = block_recompute_of(req, &spec)?;
+    let explain = explained_ops(req, &spec)?;
     let cpu = layout.device.kind == osdp_core::cluster::DeviceKind::Cpu;
     let chosen = choose_global_batch(
         &spec,
@@ -280,28 +241,7 @@ pub fn plan_report(req: &PlanCommand) -> Result<PlanReport, Failure> {
     let result = plan_with_baselines(&spec, &machine, options.clone(), budget);
     let search_ms = started.elapsed().as_secs_f64() * 1e3;
     let result = result.map_err(|nf| least_that_fits(&spec, &machine, &options, nf));
-    let (planned, baselines) = result.map_err(|nf| Failure {
-        code: EXIT_NO_FIT,
-        message: match nf.host_budget_bytes {
-            Some(_) if nf.min_budget_bytes == u64::MAX => {
-                format!(
-                    "no plan of {} on {}: {}",
-                    spec.name,
-                    layout.name,
-                    nf.describe(budget)
-                )
-            }
-            _ => format!(
-                "no plan of {} fits {} per GPU on {}; the smallest budget that fits is {} \
-                 (--budget {}B)",
-                spec.name,
-                units::bytes(budget),
-                layout.name,
-                units::bytes(nf.min_budget_bytes),
-                nf.min_budget_bytes
-            ),
-        },
-    })?;
+    let (planned, baselines) = result.map_err(|nf| no_fit_failure(&spec, &layout, budget, &nf))?;
     let explained: Vec<(usize, Vec<plan::explain::Alternative>)> = explain
         .iter()
         .map(|&op| {
@@ -336,6 +276,92 @@ pub fn plan_report(req: &PlanCommand) -> Result<PlanReport, Failure> {
         baselines,
         explained,
     })
+}
+
+/// The `--pin` flags as (op, choice), each op pinned once.
+fn pins_of(
+    req: &PlanCommand,
+    spec: &ModelSpec,
+    machine: &Machine,
+) -> Result<Vec<(usize, Choice)>, Failure> {
+    let pins = req
+        .pins
+        .iter()
+        .map(|p| parse_pin(spec, machine, p))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(Failure::input)?;
+    // Two pins of one op: which should win is the user's call, not the order of flags.
+    for (k, (i, _)) in pins.iter().enumerate() {
+        if let Some(first) = pins[..k].iter().position(|(j, _)| j == i) {
+            return Err(Failure::input(format!(
+                "--pin {:?} and --pin {:?} pin the same op {:?}: give one",
+                osdp_core::text::printable(&req.pins[first]),
+                osdp_core::text::printable(&req.pins[k]),
+                osdp_core::text::printable(&spec.ops[*i].id)
+            )));
+        }
+    }
+    Ok(pins)
+}
+
+/// The `--recompute-block` flags as (block, recomputed), each block fixed once.
+fn block_recompute_of(req: &PlanCommand, spec: &ModelSpec) -> Result<Vec<(usize, bool)>, Failure> {
+    let mut block_recompute: Vec<(usize, bool)> = Vec::new();
+    for arg in &req.recompute_blocks {
+        for (b, on) in parse_block_recompute(spec, arg).map_err(Failure::input)? {
+            if block_recompute.iter().any(|&(x, _)| x == b) {
+                return Err(Failure::input(format!(
+                    "--recompute-block {:?}: block {b} is fixed twice: give it once",
+                    osdp_core::text::printable(arg)
+                )));
+            }
+            block_recompute.push((b, on));
+        }
+    }
+    Ok(block_recompute)
+}
+
+/// The ops `--explain` names, by index.
+fn explained_ops(req: &PlanCommand, spec: &ModelSpec) -> Result<Vec<usize>, Failure> {
+    req.explain
+        .iter()
+        .map(|id| {
+            spec.ops.iter().position(|o| o.id == *id).ok_or_else(|| {
+                Failure::input(format!(
+                    "--explain {:?}: {} has no op of that id (`osdp-tui inspect` lists them)",
+                    printable(id),
+                    printable(&spec.name)
+                ))
+            })
+        })
+        .collect()
+}
+
+/// The failure of a search that found no plan within `budget`: what binds, and the least
+/// budget that fits when there is one.
+fn no_fit_failure(spec: &ModelSpec, layout: &Layout, budget: u64, nf: &NoFit) -> Failure {
+    Failure {
+        code: EXIT_NO_FIT,
+        message: match nf.host_budget_bytes {
+            Some(_) if nf.min_budget_bytes == u64::MAX => {
+                format!(
+                    "no plan of {} on {}: {}",
+                    spec.name,
+                    layout.name,
+                    nf.describe(budget)
+                )
+            }
+            _ => format!(
+                "no plan of {} fits {} per GPU on {}; the smallest budget that fits is {} \
+                 (--budget {}B)",
+                spec.name,
+                units::bytes(budget),
+                layout.name,
+                units::bytes(nf.min_budget_bytes),
+                nf.min_budget_bytes
+            ),
+        },
+    }
 }
 
 /// The smallest budget that fits, checked: with a memory resolution the least peak a search

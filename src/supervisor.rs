@@ -12,7 +12,7 @@
 //! group stops it later.
 
 use std::io::Read;
-use std::os::unix::io::AsRawFd;
+use std::os::unix::io::{AsRawFd, RawFd};
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -169,107 +169,7 @@ impl Supervisor {
         let earlier = std::fs::read(dir.metrics()).unwrap_or_default();
         let metrics_len = earlier.len() as u64;
         let earlier = String::from_utf8_lossy(&earlier);
-        let processes = match launch.ranks {
-            Ranks::CpuThreads => 1,
-            Ranks::GpuProcesses => launch.world_size.max(1),
-        };
-        let port = match launch.ranks {
-            Ranks::CpuThreads => 0,
-            Ranks::GpuProcesses => free_port()?,
-        };
-        // One token per start: a process of another run (or a stranger) cannot join this one.
-        let token = new_run_token();
-        let mut children: Vec<Child> = Vec::with_capacity(processes);
-        let mut lifelines: Vec<Lifeline> = Vec::with_capacity(processes);
-        let give_up = |children: Vec<Child>, e: std::io::Error| {
-            for mut c in children {
-                let _ = c.kill();
-                let _ = c.wait();
-            }
-            Err(e)
-        };
-        for rank in 0..processes {
-            let (line, line_end) = match Lifeline::new() {
-                Ok(l) => l,
-                Err(e) => return give_up(children, e),
-            };
-            let args = TrainArgs {
-                model: spec.model.clone(),
-                plan: dir.plan(),
-                world_size: match launch.ranks {
-                    Ranks::CpuThreads => Some(launch.world_size),
-                    Ranks::GpuProcesses => None,
-                },
-                ranks_per_node: match launch.ranks {
-                    Ranks::CpuThreads => launch.ranks_per_node,
-                    Ranks::GpuProcesses => None,
-                },
-                global_batch: Some(launch.global_batch),
-                device: match launch.ranks {
-                    Ranks::CpuThreads => DeviceArg::Cpu,
-                    Ranks::GpuProcesses => DeviceArg::Cuda,
-                },
-                // Until stopped.
-                steps: 0,
-                metrics: Some(dir.metrics()),
-                checkpoint_dir: Some(dir.checkpoints()),
-                checkpoint_every: spec.checkpoint_every.max(1),
-                resume: dir.has_checkpoint(),
-                supervisor_fd: Some(line_end.as_raw_fd()),
-                ..TrainArgs::new(spec.model.clone(), dir.plan())
-            };
-            let mut cmd = Command::new(&spec.exe);
-            cmd.arg("train").args(args.to_args());
-            // Whatever launcher started the dashboard, its workers are laid out here.
-            for var in [
-                "RANK",
-                "WORLD_SIZE",
-                "SLURM_PROCID",
-                "SLURM_NTASKS",
-                "TORCHELASTIC_RUN_ID",
-            ] {
-                cmd.env_remove(var);
-            }
-            if launch.ranks == Ranks::GpuProcesses {
-                let n = processes.to_string();
-                cmd.env("RANK", rank.to_string())
-                    .env("LOCAL_RANK", rank.to_string())
-                    .env("WORLD_SIZE", &n)
-                    .env("LOCAL_WORLD_SIZE", &n)
-                    .env("MASTER_ADDR", "127.0.0.1")
-                    .env("MASTER_PORT", port.to_string())
-                    .env(RUN_TOKEN_VAR, &token)
-                    .env_remove("OSDP_PORT");
-            }
-            cmd.stdin(Stdio::null())
-                .stdout(Stdio::from(log.try_clone()?))
-                .stderr(Stdio::from(log.try_clone()?));
-            lifeline::inherit(&mut cmd, line_end.as_raw_fd());
-            // The run's own process group (rank 0's pid): the terminal's signals (^C, a closed
-            // window) do not reach it, and one signal to the group reaches every rank.
-            match children.first() {
-                None => {
-                    lifeline::inherit(&mut cmd, lock.as_raw_fd());
-                    cmd.process_group(0);
-                }
-                Some(first) => {
-                    cmd.process_group(first.id() as i32);
-                }
-            }
-            match cmd.spawn() {
-                Ok(child) => {
-                    if children.is_empty() {
-                        if let Err(e) = lock.name_holder(child.id()) {
-                            children.push(child);
-                            return give_up(children, e);
-                        }
-                    }
-                    children.push(child);
-                    lifelines.push(line);
-                }
-                Err(e) => return give_up(children, e),
-            }
-        }
+        let (children, lifelines) = WorkerStart::new(spec, &dir, launch)?.spawn_all(&lock, &log)?;
         let mut status = RunStatus::from_text(&earlier);
         status.predicted = launch.predicted;
         // What the worker will say when it starts; the screen shows it while it loads.
@@ -715,6 +615,160 @@ fn began_at(started: &str) -> Option<Instant> {
         .duration_since(std::time::UNIX_EPOCH + Duration::from_secs(secs))
         .unwrap_or(Duration::ZERO);
     Instant::now().checked_sub(ago)
+}
+
+/// What every process of one start of a worker shares: how to launch, where, the run's
+/// shape, and (for GPU processes) the rendezvous port and the run token.
+struct WorkerStart<'a> {
+    spec: &'a LaunchSpec,
+    dir: &'a RunDir,
+    launch: &'a Launch<'a>,
+    processes: usize,
+    port: u16,
+    token: String,
+}
+
+impl<'a> WorkerStart<'a> {
+    fn new(spec: &'a LaunchSpec, dir: &'a RunDir, launch: &'a Launch<'a>) -> std::io::Result<Self> {
+        let processes = match launch.ranks {
+            Ranks::CpuThreads => 1,
+            Ranks::GpuProcesses => launch.world_size.max(1),
+        };
+        let port = match launch.ranks {
+            Ranks::CpuThreads => 0,
+            Ranks::GpuProcesses => free_port()?,
+        };
+        Ok(WorkerStart {
+            spec,
+            dir,
+            launch,
+            processes,
+            port,
+            // One token per start: a process of another run (or a stranger) cannot join this one.
+            token: new_run_token(),
+        })
+    }
+
+    /// Spawn every process, rank 0 first, each with its lifeline; rank 0 inherits `lock` and
+    /// is named its holder. On a failure the processes already started are killed.
+    fn spawn_all(
+        &self,
+        lock: &DirLock,
+        log: &std::fs::File,
+    ) -> std::io::Result<(Vec<Child>, Vec<Lifeline>)> {
+        let mut children: Vec<Child> = Vec::with_capacity(self.processes);
+        let mut lifelines: Vec<Lifeline> = Vec::with_capacity(self.processes);
+        for rank in 0..self.processes {
+            let (line, line_end) = match Lifeline::new() {
+                Ok(l) => l,
+                Err(e) => return give_up(children, e),
+            };
+            let mut cmd = self.command(rank, line_end.as_raw_fd(), log)?;
+            // The run's own process group (rank 0's pid): the terminal's signals (^C, a closed
+            // window) do not reach it, and one signal to the group reaches every rank.
+            match children.first() {
+                None => {
+                    lifeline::inherit(&mut cmd, lock.as_raw_fd());
+                    cmd.process_group(0);
+                }
+                Some(first) => {
+                    cmd.process_group(first.id() as i32);
+                }
+            }
+            match cmd.spawn() {
+                Ok(child) => {
+                    if children.is_empty() {
+                        if let Err(e) = lock.name_holder(child.id()) {
+                            children.push(child);
+                            return give_up(children, e);
+                        }
+                    }
+                    children.push(child);
+                    lifelines.push(line);
+                }
+                Err(e) => return give_up(children, e),
+            }
+        }
+        Ok((children, lifelines))
+    }
+
+    /// Rank `rank`'s `osdp-tui train` command: its arguments, its environment, output to
+    /// `log`, and the lifeline end `line_end` kept open across exec.
+    fn command(
+        &self,
+        rank: usize,
+        line_end: RawFd,
+        log: &std::fs::File,
+    ) -> std::io::Result<Command> {
+        let mut cmd = Command::new(&self.spec.exe);
+        cmd.arg("train").args(self.args(line_end).to_args());
+        // Whatever launcher started the dashboard, its workers are laid out here.
+        for var in [
+            "RANK",
+            "WORLD_SIZE",
+            "SLURM_PROCID",
+            "SLURM_NTASKS",
+            "TORCHELASTIC_RUN_ID",
+        ] {
+            cmd.env_remove(var);
+        }
+        if self.launch.ranks == Ranks::GpuProcesses {
+            let n = self.processes.to_string();
+            cmd.env("RANK", rank.to_string())
+                .env("LOCAL_RANK", rank.to_string())
+                .env("WORLD_SIZE", &n)
+                .env("LOCAL_WORLD_SIZE", &n)
+                .env("MASTER_ADDR", "127.0.0.1")
+                .env("MASTER_PORT", self.port.to_string())
+                .env(RUN_TOKEN_VAR, &self.token)
+                .env_remove("OSDP_PORT");
+        }
+        cmd.stdin(Stdio::null())
+            .stdout(Stdio::from(log.try_clone()?))
+            .stderr(Stdio::from(log.try_clone()?));
+        lifeline::inherit(&mut cmd, line_end);
+        Ok(cmd)
+    }
+
+    /// The trainer's arguments: the run directory's plan, metrics and checkpoints, until
+    /// stopped, resuming when there is a checkpoint; `supervisor_fd`: the lifeline's end.
+    fn args(&self, supervisor_fd: RawFd) -> TrainArgs {
+        let (spec, dir, launch) = (self.spec, self.dir, self.launch);
+        TrainArgs {
+            model: spec.model.clone(),
+            plan: dir.plan(),
+            world_size: match launch.ranks {
+                Ranks::CpuThreads => Some(launch.world_size),
+                Ranks::GpuProcesses => None,
+            },
+            ranks_per_node: match launch.ranks {
+                Ranks::CpuThreads => launch.ranks_per_node,
+                Ranks::GpuProcesses => None,
+            },
+            global_batch: Some(launch.global_batch),
+            device: match launch.ranks {
+                Ranks::CpuThreads => DeviceArg::Cpu,
+                Ranks::GpuProcesses => DeviceArg::Cuda,
+            },
+            // Until stopped.
+            steps: 0,
+            metrics: Some(dir.metrics()),
+            checkpoint_dir: Some(dir.checkpoints()),
+            checkpoint_every: spec.checkpoint_every.max(1),
+            resume: dir.has_checkpoint(),
+            supervisor_fd: Some(supervisor_fd),
+            ..TrainArgs::new(spec.model.clone(), dir.plan())
+        }
+    }
+}
+
+/// Kill and reap the processes started so far, and fail with `e`.
+fn give_up<T>(children: Vec<Child>, e: std::io::Error) -> std::io::Result<T> {
+    for mut c in children {
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+    Err(e)
 }
 
 /// A loopback port nobody listens on now, for a run's rank 0.

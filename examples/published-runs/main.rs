@@ -67,9 +67,17 @@ fn main() {
         );
         return;
     }
+    print_runs(&priced);
+    println!();
+    print_groups(&priced);
+    print_memory(&priced);
+}
+
+/// The table of runs: each published throughput beside the predicted one.
+fn print_runs(priced: &[(&PublishedRun, Priced)]) {
     println!("| run | GPUs | model | seq | mb × acc | sharding | ckpt | published tok/s/GPU | predicted | ratio | role |");
     println!("|---|---:|---|---:|---|---|---|---:|---:|---:|---|");
-    for (r, p) in &priced {
+    for (r, p) in priced {
         println!(
             "| [{}]({}) | {} | {} | {} | {} × {} | {} | {} | {:.0} | {:.0} | {:.2} | {} |",
             r.id,
@@ -91,9 +99,12 @@ fn main() {
             }
         );
     }
-    println!();
+}
+
+/// The table of groups (fitted, held out, all): how close the ratios are to 1.
+fn print_groups(priced: &[(&PublishedRun, Priced)]) {
     let mut groups: BTreeMap<(String, bool), Vec<f64>> = BTreeMap::new();
-    for (_, p) in &priced {
+    for (_, p) in priced {
         groups
             .entry((p.group.clone(), p.role == Role::Fit))
             .or_default()
@@ -126,6 +137,11 @@ fn main() {
             ratios.len()
         );
     }
+}
+
+/// The table of runs that published their memory, beside the predicted peak (none if no run
+/// did).
+fn print_memory(priced: &[(&PublishedRun, Priced)]) {
     let with_memory: Vec<&(&PublishedRun, Priced)> = priced
         .iter()
         .filter(|(_, p)| p.published_memory_gib.is_some())

@@ -48,40 +48,12 @@ pub fn calibrate(args: CalibrateArgs) -> Result<(), Failure> {
         return Err(no_cuda());
     }
     // Say so before a minute of measuring, not after.
-    if let Some(dir) = args.output.parent().filter(|d| !d.as_os_str().is_empty()) {
-        if !dir.is_dir() {
-            return Err(Failure::input(format!(
-                "-o {}: the directory {} does not exist",
-                args.output.display(),
-                dir.display()
-            )));
-        }
-    }
+    check_output_dir(&args.output)?;
     if args.device == DeviceArg::Cuda {
         return calibrate_cuda(&args);
     }
-    let base = match &args.base {
-        Some(p) => osdp_core::cluster::read_layout(p).map_err(Failure::input)?,
-        None => osdp_core::input::parse_strict(
-            std::path::Path::new("layouts/cpu.json"),
-            include_str!("../../../layouts/cpu.json"),
-            osdp_core::cluster::LAYOUT_FORMAT_VERSION,
-        )
-        .map_err(Failure::input)?,
-    };
-    let models = if args.model.is_empty() {
-        calibrate::generic_models()
-    } else {
-        let mut v = Vec::new();
-        for p in &args.model {
-            let m = osdp_core::model::read_model(p).map_err(Failure::input)?;
-            let plan = osdp_core::plan::uniform_plan(&m, osdp_core::cost::Strategy::Dp, 1);
-            osdp_train::exec::check_runnable(&m, &plan)
-                .map_err(|e| Failure::input(format!("{}: {e}", p.display())))?;
-            v.push(m);
-        }
-        v
-    };
+    let base = cpu_base_layout(&args)?;
+    let models = cpu_models(&args)?;
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let ranks = args.ranks.map_or(cores.min(8), |r| r as usize);
     let name = args
@@ -104,10 +76,7 @@ pub fn calibrate(args: CalibrateArgs) -> Result<(), Failure> {
     let ticks_before = osdp_train::measure::cpu_ticks();
     let result = calibrate::calibrate(&cfg, &mut |f, what| bar.show(f, what));
     bar.finish();
-    let steal = osdp_train::measure::steal_fraction(ticks_before, osdp_train::measure::cpu_ticks());
-    if let Some(w) = osdp_train::measure::steal_warning(steal) {
-        eprintln!("{w}");
-    }
+    let steal = warn_of_steal(ticks_before);
     let mut layout = result.map_err(|e| Failure {
         code: 1,
         message: format!("calibration failed: {e}"),
@@ -127,6 +96,69 @@ pub fn calibrate(args: CalibrateArgs) -> Result<(), Failure> {
         crate::report::print_json(&layout);
         return Ok(());
     }
+    print_cpu_calibration(&layout);
+    print_host(&layout);
+    print_wrote(&args.output);
+    Ok(())
+}
+
+/// `-o`'s directory must exist.
+fn check_output_dir(output: &std::path::Path) -> Result<(), Failure> {
+    if let Some(dir) = output.parent().filter(|d| !d.as_os_str().is_empty()) {
+        if !dir.is_dir() {
+            return Err(Failure::input(format!(
+                "-o {}: the directory {} does not exist",
+                output.display(),
+                dir.display()
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// The layout a CPU calibration completes: `--base`, else the built-in `cpu` layout.
+fn cpu_base_layout(args: &CalibrateArgs) -> Result<osdp_core::cluster::Layout, Failure> {
+    Ok(match &args.base {
+        Some(p) => osdp_core::cluster::read_layout(p).map_err(Failure::input)?,
+        None => osdp_core::input::parse_strict(
+            std::path::Path::new("layouts/cpu.json"),
+            include_str!("../../../layouts/cpu.json"),
+            osdp_core::cluster::LAYOUT_FORMAT_VERSION,
+        )
+        .map_err(Failure::input)?,
+    })
+}
+
+/// The models whose operators a CPU calibration times: `--model`'s, each checked runnable,
+/// else the built-in ones.
+fn cpu_models(args: &CalibrateArgs) -> Result<Vec<osdp_core::model::ModelSpec>, Failure> {
+    if args.model.is_empty() {
+        return Ok(osdp_train::calibrate::generic_models());
+    }
+    let mut v = Vec::new();
+    for p in &args.model {
+        let m = osdp_core::model::read_model(p).map_err(Failure::input)?;
+        let plan = osdp_core::plan::uniform_plan(&m, osdp_core::cost::Strategy::Dp, 1);
+        osdp_train::exec::check_runnable(&m, &plan)
+            .map_err(|e| Failure::input(format!("{}: {e}", p.display())))?;
+        v.push(m);
+    }
+    Ok(v)
+}
+
+/// The CPU time the hypervisor stole since `ticks_before`, with a warning on stderr when it
+/// is too much to trust the timings.
+fn warn_of_steal(ticks_before: Option<(u64, u64)>) -> Option<f64> {
+    let steal = osdp_train::measure::steal_fraction(ticks_before, osdp_train::measure::cpu_ticks());
+    if let Some(w) = osdp_train::measure::steal_warning(steal) {
+        eprintln!("{w}");
+    }
+    steal
+}
+
+/// What a CPU calibration measured: the rates, the collectives, the kernel curves and the
+/// optimizer.
+fn print_cpu_calibration(layout: &osdp_core::cluster::Layout) {
     let cal = layout.calibration.as_ref();
     println!("{} ({} ranks)", layout.device.model, layout.world_size());
     println!(
@@ -161,13 +193,15 @@ pub fn calibrate(args: CalibrateArgs) -> Result<(), Failure> {
             c.step_overhead_s * 1e3
         );
     }
-    print_host(&layout);
+}
+
+/// Where a calibration's layout went, and how to plan with it.
+fn print_wrote(output: &std::path::Path) {
     println!(
         "wrote {}; plan with it: osdp-tui plan MODEL.json --layout {} --budget SIZE",
-        args.output.display(),
-        args.output.display()
+        output.display(),
+        output.display()
     );
-    Ok(())
 }
 
 /// The host figures offloading prices with, one line.
@@ -277,11 +311,7 @@ fn calibrate_cuda(args: &CalibrateArgs) -> Result<(), Failure> {
         );
     }
     print_host(&layout);
-    println!(
-        "wrote {}; plan with it: osdp-tui plan MODEL.json --layout {} --budget SIZE",
-        args.output.display(),
-        args.output.display()
-    );
+    print_wrote(&args.output);
     Ok(())
 }
 
@@ -431,8 +461,6 @@ struct PredictedMeasured {
 }
 
 fn validate_report(args: &ValidateArgs) -> Result<ValidateReport, Failure> {
-    use osdp_train::measure::{measure_plan, median};
-
     let model = osdp_core::model::read_model(&args.model).map_err(Failure::input)?;
     let layout = osdp_core::cluster::read_layout(&args.layout).map_err(Failure::input)?;
     let plan = osdp_core::plan::read_plan(&args.plan, &model).map_err(Failure::input)?;
@@ -444,6 +472,62 @@ fn validate_report(args: &ValidateArgs) -> Result<ValidateReport, Failure> {
         .map_err(|e| Failure::input(format!("{}: {e}", args.plan.display())))?;
     let predicted = osdp_core::plan::evaluate(&model, &machine, &plan);
     let ranks = layout.world_size() as usize;
+    let timed = time_plan(args, &model, &plan, target, ranks)?;
+    let last = &timed.last;
+    let measured = measured_figures(
+        last,
+        osdp_train::measure::median(&mut timed.medians.clone()),
+    );
+    let predicted_figures = predicted_figures(&predicted);
+    Ok(ValidateReport {
+        model: model.name.clone(),
+        layout: layout.name.clone(),
+        timing_source: machine.timing_source(),
+        ranks,
+        batch_size: plan.batch,
+        accumulation: plan.accumulation.max(1),
+        warmup_steps: args.warmup,
+        timed_steps: args.steps as usize,
+        repeats: args.repeat,
+        cpu_steal_fraction: timed.steal,
+        ratio: Ratios {
+            step_time: measured.step_time_s / predicted.step_time_s,
+            peak_memory: measured.peak_memory_bytes as f64
+                / predicted_figures.peak_memory_bytes as f64,
+        },
+        predicted: predicted_figures,
+        collectives: PredictedMeasured {
+            predicted_s: predicted.exposed_comm_s,
+            measured_s: rank_median(last, 0, &|p| {
+                p.fwd_coll_s.iter().chain(&p.bwd_coll_s).sum::<f64>() + p.sync_s
+            }),
+        },
+        compute_by_kind: compute_by_kind(&model, &machine, &plan, last),
+        measured: Measured {
+            figures: measured,
+            per_rank: per_rank_figures(last, ranks),
+            step_time_s_per_repeat: timed.medians,
+        },
+    })
+}
+
+/// What `validate` timed: each repetition's median step, the last repetition's steps, and
+/// the CPU time stolen meanwhile.
+struct Timed {
+    medians: Vec<f64>,
+    last: Vec<osdp_train::measure::StepSample>,
+    steal: Option<f64>,
+}
+
+/// Run the plan `--repeat` times (warm-up, then timed steps), with a progress bar.
+fn time_plan(
+    args: &ValidateArgs,
+    model: &osdp_core::model::ModelSpec,
+    plan: &osdp_core::plan::Plan,
+    target: osdp_train::exec::Target,
+    ranks: usize,
+) -> Result<Timed, Failure> {
+    use osdp_train::measure::{measure_plan, median};
 
     let mut bar = Bar::new();
     let ticks_before = osdp_train::measure::cpu_ticks();
@@ -455,7 +539,7 @@ fn validate_report(args: &ValidateArgs) -> Result<ValidateReport, Failure> {
         let done_before = (r * (args.warmup + steps)) as f64;
         let label = format!("repetition {}/{}", r + 1, args.repeat);
         bar.show(done_before / total, &label);
-        let samples = measure_plan(&model, &plan, target, ranks, args.warmup, steps, |s| {
+        let samples = measure_plan(model, plan, target, ranks, args.warmup, steps, |s| {
             bar.show((done_before + s as f64) / total, &label)
         })
         .map_err(|e| Failure {
@@ -467,123 +551,121 @@ fn validate_report(args: &ValidateArgs) -> Result<ValidateReport, Failure> {
         last = samples;
     }
     bar.finish();
-    let steal = osdp_train::measure::steal_fraction(ticks_before, osdp_train::measure::cpu_ticks());
-    if let Some(w) = osdp_train::measure::steal_warning(steal) {
-        eprintln!("{w}");
-    }
+    let steal = warn_of_steal(ticks_before);
+    Ok(Timed {
+        medians,
+        last,
+        steal,
+    })
+}
 
-    // Where the time went, per category (rank 0's profile, median over timed steps).
-    let rank_median = |r: usize, f: &dyn Fn(&osdp_train::exec::Profile) -> f64| {
-        let mut v: Vec<f64> = last.iter().map(|s| f(&s.profiles[r])).collect();
-        median(&mut v)
-    };
-    let cat = |f: &dyn Fn(&osdp_train::exec::Profile) -> f64| rank_median(0, f);
+/// Rank `r`'s figure `f` of its profile, the median over the timed steps.
+fn rank_median(
+    samples: &[osdp_train::measure::StepSample],
+    r: usize,
+    f: &dyn Fn(&osdp_train::exec::Profile) -> f64,
+) -> f64 {
+    let mut v: Vec<f64> = samples.iter().map(|s| f(&s.profiles[r])).collect();
+    osdp_train::measure::median(&mut v)
+}
+
+/// The prediction as the cost model splits it; its peak less the runtime overhead (which
+/// the trainer's ledger cannot see).
+fn predicted_figures(predicted: &osdp_core::plan::Prediction) -> Figures {
+    let p_ops = predicted.compute_s + predicted.recompute_s + predicted.exposed_comm_s;
+    let p_peak = predicted.peak_memory_bytes - predicted.overhead_bytes;
+    Figures {
+        step_time_s: predicted.step_time_s,
+        operators_s: p_ops,
+        optimizer_s: predicted.optimizer_s,
+        other_s: predicted.step_overhead_s,
+        peak_memory_bytes: p_peak,
+        states_bytes: predicted.persistent_bytes,
+        activation_bytes: predicted.activation_bytes,
+        transient_bytes: predicted.max_transient_bytes,
+        runtime_overhead_bytes: Some(predicted.overhead_bytes),
+    }
+}
+
+/// What was measured, split as the cost model splits it: where the time went, per category
+/// (rank 0's profile, median over timed steps; `m_step`: the median step), and the ledger's
+/// peak per rank.
+fn measured_figures(last: &[osdp_train::measure::StepSample], m_step: f64) -> Figures {
+    let cat = |f: &dyn Fn(&osdp_train::exec::Profile) -> f64| rank_median(last, 0, f);
     let m_ops = cat(&|p| p.fwd_s.iter().chain(&p.bwd_s).sum::<f64>() + p.recompute_s + p.sync_s);
     let m_opt = cat(&|p| p.optimizer_s);
-    // Forward + backward compute per kernel kind (a split linear's slices included): the cost
-    // model's figures against rank 0's op timings less the collectives inside them. Those are
-    // compared on their own, with the gradient synchronisation and zero1/zero2 re-gathers the
-    // trainer runs between ops (`sync_s`): all of it is what the model calls exposed comm.
-    // Over every micro-batch of the step, as the profile sums them.
-    let mut bases = osdp_core::cost::op_bases(&model, &machine, plan.batch);
-    osdp_core::cost::set_accumulation(&mut bases, plan.accumulation);
-    let mut by_kind: std::collections::BTreeMap<&str, (f64, f64)> = Default::default();
-    for (i, op) in model.ops.iter().enumerate() {
-        let e = by_kind
-            .entry(osdp_core::cost::kernel_key(&model, op))
-            .or_default();
-        e.0 += osdp_core::cost::price(&bases[i], plan.choices[i], &machine).compute_s;
-        e.1 += cat(&|p| p.fwd_s[i] + p.bwd_s[i] - p.fwd_coll_s[i] - p.bwd_coll_s[i]);
-    }
-    let m_comm = cat(&|p| p.fwd_coll_s.iter().chain(&p.bwd_coll_s).sum::<f64>() + p.sync_s);
-    // Each rank's own accounts (medians over the timed steps): the ranks wait for the slowest
-    // at every collective, so imbalance shows here.
-    let per_rank: Vec<RankFigures> = (0..ranks)
-        .map(|r| RankFigures {
-            compute_s: rank_median(r, &|p| p.fwd_s.iter().chain(&p.bwd_s).sum::<f64>()),
-            collectives_in_ops_s: rank_median(r, &|p| {
-                p.collectives.iter().map(|c| c.1).sum::<f64>()
-            }),
-            collective_calls: rank_median(r, &|p| p.collectives.len() as f64),
-            sync_s: rank_median(r, &|p| p.sync_s),
-            optimizer_s: rank_median(r, &|p| p.optimizer_s),
-            step_s: rank_median(r, &|p| p.step_s),
-        })
-        .collect();
-    let m_step = median(&mut medians.clone());
     let m_other = (m_step - m_ops - m_opt).max(0.0);
-    let p_ops = predicted.compute_s + predicted.recompute_s + predicted.exposed_comm_s;
-    // Memory: the ledger's peak per rank against the prediction less the runtime overhead
-    // (which the ledger cannot see).
     let peak = last
         .iter()
         .flat_map(|s| s.peaks.iter())
         .max_by_key(|b| b.total())
         .copied()
         .unwrap_or_default();
-    let m_states = peak.params + peak.grads + peak.optimizer;
-    let m_transient = peak.gathered + peak.grad_buffers + peak.working;
-    let p_peak = predicted.peak_memory_bytes - predicted.overhead_bytes;
-    let ratio_time = m_step / predicted.step_time_s;
-    let ratio_mem = peak.total() as f64 / p_peak as f64;
-    Ok(ValidateReport {
-        model: model.name.clone(),
-        layout: layout.name.clone(),
-        timing_source: machine.timing_source(),
-        ranks,
-        batch_size: plan.batch,
-        accumulation: plan.accumulation.max(1),
-        warmup_steps: args.warmup,
-        timed_steps: steps,
-        repeats: args.repeat,
-        cpu_steal_fraction: steal,
-        predicted: Figures {
-            step_time_s: predicted.step_time_s,
-            operators_s: p_ops,
-            optimizer_s: predicted.optimizer_s,
-            other_s: predicted.step_overhead_s,
-            peak_memory_bytes: p_peak,
-            states_bytes: predicted.persistent_bytes,
-            activation_bytes: predicted.activation_bytes,
-            transient_bytes: predicted.max_transient_bytes,
-            runtime_overhead_bytes: Some(predicted.overhead_bytes),
-        },
-        measured: Measured {
-            figures: Figures {
-                step_time_s: m_step,
-                operators_s: m_ops,
-                optimizer_s: m_opt,
-                other_s: m_other,
-                peak_memory_bytes: peak.total(),
-                states_bytes: m_states,
-                activation_bytes: peak.activations,
-                transient_bytes: m_transient,
-                runtime_overhead_bytes: None,
-            },
-            step_time_s_per_repeat: medians,
-            per_rank,
-        },
-        ratio: Ratios {
-            step_time: ratio_time,
-            peak_memory: ratio_mem,
-        },
-        collectives: PredictedMeasured {
-            predicted_s: predicted.exposed_comm_s,
-            measured_s: m_comm,
-        },
-        compute_by_kind: by_kind
-            .into_iter()
-            .map(|(k, (p, m))| {
-                (
-                    k.to_string(),
-                    PredictedMeasured {
-                        predicted_s: p,
-                        measured_s: m,
-                    },
-                )
-            })
-            .collect(),
-    })
+    Figures {
+        step_time_s: m_step,
+        operators_s: m_ops,
+        optimizer_s: m_opt,
+        other_s: m_other,
+        peak_memory_bytes: peak.total(),
+        states_bytes: peak.params + peak.grads + peak.optimizer,
+        activation_bytes: peak.activations,
+        transient_bytes: peak.gathered + peak.grad_buffers + peak.working,
+        runtime_overhead_bytes: None,
+    }
+}
+
+/// Forward + backward compute per kernel kind (a split linear's slices included): the cost
+/// model's figures against rank 0's op timings less the collectives inside them. Those are
+/// compared on their own, with the gradient synchronisation and zero1/zero2 re-gathers the
+/// trainer runs between ops (`sync_s`): all of it is what the model calls exposed comm.
+/// Over every micro-batch of the step, as the profile sums them.
+fn compute_by_kind(
+    model: &osdp_core::model::ModelSpec,
+    machine: &osdp_core::cost::Machine,
+    plan: &osdp_core::plan::Plan,
+    last: &[osdp_train::measure::StepSample],
+) -> std::collections::BTreeMap<String, PredictedMeasured> {
+    let mut bases = osdp_core::cost::op_bases(model, machine, plan.batch);
+    osdp_core::cost::set_accumulation(&mut bases, plan.accumulation);
+    let mut by_kind: std::collections::BTreeMap<&str, (f64, f64)> = Default::default();
+    for (i, op) in model.ops.iter().enumerate() {
+        let e = by_kind
+            .entry(osdp_core::cost::kernel_key(model, op))
+            .or_default();
+        e.0 += osdp_core::cost::price(&bases[i], plan.choices[i], machine).compute_s;
+        e.1 += rank_median(last, 0, &|p| {
+            p.fwd_s[i] + p.bwd_s[i] - p.fwd_coll_s[i] - p.bwd_coll_s[i]
+        });
+    }
+    by_kind
+        .into_iter()
+        .map(|(k, (p, m))| {
+            (
+                k.to_string(),
+                PredictedMeasured {
+                    predicted_s: p,
+                    measured_s: m,
+                },
+            )
+        })
+        .collect()
+}
+
+/// Each rank's own accounts (medians over the timed steps): the ranks wait for the slowest
+/// at every collective, so imbalance shows here.
+fn per_rank_figures(last: &[osdp_train::measure::StepSample], ranks: usize) -> Vec<RankFigures> {
+    (0..ranks)
+        .map(|r| RankFigures {
+            compute_s: rank_median(last, r, &|p| p.fwd_s.iter().chain(&p.bwd_s).sum::<f64>()),
+            collectives_in_ops_s: rank_median(last, r, &|p| {
+                p.collectives.iter().map(|c| c.1).sum::<f64>()
+            }),
+            collective_calls: rank_median(last, r, &|p| p.collectives.len() as f64),
+            sync_s: rank_median(last, r, &|p| p.sync_s),
+            optimizer_s: rank_median(last, r, &|p| p.optimizer_s),
+            step_s: rank_median(last, r, &|p| p.step_s),
+        })
+        .collect()
 }
 
 impl ValidateReport {

@@ -99,15 +99,100 @@ struct Setup {
 /// run will do (resumed runs take the checkpoint's global batch, seed and data unless told
 /// otherwise, and say so).
 fn setup(args: &TrainArgs) -> Result<Setup, Failure> {
-    use std::sync::Arc;
-
-    use osdp_train::{data, exec::OptimConfig, TrainConfig};
+    use osdp_train::{exec::OptimConfig, TrainConfig};
 
     args.check()?;
     let model = osdp_core::model::read_model(&args.model).map_err(Failure::input)?;
     let plan = osdp_core::plan::read_plan(&args.plan, &model).map_err(Failure::input)?;
     osdp_train::exec::check_runnable(&model, &plan)
         .map_err(|e| Failure::input(format!("{}: {e}", args.plan.display())))?;
+    let Group {
+        membership,
+        target,
+        world_size,
+        lead,
+    } = group(args)?;
+    let ranks_per_node = ranks_per_node(args, &plan, membership.as_ref());
+    osdp_train::check_plan_nodes(&model, &plan, world_size, ranks_per_node, target.device)
+        .map_err(|e| Failure::input(format!("{}: {e}", args.plan.display())))?;
+    // One trainer per checkpoint directory: a second would interleave its checkpoints with
+    // ours. Rank 0 holds the lock for a run of several processes, which share the directory.
+    // An existing directory is locked before its checkpoints are looked at.
+    let early_lock = match args.checkpoint_dir.as_ref().filter(|d| lead && d.is_dir()) {
+        Some(dir) => Some(lock_checkpoint_dir(dir)?),
+        None => None,
+    };
+    let resume_from = resume_point(args)?;
+    // A resumed run continues the same run: the global batch, seed and data the checkpoint
+    // was written with, unless the user says otherwise (then say so).
+    let resumed = match &resume_from {
+        Some(dir) => Some(osdp_train::checkpoint::verify(dir).map_err(Failure::input)?),
+        None => None,
+    };
+    let settled = Settled::of(
+        args,
+        resumed.as_ref(),
+        plan.batch * plan.accumulation * world_size as u64,
+    );
+    let accumulation = osdp_core::plan::accumulation(settled.global_batch, world_size, plan.batch)
+        .map_err(Failure::input)?;
+    let source = data_source(&settled.data, &model)?;
+    if lead && !settled.notes.is_empty() {
+        eprintln!("resuming with {}", settled.notes.join(", "));
+    }
+    if let Some(dir) = &args.checkpoint_dir {
+        std::fs::create_dir_all(dir).map_err(|e| Failure::output(dir, e))?;
+    }
+    let dir_lock = match (early_lock, &args.checkpoint_dir) {
+        (Some(lock), _) => Some(lock),
+        (None, Some(dir)) if lead => Some(lock_checkpoint_dir(dir)?),
+        (None, _) => None,
+    };
+    let metrics = match &args.metrics {
+        Some(path) if lead => Some(open_metrics(path, resume_from.is_some())?),
+        _ => None,
+    };
+    let cfg = TrainConfig {
+        model,
+        plan,
+        world_size,
+        ranks_per_node,
+        global_batch: settled.global_batch,
+        steps: args.steps,
+        seed: settled.seed,
+        source,
+        optim: OptimConfig {
+            lr: args.lr,
+            ..OptimConfig::default()
+        },
+        target,
+        checkpoint_dir: args.checkpoint_dir.clone(),
+        checkpoint_every: args.checkpoint_every,
+        resume_from,
+        collect_params: false,
+        membership,
+    };
+    Ok(Setup {
+        cfg,
+        lead,
+        accumulation,
+        metrics,
+        _dir_lock: dir_lock,
+    })
+}
+
+/// The ranks this process runs and the group they belong to.
+struct Group {
+    /// The launcher's group; `None` for a run in this process alone.
+    membership: Option<osdp_train::tcp::Membership>,
+    target: osdp_train::exec::Target,
+    world_size: usize,
+    /// Rank 0 of a multi-process run, or the only process.
+    lead: bool,
+}
+
+/// Join what the launcher's environment says with `--world-size` and `--device`.
+fn group(args: &TrainArgs) -> Result<Group, Failure> {
     let mut membership = osdp_train::tcp::Membership::from_env().map_err(Failure::input)?;
     let target = target(args, membership.as_ref())?;
     if membership.as_ref().is_some_and(|m| m.world == 1) {
@@ -133,77 +218,114 @@ fn setup(args: &TrainArgs) -> Result<Setup, Failure> {
     if world_size == 0 {
         return Err(Failure::input("--world-size must be at least 1"));
     }
-    // Under a launcher, its processes per machine are a node (what an hsdp plan needs; other
-    // plans are left alone, whatever the launcher's shape).
+    Ok(Group {
+        membership,
+        target,
+        world_size,
+        lead,
+    })
+}
+
+/// `--ranks-per-node`, else, under a launcher, its processes per machine are a node (what an
+/// hsdp plan needs; other plans are left alone, whatever the launcher's shape).
+fn ranks_per_node(
+    args: &TrainArgs,
+    plan: &osdp_core::plan::Plan,
+    membership: Option<&osdp_train::tcp::Membership>,
+) -> Option<usize> {
     let hybrid = plan
         .choices
         .iter()
-        .any(|c| c.strategy == osdp_core::cost::Strategy::Hsdp);
-    let ranks_per_node = args.ranks_per_node.or_else(|| {
+        .any(|c| c.strategy.info().needs == osdp_core::cost::Needs::SeveralNodes);
+    args.ranks_per_node.or_else(|| {
         membership
-            .as_ref()
             .filter(|_| hybrid)
             .and_then(|_| osdp_train::env::local_ranks())
-    });
-    osdp_train::check_plan_nodes(&model, &plan, world_size, ranks_per_node, target.device)
-        .map_err(|e| Failure::input(format!("{}: {e}", args.plan.display())))?;
-    // One trainer per checkpoint directory: a second would interleave its checkpoints with
-    // ours. Rank 0 holds the lock for a run of several processes, which share the directory.
-    // An existing directory is locked before its checkpoints are looked at.
-    let early_lock = match args.checkpoint_dir.as_ref().filter(|d| lead && d.is_dir()) {
-        Some(dir) => Some(lock_checkpoint_dir(dir)?),
-        None => None,
-    };
-    let resume_from = resume_point(args)?;
-    // A resumed run continues the same run: the global batch, seed and data the checkpoint
-    // was written with, unless the user says otherwise (then say so).
-    let resumed = match &resume_from {
-        Some(dir) => Some(osdp_train::checkpoint::verify(dir).map_err(Failure::input)?),
-        None => None,
-    };
-    let mut notes: Vec<String> = Vec::new();
-    let mut inherit =
-        |what: &str, given: Option<String>, saved: Option<String>| match (given, saved) {
-            (Some(g), Some(s)) if g != s => {
-                notes.push(format!(
-                    "{what} {g} as given (the checkpoint's run used {s})"
-                ));
-                Some(g)
-            }
-            (Some(g), _) => Some(g),
-            (None, Some(s)) => {
-                notes.push(format!("{what} {s} from the checkpoint"));
-                Some(s)
-            }
-            (None, None) => None,
-        };
-    let global_batch_s = inherit(
-        "global batch",
-        args.global_batch.map(|g| g.to_string()),
-        resumed.as_ref().map(|m| m.global_batch.to_string()),
-    );
-    let seed_s = inherit(
-        "seed",
-        args.seed.map(|s| s.to_string()),
-        resumed.as_ref().map(|m| m.seed.to_string()),
-    );
-    let data_name = inherit(
-        "data",
-        args.data.clone(),
-        // Checkpoints from before data sources had names say only "text".
-        resumed
-            .as_ref()
-            .map(|m| m.data.clone())
-            .filter(|d| d != "text"),
-    )
-    .unwrap_or_else(|| "shakespeare".into());
-    let global_batch = global_batch_s
-        .and_then(|g| g.parse::<u64>().ok())
-        .unwrap_or(plan.batch * plan.accumulation * world_size as u64);
-    let seed = seed_s.and_then(|s| s.parse::<u64>().ok()).unwrap_or(0);
-    let accumulation = osdp_core::plan::accumulation(global_batch, world_size, plan.batch)
-        .map_err(Failure::input)?;
-    let source = match data_name.as_str() {
+    })
+}
+
+/// The global batch, seed and data a run uses: as given, else a resumed checkpoint's, else
+/// the defaults; with a note for each taken from (or overriding) the checkpoint.
+struct Settled {
+    global_batch: u64,
+    seed: u64,
+    data: String,
+    notes: Vec<String>,
+}
+
+impl Settled {
+    /// `resumed`: the checkpoint resumed from; `default_global_batch`: the plan's.
+    fn of(
+        args: &TrainArgs,
+        resumed: Option<&osdp_train::checkpoint::Manifest>,
+        default_global_batch: u64,
+    ) -> Settled {
+        let mut notes: Vec<String> = Vec::new();
+        let global_batch_s = inherit(
+            &mut notes,
+            "global batch",
+            args.global_batch.map(|g| g.to_string()),
+            resumed.map(|m| m.global_batch.to_string()),
+        );
+        let seed_s = inherit(
+            &mut notes,
+            "seed",
+            args.seed.map(|s| s.to_string()),
+            resumed.map(|m| m.seed.to_string()),
+        );
+        let data = inherit(
+            &mut notes,
+            "data",
+            args.data.clone(),
+            // Checkpoints from before data sources had names say only "text".
+            resumed.map(|m| m.data.clone()).filter(|d| d != "text"),
+        )
+        .unwrap_or_else(|| "shakespeare".into());
+        let global_batch = global_batch_s
+            .and_then(|g| g.parse::<u64>().ok())
+            .unwrap_or(default_global_batch);
+        let seed = seed_s.and_then(|s| s.parse::<u64>().ok()).unwrap_or(0);
+        Settled {
+            global_batch,
+            seed,
+            data,
+            notes,
+        }
+    }
+}
+
+/// One setting of a resumed run: the value `given`, else the checkpoint's (`saved`), with a
+/// note in `notes` when the checkpoint's was taken or overridden.
+fn inherit(
+    notes: &mut Vec<String>,
+    what: &str,
+    given: Option<String>,
+    saved: Option<String>,
+) -> Option<String> {
+    match (given, saved) {
+        (Some(g), Some(s)) if g != s => {
+            notes.push(format!(
+                "{what} {g} as given (the checkpoint's run used {s})"
+            ));
+            Some(g)
+        }
+        (Some(g), _) => Some(g),
+        (None, Some(s)) => {
+            notes.push(format!("{what} {s} from the checkpoint"));
+            Some(s)
+        }
+        (None, None) => None,
+    }
+}
+
+/// The training text `--data` names: the built-in Shakespeare, random tokens, or a file
+/// longer than one sample.
+fn data_source(
+    name: &str,
+    model: &osdp_core::model::ModelSpec,
+) -> Result<osdp_train::data::Source, Failure> {
+    use osdp_train::data;
+    Ok(match name {
         "shakespeare" => data::Source::shakespeare(),
         "random" => data::Source::Random,
         path => {
@@ -218,51 +340,9 @@ fn setup(args: &TrainArgs) -> Result<Setup, Failure> {
             }
             data::Source::Text {
                 name: path.to_string(),
-                bytes: Arc::new(bytes),
+                bytes: std::sync::Arc::new(bytes),
             }
         }
-    };
-    if lead && !notes.is_empty() {
-        eprintln!("resuming with {}", notes.join(", "));
-    }
-    if let Some(dir) = &args.checkpoint_dir {
-        std::fs::create_dir_all(dir).map_err(|e| Failure::output(dir, e))?;
-    }
-    let dir_lock = match (early_lock, &args.checkpoint_dir) {
-        (Some(lock), _) => Some(lock),
-        (None, Some(dir)) if lead => Some(lock_checkpoint_dir(dir)?),
-        (None, _) => None,
-    };
-    let metrics = match &args.metrics {
-        Some(path) if lead => Some(open_metrics(path, resume_from.is_some())?),
-        _ => None,
-    };
-    let cfg = TrainConfig {
-        model,
-        plan,
-        world_size,
-        ranks_per_node,
-        global_batch,
-        steps: args.steps,
-        seed,
-        source,
-        optim: OptimConfig {
-            lr: args.lr,
-            ..OptimConfig::default()
-        },
-        target,
-        checkpoint_dir: args.checkpoint_dir.clone(),
-        checkpoint_every: args.checkpoint_every,
-        resume_from,
-        collect_params: false,
-        membership,
-    };
-    Ok(Setup {
-        cfg,
-        lead,
-        accumulation,
-        metrics,
-        _dir_lock: dir_lock,
     })
 }
 

@@ -11,8 +11,9 @@ use ratatui::Frame;
 
 use super::super::app::App;
 use super::super::theme;
-use crate::run::{Remaining, RunState};
+use crate::run::{Remaining, RunState, StepPoint};
 use crate::supervisor::Supervisor;
+use osdp_core::protocol::RunPrediction;
 use osdp_core::text::printable;
 use osdp_core::units;
 
@@ -118,7 +119,22 @@ pub fn time_line(app: &App, run: &Supervisor) -> Option<String> {
 fn lines(app: &App, run: &Supervisor, state: &RunState) -> Vec<(Rank, Line<'static>)> {
     let mut lines: Vec<(Rank, Line)> = Vec::new();
     let pred = run.status.predicted.as_ref();
-    let plan_line = if let Some(owner) = run.owner() {
+    lines.push((Rank::Progress, Line::from(plan_line(app, run))));
+    lines.push((Rank::Progress, Line::from(step_line(app, run, pred))));
+    if let Some(time) = time_line(app, run) {
+        lines.push((Rank::Progress, Line::from(time)));
+    }
+    if let Some(p) = run.status.last() {
+        push_step_figures(&mut lines, run, p, pred);
+    }
+    lines.push((Rank::Figures, Line::from(checkpoint_line(app, run))));
+    push_endings(&mut lines, run, state);
+    lines
+}
+
+/// Whose plan the run uses: another process's (read-only), or the one on screen or not.
+fn plan_line(app: &App, run: &Supervisor) -> Span<'static> {
+    if let Some(owner) = run.owner() {
         Span::styled(
             format!(
                 "attached, read-only: {}",
@@ -133,9 +149,12 @@ fn lines(app: &App, run: &Supervisor, state: &RunState) -> Vec<(Rank, Line<'stat
         )
     } else {
         Span::raw("the run uses the plan on screen")
-    };
-    lines.push((Rank::Progress, Line::from(plan_line)));
-    let step_line = match run.status.last() {
+    }
+}
+
+/// The last step, its loss and the tokens seen; before the first, what is awaited.
+fn step_line(app: &App, run: &Supervisor, pred: Option<&RunPrediction>) -> String {
+    match run.status.last() {
         Some(p) => format!(
             "step {} · loss {:.4} (smoothed {}) · {} tokens seen",
             p.step,
@@ -153,81 +172,94 @@ fn lines(app: &App, run: &Supervisor, state: &RunState) -> Vec<(Rank, Line<'stat
             ),
             None => "waiting for the first step…".into(),
         },
-    };
-    lines.push((Rank::Progress, Line::from(step_line)));
-    if let Some(time) = time_line(app, run) {
-        lines.push((Rank::Progress, Line::from(time)));
     }
-    if let Some(p) = run.status.last() {
-        // A run started elsewhere has no prediction beside it: a dash, not a zero.
-        let ps = pred.map_or("—".into(), |x| format!("{:.1}", x.samples_per_s));
-        let pt = pred.map_or("—".into(), |x| units::count(x.tokens_per_s as u64));
-        lines.push((
-            Rank::Figures,
-            Line::from(format!(
-                "step time {} measured · {} predicted",
-                units::seconds(p.step_time_s),
-                pred.map_or("—".into(), |x| units::seconds(x.step_time_s))
-            )),
-        ));
-        lines.push((
-            Rank::Figures,
-            Line::from(format!(
-                "samples/s {:.1} measured · {ps} predicted",
-                p.samples_per_s
-            )),
-        ));
-        lines.push((
-            Rank::Derived,
-            Line::from(format!(
-                "tokens/s  {} measured · {pt} predicted",
-                units::count(p.tokens_per_s as u64)
-            )),
-        ));
-        // The largest rank's (each rank's is in the memory panel), against the plan's tensors:
-        // the runtime is the layout's estimate, which the worker does not measure.
-        let measured = p
-            .memory_bytes
-            .iter()
-            .copied()
-            .max()
-            .map_or("—".into(), units::bytes);
-        let predicted = pred
-            .map(|x| {
-                format!(
-                    "{} predicted (+{} runtime, est.)",
-                    units::bytes(x.peak_memory_bytes.saturating_sub(x.runtime_overhead_bytes)),
-                    units::bytes(x.runtime_overhead_bytes)
-                )
-            })
-            .unwrap_or_else(|| "— predicted".into());
-        lines.push((
-            Rank::Figures,
-            Line::from(format!("memory/rank {measured} measured · {predicted}")),
-        ));
+}
+
+/// The last step `p`'s figures beside the prediction, its lr and grad-norm, and how long the
+/// first step took.
+fn push_step_figures(
+    lines: &mut Vec<(Rank, Line<'static>)>,
+    run: &Supervisor,
+    p: &StepPoint,
+    pred: Option<&RunPrediction>,
+) {
+    // A run started elsewhere has no prediction beside it: a dash, not a zero.
+    let ps = pred.map_or("—".into(), |x| format!("{:.1}", x.samples_per_s));
+    let pt = pred.map_or("—".into(), |x| units::count(x.tokens_per_s as u64));
+    lines.push((
+        Rank::Figures,
+        Line::from(format!(
+            "step time {} measured · {} predicted",
+            units::seconds(p.step_time_s),
+            pred.map_or("—".into(), |x| units::seconds(x.step_time_s))
+        )),
+    ));
+    lines.push((
+        Rank::Figures,
+        Line::from(format!(
+            "samples/s {:.1} measured · {ps} predicted",
+            p.samples_per_s
+        )),
+    ));
+    lines.push((
+        Rank::Derived,
+        Line::from(format!(
+            "tokens/s  {} measured · {pt} predicted",
+            units::count(p.tokens_per_s as u64)
+        )),
+    ));
+    lines.push((Rank::Figures, Line::from(memory_line(p, pred))));
+    lines.push((
+        Rank::Detail,
+        Line::from(format!("lr {:.2e} · grad-norm {:.3}", p.lr, p.grad_norm)),
+    ));
+    if let Some(t) = run.first_step_after {
         lines.push((
             Rank::Detail,
-            Line::from(format!("lr {:.2e} · grad-norm {:.3}", p.lr, p.grad_norm)),
+            Line::from(format!(
+                "first step {} after start (start-up and one step)",
+                units::seconds(t.as_secs_f64())
+            )),
         ));
-        if let Some(t) = run.first_step_after {
-            lines.push((
-                Rank::Detail,
-                Line::from(format!(
-                    "first step {} after start (start-up and one step)",
-                    units::seconds(t.as_secs_f64())
-                )),
-            ));
-        }
     }
-    let ckpt = match (&run.status.last_checkpoint, run.last_checkpoint_at) {
+}
+
+/// The largest rank's memory (each rank's is in the memory panel), against the plan's
+/// tensors: the runtime is the layout's estimate, which the worker does not measure.
+fn memory_line(p: &StepPoint, pred: Option<&RunPrediction>) -> String {
+    let measured = p
+        .memory_bytes
+        .iter()
+        .copied()
+        .max()
+        .map_or("—".into(), units::bytes);
+    let predicted = pred
+        .map(|x| {
+            format!(
+                "{} predicted (+{} runtime, est.)",
+                units::bytes(x.peak_memory_bytes.saturating_sub(x.runtime_overhead_bytes)),
+                units::bytes(x.runtime_overhead_bytes)
+            )
+        })
+        .unwrap_or_else(|| "— predicted".into());
+    format!("memory/rank {measured} measured · {predicted}")
+}
+
+/// The last checkpoint's step and age.
+fn checkpoint_line(app: &App, run: &Supervisor) -> String {
+    match (&run.status.last_checkpoint, run.last_checkpoint_at) {
         (Some((step, _)), Some(at)) => format!(
             "last checkpoint: step {step}, {:.0} s ago",
             app.now.saturating_duration_since(at).as_secs_f64()
         ),
         (Some((step, _)), None) => format!("last checkpoint: step {step}"),
         (None, _) => "no checkpoint yet".into(),
-    };
-    lines.push((Rank::Figures, Line::from(ckpt)));
+    }
+}
+
+/// How the run is ending or ended: a stop under way, a note, a failure and the log's last
+/// lines.
+fn push_endings(lines: &mut Vec<(Rank, Line<'static>)>, run: &Supervisor, state: &RunState) {
     if *state == RunState::Stopping {
         let finishing = match run.finishing() {
             Some((step, secs)) => format!("finishing step {step} (~{secs:.0} s)"),
@@ -268,7 +300,6 @@ fn lines(app: &App, run: &Supervisor, state: &RunState) -> Vec<(Rank, Line<'stat
             ));
         }
     }
-    lines
 }
 
 pub fn draw_training(app: &App, f: &mut Frame, area: Rect) {

@@ -267,6 +267,21 @@ fn check_figure(field: &str, f: &Figure) -> Result<(), Problem> {
 }
 
 pub fn validate_layout(l: &Layout) -> Result<(), Problem> {
+    check_shape(l)?;
+    check_device(&l.device)?;
+    check_runtime_overhead(l)?;
+    check_links(l)?;
+    if let Some(h) = &l.host {
+        check_host(h)?;
+    }
+    if let Some(c) = &l.calibration {
+        c.validate()?;
+    }
+    Ok(())
+}
+
+/// The name and the node × device grid.
+fn check_shape(l: &Layout) -> Result<(), Problem> {
     if l.name.trim().is_empty() {
         return Err(Problem::field("name", "must not be empty"));
     }
@@ -285,12 +300,21 @@ pub fn validate_layout(l: &Layout) -> Result<(), Problem> {
             "nodes × gpus_per_node is implausibly large",
         ));
     }
-    check_figure("device.memory_gib", &l.device.memory_gib)?;
+    Ok(())
+}
+
+/// Memory, bandwidth, at least one dense rate, and the efficiencies.
+fn check_device(d: &DeviceSpec) -> Result<(), Problem> {
+    check_figure("device.memory_gib", &d.memory_gib)?;
     check_figure(
         "device.memory_bandwidth_gb_per_s",
-        &l.device.memory_bandwidth_gb_per_s,
+        &d.memory_bandwidth_gb_per_s,
     )?;
-    let r = &l.device.dense_tflops;
+    check_rates(&d.dense_tflops)?;
+    check_efficiency(&d.efficiency)
+}
+
+fn check_rates(r: &Rates) -> Result<(), Problem> {
     let rates = [
         ("bf16", &r.bf16),
         ("fp16", &r.fp16),
@@ -310,7 +334,12 @@ pub fn validate_layout(l: &Layout) -> Result<(), Problem> {
             "needs at least one rate (bf16, fp16, tf32 or fp32)",
         ));
     }
-    for (name, f) in l.device.efficiency.figures() {
+    Ok(())
+}
+
+/// Fractions of the peak, when they were measured, and the GEMM half-width.
+fn check_efficiency(e: &Efficiency) -> Result<(), Problem> {
+    for (name, f) in e.figures() {
         if let Some(f) = f {
             check_figure(&format!("device.efficiency.{name}"), f)?;
             if f.value > 1.0 {
@@ -321,18 +350,13 @@ pub fn validate_layout(l: &Layout) -> Result<(), Problem> {
             }
         }
     }
-    if l.device
-        .efficiency
-        .measured_at
-        .as_ref()
-        .is_some_and(|w| w.trim().is_empty())
-    {
+    if e.measured_at.as_ref().is_some_and(|w| w.trim().is_empty()) {
         return Err(Problem::field(
             "device.efficiency.measured_at",
             "must say when the efficiencies were measured",
         ));
     }
-    if let Some(f) = &l.device.efficiency.matmul_half_width {
+    if let Some(f) = &e.matmul_half_width {
         // 0 is a measurement too: narrow GEMMs as fast as wide ones.
         if f.value != 0.0 {
             check_figure("device.efficiency.matmul_half_width", f)?;
@@ -343,6 +367,11 @@ pub fn validate_layout(l: &Layout) -> Result<(), Problem> {
             ));
         }
     }
+    Ok(())
+}
+
+/// The runtime's own share must leave some of the device's memory.
+fn check_runtime_overhead(l: &Layout) -> Result<(), Problem> {
     check_figure("runtime_overhead_gib", &l.runtime_overhead_gib)?;
     if l.runtime_overhead_gib.value >= l.device.memory_gib.value {
         return Err(Problem::field(
@@ -353,6 +382,11 @@ pub fn validate_layout(l: &Layout) -> Result<(), Problem> {
             ),
         ));
     }
+    Ok(())
+}
+
+/// The link inside a node, and the one between nodes when there is more than one.
+fn check_links(l: &Layout) -> Result<(), Problem> {
     check_link("intra_node", &l.intra_node)?;
     match (&l.inter_node, l.nodes) {
         (Some(link), _) => check_link("inter_node", link)?,
@@ -364,35 +398,35 @@ pub fn validate_layout(l: &Layout) -> Result<(), Problem> {
         }
         (None, _) => {}
     }
-    if let Some(h) = &l.host {
-        check_figure("host.memory_gib_per_node", &h.memory_gib_per_node)?;
-        check_figure("host.link_gb_per_s", &h.link_gb_per_s)?;
-        check_figure("host.cpu_cores_per_node", &h.cpu_cores_per_node)?;
-        check_figure(
+    Ok(())
+}
+
+/// Host figures: each a positive figure, none past any real machine.
+fn check_host(h: &HostSpec) -> Result<(), Problem> {
+    check_figure("host.memory_gib_per_node", &h.memory_gib_per_node)?;
+    check_figure("host.link_gb_per_s", &h.link_gb_per_s)?;
+    check_figure("host.cpu_cores_per_node", &h.cpu_cores_per_node)?;
+    check_figure(
+        "host.adam_mparams_per_s_per_core",
+        &h.adam_mparams_per_s_per_core,
+    )?;
+    // 64 TiB of host memory per node, 4,096 cores, a 10 TB/s link: past any machine.
+    for (field, f, most) in [
+        ("host.memory_gib_per_node", &h.memory_gib_per_node, 65536.0),
+        ("host.link_gb_per_s", &h.link_gb_per_s, 10_000.0),
+        ("host.cpu_cores_per_node", &h.cpu_cores_per_node, 4096.0),
+        (
             "host.adam_mparams_per_s_per_core",
             &h.adam_mparams_per_s_per_core,
-        )?;
-        // 64 TiB of host memory per node, 4,096 cores, a 10 TB/s link: past any machine.
-        for (field, f, most) in [
-            ("host.memory_gib_per_node", &h.memory_gib_per_node, 65536.0),
-            ("host.link_gb_per_s", &h.link_gb_per_s, 10_000.0),
-            ("host.cpu_cores_per_node", &h.cpu_cores_per_node, 4096.0),
-            (
-                "host.adam_mparams_per_s_per_core",
-                &h.adam_mparams_per_s_per_core,
-                100_000.0,
-            ),
-        ] {
-            if f.value > most {
-                return Err(Problem::field(
-                    field,
-                    format!("{} is more than any machine has (at most {most})", f.value),
-                ));
-            }
+            100_000.0,
+        ),
+    ] {
+        if f.value > most {
+            return Err(Problem::field(
+                field,
+                format!("{} is more than any machine has (at most {most})", f.value),
+            ));
         }
-    }
-    if let Some(c) = &l.calibration {
-        c.validate()?;
     }
     Ok(())
 }

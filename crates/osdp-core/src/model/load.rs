@@ -8,7 +8,7 @@
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
 
-use super::{ModelSpec, OpKind, OpSpec, MAX_LAYERS, MODEL_FORMAT_VERSION};
+use super::{ModelConfig, ModelSpec, OpKind, OpSpec, ParamSpec, MAX_LAYERS, MODEL_FORMAT_VERSION};
 use crate::input::{self, InputError, Problem};
 
 /// Every size derived from a parameter count must still fit in `u64` after this factor.
@@ -359,37 +359,69 @@ fn check_shapes(
     op: &OpSpec,
     index: &HashMap<&str, usize>,
 ) -> Result<(), Problem> {
-    let c = &m.config;
-    let err = |msg: String| Problem::op(i, &op.id, msg);
     let inputs: Vec<&OpSpec> = op
         .inputs
         .iter()
         .map(|s| &m.ops[index[s.as_str()]])
         .collect();
-    let arity = |allowed: &[usize]| -> Result<(), Problem> {
-        if allowed.contains(&inputs.len()) {
+    let s = ShapeCheck {
+        c: &m.config,
+        i,
+        op,
+        inputs,
+    };
+    match op.kind {
+        OpKind::Embedding | OpKind::PositionalEmbedding => s.embedding(),
+        OpKind::LayerNorm | OpKind::RmsNorm => s.norm(),
+        OpKind::Linear => s.linear(),
+        OpKind::Attention => s.attention(),
+        OpKind::Activation | OpKind::Add => s.elementwise(),
+        OpKind::CrossEntropy => s.cross_entropy(),
+    }
+}
+
+/// One op's shape check: the op, the ops feeding it, and the model's config.
+struct ShapeCheck<'a> {
+    c: &'a ModelConfig,
+    i: usize,
+    op: &'a OpSpec,
+    inputs: Vec<&'a OpSpec>,
+}
+
+impl ShapeCheck<'_> {
+    fn err(&self, msg: String) -> Problem {
+        Problem::op(self.i, &self.op.id, msg)
+    }
+
+    fn arity(&self, allowed: &[usize]) -> Result<(), Problem> {
+        if allowed.contains(&self.inputs.len()) {
             Ok(())
         } else {
             let want: Vec<String> = allowed.iter().map(|n| n.to_string()).collect();
-            Err(err(format!(
+            Err(self.err(format!(
                 "a {} op takes {} input(s), this one has {}",
-                op.kind.as_str(),
+                self.op.kind.as_str(),
                 want.join(" or "),
-                inputs.len()
+                self.inputs.len()
             )))
         }
-    };
-    let param = |name: &str| op.params.iter().find(|p| p.name == name);
-    let only_params = |allowed: &[&str]| -> Result<(), Problem> {
-        match op
+    }
+
+    fn param(&self, name: &str) -> Option<&ParamSpec> {
+        self.op.params.iter().find(|p| p.name == name)
+    }
+
+    fn only_params(&self, allowed: &[&str]) -> Result<(), Problem> {
+        match self
+            .op
             .params
             .iter()
             .find(|p| !allowed.contains(&p.name.as_str()))
         {
             None => Ok(()),
-            Some(p) => Err(err(format!(
+            Some(p) => Err(self.err(format!(
                 "a {} op has no parameter {:?} (allowed: {})",
-                op.kind.as_str(),
+                self.op.kind.as_str(),
                 p.name,
                 if allowed.is_empty() {
                     "none".to_string()
@@ -398,172 +430,182 @@ fn check_shapes(
                 }
             ))),
         }
-    };
-    let expect_out = |want: &[i64]| -> Result<(), Problem> {
-        if op.output_shape == want {
+    }
+
+    fn expect_out(&self, want: &[i64]) -> Result<(), Problem> {
+        if self.op.output_shape == want {
             Ok(())
         } else {
-            Err(err(format!(
+            Err(self.err(format!(
                 "output_shape is {} but its inputs give {}",
-                dims(&op.output_shape),
+                dims(&self.op.output_shape),
                 dims(want)
             )))
         }
-    };
-    let seq = c.seq_len as i64;
-    match op.kind {
-        OpKind::Embedding | OpKind::PositionalEmbedding => {
-            arity(&[0])?;
-            only_params(&["weight"])?;
-            let w = param("weight").ok_or_else(|| err("needs a \"weight\" parameter".into()))?;
-            if w.shape.len() != 2 {
-                return Err(err(format!(
-                    "weight must be [rows, dim], got {}",
-                    dims(&w.shape)
+    }
+
+    /// The "weight" parameter, which must be a matrix; `layout` names its axes in messages.
+    fn weight_matrix(&self, layout: &str) -> Result<&ParamSpec, Problem> {
+        let w = self
+            .param("weight")
+            .ok_or_else(|| self.err("needs a \"weight\" parameter".into()))?;
+        if w.shape.len() != 2 {
+            return Err(self.err(format!("weight must be [{layout}], got {}", dims(&w.shape))));
+        }
+        Ok(w)
+    }
+
+    /// Token and position tables: no inputs, a `[rows, dim]` weight, `[seq_len, dim]` out.
+    fn embedding(&self) -> Result<(), Problem> {
+        let c = self.c;
+        self.arity(&[0])?;
+        self.only_params(&["weight"])?;
+        let w = self.weight_matrix("rows, dim")?;
+        if self.op.kind == OpKind::PositionalEmbedding {
+            let needed = c.seq_len + c.position_offset;
+            if (w.shape[0] as u64) < needed {
+                return Err(self.err(format!(
+                    "position table has {} rows but seq_len {} (+ offset {}) needs {needed}",
+                    w.shape[0], c.seq_len, c.position_offset
                 )));
             }
-            if op.kind == OpKind::PositionalEmbedding {
-                let needed = c.seq_len + c.position_offset;
-                if (w.shape[0] as u64) < needed {
-                    return Err(err(format!(
-                        "position table has {} rows but seq_len {} (+ offset {}) needs {needed}",
-                        w.shape[0], c.seq_len, c.position_offset
-                    )));
-                }
-            }
-            expect_out(&[seq, w.shape[1]])
         }
-        OpKind::LayerNorm | OpKind::RmsNorm => {
-            arity(&[1])?;
-            let x = &inputs[0].output_shape;
-            let width = *x.last().unwrap_or(&0);
-            let allowed: &[&str] = if op.kind == OpKind::LayerNorm {
-                &["weight", "bias"]
-            } else {
-                &["weight"]
-            };
-            only_params(allowed)?;
-            for p in &op.params {
-                if p.shape != [width] {
-                    return Err(err(format!(
-                        "parameter {:?} has shape {} but normalises input {:?} of width {width}",
-                        p.name,
-                        dims(&p.shape),
-                        inputs[0].id
-                    )));
-                }
-            }
-            expect_out(x)
-        }
-        OpKind::Linear => {
-            arity(&[1])?;
-            only_params(&["weight", "bias"])?;
-            let w = param("weight").ok_or_else(|| err("needs a \"weight\" parameter".into()))?;
-            if w.shape.len() != 2 {
-                return Err(err(format!(
-                    "weight must be [out, in], got {}",
-                    dims(&w.shape)
+        self.expect_out(&[c.seq_len as i64, w.shape[1]])
+    }
+
+    /// LayerNorm and RMSNorm: every parameter is as wide as the input, shape preserved.
+    fn norm(&self) -> Result<(), Problem> {
+        self.arity(&[1])?;
+        let x = &self.inputs[0].output_shape;
+        let width = *x.last().unwrap_or(&0);
+        let allowed: &[&str] = if self.op.kind == OpKind::LayerNorm {
+            &["weight", "bias"]
+        } else {
+            &["weight"]
+        };
+        self.only_params(allowed)?;
+        for p in &self.op.params {
+            if p.shape != [width] {
+                return Err(self.err(format!(
+                    "parameter {:?} has shape {} but normalises input {:?} of width {width}",
+                    p.name,
+                    dims(&p.shape),
+                    self.inputs[0].id
                 )));
             }
-            let (out_f, in_f) = (w.shape[0], w.shape[1]);
-            let x = &inputs[0].output_shape;
-            let width = *x.last().unwrap_or(&0);
-            if width != in_f {
-                return Err(err(format!(
-                    "shapes do not connect: weight {} expects {in_f} input features but input {:?} has width {width} (shape {})",
-                    dims(&w.shape),
+        }
+        self.expect_out(x)
+    }
+
+    /// A `[out, in]` weight (and optional `[out]` bias) maps the input's last axis to `out`.
+    fn linear(&self) -> Result<(), Problem> {
+        self.arity(&[1])?;
+        self.only_params(&["weight", "bias"])?;
+        let w = self.weight_matrix("out, in")?;
+        let (out_f, in_f) = (w.shape[0], w.shape[1]);
+        let x = &self.inputs[0].output_shape;
+        let width = *x.last().unwrap_or(&0);
+        if width != in_f {
+            return Err(self.err(format!(
+                "shapes do not connect: weight {} expects {in_f} input features but input {:?} has width {width} (shape {})",
+                dims(&w.shape),
+                self.inputs[0].id,
+                dims(x)
+            )));
+        }
+        if let Some(b) = self.param("bias") {
+            if b.shape != [out_f] {
+                return Err(self.err(format!("bias must be [{out_f}], got {}", dims(&b.shape))));
+            }
+        }
+        let mut want = x.clone();
+        *want.last_mut().expect("input shape checked non-empty") = out_f;
+        self.expect_out(&want)
+    }
+
+    /// Fused QKV or separate Q, K, V inputs of the configured head widths; out is Q-wide.
+    fn attention(&self) -> Result<(), Problem> {
+        let c = self.c;
+        let inputs = &self.inputs;
+        self.arity(&[1, 3])?;
+        self.only_params(&[])?;
+        let (q, kv) = (
+            (c.heads * c.head_dim) as i64,
+            (c.kv_heads * c.head_dim) as i64,
+        );
+        let widths: Vec<i64> = inputs
+            .iter()
+            .map(|o| *o.output_shape.last().unwrap_or(&0))
+            .collect();
+        let want: Vec<i64> = if inputs.len() == 1 {
+            vec![q + 2 * kv]
+        } else {
+            vec![q, kv, kv]
+        };
+        if widths != want {
+            return Err(self.err(format!(
+                "shapes do not connect: with {} heads, {} key/value heads of {} dims the input widths must be {want:?}, got {widths:?}",
+                c.heads, c.kv_heads, c.head_dim
+            )));
+        }
+        let lead = &inputs[0].output_shape[..inputs[0].output_shape.len() - 1];
+        for o in &inputs[1..] {
+            if &o.output_shape[..o.output_shape.len() - 1] != lead {
+                return Err(self.err(format!(
+                    "shapes do not connect: inputs {:?} {} and {:?} {} differ in leading dimensions",
                     inputs[0].id,
-                    dims(x)
+                    dims(&inputs[0].output_shape),
+                    o.id,
+                    dims(&o.output_shape)
                 )));
             }
-            if let Some(b) = param("bias") {
-                if b.shape != [out_f] {
-                    return Err(err(format!(
-                        "bias must be [{out_f}], got {}",
-                        dims(&b.shape)
-                    )));
-                }
-            }
-            let mut want = x.clone();
-            *want.last_mut().expect("input shape checked non-empty") = out_f;
-            expect_out(&want)
         }
-        OpKind::Attention => {
-            arity(&[1, 3])?;
-            only_params(&[])?;
-            let (q, kv) = (
-                (c.heads * c.head_dim) as i64,
-                (c.kv_heads * c.head_dim) as i64,
-            );
-            let widths: Vec<i64> = inputs
-                .iter()
-                .map(|o| *o.output_shape.last().unwrap_or(&0))
-                .collect();
-            let want: Vec<i64> = if inputs.len() == 1 {
-                vec![q + 2 * kv]
-            } else {
-                vec![q, kv, kv]
-            };
-            if widths != want {
-                return Err(err(format!(
-                    "shapes do not connect: with {} heads, {} key/value heads of {} dims the input widths must be {want:?}, got {widths:?}",
-                    c.heads, c.kv_heads, c.head_dim
-                )));
-            }
-            let lead = &inputs[0].output_shape[..inputs[0].output_shape.len() - 1];
-            for o in &inputs[1..] {
-                if &o.output_shape[..o.output_shape.len() - 1] != lead {
-                    return Err(err(format!(
-                        "shapes do not connect: inputs {:?} {} and {:?} {} differ in leading dimensions",
-                        inputs[0].id,
-                        dims(&inputs[0].output_shape),
-                        o.id,
-                        dims(&o.output_shape)
-                    )));
-                }
-            }
-            let mut out = lead.to_vec();
-            out.push(q);
-            expect_out(&out)
+        let mut out = lead.to_vec();
+        out.push(q);
+        self.expect_out(&out)
+    }
+
+    /// Activations (one input, or two for gated ones) and adds: all inputs share one shape.
+    fn elementwise(&self) -> Result<(), Problem> {
+        let inputs = &self.inputs;
+        if self.op.kind == OpKind::Activation {
+            self.arity(&[1, 2])?;
+        } else if inputs.len() < 2 {
+            return Err(self.err(format!(
+                "an add op sums 2 or more inputs, this one has {}",
+                inputs.len()
+            )));
         }
-        OpKind::Activation | OpKind::Add => {
-            if op.kind == OpKind::Activation {
-                arity(&[1, 2])?;
-            } else if inputs.len() < 2 {
-                return Err(err(format!(
-                    "an add op sums 2 or more inputs, this one has {}",
-                    inputs.len()
-                )));
-            }
-            only_params(&[])?;
-            let x = &inputs[0].output_shape;
-            for o in &inputs[1..] {
-                if &o.output_shape != x {
-                    return Err(err(format!(
-                        "shapes do not connect: input {:?} is {} but input {:?} is {}",
-                        inputs[0].id,
-                        dims(x),
-                        o.id,
-                        dims(&o.output_shape)
-                    )));
-                }
-            }
-            expect_out(x)
-        }
-        OpKind::CrossEntropy => {
-            arity(&[1])?;
-            only_params(&[])?;
-            let x = &inputs[0].output_shape;
-            if *x.last().unwrap_or(&0) as u64 != c.vocab_size {
-                return Err(err(format!(
-                    "shapes do not connect: logits {:?} {} must end in vocab_size {}",
+        self.only_params(&[])?;
+        let x = &inputs[0].output_shape;
+        for o in &inputs[1..] {
+            if &o.output_shape != x {
+                return Err(self.err(format!(
+                    "shapes do not connect: input {:?} is {} but input {:?} is {}",
                     inputs[0].id,
                     dims(x),
-                    c.vocab_size
+                    o.id,
+                    dims(&o.output_shape)
                 )));
             }
-            expect_out(&[1])
         }
+        self.expect_out(x)
+    }
+
+    /// The loss takes logits ending in vocab_size and gives one number.
+    fn cross_entropy(&self) -> Result<(), Problem> {
+        self.arity(&[1])?;
+        self.only_params(&[])?;
+        let x = &self.inputs[0].output_shape;
+        if *x.last().unwrap_or(&0) as u64 != self.c.vocab_size {
+            return Err(self.err(format!(
+                "shapes do not connect: logits {:?} {} must end in vocab_size {}",
+                self.inputs[0].id,
+                dims(x),
+                self.c.vocab_size
+            )));
+        }
+        self.expect_out(&[1])
     }
 }
 

@@ -621,11 +621,41 @@ impl<'m> Planner<'m> {
     /// Everything about micro-batch `batch` that does not depend on the budget: the ops'
     /// options, the transient caps worth a frontier and what each cap leaves each class.
     fn prepare(&self, batch: u64, accumulation: u64, pins: &HashMap<usize, Choice>) -> Prepared {
-        let m = &self.machine;
-        let mut bases = self.graph.bases(self.model, m, batch);
+        let mut bases = self.graph.bases(self.model, &self.machine, batch);
         cost::set_accumulation(&mut bases, accumulation);
-        // Options of each class's first instance: the other instances price the same (that is
-        // what makes them one class), so their lists stay empty and are never read.
+        let opts = self.class_options(&bases, pins);
+        // Transient the plan cannot avoid: every op's cheapest choice.
+        let floor = opts
+            .iter()
+            .map(|o| o.first().map_or(0, |x| x.transient))
+            .max()
+            .unwrap_or(0);
+        let remat = self.blocks.remat_at(&bases);
+        let caps = self.candidate_caps(&opts, &remat, floor);
+        let (caps, coarsened) = self.fit_caps(caps);
+        let class_floor = self.class_floors(&opts, batch);
+        let all_floor: u64 = class_floor.iter().fold(0u64, |a, &b| a.saturating_add(b));
+        let steps = self.cap_steps(caps, &opts, &remat);
+        Prepared {
+            batch,
+            accumulation,
+            bases,
+            opts,
+            remat,
+            transient_floor: floor,
+            class_floor,
+            all_floor,
+            steps,
+            coarsened,
+        }
+    }
+
+    /// Each op's undominated options, sorted by transient.
+    ///
+    /// Options of each class's first instance: the other instances price the same (that is
+    /// what makes them one class), so their lists stay empty and are never read.
+    fn class_options(&self, bases: &[OpBase], pins: &HashMap<usize, Choice>) -> Vec<Vec<Opt>> {
+        let m = &self.machine;
         let mut opts: Vec<Vec<Opt>> = vec![Vec::new(); bases.len()];
         for class in &self.classes {
             for &i in &class.instances[0] {
@@ -644,13 +674,18 @@ impl<'m> Planner<'m> {
                 opts[i] = undominated(v);
             }
         }
-        // Transient the plan cannot avoid: every op's cheapest choice.
-        let floor = opts
-            .iter()
-            .map(|o| o.first().map_or(0, |x| x.transient))
-            .max()
-            .unwrap_or(0);
-        let remat = self.blocks.remat_at(&bases);
+        opts
+    }
+
+    /// Whether `class`'s instances may run recomputed under the options (a block class with
+    /// recomputation on), which gives each slot a second, recomputed count.
+    fn recomputes(&self, class: &Class) -> bool {
+        class.blocks.is_some() && self.options.recompute
+    }
+
+    /// Every transient some option (or recomputed block option) reaches, from `floor` up,
+    /// sorted, distinct, and merged at the resolution.
+    fn candidate_caps(&self, opts: &[Vec<Opt>], remat: &[u64], floor: u64) -> Vec<u64> {
         let mut caps: Vec<u64> = opts.iter().flatten().map(|o| o.transient).collect();
         if self.options.recompute {
             for class in self.classes.iter().filter(|c| c.blocks.is_some()) {
@@ -666,15 +701,22 @@ impl<'m> Planner<'m> {
         if res > 0 {
             caps = merge_caps(&caps, res);
         }
-        // Every cap is a sum over every slot of every class: past `MAX_CAP_SLOTS` pairs, merge
-        // caps at a resolution that doubles until they fit (each cap is some option's
-        // transient, so distinct caps give distinct keys: the count is the steps').
+        caps
+    }
+
+    /// `caps`, merged coarser when there are too many, with the resolution they were merged
+    /// at (0 if they were not).
+    ///
+    /// Every cap is a sum over every slot of every class: past `MAX_CAP_SLOTS` pairs, merge
+    /// caps at a resolution that doubles until they fit (each cap is some option's
+    /// transient, so distinct caps give distinct keys: the count is the steps').
+    fn fit_caps(&self, caps: Vec<u64>) -> (Vec<u64>, u64) {
         let slots: usize = self
             .classes
             .iter()
             .map(|c| {
                 let n = c.instances[0].len();
-                if c.blocks.is_some() && self.options.recompute {
+                if self.recomputes(c) {
                     2 * n
                 } else {
                     n
@@ -683,24 +725,23 @@ impl<'m> Planner<'m> {
             .sum::<usize>()
             .max(1);
         let most_caps = (MAX_CAP_SLOTS / slots).max(1);
-        let mut coarsened = 0u64;
-        if caps.len() > most_caps {
-            let mut coarse = res.max(1 << 20);
-            loop {
-                let merged = merge_caps(&caps, coarse);
-                if merged.len() <= most_caps || merged.len() == 1 {
-                    caps = merged;
-                    coarsened = coarse;
-                    break;
-                }
-                coarse = coarse.saturating_mul(2);
-            }
+        if caps.len() <= most_caps {
+            return (caps, 0);
         }
+        let mut coarse = self.options.resolution_bytes.max(1 << 20);
+        loop {
+            let merged = merge_caps(&caps, coarse);
+            if merged.len() <= most_caps || merged.len() == 1 {
+                return (merged, coarse);
+            }
+            coarse = coarse.saturating_mul(2);
+        }
+    }
 
-        // Least memory one instance of each class can hold, under any cap: what the rest of the
-        // model adds at the very least to a partial sum.
-        let floors: Vec<u64> = self
-            .classes
+    /// Least memory all instances of each class hold, under any cap: what the rest of the
+    /// model adds at the very least to a partial sum.
+    fn class_floors(&self, opts: &[Vec<Opt>], batch: u64) -> Vec<u64> {
+        self.classes
             .iter()
             .map(|class| {
                 let rep = &class.instances[0];
@@ -710,60 +751,59 @@ impl<'m> Planner<'m> {
                         .sum()
                 };
                 let plain = min_of(|o| o.held);
-                match self.kept_bytes(class, batch) {
+                let one = match self.kept_bytes(class, batch) {
                     Some(kept) => plain.min(min_of(|o| o.held_r) + kept),
                     None => plain,
-                }
+                };
+                one.saturating_mul(class.instances.len() as u64)
             })
-            .collect();
-        let class_floor: Vec<u64> = self
-            .classes
-            .iter()
-            .zip(&floors)
-            .map(|(c, f)| f.saturating_mul(c.instances.len() as u64))
-            .collect();
-        let all_floor: u64 = class_floor.iter().fold(0u64, |a, &b| a.saturating_add(b));
-        // Caps that leave every class the same feasible options give the same frontier: only
-        // the smallest of them (the tightest peak for those plans) is worth a sum.
+            .collect()
+    }
+
+    /// The caps worth a frontier, each with what it leaves each class.
+    ///
+    /// Caps that leave every class the same feasible options give the same frontier: only
+    /// the smallest of them (the tightest peak for those plans) is worth a sum.
+    fn cap_steps(
+        &self,
+        caps: Vec<u64>,
+        opts: &[Vec<Opt>],
+        remat: &[u64],
+    ) -> Vec<(u64, Vec<Vec<usize>>)> {
         let mut previous_keys: Option<Vec<Vec<usize>>> = None;
         let mut steps: Vec<(u64, Vec<Vec<usize>>)> = Vec::new();
         for cap in caps {
-            let keys: Vec<Vec<usize>> =
-                self.classes
-                    .iter()
-                    .map(|class| {
-                        let rep = &class.instances[0];
-                        // Feasible options are a prefix of each slot's list (sorted by transient).
-                        let mut key: Vec<usize> = rep
-                            .iter()
-                            .map(|&i| opts[i].partition_point(|o| o.transient <= cap))
-                            .collect();
-                        if class.blocks.is_some() && self.options.recompute {
-                            key.extend(rep.iter().map(|&i| {
-                                opts[i].partition_point(|o| o.transient + remat[i] <= cap)
-                            }));
-                        }
-                        key
-                    })
-                    .collect();
+            let keys = self.cap_keys(cap, opts, remat);
             if previous_keys.as_ref() == Some(&keys) {
                 continue;
             }
             previous_keys = Some(keys.clone());
             steps.push((cap, keys));
         }
-        Prepared {
-            batch,
-            accumulation,
-            bases,
-            opts,
-            remat,
-            transient_floor: floor,
-            class_floor,
-            all_floor,
-            steps,
-            coarsened,
-        }
+        steps
+    }
+
+    /// What `cap` leaves each class: per slot, how many options fit (then, for blocks that
+    /// may recompute, how many fit recomputed).
+    fn cap_keys(&self, cap: u64, opts: &[Vec<Opt>], remat: &[u64]) -> Vec<Vec<usize>> {
+        self.classes
+            .iter()
+            .map(|class| {
+                let rep = &class.instances[0];
+                // Feasible options are a prefix of each slot's list (sorted by transient).
+                let mut key: Vec<usize> = rep
+                    .iter()
+                    .map(|&i| opts[i].partition_point(|o| o.transient <= cap))
+                    .collect();
+                if self.recomputes(class) {
+                    key.extend(
+                        rep.iter()
+                            .map(|&i| opts[i].partition_point(|o| o.transient + remat[i] <= cap)),
+                    );
+                }
+                key
+            })
+            .collect()
     }
 
     /// The smallest peak any plan at this micro-batch reaches (before frontiers are thinned).
@@ -1287,22 +1327,83 @@ fn class_total(
     if ways.is_empty() {
         return Vec::new();
     }
+    let sum = ClassSum {
+        class,
+        slots,
+        count,
+        opts,
+        cap,
+        resolution,
+        limit,
+    };
+    let remat = recompute.as_ref().map(|r| r.remat);
     if count > 1 && separable {
+        sum.dealt(&ways, remat, !plain_ok, arena)
+    } else {
+        sum.whole(&ways, remat, arena)
+    }
+}
+
+/// One class's sum in [`class_total`]: its instances' slots, how many instances, and the
+/// transient cap, resolution and held-bytes limit the sum is taken under.
+struct ClassSum<'a> {
+    class: u32,
+    slots: &'a [usize],
+    count: u64,
+    opts: &'a [Vec<Opt>],
+    cap: u64,
+    resolution: u64,
+    limit: u64,
+}
+
+impl ClassSum<'_> {
+    /// The sum as independent parts, each repeated `count` times: every slot's options, then
+    /// the ways (`(recomputed, memory)`). `remat`: per slot, the bytes rematerialised by the
+    /// recomputed way, if open; `only_recompute`: the plain way is closed.
+    fn dealt(
+        &self,
+        ways: &[(bool, u64)],
+        remat: Option<&[u64]>,
+        only_recompute: bool,
+        arena: &mut Arena,
+    ) -> Frontier {
         // Slots priced as recomputed (no kept activations, the forward again) under the
         // admitted options; the plain way then gives back the forward and holds `saved`.
-        let fwd: Vec<f64> = slots
+        let fwd: Vec<f64> = self
+            .slots
             .iter()
-            .map(|&i| opts[i][0].time_r - opts[i][0].time)
+            .map(|&i| self.opts[i][0].time_r - self.opts[i][0].time)
             .collect();
-        let remat = recompute.as_ref().map(|r| r.remat);
-        let limit_of = |s: usize| -> u64 { remat.map_or(0, |r| r[s]) };
-        let only_recompute = !plain_ok;
-        let mut parts: Vec<Frontier> = Vec::with_capacity(slots.len() + 1);
-        for (s, &i) in slots.iter().enumerate() {
-            let extra = if only_recompute { limit_of(s) } else { 0 };
-            let pts: Vec<Point> = opts[i]
+        let mut parts = self.slot_parts(remat.filter(|_| only_recompute), arena);
+        let total_fwd: f64 = fwd.iter().sum();
+        parts.push(way_part(ways, total_fwd, arena));
+        let Some(repeated) = self.repeat_parts(&parts, arena) else {
+            // A part with no point within the host limit leaves the class nothing.
+            return Vec::new();
+        };
+        let parts = repeated.iter().map(|f| (f.as_slice(), f[0].mem)).collect();
+        sum_parts(parts, 0, self.resolution, self.limit, arena)
+            .into_iter()
+            .map(|p| Point {
+                node: arena.push(Node::Dealt {
+                    class: self.class,
+                    inner: p.node,
+                }),
+                ..p
+            })
+            .collect()
+    }
+
+    /// Each slot's options whose transient, plus the slot's `extra` (rematerialised bytes,
+    /// when only the recomputed way is open), fits the cap; priced held without activations,
+    /// at plain time. The vector has room for the ways' part.
+    fn slot_parts(&self, extra: Option<&[u64]>, arena: &mut Arena) -> Vec<Frontier> {
+        let mut parts: Vec<Frontier> = Vec::with_capacity(self.slots.len() + 1);
+        for (s, &i) in self.slots.iter().enumerate() {
+            let extra = extra.map_or(0, |r| r[s]);
+            let pts: Vec<Point> = self.opts[i]
                 .iter()
-                .filter(|o| o.transient + extra <= cap)
+                .filter(|o| o.transient + extra <= self.cap)
                 .map(|o| Point {
                     mem: o.held_r,
                     time: o.time,
@@ -1315,17 +1416,13 @@ fn class_total(
                 .collect();
             parts.push(frontier::prune(pts));
         }
-        let total_fwd: f64 = fwd.iter().sum();
-        let way_points: Vec<Point> = ways
-            .iter()
-            .map(|&(r, mem)| Point {
-                mem,
-                time: if r { total_fwd } else { 0.0 },
-                node: arena.push(Node::Way(r)),
-                host: 0,
-            })
-            .collect();
-        parts.push(frontier::prune(way_points));
+        parts
+    }
+
+    /// Each part repeated `count` times, within what the limit leaves it beside the others'
+    /// least; `None` when one has no point left.
+    fn repeat_parts(&self, parts: &[Frontier], arena: &mut Arena) -> Option<Vec<Frontier>> {
+        let count = self.count;
         let least: u64 = parts.iter().map(|f| f[0].mem * count).sum();
         let repeated: Vec<Frontier> = parts
             .iter()
@@ -1334,56 +1431,56 @@ fn class_total(
                 frontier::repeat(
                     f,
                     count,
-                    resolution,
-                    limit.saturating_sub(others),
+                    self.resolution,
+                    self.limit.saturating_sub(others),
                     f[0].mem,
                     arena,
                 )
             })
             .collect();
-        // A part with no point within the host limit leaves the class nothing.
-        if repeated.iter().any(|f| f.is_empty()) {
-            return Vec::new();
-        }
-        let parts = repeated.iter().map(|f| (f.as_slice(), f[0].mem)).collect();
-        return sum_parts(parts, 0, resolution, limit, arena)
-            .into_iter()
-            .map(|p| Point {
-                node: arena.push(Node::Dealt {
-                    class,
-                    inner: p.node,
-                }),
-                ..p
-            })
-            .collect();
+        (!repeated.iter().any(|f| f.is_empty())).then_some(repeated)
     }
-    // Instances whole: each way's one-instance frontier, pruned together, repeated.
-    let mut all: Vec<Point> = Vec::new();
-    for &(r, kept) in &ways {
-        let remat = if r {
-            recompute.as_ref().map(|x| x.remat)
-        } else {
-            None
-        };
-        let Some(fs) = slot_frontiers(slots, opts, cap, remat, arena) else {
-            continue;
-        };
-        let parts = fs.iter().map(|f| (f.as_slice(), f[0].mem)).collect();
-        let start = if r { kept } else { 0 };
-        for p in sum_parts(parts, start, resolution, u64::MAX, arena) {
-            all.push(Point {
-                node: arena.push(Node::Instance {
-                    class,
-                    recompute: r,
-                    inner: p.node,
-                }),
-                ..p
-            });
+
+    /// Instances whole: each way's one-instance frontier, pruned together, repeated.
+    fn whole(&self, ways: &[(bool, u64)], remat: Option<&[u64]>, arena: &mut Arena) -> Frontier {
+        let mut all: Vec<Point> = Vec::new();
+        for &(r, kept) in ways {
+            let remat = if r { remat } else { None };
+            let Some(fs) = slot_frontiers(self.slots, self.opts, self.cap, remat, arena) else {
+                continue;
+            };
+            let parts = fs.iter().map(|f| (f.as_slice(), f[0].mem)).collect();
+            let start = if r { kept } else { 0 };
+            for p in sum_parts(parts, start, self.resolution, u64::MAX, arena) {
+                all.push(Point {
+                    node: arena.push(Node::Instance {
+                        class: self.class,
+                        recompute: r,
+                        inner: p.node,
+                    }),
+                    ..p
+                });
+            }
         }
+        let one = frontier::prune(all);
+        let floor = one.first().map_or(0, |p| p.mem);
+        frontier::repeat(&one, self.count, self.resolution, self.limit, floor, arena)
     }
-    let one = frontier::prune(all);
-    let floor = one.first().map_or(0, |p| p.mem);
-    frontier::repeat(&one, count, resolution, limit, floor, arena)
+}
+
+/// The ways an instance may run (`(recomputed, memory)`), as one part: the recomputed way
+/// takes the forward again, `total_fwd` seconds.
+fn way_part(ways: &[(bool, u64)], total_fwd: f64, arena: &mut Arena) -> Frontier {
+    let way_points: Vec<Point> = ways
+        .iter()
+        .map(|&(r, mem)| Point {
+            mem,
+            time: if r { total_fwd } else { 0.0 },
+            node: arena.push(Node::Way(r)),
+            host: 0,
+        })
+        .collect();
+    frontier::prune(way_points)
 }
 
 /// Group ops into classes of identical instances.
