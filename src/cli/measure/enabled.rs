@@ -333,19 +333,10 @@ fn gpu_name() -> String {
         .map_or_else(|| "CUDA GPU 0".to_string(), |s| s.name)
 }
 
-/// The shipped one-GPU layout for a GPU of this name (its datasheet peaks).
+/// The shipped one-GPU layout for a GPU of this name (its datasheet peaks): the known-GPU
+/// table's.
 fn shipped_layout_for(gpu: &str) -> Option<std::path::PathBuf> {
-    let stem = if gpu.contains("H200") {
-        "h200-1x"
-    } else if gpu.contains("H100") {
-        "h100-1x"
-    } else if gpu.contains("4090") {
-        "rtx4090-1x"
-    } else if gpu.contains("V100") {
-        "v100-dgx2-1x"
-    } else {
-        return None;
-    };
+    let stem = osdp_core::cluster::known::lookup(gpu)?.single_gpu_layout?;
     crate::cli::layout_arg(stem).ok()
 }
 

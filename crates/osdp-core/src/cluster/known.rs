@@ -19,6 +19,9 @@ pub struct KnownGpu {
     pub source: &'static str,
     /// What training kernels reach of those peaks on this generation.
     pub efficiency: &'static Generation,
+    /// The shipped one-GPU layout of this GPU (`layouts/NAME.json`), which `calibrate --device
+    /// cuda` completes with what it measures; `None`: none ships.
+    pub single_gpu_layout: Option<&'static str>,
 }
 
 /// A fraction with where it came from.
@@ -144,6 +147,7 @@ pub const KNOWN_GPUS: &[KnownGpu] = &[
         memory_gb_per_s: 4800.0,
         link_gb_per_s: 370.0,
         link: LinkKind::Nvlink,
+        single_gpu_layout: Some("h200-1x"),
         efficiency: &HOPPER,
         source: "NVIDIA H200 datasheet",
     },
@@ -155,6 +159,7 @@ pub const KNOWN_GPUS: &[KnownGpu] = &[
         memory_gb_per_s: 2000.0,
         link_gb_per_s: 25.0,
         link: LinkKind::Pcie,
+        single_gpu_layout: None,
         efficiency: &HOPPER,
         source: "NVIDIA H100 PCIe datasheet",
     },
@@ -166,6 +171,7 @@ pub const KNOWN_GPUS: &[KnownGpu] = &[
         memory_gb_per_s: 3350.0,
         link_gb_per_s: 370.0,
         link: LinkKind::Nvlink,
+        single_gpu_layout: Some("h100-1x"),
         efficiency: &HOPPER,
         source: "NVIDIA H100 SXM datasheet",
     },
@@ -177,6 +183,7 @@ pub const KNOWN_GPUS: &[KnownGpu] = &[
         memory_gb_per_s: 1935.0,
         link_gb_per_s: 12.0,
         link: LinkKind::Pcie,
+        single_gpu_layout: None,
         efficiency: &AMPERE,
         source: "NVIDIA A100 PCIe datasheet",
     },
@@ -188,6 +195,7 @@ pub const KNOWN_GPUS: &[KnownGpu] = &[
         memory_gb_per_s: 2039.0,
         link_gb_per_s: 200.0,
         link: LinkKind::Nvlink,
+        single_gpu_layout: None,
         efficiency: &AMPERE,
         source: "NVIDIA A100 SXM datasheet",
     },
@@ -199,6 +207,7 @@ pub const KNOWN_GPUS: &[KnownGpu] = &[
         memory_gb_per_s: 864.0,
         link_gb_per_s: 12.0,
         link: LinkKind::Pcie,
+        single_gpu_layout: None,
         efficiency: &OTHER,
         source: "NVIDIA L40S datasheet",
     },
@@ -210,6 +219,7 @@ pub const KNOWN_GPUS: &[KnownGpu] = &[
         memory_gb_per_s: 1008.0,
         link_gb_per_s: 12.0,
         link: LinkKind::Pcie,
+        single_gpu_layout: Some("rtx4090-1x"),
         efficiency: &OTHER,
         source: "NVIDIA Ada Lovelace architecture whitepaper",
     },
@@ -221,6 +231,7 @@ pub const KNOWN_GPUS: &[KnownGpu] = &[
         memory_gb_per_s: 600.0,
         link_gb_per_s: 12.0,
         link: LinkKind::Pcie,
+        single_gpu_layout: None,
         efficiency: &AMPERE,
         source: "NVIDIA A10 datasheet",
     },
@@ -232,6 +243,7 @@ pub const KNOWN_GPUS: &[KnownGpu] = &[
         memory_gb_per_s: 900.0,
         link_gb_per_s: 130.0,
         link: LinkKind::Nvlink,
+        single_gpu_layout: Some("v100-dgx2-1x"),
         efficiency: &OTHER,
         source: "NVIDIA V100 SXM2 datasheet",
     },
@@ -243,6 +255,7 @@ pub const KNOWN_GPUS: &[KnownGpu] = &[
         memory_gb_per_s: 672.0,
         link_gb_per_s: 10.0,
         link: LinkKind::Pcie,
+        single_gpu_layout: None,
         efficiency: &OTHER,
         source: "NVIDIA TITAN RTX specifications",
     },
@@ -320,6 +333,31 @@ pub fn local_layout(name: &str, count: u32, memory_bytes: u64) -> Layout {
 mod tests {
     use super::*;
     use crate::cluster::validate_layout;
+
+    #[test]
+    fn each_shipped_one_gpu_layout_is_of_its_gpu() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../layouts");
+        let mut shipped = 0;
+        for g in KNOWN_GPUS {
+            let Some(stem) = g.single_gpu_layout else {
+                continue;
+            };
+            let layout = crate::cluster::read_layout(&dir.join(format!("{stem}.json")))
+                .unwrap_or_else(|e| panic!("{stem}: {e}"));
+            assert_eq!(layout.world_size(), 1, "{stem} has one GPU");
+            assert_eq!(
+                lookup(&layout.device.model).map(|k| k.pattern),
+                Some(g.pattern),
+                "{stem}'s GPU is the {} row's",
+                g.pattern
+            );
+            shipped += 1;
+        }
+        assert!(
+            shipped >= 4,
+            "the H200, H100, RTX 4090 and V100 ship layouts"
+        );
+    }
 
     #[test]
     fn nvml_names_map_to_datasheet_rates() {
