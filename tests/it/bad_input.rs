@@ -972,3 +972,56 @@ fn layout_figures_and_sources_never_run_together() {
         "the figure runs into its source:\n{text}"
     );
 }
+
+/// Issue 32: a model, layout or plan file followed by a second object or any text was
+/// accepted, the first object winning. Each is refused at the place the trailing text starts.
+#[test]
+fn a_file_with_text_after_its_object_is_refused_where_the_text_starts() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = crate::root();
+    let model_text = std::fs::read_to_string(root.join("sample-models/tiny-gpt2.json")).unwrap();
+    let layout_text = std::fs::read_to_string(root.join("layouts/cpu.json")).unwrap();
+    let model = tmp.path().join("model.json");
+    std::fs::write(
+        &model,
+        format!("{}\n{{\"version\": 1}}\n", model_text.trim_end()),
+    )
+    .unwrap();
+    let lines = model_text.trim_end().lines().count() + 1;
+    crate::refused(
+        crate::osdp_bounded().arg("inspect").arg(&model),
+        2,
+        &[&format!("model.json:{lines}:1"), "trailing text"],
+    );
+    let layout = tmp.path().join("layout.json");
+    std::fs::write(&layout, format!("{}garbage", layout_text.trim_end())).unwrap();
+    crate::refused(
+        crate::osdp_bounded()
+            .arg("plan")
+            .arg(root.join("sample-models/tiny-gpt2.json"))
+            .arg("--layout")
+            .arg(&layout),
+        2,
+        &["layout.json:", "trailing text"],
+    );
+    // A plan the planner wrote, then the same plan again after it.
+    let plan = tmp.path().join("plan.json");
+    crate::stdout_ok(
+        crate::osdp()
+            .arg("plan")
+            .arg(root.join("sample-models/tiny-gpt2.json"))
+            .args(["--layout", "cpu", "--budget", "1GiB", "-o"])
+            .arg(&plan),
+    );
+    let text = std::fs::read_to_string(&plan).unwrap();
+    std::fs::write(&plan, format!("{text}{text}")).unwrap();
+    crate::refused(
+        crate::osdp_bounded()
+            .arg("evaluate")
+            .arg(root.join("sample-models/tiny-gpt2.json"))
+            .args(["--layout", "cpu", "--plan"])
+            .arg(&plan),
+        2,
+        &["plan.json:", "trailing text"],
+    );
+}

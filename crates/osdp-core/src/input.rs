@@ -218,7 +218,18 @@ pub fn parse_strict<T: serde::de::DeserializeOwned>(
         }
     }
     let de = &mut serde_json::Deserializer::from_str(text);
-    serde_path_to_error::deserialize(de).map_err(|e| InputError::from_serde(path.to_path_buf(), e))
+    let value = serde_path_to_error::deserialize(&mut *de)
+        .map_err(|e| InputError::from_serde(path.to_path_buf(), e))?;
+    // A second object or any text after the first would otherwise pass unread, the first
+    // winning: one file, one object.
+    de.end().map_err(|e| InputError::Syntax {
+        path: path.to_path_buf(),
+        line: e.line(),
+        column: e.column(),
+        field: "(after the top-level object)".into(),
+        message: "trailing text: a file holds one JSON object".into(),
+    })?;
+    Ok(value)
 }
 
 /// Write pretty JSON atomically: temp file beside the target, fsync, rename. An interrupted
