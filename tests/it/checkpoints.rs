@@ -312,3 +312,75 @@ fn issue_21_twenty_kills_while_checkpointing_lose_nothing_and_resume_exactly() {
         );
     }
 }
+
+/// Issue 32: a manifest forged and re-checksummed — an absurd or negative shape, a parameter the
+/// model lacks, a step or global batch no run writes — panicked or allocated terabytes. Each is
+/// refused with one line naming the field, before any state is allocated, and nothing saved is
+/// touched.
+#[test]
+fn a_forged_but_checksummed_manifest_is_refused_by_the_field_it_forges() {
+    let m = tiny("tiny-gpt2");
+    let dir = tempfile::tempdir().unwrap();
+    let plan = write_plan(dir.path(), &m, &dp_plan(&m), "plan.json");
+    let ckpt = dir.path().join("ckpt");
+    succeeds(&mut train(&plan, &ckpt, &["--steps", "1"]));
+    let manifest = ckpt.join("step-00000001/manifest.json");
+    let parsed: Manifest =
+        serde_json::from_str(&std::fs::read_to_string(&manifest).unwrap()).unwrap();
+    let (first, shape) = parsed.params.iter().next().unwrap();
+    let (first, shape) = (first.clone(), shape.clone());
+    let forge = |edit: &dyn Fn(&mut Manifest)| {
+        let mut forged = parsed.clone();
+        edit(&mut forged);
+        forged.manifest_crc32 = Some(forged.checksum());
+        std::fs::write(&manifest, serde_json::to_string_pretty(&forged).unwrap()).unwrap();
+    };
+    let resume = || train(&plan, &ckpt, &["--steps", "1", "--resume"]);
+    type Edit<'a> = Box<dyn Fn(&mut Manifest) + 'a>;
+    let cases: Vec<(Edit, String)> = vec![
+        (
+            Box::new(|f: &mut Manifest| {
+                f.params.insert(first.clone(), vec![1 << 20, 1 << 20]);
+            }),
+            format!("says parameter {first:?} has shape [1048576, 1048576]"),
+        ),
+        (
+            Box::new(|f: &mut Manifest| {
+                f.params.insert(first.clone(), vec![-4, 8]);
+            }),
+            format!("says parameter {first:?} has shape [-4, 8]"),
+        ),
+        (
+            Box::new(|f: &mut Manifest| {
+                let mut wider = shape.clone();
+                wider[0] += 1;
+                f.params.insert(first.clone(), wider);
+            }),
+            format!("says parameter {first:?} has shape"),
+        ),
+        (
+            Box::new(|f: &mut Manifest| {
+                f.params.insert("h9.extra.weight".into(), vec![2, 2]);
+            }),
+            "lists parameter \"h9.extra.weight\", which the model does not have".into(),
+        ),
+        (
+            Box::new(|f: &mut Manifest| f.step = u64::MAX),
+            "says step 18446744073709551615".into(),
+        ),
+        (
+            Box::new(|f: &mut Manifest| f.global_batch = 1 << 40),
+            "says global batch 1099511627776".into(),
+        ),
+    ];
+    for (edit, needle) in &cases {
+        forge(edit.as_ref());
+        let before = snapshot(&ckpt);
+        refused(
+            &mut checked(resume()),
+            2,
+            &["step-00000001/manifest.json", needle.as_str()],
+        );
+        assert_eq!(snapshot(&ckpt), before, "nothing saved is touched");
+    }
+}

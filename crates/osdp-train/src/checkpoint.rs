@@ -14,6 +14,8 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use tch::Tensor;
 
+use osdp_core::model::ModelSpec;
+
 use super::exec::FullState;
 
 /// Version 2 added the manifest's own checksum; version 1 manifests (without) still load.
@@ -24,6 +26,10 @@ const READABLE_VERSIONS: [u32; 2] = [1, 2];
 const LATEST_FORMAT_VERSION: u32 = 1;
 /// Most ranks a checkpoint may list: as many as a run may have.
 const MAX_RANKS: usize = 1 << 16;
+/// The last step a manifest may say: far past any run (a million steps a day for 700 years).
+pub const MAX_STEP: u64 = 1 << 48;
+/// The most elements one parameter may have (a 2^36-element tensor is 256 GiB in fp32).
+const MAX_PARAM_ELEMENTS: i64 = 1 << 36;
 const MANIFEST: &str = "manifest.json";
 const LATEST: &str = "latest.json";
 /// Complete checkpoints kept in a directory; older ones are removed after a new one lands.
@@ -148,6 +154,68 @@ impl Manifest {
             ..self.clone()
         };
         crc32fast::hash(&serde_json::to_vec(&bare).unwrap_or_default())
+    }
+
+    /// Why a field is out of what any run writes, if one is: a checksum proves the bytes are
+    /// the manifest's, not that the manifest is sane (a forged one can be re-checksummed).
+    fn check_fields(&self) -> Result<(), String> {
+        if self.step > MAX_STEP {
+            return Err(format!("says step {} (at most {MAX_STEP})", self.step));
+        }
+        let per_rank = self.global_batch.div_ceil(self.world_size.max(1) as u64);
+        if self.global_batch == 0 || per_rank > osdp_core::plan::MAX_BATCH {
+            return Err(format!(
+                "says global batch {} over {} rank(s) (1 to {} samples per rank)",
+                self.global_batch,
+                self.world_size,
+                osdp_core::plan::MAX_BATCH
+            ));
+        }
+        for (name, shape) in &self.params {
+            let numel = shape
+                .iter()
+                .try_fold(1i64, |n, &d| (d >= 1).then(|| n.checked_mul(d)).flatten());
+            if shape.is_empty() || numel.is_none_or(|n| n > MAX_PARAM_ELEMENTS) {
+                return Err(format!(
+                    "says parameter {:?} has shape {shape:?} (dimensions of at least 1, at most \
+                     {MAX_PARAM_ELEMENTS} elements)",
+                    osdp_core::text::printable(name)
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Why this manifest is not of `model`, if it is not: another model (fingerprint), or
+    /// parameters other than the model's (names and shapes). Checked before any state is
+    /// allocated.
+    pub fn check_model(&self, model: &ModelSpec) -> Result<(), String> {
+        if self.model_fingerprint != osdp_core::plan::fingerprint(model) {
+            return Err(format!(
+                "is of model {:?}, not {:?} (the operator graphs differ)",
+                osdp_core::text::printable(&self.model),
+                osdp_core::text::printable(&model.name)
+            ));
+        }
+        let expected = params_of(model);
+        for (name, shape) in &expected {
+            match self.params.get(name) {
+                Some(s) if s == shape => {}
+                Some(s) => {
+                    return Err(format!(
+                        "says parameter {name:?} has shape {s:?}; the model's is {shape:?}"
+                    ))
+                }
+                None => return Err(format!("lists no parameter {name:?}")),
+            }
+        }
+        match self.params.keys().find(|k| !expected.contains_key(*k)) {
+            Some(extra) => Err(format!(
+                "lists parameter {:?}, which the model does not have",
+                osdp_core::text::printable(extra)
+            )),
+            None => Ok(()),
+        }
     }
 
     /// Why the file list is not exactly one file per rank of `world_size`, if it is not: a
@@ -386,6 +454,7 @@ pub fn verify(dir: &Path) -> Result<Manifest, CheckpointError> {
         }
     }
     m.check_files().map_err(|problem| err(&mpath, problem))?;
+    m.check_fields().map_err(|problem| err(&mpath, problem))?;
     for f in &m.files {
         if f.name.contains('/') || f.name.contains("..") {
             return Err(err(
@@ -411,6 +480,26 @@ pub fn verify(dir: &Path) -> Result<Manifest, CheckpointError> {
     Ok(m)
 }
 
+/// Every parameter a checkpoint of `model` holds, by key, with its full shape: the model's
+/// parameters but those tied to another (saved once, as their owner).
+pub fn params_of(model: &ModelSpec) -> BTreeMap<String, Vec<i64>> {
+    model
+        .ops
+        .iter()
+        .flat_map(|op| {
+            op.params
+                .iter()
+                .filter(|p| p.tied_to.is_none())
+                .map(move |p| {
+                    (
+                        osdp_core::model::param_key(&op.id, &p.name),
+                        p.shape.clone(),
+                    )
+                })
+        })
+        .collect()
+}
+
 /// The manifest at `path`, in any format version this build reads.
 fn read_manifest(path: &Path) -> Result<Manifest, CheckpointError> {
     let text = osdp_core::input::read_text(path, osdp_core::input::MAX_INPUT_BYTES)
@@ -432,6 +521,27 @@ fn read_manifest(path: &Path) -> Result<Manifest, CheckpointError> {
 /// Verify and load a checkpoint: every parameter's full value and AdamW moments.
 pub fn load(dir: &Path) -> Result<(Manifest, HashMap<String, FullState>), CheckpointError> {
     let m = verify(dir)?;
+    read_state(dir, m)
+}
+
+/// [`load`] for a run of `model`: the manifest is checked against the model (fingerprint,
+/// every parameter's name and shape) before any state is allocated.
+pub fn load_for(
+    dir: &Path,
+    model: &ModelSpec,
+) -> Result<(Manifest, HashMap<String, FullState>), CheckpointError> {
+    let m = verify(dir)?;
+    m.check_model(model)
+        .map_err(|problem| err(&dir.join(MANIFEST), problem))?;
+    read_state(dir, m)
+}
+
+/// The state a verified manifest's files hold, each region placed once: a region outside its
+/// tensor, or two that overlap, is refused (counts alone would let an overlap hide a gap).
+fn read_state(
+    dir: &Path,
+    m: Manifest,
+) -> Result<(Manifest, HashMap<String, FullState>), CheckpointError> {
     let mut full: HashMap<String, [Tensor; 3]> = m
         .params
         .iter()
@@ -441,6 +551,7 @@ pub fn load(dir: &Path) -> Result<(Manifest, HashMap<String, FullState>), Checkp
         })
         .collect();
     let mut covered: HashMap<(String, Saved), i64> = HashMap::new();
+    let mut placed: HashMap<(String, Saved), Vec<Placement>> = HashMap::new();
     for f in &m.files {
         let path = dir.join(&f.name);
         let tensors = Tensor::read_safetensors(&path).map_err(|e| err(&path, e.to_string()))?;
@@ -463,7 +574,7 @@ pub fn load(dir: &Path) -> Result<(Manifest, HashMap<String, FullState>), Checkp
                 None => dest.shallow_clone(),
                 Some((s, l)) => {
                     let width = *dest.size().get(1).unwrap_or(&0);
-                    if dest.dim() != 2 || s + l > width {
+                    if dest.dim() != 2 || s.checked_add(l).is_none_or(|end| end > width) {
                         return Err(bad());
                     }
                     dest.narrow(1, s, l)
@@ -471,9 +582,13 @@ pub fn load(dir: &Path) -> Result<(Manifest, HashMap<String, FullState>), Checkp
             };
             let (start, len) = region.flat;
             let numel = block.numel() as i64;
-            if start + len > numel || t.numel() as i64 != len {
+            if start.checked_add(len).is_none_or(|end| end > numel) || t.numel() as i64 != len {
                 return Err(bad());
             }
+            placed
+                .entry((region.param.clone(), region.saved))
+                .or_default()
+                .push((region.cols, region.flat));
             let flat_block = block.contiguous().reshape([-1]);
             flat_block
                 .narrow(0, start, len)
@@ -481,6 +596,14 @@ pub fn load(dir: &Path) -> Result<(Manifest, HashMap<String, FullState>), Checkp
             let mut block = block;
             block.copy_(&flat_block.reshape(block.size().as_slice()));
             *covered.entry((region.param, region.saved)).or_default() += len;
+        }
+    }
+    for ((k, saved), regions) in &mut placed {
+        if let Some(why) = overlap(regions) {
+            return Err(err(
+                dir,
+                format!("places {why} of {k} ({}) twice", saved.as_str()),
+            ));
         }
     }
     for (k, shape) in &m.params {
@@ -514,9 +637,59 @@ pub fn load(dir: &Path) -> Result<(Manifest, HashMap<String, FullState>), Checkp
     Ok((m, host))
 }
 
+/// Where a region sits: its column slice (`None`: the whole tensor) and its flat range in it.
+type Placement = (Option<(i64, i64)>, (i64, i64));
+
+/// The first overlap of `regions` (sorted here), in words: regions of one column slice must not
+/// share elements, column slices must not share columns, and a whole-tensor region shares
+/// with every other.
+fn overlap(regions: &mut [Placement]) -> Option<String> {
+    regions.sort();
+    for pair in regions.windows(2) {
+        let [(ca, (fa, la)), (cb, (fb, _))] = pair else {
+            continue;
+        };
+        let clash = match (ca, cb) {
+            (None, None) => fa + la > *fb,
+            (Some(a), Some(b)) if a == b => fa + la > *fb,
+            (Some((sa, wa)), Some((sb, _))) => sa + wa > *sb,
+            // A whole-tensor region beside a column slice.
+            _ => true,
+        };
+        if clash {
+            return Some(match ca {
+                Some((s, w)) => format!("columns {s}..{} (elements from {fb})", s + w),
+                None => format!("elements {fb}..{}", fa + la),
+            });
+        }
+    }
+    None
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn regions_that_share_elements_or_columns_are_an_overlap() {
+        let whole = |a, n| (None, (a, n));
+        let cols = |s, w, a, n| (Some((s, w)), (a, n));
+        assert_eq!(overlap(&mut [whole(0, 4), whole(4, 4)]), None, "adjacent");
+        assert!(
+            overlap(&mut [whole(4, 4), whole(0, 5)]).is_some(),
+            "shared element 4"
+        );
+        assert_eq!(
+            overlap(&mut [cols(0, 2, 0, 6), cols(2, 2, 0, 6), cols(0, 2, 6, 2)]),
+            None,
+            "two slices, one in two pieces"
+        );
+        assert!(
+            overlap(&mut [cols(0, 3, 0, 6), cols(2, 2, 0, 4)]).is_some(),
+            "column 2"
+        );
+        assert!(overlap(&mut [whole(0, 8), cols(0, 2, 0, 4)]).is_some());
+    }
 
     #[test]
     fn a_region_key_reads_back_as_written() {

@@ -280,16 +280,7 @@ fn restore(cfg: &TrainConfig) -> Result<Option<Restored>, TrainError> {
     let Some(dir) = &cfg.resume_from else {
         return Ok(None);
     };
-    let (manifest, params) = checkpoint::load(dir)?;
-    let fp = osdp_core::plan::fingerprint(&cfg.model);
-    if manifest.model_fingerprint != fp {
-        return Err(TrainError::Invalid(format!(
-            "checkpoint {} is of model {:?}, not {:?} (the operator graphs differ)",
-            dir.display(),
-            manifest.model,
-            cfg.model.name
-        )));
-    }
+    let (manifest, params) = checkpoint::load_for(dir, &cfg.model)?;
     Ok(Some((manifest, params)))
 }
 
@@ -699,22 +690,7 @@ fn save(
             data: cfg.source.label().to_string(),
             world_size: exec.world(),
             files: Vec::new(),
-            params: cfg
-                .model
-                .ops
-                .iter()
-                .flat_map(|op| {
-                    op.params
-                        .iter()
-                        .filter(|p| p.tied_to.is_none())
-                        .map(move |p| {
-                            (
-                                osdp_core::model::param_key(&op.id, &p.name),
-                                p.shape.clone(),
-                            )
-                        })
-                })
-                .collect(),
+            params: checkpoint::params_of(&cfg.model),
             manifest_crc32: None,
         };
         let path = checkpoint::commit(root, &tmp, manifest)?;

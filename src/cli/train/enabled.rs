@@ -126,7 +126,17 @@ fn setup(args: &TrainArgs) -> Result<Setup, Failure> {
     // A resumed run continues the same run: the global batch, seed and data the checkpoint
     // was written with, unless the user says otherwise (then say so).
     let resumed = match &resume_from {
-        Some(dir) => Some(osdp_train::checkpoint::verify(dir).map_err(Failure::input)?),
+        Some(dir) => {
+            let m = osdp_train::checkpoint::verify(dir).map_err(Failure::input)?;
+            // Of this model, before anything is allocated for its state.
+            m.check_model(&model).map_err(|problem| {
+                Failure::input(format!(
+                    "checkpoint {}: {problem}",
+                    dir.join("manifest.json").display()
+                ))
+            })?;
+            Some(m)
+        }
         None => None,
     };
     let settled = Settled::of(
