@@ -550,7 +550,7 @@ fn read_state(
             (k.clone(), [z(), z(), z()])
         })
         .collect();
-    let mut covered: HashMap<(String, Saved), i64> = HashMap::new();
+    // Every region placed, by tensor: checked for overlaps, then summed for coverage.
     let mut placed: HashMap<(String, Saved), Vec<Placement>> = HashMap::new();
     for f in &m.files {
         let path = dir.join(&f.name);
@@ -595,7 +595,6 @@ fn read_state(
                 .copy_(&t.reshape([-1]).to_kind(tch::Kind::Float));
             let mut block = block;
             block.copy_(&flat_block.reshape(block.size().as_slice()));
-            *covered.entry((region.param, region.saved)).or_default() += len;
         }
     }
     for ((k, saved), regions) in &mut placed {
@@ -609,7 +608,9 @@ fn read_state(
     for (k, shape) in &m.params {
         let numel: i64 = shape.iter().product();
         for saved in Saved::ALL {
-            let got = covered.get(&(k.clone(), saved)).copied().unwrap_or(0);
+            let got: i64 = placed
+                .get(&(k.clone(), saved))
+                .map_or(0, |r| r.iter().map(|&(_, (_, len))| len).sum());
             if got != numel {
                 return Err(err(
                     dir,

@@ -42,8 +42,6 @@ pub struct StrategyInfo {
     pub name: &'static str,
     /// Other names [`Strategy::parse`] takes.
     pub aliases: &'static [&'static str],
-    /// What it is, in a few words (help, the legend).
-    pub about: &'static str,
     /// How a whole (unsplit) parameter tensor is held under it.
     pub holding: Holding,
     /// Whether it is for ops that own parameters (all but `none`).
@@ -94,7 +92,6 @@ impl Strategy {
             strategy: Strategy::None,
             name: "none",
             aliases: &[],
-            about: "no parameters to shard",
             holding: Holding::Replicated,
             owns_params: false,
             needs: Needs::Nothing,
@@ -106,7 +103,6 @@ impl Strategy {
             strategy: Strategy::Dp,
             name: "dp",
             aliases: &["ddp"],
-            about: "replicated, gradients all-reduced (DDP)",
             holding: Holding::Replicated,
             owns_params: true,
             needs: Needs::Nothing,
@@ -118,7 +114,6 @@ impl Strategy {
             strategy: Strategy::Zero1,
             name: "zero1",
             aliases: &[],
-            about: "optimizer states sharded",
             holding: Holding::Zero1,
             owns_params: true,
             needs: Needs::Nothing,
@@ -130,7 +125,6 @@ impl Strategy {
             strategy: Strategy::Zero2,
             name: "zero2",
             aliases: &[],
-            about: "optimizer states and gradients sharded",
             holding: Holding::Zero2,
             owns_params: true,
             needs: Needs::Nothing,
@@ -142,7 +136,6 @@ impl Strategy {
             strategy: Strategy::Zero3,
             name: "zero3",
             aliases: &["fsdp"],
-            about: "everything sharded, parameters gathered for use (FSDP)",
             holding: Holding::Zero3,
             owns_params: true,
             needs: Needs::Nothing,
@@ -154,7 +147,6 @@ impl Strategy {
             strategy: Strategy::Hsdp,
             name: "hsdp",
             aliases: &[],
-            about: "sharded inside a node, replicated across nodes",
             holding: Holding::Hybrid,
             owns_params: true,
             needs: Needs::SeveralNodes,
