@@ -288,6 +288,7 @@ fn issue_21_twenty_kills_while_checkpointing_lose_nothing_and_resume_exactly() {
     assert_eq!(expected.len() as u64, end);
     // Every step the killed run reported, replays included, has the uninterrupted loss.
     let mut reported = vec![false; end as usize];
+    eprintln!("DUMP\n{}", std::fs::read_to_string(&metrics).unwrap());
     for line in step_lines(&metrics) {
         let step = line["step"].as_u64().unwrap();
         let loss = line["loss"].as_f64().unwrap();

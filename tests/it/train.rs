@@ -830,7 +830,8 @@ pub(crate) fn rank_process(
         .env("LOCAL_WORLD_SIZE", world.to_string())
         .env("MASTER_ADDR", "127.0.0.1")
         .env("MASTER_PORT", port.to_string())
-        .env("OSDP_JOIN_TIMEOUT_S", "30");
+        .env("OSDP_JOIN_TIMEOUT_S", "30")
+        .env("OSDP_RUN_TOKEN", "test-run-token");
     cmd
 }
 

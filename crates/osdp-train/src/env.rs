@@ -29,8 +29,11 @@ pub(crate) const TORCHELASTIC_RUN_ID: &str = "TORCHELASTIC_RUN_ID";
 pub(crate) const OSDP_PORT: &str = "OSDP_PORT";
 /// Seconds every rank waits for the others to join; default 120, at most a day.
 pub(crate) const OSDP_JOIN_TIMEOUT_S: &str = "OSDP_JOIN_TIMEOUT_S";
-/// The secret every rank of a run presents when it joins; unset, any process that reaches the
-/// port may join. The name is the core's, which the app sets for the workers it starts.
+/// Seconds any collective waits for a peer that sends nothing, not even the heartbeat every
+/// live rank sends; default 300, at most a day.
+pub(crate) const OSDP_COLLECTIVE_TIMEOUT_S: &str = "OSDP_COLLECTIVE_TIMEOUT_S";
+/// The secret every rank of a run holds, the key of the join's seals; required for ranks as
+/// processes. The name is the core's, which the app sets for the workers it starts.
 pub(crate) const OSDP_RUN_TOKEN: &str = osdp_core::protocol::RUN_TOKEN_VAR;
 
 /// The value of launcher variable `name` (one of the above); `None` when it is not set or not

@@ -9,13 +9,22 @@ mod join;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 use tch::{Kind, Tensor};
 
-use std::sync::Arc;
-
 use super::collective::{check_node_size, sum_in_rank_order, Aborted, Collective, NodeGroups};
 pub use join::{Membership, RunToken, Terms};
+
+/// A frame's first byte past the tensor tags (0 fp32, 1 f64, 2 i64): a live process's
+/// heartbeat, and rank 0's word that the run is over, with why.
+const HEARTBEAT: u8 = 0xFF;
+const STOPPING: u8 = 0xFE;
+/// Longest reason a stopping frame carries.
+const MAX_STOPPING_BYTES: usize = 4096;
 
 /// One process's handle on the group.
 pub struct TcpGroup {
@@ -30,29 +39,139 @@ pub struct TcpGroup {
 struct Links {
     rank: usize,
     world: usize,
-    /// Rank 0: streams to ranks 1.. in order. Others: one stream to rank 0.
-    peers: Arc<Vec<TcpStream>>,
+    /// Rank 0: ranks 1.. in order. Others: rank 0.
+    peers: Arc<Vec<Peer>>,
+    /// How long a read or write waits on a peer that sends (or takes) nothing.
+    timeout: Duration,
+    /// Beats while any handle on these links lives.
+    _heartbeat: Arc<Heartbeat>,
 }
 
-fn io_abort(e: std::io::Error) -> Aborted {
-    Aborted(format!("connection to another rank lost: {e}"))
+/// A connection to another rank's process.
+struct Peer {
+    rank: usize,
+    stream: TcpStream,
+    /// Held while a whole frame is written, so a heartbeat never lands inside a tensor.
+    sending: Mutex<()>,
+}
+
+impl Peer {
+    /// Why a read or write to this peer failed, as the run's last word.
+    fn lost(&self, e: &std::io::Error, timeout: Duration) -> Aborted {
+        let r = self.rank;
+        Aborted(match e.kind() {
+            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => format!(
+                "rank {r} sent nothing for {} s, not even its heartbeat: it is stopped, hung or \
+                 unreachable (OSDP_COLLECTIVE_TIMEOUT_S sets how long to wait)",
+                timeout.as_secs_f64()
+            ),
+            std::io::ErrorKind::UnexpectedEof => {
+                format!("rank {r}'s process closed its connection: it ended or was killed")
+            }
+            _ => format!("connection to rank {r} lost: {e}"),
+        })
+    }
+
+    /// Send one whole frame.
+    fn send(&self, parts: &[&[u8]], timeout: Duration) -> Result<(), Aborted> {
+        let _frame = self.sending.lock().unwrap_or_else(|p| p.into_inner());
+        for part in parts {
+            (&self.stream)
+                .write_all(part)
+                .map_err(|e| self.lost(&e, timeout))?;
+        }
+        Ok(())
+    }
+
+    fn read_exact(&self, buf: &mut [u8], timeout: Duration) -> Result<(), Aborted> {
+        (&self.stream)
+            .read_exact(buf)
+            .map_err(|e| self.lost(&e, timeout))
+    }
+}
+
+/// The thread that tells every peer this process lives, so a long step is not taken for a
+/// dead rank; stopped when the links go.
+struct Heartbeat {
+    stop: Arc<AtomicBool>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Heartbeat {
+    /// Beat on every peer every `every` (skipping a peer while a frame is being sent to it:
+    /// the frame's own bytes show this process lives).
+    fn start(peers: Arc<Vec<Peer>>, every: Duration) -> Heartbeat {
+        let stop = Arc::new(AtomicBool::new(false));
+        let stopped = Arc::clone(&stop);
+        let thread = std::thread::spawn(move || loop {
+            let next = Instant::now() + every;
+            while Instant::now() < next {
+                if stopped.load(Ordering::Relaxed) {
+                    return;
+                }
+                std::thread::sleep(every.min(Duration::from_millis(20)));
+            }
+            for p in peers.iter() {
+                if let Ok(_frame) = p.sending.try_lock() {
+                    let _ = (&p.stream).write_all(&[HEARTBEAT]);
+                }
+            }
+        });
+        Heartbeat {
+            stop,
+            thread: Mutex::new(Some(thread)),
+        }
+    }
+
+    fn stop(&self) {
+        self.stop.store(true, Ordering::Relaxed);
+        let thread = self.thread.lock().map(|mut t| t.take()).unwrap_or(None);
+        if let Some(t) = thread {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for Heartbeat {
+    fn drop(&mut self) {
+        self.stop();
+    }
 }
 
 impl TcpGroup {
     /// Join the group under `terms`: rank 0 waits for every other rank, the others connect to
     /// rank 0; either gives up after the join timeout with a message naming who is missing, and
-    /// a rank whose terms differ from rank 0's ends the join on every rank.
+    /// a rank whose terms differ from rank 0's ends the join on every rank. Past the join every
+    /// read and write waits at most the collective timeout for a peer that sends nothing, while
+    /// a heartbeat shows every live process's peers that it lives.
     pub fn join(m: &Membership, terms: &Terms) -> Result<TcpGroup, String> {
-        let peers = if m.rank == 0 {
+        let streams = if m.rank == 0 {
             join::gather(m, terms)?
         } else {
             vec![join::enter(m, terms)?]
         };
+        let timeout = m.collective_timeout;
+        let mut peers = Vec::with_capacity(streams.len());
+        for (i, stream) in streams.into_iter().enumerate() {
+            stream
+                .set_read_timeout(Some(timeout))
+                .and_then(|()| stream.set_write_timeout(Some(timeout)))
+                .map_err(|e| e.to_string())?;
+            peers.push(Peer {
+                rank: if m.rank == 0 { i + 1 } else { 0 },
+                stream,
+                sending: Mutex::new(()),
+            });
+        }
+        let peers = Arc::new(peers);
+        let every = (timeout / 4).clamp(Duration::from_millis(10), Duration::from_secs(5));
         Ok(TcpGroup {
             links: Links {
                 rank: m.rank,
                 world: m.world,
-                peers: Arc::new(peers),
+                _heartbeat: Arc::new(Heartbeat::start(Arc::clone(&peers), every)),
+                peers,
+                timeout,
             },
             nodes: None,
         })
@@ -84,30 +203,44 @@ impl TcpGroup {
     }
 
     /// The connections to the other processes (rank 0: one per other rank; the others: one
-    /// to rank 0), for a backend that bootstraps over this group and then watches them.
+    /// to rank 0), heartbeat stopped and without deadlines, for a backend that bootstraps over
+    /// this group and then watches them.
     pub fn into_streams(self) -> Vec<TcpStream> {
         drop(self.nodes);
-        Arc::try_unwrap(self.links.peers)
-            .unwrap_or_else(|shared| shared.iter().filter_map(|s| s.try_clone().ok()).collect())
+        self.links._heartbeat.stop();
+        let streams: Vec<TcpStream> = self
+            .links
+            .peers
+            .iter()
+            .filter_map(|p| p.stream.try_clone().ok())
+            .collect();
+        for s in &streams {
+            let _ = s
+                .set_read_timeout(None)
+                .and_then(|()| s.set_write_timeout(None));
+        }
+        streams
     }
 }
 
 impl Links {
     /// Rank 0: every rank's tensor, in rank order (its own first). Others: send theirs.
     fn gather_to_root(&self, t: &Tensor) -> Result<Option<Vec<Tensor>>, Aborted> {
-        if self.rank == 0 {
-            // Every rank sends a tensor of the same size as ours: anything else is refused
-            // before a byte of it is allocated.
-            let expected = Wire::of(t.kind(), t.numel());
-            let mut all = vec![t.reshape([-1])];
-            for s in self.peers.iter() {
-                all.push(recv_tensor(s, expected)?);
+        self.telling_all(|| {
+            if self.rank == 0 {
+                // Every rank sends a tensor of the same size as ours: anything else is refused
+                // before a byte of it is allocated.
+                let expected = Wire::of(t.kind(), t.numel());
+                let mut all = vec![t.reshape([-1])];
+                for p in self.peers.iter() {
+                    all.push(recv_tensor(p, expected, self.timeout)?);
+                }
+                Ok(Some(all))
+            } else {
+                send_tensor(&self.peers[0], t, self.timeout)?;
+                Ok(None)
             }
-            Ok(Some(all))
-        } else {
-            send_tensor(&self.peers[0], t)?;
-            Ok(None)
-        }
+        })
     }
 
     /// Rank 0 sends `out(r)` to each rank r and keeps `out(0)`; others receive theirs, of
@@ -117,19 +250,35 @@ impl Links {
         out: Option<&dyn Fn(usize) -> Tensor>,
         expected: Wire,
     ) -> Result<Tensor, Aborted> {
-        match (self.rank, out) {
+        self.telling_all(|| match (self.rank, out) {
             (0, Some(out)) => {
-                for (i, s) in self.peers.iter().enumerate() {
-                    send_tensor(s, &out(i + 1))?;
+                for (i, p) in self.peers.iter().enumerate() {
+                    send_tensor(p, &out(i + 1), self.timeout)?;
                 }
                 Ok(out(0))
             }
-            _ => recv_tensor(&self.peers[0], expected),
+            _ => recv_tensor(&self.peers[0], expected, self.timeout),
+        })
+    }
+
+    /// Run one exchange; when it fails on rank 0, tell every other rank why before they wait
+    /// out their own deadline, so each stops with the same message naming the rank at fault.
+    fn telling_all<T>(&self, exchange: impl FnOnce() -> Result<T, Aborted>) -> Result<T, Aborted> {
+        let out = exchange();
+        if let (0, Err(Aborted(why))) = (self.rank, &out) {
+            let why = &why.as_bytes()[..why.len().min(MAX_STOPPING_BYTES)];
+            for p in self.peers.iter() {
+                // A peer that takes nothing more is not waited for.
+                let _ = p.stream.set_write_timeout(Some(Duration::from_secs(1)));
+                let len = (why.len() as u32).to_le_bytes();
+                let _ = p.send(&[&[STOPPING], &len, why], self.timeout);
+            }
         }
+        out
     }
 }
 
-fn send_tensor(mut s: &TcpStream, t: &Tensor) -> Result<(), Aborted> {
+fn send_tensor(p: &Peer, t: &Tensor, timeout: Duration) -> Result<(), Aborted> {
     let t = t.contiguous().reshape([-1]);
     let (tag, bytes): (u8, Vec<u8>) = match t.kind() {
         Kind::Double => (
@@ -157,10 +306,8 @@ fn send_tensor(mut s: &TcpStream, t: &Tensor) -> Result<(), Aborted> {
                 .collect(),
         ),
     };
-    let mut head = vec![tag];
-    head.extend_from_slice(&(bytes.len() as u64).to_le_bytes());
-    s.write_all(&head).map_err(io_abort)?;
-    s.write_all(&bytes).map_err(io_abort)
+    let len = (bytes.len() as u64).to_le_bytes();
+    p.send(&[&[tag], &len, &bytes], timeout)
 }
 
 /// What a tensor looks like on the wire: its tag (0 fp32, 1 f64, 2 i64) and byte length.
@@ -184,24 +331,47 @@ impl Wire {
     }
 }
 
+/// The first byte of the next tensor frame from `p`, past its heartbeats; rank 0's word that
+/// the run is over ends the wait with rank 0's reason.
+fn next_frame(p: &Peer, timeout: Duration) -> Result<u8, Aborted> {
+    loop {
+        let mut tag = [0u8];
+        p.read_exact(&mut tag, timeout)?;
+        match tag[0] {
+            HEARTBEAT => continue,
+            STOPPING => {
+                let mut len = [0u8; 4];
+                p.read_exact(&mut len, timeout)?;
+                let len = (u32::from_le_bytes(len) as usize).min(MAX_STOPPING_BYTES);
+                let mut why = vec![0u8; len];
+                p.read_exact(&mut why, timeout)?;
+                let why = osdp_core::text::printable(&String::from_utf8_lossy(&why)).into_owned();
+                return Err(Aborted(format!("rank {} stopped the run: {why}", p.rank)));
+            }
+            tag => return Ok(tag),
+        }
+    }
+}
+
 /// Receive a tensor that must be `expected`: a header announcing anything else (a stranger on
 /// the port, a rank of another model or plan) ends the run with a message instead of an
 /// allocation of whatever size it claims.
-fn recv_tensor(mut s: &TcpStream, expected: Wire) -> Result<Tensor, Aborted> {
-    let mut head = [0u8; 9];
-    s.read_exact(&mut head).map_err(io_abort)?;
-    let len = u64::from_le_bytes(head[1..9].try_into().unwrap_or([0; 8]));
-    if head[0] != expected.tag || len != expected.bytes {
+fn recv_tensor(p: &Peer, expected: Wire, timeout: Duration) -> Result<Tensor, Aborted> {
+    let tag = next_frame(p, timeout)?;
+    let mut len = [0u8; 8];
+    p.read_exact(&mut len, timeout)?;
+    let len = u64::from_le_bytes(len);
+    if tag != expected.tag || len != expected.bytes {
         return Err(Aborted(format!(
-            "another rank sent a tensor of {len} bytes (type {}) where {} bytes (type {}) were \
+            "rank {} sent a tensor of {len} bytes (type {tag}) where {} bytes (type {}) were \
              expected: a process that is not part of this run, or one started with another \
              model or plan",
-            head[0], expected.bytes, expected.tag
+            p.rank, expected.bytes, expected.tag
         )));
     }
     let mut bytes = vec![0u8; len as usize];
-    s.read_exact(&mut bytes).map_err(io_abort)?;
-    Ok(match head[0] {
+    p.read_exact(&mut bytes, timeout)?;
+    Ok(match tag {
         1 => Tensor::from_slice(
             &bytes
                 .chunks_exact(8)
@@ -437,8 +607,88 @@ mod tests {
 
     use std::net::TcpListener;
 
-    use super::join::{hello_bytes, read_answer, Answer};
+    use super::join::{say_hello, Answer};
     use super::*;
+
+    fn free_port() -> u16 {
+        TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .unwrap()
+            .port()
+    }
+
+    fn member(rank: usize, world: usize, port: u16, timeout: Duration) -> Membership {
+        Membership {
+            rank,
+            world,
+            master: format!("127.0.0.1:{port}"),
+            join_timeout: Duration::from_secs(20),
+            collective_timeout: timeout,
+            token: RunToken::new("t"),
+        }
+    }
+
+    /// Ranks that compute far longer than the collective timeout between two collectives are
+    /// alive, and their heartbeat says so.
+    #[test]
+    fn a_step_longer_than_the_deadline_is_not_a_dead_peer() {
+        let port = free_port();
+        let timeout = Duration::from_millis(400);
+        let h: Vec<_> = (0..2)
+            .map(|rank| {
+                std::thread::spawn(move || {
+                    let g = TcpGroup::join(&member(rank, 2, port, timeout), &Terms::default())?;
+                    if rank == 1 {
+                        std::thread::sleep(timeout * 5);
+                    }
+                    let sum = g.all_reduce(&Tensor::from(1.0f64)).map_err(|a| a.0)?;
+                    Ok::<f64, String>(sum.double_value(&[]))
+                })
+            })
+            .collect();
+        for h in h {
+            assert_eq!(h.join().unwrap(), Ok(2.0));
+        }
+    }
+
+    /// A rank that joined and then falls silent (here a stand-in that sends no heartbeat)
+    /// ends the collective on every rank at the deadline, each naming the silent rank.
+    #[test]
+    fn a_silent_peer_stops_every_rank_at_the_deadline_by_name() {
+        let port = free_port();
+        let timeout = Duration::from_millis(500);
+        let ranks: Vec<_> = (0..2)
+            .map(|rank| {
+                std::thread::spawn(move || {
+                    let g = TcpGroup::join(&member(rank, 3, port, timeout), &Terms::default())?;
+                    let started = Instant::now();
+                    let out = g.all_reduce(&Tensor::from(1.0f64)).map(|_| ());
+                    Ok::<_, String>((out.map_err(|a| a.0), started.elapsed()))
+                })
+            })
+            .collect();
+        let until = Instant::now() + Duration::from_secs(10);
+        let silent = loop {
+            if let Ok(s) = TcpStream::connect(("127.0.0.1", port)) {
+                break s;
+            }
+            assert!(Instant::now() < until, "rank 0 never listened");
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        let heard = say_hello(&silent, (2, 3), &RunToken::new("t"), &Terms::default());
+        assert_eq!(heard.map(|h| h.answer), Some(Answer::Welcome));
+        let results: Vec<_> = ranks
+            .into_iter()
+            .map(|h| h.join().unwrap().unwrap())
+            .collect();
+        let (e0, took0) = (results[0].0.clone().unwrap_err(), results[0].1);
+        let (e1, took1) = (results[1].0.clone().unwrap_err(), results[1].1);
+        assert!(e0.starts_with("rank 2 sent nothing for 0.5 s"), "{e0}");
+        assert_eq!(e1, format!("rank 0 stopped the run: {e0}"));
+        for took in [took0, took1] {
+            assert!(took < timeout * 6, "the deadline held: {took:?}");
+        }
+    }
 
     /// Four processes (threads here) as two nodes of two: each node's ranks and each local
     /// index's ranks exchange as their own groups, with the local backend's results.
@@ -472,7 +722,8 @@ mod tests {
                         world: 4,
                         master: format!("127.0.0.1:{port}"),
                         join_timeout: Duration::from_secs(20),
-                        token: RunToken::default(),
+                        collective_timeout: Duration::from_secs(60),
+                        token: RunToken::new("t"),
                     };
                     let g = TcpGroup::join(&m, &Terms::default())
                         .and_then(|g| g.with_nodes(2))
@@ -511,7 +762,8 @@ mod tests {
             world: 2,
             master: format!("127.0.0.1:{port}"),
             join_timeout: Duration::from_secs(20),
-            token: RunToken::default(),
+            collective_timeout: Duration::from_secs(60),
+            token: RunToken::new("t"),
         };
         let terms = Terms::default().with("lr", 3e-4);
         let t = terms.clone();
@@ -526,10 +778,8 @@ mod tests {
                 }
             }
         };
-        peer.write_all(&hello_bytes(1, 2, &RunToken::default(), &terms))
-            .unwrap();
-        let answer = read_answer(&peer, Instant::now() + Duration::from_secs(10));
-        assert_eq!(answer.ok().flatten(), Some(Answer::Welcome));
+        let heard = say_hello(&peer, (1, 2), &RunToken::new("t"), &terms).unwrap();
+        assert_eq!((heard.answer, heard.sealed), (Answer::Welcome, true));
         let g0 = h0.join().unwrap().unwrap();
         let mut head = vec![0u8];
         head.extend_from_slice(&(1u64 << 40).to_le_bytes());

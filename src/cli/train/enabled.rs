@@ -222,9 +222,6 @@ fn group(args: &TrainArgs) -> Result<Group, Failure> {
     };
     // Only rank 0 of a multi-process run writes the metrics stream and the progress line.
     let lead = membership.as_ref().is_none_or(|m| m.rank == 0);
-    if let Some(note) = membership.as_ref().and_then(|m| m.exposure()) {
-        eprintln!("{note}");
-    }
     if world_size == 0 {
         return Err(Failure::input("--world-size must be at least 1"));
     }
