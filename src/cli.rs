@@ -2,7 +2,8 @@
 //!
 //! Exit codes: 0 success, 1 failure while writing output, 2 bad input (unreadable or invalid
 //! files, bad arguments — clap uses 2 for usage errors too); `plan` 3 when nothing fits;
-//! `status --follow` 4 when the run failed or its worker died.
+//! `status --follow` 4 when the run failed or ended without a word (its worker died, or its
+//! lock names no one and no process holds it).
 
 pub use crate::failure::Failure;
 use std::path::{Path, PathBuf};
@@ -173,8 +174,14 @@ enum Command {
     /// and whether its worker is alive (the run directory's lock names it).
     ///
     /// RUN_DIR is a run directory (the dashboard's --run-dir, or any directory whose
-    /// metrics.jsonl a `train --metrics` wrote). With --follow, exit codes: 0 the run stopped,
-    /// 4 it failed or its worker died without a word.
+    /// metrics.jsonl a `train --metrics` wrote). A metrics.jsonl truncated, rewritten or
+    /// replaced while followed is read again from its start. Messages are cut to their first
+    /// 300 characters (--json keeps them whole).
+    ///
+    /// Exit codes: 0 the status was shown (with --follow: the run stopped), 2 no run there or
+    /// its metrics.jsonl cannot be read (not a file), 4 with --follow: the run failed or ended
+    /// without a word (its worker died, or its lock file names no one and no process holds
+    /// it).
     Status {
         run_dir: PathBuf,
         /// Print JSON (model, world_size, global_batch, steps, last_checkpoint, ended, state,

@@ -13,7 +13,20 @@ use std::path::PathBuf;
 use osdp_core::protocol::{RunPrediction, WorkerEvent};
 
 pub use status::{read_status, Remaining, RunState, RunStatus, Standing, StepPoint};
-pub use tail::{end_cut_line, log_line, LogTail, MetricsTail};
+pub use tail::{end_cut_line, log_line, Fresh, LogTail, MetricsTail, Reread};
+
+/// What a file that should be a regular one is instead, for a message: `a directory`.
+fn file_kind(kind: std::fs::FileType) -> &'static str {
+    if kind.is_dir() {
+        "a directory"
+    } else if kind.is_symlink() {
+        "a symbolic link"
+    } else if kind.is_file() {
+        "a file"
+    } else {
+        "not a regular file"
+    }
+}
 
 /// The files of one run: the plan it uses, the metrics stream, checkpoints, the worker's log.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -56,6 +69,21 @@ impl RunDir {
     /// the checkpoint directory's (held by any `train --checkpoint-dir` while it runs).
     pub fn owner(&self) -> Option<lock::LockOwner> {
         lock::owner(&self.0).or_else(|| lock::owner(&self.checkpoints()))
+    }
+    /// Where the run's locks stand: a live holder of the run directory's lock or else of the
+    /// checkpoint directory's holds the run; else what the run directory's lock says, else the
+    /// checkpoint directory's.
+    pub fn lock_state(&self) -> lock::LockState {
+        let run = lock::state(&self.0);
+        if run.is_live() {
+            return run;
+        }
+        let checkpoints = lock::state(&self.checkpoints());
+        if checkpoints.is_live() || run == lock::LockState::Absent {
+            checkpoints
+        } else {
+            run
+        }
     }
 
     /// Append `ev` to the metrics stream: how a supervisor records an end the worker could

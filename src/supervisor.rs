@@ -323,7 +323,8 @@ impl Supervisor {
                 self.workers = Workers::Attached(o);
                 self.state = self.live_state();
             }
-            Standing::Running { owner: None } => {
+            // (`Standing::of` never says abandoned; a lock naming no one names no worker.)
+            Standing::Running { owner: None } | Standing::Abandoned { .. } => {
                 self.workers = Workers::Ended;
                 self.fail(
                     "the run never said it ended and no lock names a worker: it is not \

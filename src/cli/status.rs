@@ -1,6 +1,8 @@
 //! `osdp-tui status RUN_DIR [--follow] [--json]`: a run seen from another terminal, from its
 //! metrics stream and its lock (which names the worker while it lives). `--follow` prints each
-//! new event until the run ends, and reports a worker that died without a word as dead.
+//! new event until the run ends (reading the stream again from its start when it is truncated,
+//! rewritten or replaced), and reports a run that ended without a word (its worker died, or its
+//! lock names no one and no process holds it) as such.
 
 use std::io::Write;
 use std::path::Path;
@@ -9,12 +11,13 @@ use std::time::Duration;
 use serde::Serialize;
 
 use super::Failure;
-use crate::run::{MetricsTail, RunDir, RunStatus, Standing};
+use crate::run::lock::LockOwner;
+use crate::run::{MetricsTail, Reread, RunDir, RunStatus, Standing};
 use osdp_core::protocol::WorkerEvent;
-use osdp_core::text::printable;
+use osdp_core::text::{excerpt, printable};
 use osdp_core::units;
 
-/// The exit code of `status --follow` when the run failed or its worker died.
+/// The exit code of `status --follow` when the run failed or ended without a word.
 pub const RUN_FAILED_EXIT: u8 = 4;
 
 /// How often `--follow` looks at the stream and the lock.
@@ -30,13 +33,20 @@ struct StatusJson<'a> {
 }
 
 /// Lines of `status --follow --json` besides the stream's own events (printed as the stream
-/// has them): the status at the start, and `dead` when the worker died without a word.
+/// has them): the status at the start, `reread` when the stream was truncated, rewritten or
+/// replaced (the events that follow are the new stream's, from its start), and `dead` when
+/// the run ended without a word (its worker died: `owner` names it; or its lock names no one
+/// and no process holds it).
 #[derive(Serialize)]
 #[serde(tag = "event", rename_all = "snake_case")]
 enum FollowLine<'a> {
     Status(StatusJson<'a>),
+    Reread {
+        reread: Reread,
+    },
     Dead {
-        owner: &'a crate::run::lock::LockOwner,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        owner: Option<&'a LockOwner>,
         message: String,
     },
 }
@@ -45,18 +55,14 @@ pub fn status(dir: &Path, json: bool, follow: bool) -> Result<(), Failure> {
     let run = RunDir(dir.to_path_buf());
     // The lock before the stream: a worker that wrote its end and exited in between is then
     // stopped, never dead.
-    let owner = run.owner();
-    std::fs::File::open(run.metrics())
-        .map_err(|e| Failure::input(format!("{}: no run here ({e})", dir.display())))?;
+    let lock = run.lock_state();
     let mut tail = MetricsTail::new(run.metrics(), 0);
-    let mut status = RunStatus {
-        predicted: run.read_predicted(),
-        ..RunStatus::default()
-    };
-    for ev in tail.read_new() {
+    let fresh = tail.read().map_err(|e| unreadable(&run, e))?;
+    let mut status = new_status(&run);
+    for ev in fresh.events {
         status.apply(&ev);
     }
-    let mut standing = Standing::of(&status, owner);
+    let standing = Standing::of_lock(&status, lock);
     let mut out = std::io::stdout().lock();
     let written = if json && follow {
         line(
@@ -75,62 +81,162 @@ pub fn status(dir: &Path, json: bool, follow: bool) -> Result<(), Failure> {
     } else {
         summary(&mut out, dir, &status, &standing)
     };
-    if !follow {
-        return written.or_else(quiet_on_broken_pipe);
-    }
     written.or_else(quiet_on_broken_pipe)?;
-    loop {
-        if standing.is_over() {
-            return finish(&mut out, dir, json, &standing).or_else(quiet_on_broken_pipe);
-        }
-        std::thread::sleep(FOLLOW_EVERY);
-        let owner = run.owner();
-        for ev in tail.read_new() {
-            status.apply(&ev);
-            let written = if json {
-                line(&mut out, &ev)
-            } else {
-                writeln!(out, "{}", event_text(&ev)).map_err(output_failure)
-            };
-            written.or_else(quiet_on_broken_pipe)?;
-        }
-        standing = Standing::of(&status, owner);
+    if !follow {
+        return Ok(());
+    }
+    let mut following = Following {
+        run,
+        json,
+        tail,
+        status,
+        standing,
+    };
+    following.run(&mut out).or_else(quiet_on_broken_pipe)
+}
+
+/// A run's status before its stream is read: nothing but the plan's prediction.
+fn new_status(run: &RunDir) -> RunStatus {
+    RunStatus {
+        predicted: run.read_predicted(),
+        ..RunStatus::default()
     }
 }
 
-/// The last word of `--follow`: a dead worker said as such (the stream's own end was printed
-/// as it came); the exit code for how the run ended.
-fn finish(
-    out: &mut impl Write,
-    dir: &Path,
+/// A metrics stream that cannot be read: no run here, or a stream that is not a file.
+fn unreadable(run: &RunDir, e: std::io::Error) -> Failure {
+    if e.kind() == std::io::ErrorKind::NotFound {
+        return Failure::input(format!("{}: no run here ({e})", run.0.display()));
+    }
+    Failure::input(format!(
+        "{}: cannot read the run's metrics stream: {e}",
+        printable(&run.metrics().display().to_string())
+    ))
+}
+
+/// `status --follow` after its first look: the stream as it grows and the locks, until the run
+/// ends.
+struct Following {
+    run: RunDir,
     json: bool,
-    standing: &Standing,
-) -> Result<(), Failure> {
-    let dir_text = printable(&dir.display().to_string()).into_owned();
-    match standing {
-        Standing::Dead { owner } => {
-            let message = Standing::dead_text(owner);
-            if json {
-                line(
-                    out,
-                    &FollowLine::Dead {
-                        owner,
-                        message: message.clone(),
-                    },
-                )?;
-            } else {
-                writeln!(out, "dead: {message}").map_err(output_failure)?;
+    tail: MetricsTail,
+    status: RunStatus,
+    standing: Standing,
+}
+
+impl Following {
+    fn run(&mut self, out: &mut impl Write) -> Result<(), Failure> {
+        // A lock naming no one ends the follow only when two looks in a row say so: a new
+        // holder's lock file is empty for a moment before it locks it.
+        let mut abandoned_before = false;
+        loop {
+            let abandoned = matches!(self.standing, Standing::Abandoned { .. });
+            if self.standing.is_over() && (abandoned_before || !abandoned) {
+                return self.finish(out);
             }
-            Err(Failure {
-                code: RUN_FAILED_EXIT,
-                message: format!("run {dir_text}: its worker is dead"),
-            })
+            abandoned_before = abandoned;
+            std::thread::sleep(FOLLOW_EVERY);
+            let lock = self.run.lock_state();
+            let fresh = match self.tail.read() {
+                Ok(fresh) => fresh,
+                // Removed, maybe to be written again: the lock says whether the run goes on.
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Default::default(),
+                Err(e) => return Err(unreadable(&self.run, e)),
+            };
+            if let Some(reread) = fresh.reread {
+                self.status = new_status(&self.run);
+                let text = format!(
+                    "metrics.jsonl was {}: reading it again from its start",
+                    reread.text()
+                );
+                emit(out, self.json, &FollowLine::Reread { reread }, &text)?;
+            }
+            for ev in fresh.events {
+                self.status.apply(&ev);
+                emit(out, self.json, &ev, &event_text(&ev))?;
+            }
+            self.standing = Standing::of_lock(&self.status, lock);
         }
-        Standing::Failed { message } => Err(Failure {
+    }
+
+    /// The last word of `--follow`: a run gone without a word said as such (the stream's own
+    /// end was printed as it came); the exit code for how the run ended.
+    fn finish(&self, out: &mut impl Write) -> Result<(), Failure> {
+        let dir_text = printable(&self.run.0.display().to_string()).into_owned();
+        if let Standing::Failed { message } = &self.standing {
+            return Err(Failure {
+                code: RUN_FAILED_EXIT,
+                message: format!("run {dir_text} failed: {}", excerpt(message)),
+            });
+        }
+        let Some(gone) = Gone::of(&self.standing) else {
+            return Ok(());
+        };
+        let dead = FollowLine::Dead {
+            owner: gone.owner,
+            message: gone.text.clone(),
+        };
+        emit(out, self.json, &dead, &gone.line())?;
+        let last = match self.status.last() {
+            Some(p) => format!(" (its last step: {})", p.step),
+            None => " (before its first step)".into(),
+        };
+        Err(Failure {
             code: RUN_FAILED_EXIT,
-            message: format!("run {dir_text} failed: {}", printable(message)),
-        }),
-        Standing::Stopped { .. } | Standing::Running { .. } => Ok(()),
+            message: format!("run {dir_text} is no longer running{last}: {}", gone.why),
+        })
+    }
+}
+
+/// A run that ended without a word: its worker is dead, or its lock names no one and no
+/// process holds it.
+struct Gone<'a> {
+    /// The state, in a word or two.
+    state: &'static str,
+    /// What happened, in a sentence.
+    text: String,
+    /// What happened, in short.
+    why: String,
+    /// The worker, when the lock named one.
+    owner: Option<&'a LockOwner>,
+}
+
+impl Gone<'_> {
+    fn of(standing: &Standing) -> Option<Gone<'_>> {
+        match standing {
+            Standing::Dead { owner } => Some(Gone {
+                state: "dead",
+                text: Standing::dead_text(owner),
+                why: format!("its worker ({owner}) is gone without a word"),
+                owner: Some(owner),
+            }),
+            Standing::Abandoned { lock } => Some(Gone {
+                state: "not running",
+                text: Standing::abandoned_text(lock),
+                why: format!("{lock} and no process holds it"),
+                owner: None,
+            }),
+            _ => None,
+        }
+    }
+
+    /// `STATE: TEXT`, as the summary's state line and `--follow`'s last line.
+    fn line(&self) -> String {
+        format!("{}: {}", self.state, self.text)
+    }
+}
+
+/// One line of `--follow`: `value` as JSON, or `text`.
+fn emit(
+    out: &mut impl Write,
+    json: bool,
+    value: &impl Serialize,
+    text: &str,
+) -> Result<(), Failure> {
+    if json {
+        line(out, value)
+    } else {
+        writeln!(out, "{text}").map_err(output_failure)
     }
 }
 
@@ -178,7 +284,7 @@ fn event_text(ev: &WorkerEvent) -> String {
             "started at step {first_step}: {world_size} rank(s), {global_batch} samples per step{}",
             resumed_from
                 .as_deref()
-                .map(|p| format!(", resuming from {}", printable(p)))
+                .map(|p| format!(", resuming from {}", excerpt(p)))
                 .unwrap_or_default()
         ),
         WorkerEvent::Step {
@@ -199,12 +305,12 @@ fn event_text(ev: &WorkerEvent) -> String {
             write_time_s,
         } => format!(
             "checkpoint step {step} ({}, written in {write_time_s:.2} s)",
-            printable(path)
+            excerpt(path)
         ),
         WorkerEvent::Stopped { step, reason } => {
-            format!("stopped at step {step} ({})", printable(reason))
+            format!("stopped at step {step} ({})", excerpt(reason))
         }
-        WorkerEvent::Failed { message } => format!("failed: {}", printable(message)),
+        WorkerEvent::Failed { message } => format!("failed: {}", excerpt(message)),
     }
 }
 
@@ -217,7 +323,7 @@ fn summary(
     standing: &Standing,
 ) -> Result<(), Failure> {
     let mut lines: Vec<String> = Vec::new();
-    let model = printable(status.model.as_deref().unwrap_or("?"));
+    let model = excerpt(status.model.as_deref().unwrap_or("?"));
     lines.push(format!(
         "run {} · {model} · {} rank(s) · {} samples per step",
         printable(&dir.display().to_string()),
@@ -250,7 +356,7 @@ fn summary(
         None => lines.push("no step yet".into()),
     }
     lines.push(match &status.last_checkpoint {
-        Some((step, path)) => format!("last checkpoint: step {step} ({})", printable(path)),
+        Some((step, path)) => format!("last checkpoint: step {step} ({})", excerpt(path)),
         None => "no checkpoint yet".into(),
     });
     let state = match standing {
@@ -261,9 +367,11 @@ fn summary(
         Standing::Running { owner: None } => {
             "running (or killed without a word: no lock names its worker; see worker.log)".into()
         }
-        Standing::Stopped { reason } => format!("stopped ({})", printable(reason)),
-        Standing::Failed { message } => format!("failed: {}", printable(message)),
-        Standing::Dead { owner } => format!("dead: {}", Standing::dead_text(owner)),
+        Standing::Stopped { reason } => format!("stopped ({})", excerpt(reason)),
+        Standing::Failed { message } => format!("failed: {}", excerpt(message)),
+        Standing::Dead { .. } | Standing::Abandoned { .. } => {
+            Gone::of(standing).map(|g| g.line()).unwrap_or_default()
+        }
     };
     lines.push(format!(
         "state: {state} · segments started at steps {:?}",

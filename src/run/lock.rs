@@ -214,10 +214,52 @@ impl std::fmt::Display for LockOwner {
     }
 }
 
+/// What a directory's lock file says, read without taking the lock.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LockState {
+    /// No lock file.
+    Absent,
+    /// The record of who holds (or held) the lock.
+    Named(LockOwner),
+    /// A lock file that names no one: `problem` says what it is instead (`PATH is empty`,
+    /// `PATH is a directory`, ...); `held`: whether a process holds its flock (or may: a file
+    /// this user cannot read cannot be told).
+    Unnamed { problem: String, held: bool },
+}
+
+impl LockState {
+    /// Whether a process holds the lock (or may).
+    pub fn is_live(&self) -> bool {
+        match self {
+            LockState::Absent => false,
+            LockState::Named(o) => o.alive,
+            LockState::Unnamed { held, .. } => *held,
+        }
+    }
+}
+
 /// Who holds `dir`'s lock, read without taking it; `None` when there is no lock file or no
 /// record in it.
 pub fn owner(dir: &Path) -> Option<LockOwner> {
+    match state(dir) {
+        LockState::Named(o) => Some(o),
+        _ => None,
+    }
+}
+
+/// What `dir`'s lock file says, read without taking it. A lock file that is not a regular
+/// file (a directory, a symlink) is one no process can hold: [`DirLock::acquire`] refuses it.
+pub fn state(dir: &Path) -> LockState {
     let path = dir.join(LOCK_FILE);
+    let shown = osdp_core::text::printable(&path.display().to_string()).into_owned();
+    let unreadable = |e: std::io::Error| LockState::Unnamed {
+        problem: format!("{shown} cannot be read ({e})"),
+        held: true,
+    };
+    let not_a_file = |kind: std::fs::FileType| LockState::Unnamed {
+        problem: format!("{shown} is {}", super::file_kind(kind)),
+        held: false,
+    };
     let mut options = std::fs::OpenOptions::new();
     options.read(true);
     #[cfg(unix)]
@@ -225,11 +267,36 @@ pub fn owner(dir: &Path) -> Option<LockOwner> {
         use std::os::unix::fs::OpenOptionsExt;
         options.custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC);
     }
-    let file = options.open(&path).ok()?;
-    if !file.metadata().ok()?.is_file() {
-        return None;
-    }
-    let h = read_holder(&file)?;
+    let file = match options.open(&path) {
+        Ok(file) => file,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return LockState::Absent,
+        Err(e) => {
+            return match std::fs::symlink_metadata(&path) {
+                Ok(m) if !m.is_file() => not_a_file(m.file_type()),
+                _ => unreadable(e),
+            }
+        }
+    };
+    let meta = match file.metadata() {
+        Ok(m) if m.is_file() => m,
+        Ok(m) => return not_a_file(m.file_type()),
+        Err(e) => return unreadable(e),
+    };
+    let Some(h) = read_holder(&file) else {
+        // Its holder writes the record while holding the flock: a held lock naming no one is
+        // being written.
+        let held =
+            matches!(flock_shared(&file), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock);
+        let what = if meta.len() == 0 {
+            "is empty"
+        } else {
+            "holds no lock record"
+        };
+        return LockState::Unnamed {
+            problem: format!("{shown} {what}"),
+            held,
+        };
+    };
     let local = h.host.is_empty() || h.host == this_host();
     // Another machine's process cannot be looked up: its flock, which it holds while it runs
     // (on a file system that passes flock between machines), says. A shared probe is released
@@ -239,7 +306,7 @@ pub fn owner(dir: &Path) -> Option<LockOwner> {
     } else {
         !matches!(flock_shared(&file), Ok(()))
     };
-    Some(LockOwner {
+    LockState::Named(LockOwner {
         pid: h.pid,
         host: h.host,
         started: h.started,

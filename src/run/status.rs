@@ -6,7 +6,7 @@ use serde::Serialize;
 
 use osdp_core::protocol::{DeviceMemory, RunPrediction, WorkerEvent};
 
-use super::lock::LockOwner;
+use super::lock::{LockOwner, LockState};
 use super::RunDir;
 
 /// One step as the run reported it.
@@ -233,6 +233,11 @@ pub enum Standing {
     Dead {
         owner: LockOwner,
     },
+    /// The stream never said it ended, and its lock names no one (`lock` says what it is:
+    /// empty, not a record, a directory) and no process holds it: whatever ran it is gone.
+    Abandoned {
+        lock: String,
+    },
 }
 
 impl Standing {
@@ -249,7 +254,24 @@ impl Standing {
         }
     }
 
-    /// Whether the run has ended (stopped, failed or dead).
+    /// [`Standing::of`] from everything the run's locks say ([`RunDir::lock_state`]): a lock
+    /// that names no one is either held (running) or abandoned.
+    pub fn of_lock(status: &RunStatus, lock: LockState) -> Standing {
+        match lock {
+            LockState::Named(o) => Standing::of(status, Some(o)),
+            LockState::Absent => Standing::of(status, None),
+            LockState::Unnamed { held: true, .. } => Standing::Running { owner: None },
+            LockState::Unnamed {
+                problem,
+                held: false,
+            } => match Standing::of(status, None) {
+                Standing::Running { .. } => Standing::Abandoned { lock: problem },
+                ended => ended,
+            },
+        }
+    }
+
+    /// Whether the run has ended (stopped, failed, dead or abandoned).
     pub fn is_over(&self) -> bool {
         !matches!(self, Standing::Running { .. })
     }
@@ -259,6 +281,14 @@ impl Standing {
         format!(
             "the worker ({owner}) is gone without a stopped or failed event (killed, or its \
              machine went down): see worker.log"
+        )
+    }
+
+    /// What an abandoned run is, in words.
+    pub fn abandoned_text(lock: &str) -> String {
+        format!(
+            "{lock} and no process holds it, and the run never said it ended: nothing runs it \
+             (see worker.log)"
         )
     }
 }

@@ -150,38 +150,97 @@ pub fn end_cut_line(path: &Path, f: &mut std::fs::File) -> std::io::Result<()> {
 }
 
 /// Follows a metrics stream as it grows: each read returns the events of the lines completed
-/// since the last one (a line still being written waits for its end).
+/// since the last one (a line still being written waits for its end). A stream truncated,
+/// rewritten or replaced (another file renamed over it) is read again from its start.
 #[derive(Debug)]
 pub struct MetricsTail {
     path: PathBuf,
     offset: u64,
     partial: String,
+    /// The file read last time, to tell another one in its place.
+    seen: Option<Seen>,
+}
+
+/// Which file a [`MetricsTail`] read: its device and inode, and its first bytes.
+#[derive(Debug)]
+struct Seen {
+    id: Option<(u64, u64)>,
+    head: Vec<u8>,
+}
+
+/// What one read of a [`MetricsTail`] found.
+#[derive(Debug, Default)]
+pub struct Fresh {
+    /// When the file is not the one read before, why; the events are then the new file's,
+    /// from its start.
+    pub reread: Option<Reread>,
+    pub events: Vec<WorkerEvent>,
+}
+
+/// Why a stream is read again from its start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Reread {
+    /// Shorter than what was read of it.
+    Truncated,
+    /// Its first bytes changed (truncated and written again past where it was read to).
+    Rewritten,
+    /// Another file in its place (a new device or inode).
+    Replaced,
+}
+
+impl Reread {
+    pub fn text(self) -> &'static str {
+        match self {
+            Reread::Truncated => "truncated",
+            Reread::Rewritten => "rewritten",
+            Reread::Replaced => "replaced",
+        }
+    }
 }
 
 impl MetricsTail {
+    /// Bytes of the stream's start kept to tell a rewritten stream: the `started` line and the
+    /// first steps, whose timings differ from run to run.
+    const HEAD_BYTES: u64 = 4096;
+
     /// From byte `offset` of the stream at `path` (0: from the start).
     pub fn new(path: PathBuf, offset: u64) -> MetricsTail {
         MetricsTail {
             path,
             offset,
             partial: String::new(),
+            seen: None,
         }
     }
 
     /// The events written since the last read; none when the file is missing or unreadable.
     /// Lines that do not parse are skipped, as [`RunStatus::from_text`] skips them.
     pub fn read_new(&mut self) -> Vec<WorkerEvent> {
+        self.read().map(|f| f.events).unwrap_or_default()
+    }
+
+    /// The events written since the last read, and whether the file was read again from its
+    /// start. An error when the stream cannot be read: missing (`NotFound`), not a regular
+    /// file, unreadable.
+    pub fn read(&mut self) -> std::io::Result<Fresh> {
         use std::io::{Read, Seek, SeekFrom};
-        let Ok(mut f) = std::fs::File::open(&self.path) else {
-            return Vec::new();
-        };
-        if f.seek(SeekFrom::Start(self.offset)).is_err() {
-            return Vec::new();
+        let mut f = std::fs::File::open(&self.path)?;
+        let meta = f.metadata()?;
+        if !meta.is_file() {
+            return Err(std::io::Error::other(format!(
+                "it is {}, not a file",
+                super::file_kind(meta.file_type())
+            )));
         }
+        let reread = self.check_same(&mut f, &meta)?;
+        if reread.is_some() {
+            self.offset = 0;
+            self.partial.clear();
+        }
+        f.seek(SeekFrom::Start(self.offset))?;
         let mut buf = Vec::new();
-        let Ok(n) = f.read_to_end(&mut buf) else {
-            return Vec::new();
-        };
+        let n = f.read_to_end(&mut buf)?;
         self.offset += n as u64;
         self.partial.push_str(&String::from_utf8_lossy(&buf));
         let mut events = Vec::new();
@@ -197,7 +256,39 @@ impl MetricsTail {
             events.push(ev);
             self.partial.clear();
         }
-        events
+        Ok(Fresh { reread, events })
+    }
+
+    /// Whether `f` (just opened, at its start) is still the file read before, and if not why;
+    /// remembers it as the file read.
+    fn check_same(
+        &mut self,
+        f: &mut std::fs::File,
+        meta: &std::fs::Metadata,
+    ) -> std::io::Result<Option<Reread>> {
+        use std::io::Read;
+        #[cfg(unix)]
+        let id = {
+            use std::os::unix::fs::MetadataExt;
+            Some((meta.dev(), meta.ino()))
+        };
+        #[cfg(not(unix))]
+        let id = None;
+        let mut head = Vec::new();
+        f.by_ref().take(Self::HEAD_BYTES).read_to_end(&mut head)?;
+        let reread = match &self.seen {
+            Some(seen) if seen.id != id => Some(Reread::Replaced),
+            _ if meta.len() < self.offset => Some(Reread::Truncated),
+            Some(seen) if !head.starts_with(&seen.head) && !seen.head.starts_with(&head) => {
+                Some(Reread::Rewritten)
+            }
+            _ => None,
+        };
+        let longer = self.seen.as_ref().is_none_or(|s| head.len() > s.head.len());
+        if reread.is_some() || longer {
+            self.seen = Some(Seen { id, head });
+        }
+        Ok(reread)
     }
 }
 
@@ -241,6 +332,52 @@ mod tests {
         assert_eq!(
             tail.get(LogTail::KEEP - 1).map(str::to_owned),
             Some(format!("line {}", LogTail::KEEP + 9))
+        );
+    }
+
+    #[test]
+    fn the_metrics_tail_reads_a_truncated_rewritten_or_replaced_stream_from_its_start() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("metrics.jsonl");
+        let stopped =
+            |step: u64| format!("{{\"event\":\"stopped\",\"step\":{step},\"reason\":\"x\"}}\n");
+        let steps = |fresh: Fresh| -> (Option<Reread>, Vec<u64>) {
+            let steps = fresh.events.iter().map(|ev| match ev {
+                WorkerEvent::Stopped { step, .. } => *step,
+                _ => unreachable!(),
+            });
+            (fresh.reread, steps.collect())
+        };
+        let mut tail = MetricsTail::new(path.clone(), 0);
+        assert_eq!(
+            tail.read().unwrap_err().kind(),
+            std::io::ErrorKind::NotFound
+        );
+        std::fs::write(&path, stopped(1) + &stopped(2)).unwrap();
+        assert_eq!(steps(tail.read().unwrap()), (None, vec![1, 2]));
+        std::fs::write(&path, stopped(3)).unwrap();
+        assert_eq!(
+            steps(tail.read().unwrap()),
+            (Some(Reread::Truncated), vec![3])
+        );
+        std::fs::write(&path, stopped(4) + &stopped(5)).unwrap();
+        assert_eq!(
+            steps(tail.read().unwrap()),
+            (Some(Reread::Rewritten), vec![4, 5])
+        );
+        let new = dir.path().join("new");
+        std::fs::write(&new, stopped(4) + &stopped(5) + &stopped(6)).unwrap();
+        std::fs::rename(&new, &path).unwrap();
+        assert_eq!(
+            steps(tail.read().unwrap()),
+            (Some(Reread::Replaced), vec![4, 5, 6])
+        );
+        assert_eq!(steps(tail.read().unwrap()), (None, vec![]));
+        std::fs::remove_file(&path).unwrap();
+        std::fs::create_dir(&path).unwrap();
+        assert_eq!(
+            tail.read().unwrap_err().to_string(),
+            "it is a directory, not a file"
         );
     }
 }

@@ -6,6 +6,7 @@ use osdp_tui::monitor::{GpuEvent, GpuSample};
 use osdp_tui::tui::app::{Action, App, Focus, Row};
 use osdp_tui::tui::render_text;
 
+use crate::follow::Follow;
 use crate::{osdp, root, stdout_ok};
 
 const GIB: u64 = 1 << 30;
@@ -254,7 +255,7 @@ fn failed_run(worker_lines: &[&str], tail: &str, hang_after_s: u64) -> (String, 
     }
 }
 
-const STARTED: &str = r#"{"event":"started","model":"gpt2","world_size":8,"global_batch":8,"first_step":0,"last_step":null,"data":"text","device":"cpu"}"#;
+pub(crate) const STARTED: &str = r#"{"event":"started","model":"gpt2","world_size":8,"global_batch":8,"first_step":0,"last_step":null,"data":"text","device":"cpu"}"#;
 
 #[test]
 fn a_gpu_layout_whose_gpus_are_not_here_starts_nothing_and_says_why() {
@@ -434,8 +435,8 @@ fn the_frontier_read_out_matches_what_plus_really_gives() {
     assert!(gain > 0.0, "4 GiB binds gpt2 on 8×A100: {line}");
 }
 
-const STEP1: &str = r#"{"event":"step","step":1,"loss":4.5,"grad_norm":1.0,"lr":0.001,"step_time_s":0.2,"samples_per_s":40.0,"tokens_per_s":5120.0,"memory_bytes":[1048576],"memory_breakdown":{"params":0,"grads":0,"optimizer":0,"gathered":0,"grad_buffers":0,"activations":0,"working":0}}"#;
-const STEP2: &str = r#"{"event":"step","step":2,"loss":4.25,"grad_norm":1.0,"lr":0.001,"step_time_s":0.2,"samples_per_s":40.0,"tokens_per_s":5120.0,"memory_bytes":[1048576],"memory_breakdown":{"params":0,"grads":0,"optimizer":0,"gathered":0,"grad_buffers":0,"activations":0,"working":0}}"#;
+pub(crate) const STEP1: &str = r#"{"event":"step","step":1,"loss":4.5,"grad_norm":1.0,"lr":0.001,"step_time_s":0.2,"samples_per_s":40.0,"tokens_per_s":5120.0,"memory_bytes":[1048576],"memory_breakdown":{"params":0,"grads":0,"optimizer":0,"gathered":0,"grad_buffers":0,"activations":0,"working":0}}"#;
+pub(crate) const STEP2: &str = r#"{"event":"step","step":2,"loss":4.25,"grad_norm":1.0,"lr":0.001,"step_time_s":0.2,"samples_per_s":40.0,"tokens_per_s":5120.0,"memory_bytes":[1048576],"memory_breakdown":{"params":0,"grads":0,"optimizer":0,"gathered":0,"grad_buffers":0,"activations":0,"working":0}}"#;
 
 /// A stand-in for a real worker: counts its starts in `starts`, writes a start and step 1,
 /// writes step 2 on SIGUSR1, and on SIGTERM writes `stopped` and exits 0, as `train` does.
@@ -705,7 +706,7 @@ fn x_names_the_step_it_finishes_and_a_kill_without_a_checkpoint_says_so() {
 }
 
 /// The lock record of a process of this machine that has ended.
-fn stale_lock(dir: &std::path::Path) -> u32 {
+pub(crate) fn stale_lock(dir: &std::path::Path) -> u32 {
     let mut child = std::process::Command::new("true").spawn().unwrap();
     let pid = child.id();
     child.wait().unwrap();
@@ -778,77 +779,6 @@ fn opening_a_run_directory_shows_how_its_run_ended() {
     );
 }
 
-/// `status --follow` as a child, its stdout read line by line as it comes.
-struct Follow {
-    child: std::process::Child,
-    lines: std::sync::mpsc::Receiver<String>,
-    seen: Vec<String>,
-}
-
-impl Follow {
-    fn start(run_dir: &std::path::Path, json: bool) -> Follow {
-        let mut cmd = std::process::Command::new(assert_cmd::cargo::cargo_bin("osdp-tui"));
-        cmd.arg("status").arg(run_dir).arg("--follow");
-        if json {
-            cmd.arg("--json");
-        }
-        let mut child = cmd
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .unwrap();
-        let out = child.stdout.take().unwrap();
-        let (tx, lines) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            use std::io::BufRead;
-            for l in std::io::BufReader::new(out).lines().map_while(Result::ok) {
-                let _ = tx.send(l);
-            }
-        });
-        Follow {
-            child,
-            lines,
-            seen: Vec::new(),
-        }
-    }
-
-    /// Lines until one contains `needle`.
-    fn until(&mut self, needle: &str) {
-        loop {
-            match self.lines.recv_timeout(std::time::Duration::from_secs(20)) {
-                Ok(l) => {
-                    let found = l.contains(needle);
-                    self.seen.push(l);
-                    if found {
-                        return;
-                    }
-                }
-                Err(_) => panic!("no {needle:?} in:\n{}", self.seen.join("\n")),
-            }
-        }
-    }
-
-    /// The exit code, and every line printed.
-    fn finish(mut self) -> (Option<i32>, Vec<String>) {
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-        let status = loop {
-            if let Some(s) = self.child.try_wait().unwrap() {
-                break s;
-            }
-            assert!(
-                std::time::Instant::now() < deadline,
-                "--follow never ended:\n{}",
-                self.seen.join("\n")
-            );
-            std::thread::sleep(std::time::Duration::from_millis(20));
-        };
-        while let Ok(l) = self.lines.recv_timeout(std::time::Duration::from_secs(5)) {
-            self.seen.push(l);
-        }
-        (status.code(), self.seen)
-    }
-}
-
 #[test]
 fn status_follow_prints_new_steps_until_the_run_stops() {
     let dir = tempfile::tempdir().unwrap();
@@ -867,10 +797,10 @@ fn status_follow_prints_new_steps_until_the_run_stops() {
     text.until("step 2 · loss 4.2500");
     json.until(r#""step":2"#);
     key(&mut a, 'x');
-    let (code, lines) = text.finish();
+    let (code, lines, _) = text.finish();
     assert_eq!(code, Some(0), "{lines:?}");
     assert_eq!(lines.last().unwrap(), "stopped at step 2 (signal)");
-    let (code, lines) = json.finish();
+    let (code, lines, _) = json.finish();
     assert_eq!(code, Some(0), "{lines:?}");
     let events: Vec<String> = lines
         .iter()
@@ -903,7 +833,7 @@ fn status_follow_calls_a_worker_killed_without_a_word_dead() {
     signal(pid, "KILL");
     signal(pid, "-KILL");
     reap(pid);
-    let (code, lines) = text.finish();
+    let (code, lines, _) = text.finish();
     assert_eq!(code, Some(4), "{lines:?}");
     assert!(
         lines
@@ -912,7 +842,7 @@ fn status_follow_calls_a_worker_killed_without_a_word_dead() {
             .starts_with(&format!("dead: the worker (pid {pid} on ")),
         "{lines:?}"
     );
-    let (code, lines) = json.finish();
+    let (code, lines, _) = json.finish();
     assert_eq!(code, Some(4), "{lines:?}");
     let last: serde_json::Value = serde_json::from_str(lines.last().unwrap()).unwrap();
     assert_eq!(last["event"], "dead");

@@ -8,6 +8,7 @@ mod checkpoints;
 mod dashboard;
 #[cfg(feature = "train")]
 mod dashboard_train;
+mod follow;
 #[cfg(feature = "train")]
 mod gpu_check;
 mod import;

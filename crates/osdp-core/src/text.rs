@@ -46,6 +46,28 @@ pub fn printable(name: &str) -> std::borrow::Cow<'_, str> {
     std::borrow::Cow::Owned(out)
 }
 
+/// Most characters of a text [`excerpt`] keeps.
+pub const EXCERPT_CHARS: usize = 300;
+
+/// `text` as a message may echo it: [`printable`], without trailing white space, and cut after
+/// [`EXCERPT_CHARS`] characters with a note of how much was left out (`… (49.9 MiB more left
+/// out)`): a failure message may be anything a worker or a file says, megabytes of it.
+pub fn excerpt(text: &str) -> std::borrow::Cow<'_, str> {
+    let text = text.trim_end();
+    let cut = text
+        .char_indices()
+        .nth(EXCERPT_CHARS)
+        .map_or(text.len(), |(i, _)| i);
+    if cut == text.len() {
+        return printable(text);
+    }
+    std::borrow::Cow::Owned(format!(
+        "{}… ({} more left out)",
+        printable(&text[..cut]),
+        crate::units::bytes((text.len() - cut) as u64)
+    ))
+}
+
 /// `a, b or c`: a list of names for a message.
 pub fn or_list(names: &[&str]) -> String {
     match names.split_last() {
@@ -71,6 +93,20 @@ mod tests {
         assert_eq!(file_component("\u{1b}[2J"), "__2J");
         assert_eq!(file_component("ü"), "_");
         assert_eq!(file_component(&"x".repeat(1000)).len(), MAX_COMPONENT_BYTES);
+    }
+
+    #[test]
+    fn an_excerpt_keeps_a_short_text_and_cuts_a_long_one_saying_how_much_went() {
+        assert_eq!(
+            excerpt("CUDA error\nout of memory\n"),
+            "CUDA error\\nout of memory"
+        );
+        let long = format!("{}\u{1b}{}", "é".repeat(EXCERPT_CHARS), "x".repeat(1 << 20));
+        let left = crate::units::bytes(1 + (1 << 20));
+        assert_eq!(
+            excerpt(&long),
+            format!("{}… ({left} more left out)", "é".repeat(EXCERPT_CHARS))
+        );
     }
 
     #[test]
