@@ -243,7 +243,8 @@ struct PlanArgs {
     #[arg(long)]
     no_recompute: bool,
     /// Fix a block's recomputation: BLOCK=on|off or FIRST-LAST=on|off (repeatable); the
-    /// planner stays exact over the plans that honour it (the dashboard's R).
+    /// planner stays exact over the plans that honour it (the dashboard's R). A fix wins over
+    /// --no-recompute: blocks fixed on recompute, the others do not.
     #[arg(long, value_name = "BLOCK=on|off")]
     recompute_block: Vec<String>,
     /// Fix an op's strategy: OP=dp|zero1|zero2|zero3|zero3/K:M|hsdp, optionally with
@@ -251,8 +252,8 @@ struct PlanArgs {
     #[arg(long, value_name = "OP=STRATEGY")]
     pin: Vec<String>,
     /// Host memory per GPU that offloaded optimizer state and parameters may take; 0 never
-    /// offloads [default: 80 % of the layout's host memory over its GPUs; layouts without
-    /// `host` figures never offload].
+    /// offloads (no plan fits an op pinned +offload-…) [default: 80 % of the layout's host
+    /// memory over its GPUs; layouts without `host` figures never offload].
     #[arg(long, value_parser = parse_budget, allow_hyphen_values = true, value_name = "SIZE")]
     host_budget: Option<u64>,
     /// Memory resolution of the search: plans within this much of the budget may be missed

@@ -93,7 +93,7 @@ impl BaselineOut {
             step_time_s: p.map(|p| p.step_time_s),
             peak_memory_bytes: p.map(|p| p.peak_memory_bytes),
             needs_bytes: match o {
-                Outcome::Needs(n) => Some(*n),
+                Outcome::Needs(n) => *n,
                 Outcome::Fits(_) => None,
             },
         }
@@ -342,23 +342,20 @@ fn explained_ops(req: &PlanCommand, spec: &ModelSpec) -> Result<Vec<usize>, Fail
 fn no_fit_failure(spec: &ModelSpec, layout: &Layout, budget: u64, nf: &NoFit) -> Failure {
     Failure {
         code: EXIT_NO_FIT,
-        message: match nf.host_budget_bytes {
-            Some(_) if nf.min_budget_bytes == u64::MAX => {
-                format!(
-                    "no plan of {} on {}: {}",
-                    spec.name,
-                    layout.name,
-                    nf.describe(budget)
-                )
-            }
-            _ => format!(
+        message: match nf.min_budget_bytes {
+            Some(least) => format!(
                 "no plan of {} fits {} per GPU on {}; the smallest budget that fits is {} \
-                 (--budget {}B)",
+                 (--budget {least}B)",
                 spec.name,
                 units::bytes(budget),
                 layout.name,
-                units::bytes(nf.min_budget_bytes),
-                nf.min_budget_bytes
+                units::bytes(least),
+            ),
+            None => format!(
+                "no plan of {} on {}: {}",
+                spec.name,
+                layout.name,
+                nf.describe(budget)
             ),
         },
     }
@@ -374,14 +371,16 @@ fn least_that_fits(
     mut nf: NoFit,
 ) -> NoFit {
     for _ in 0..8 {
-        if nf.min_budget_bytes == u64::MAX {
+        let Some(least) = nf.min_budget_bytes else {
             break;
-        }
-        match plan_with_baselines(spec, machine, options.clone(), nf.min_budget_bytes) {
+        };
+        match plan_with_baselines(spec, machine, options.clone(), least) {
             Ok(_) => break,
-            Err(again) if again.min_budget_bytes > nf.min_budget_bytes => nf = again,
+            Err(again) if again.min_budget_bytes > Some(least) => nf = again,
             // Not closer: name the next byte's worth of budget up, which is searched next.
-            Err(_) => nf.min_budget_bytes += options.resolution_bytes.max(1),
+            Err(_) => {
+                nf.min_budget_bytes = least.checked_add(options.resolution_bytes.max(1));
+            }
         }
     }
     nf
@@ -548,13 +547,13 @@ impl PlanReport {
                     units::bytes(p.prediction.peak_memory_bytes),
                     prediction.throughput_samples_per_s / p.prediction.throughput_samples_per_s
                 ),
-                Outcome::Needs(n) if *n < u64::MAX => println!(
+                Outcome::Needs(Some(n)) => println!(
                     "  {:<12}{:>14}  needs ≥ {} per GPU",
                     b.name(),
                     "does not fit",
                     units::bytes(*n)
                 ),
-                Outcome::Needs(_) => println!("  {:<12}{:>14}", b.name(), "does not fit"),
+                Outcome::Needs(None) => println!("  {:<12}{:>14}", b.name(), "does not fit"),
             }
         }
         for (op, alts) in &self.explained {

@@ -7,8 +7,8 @@ use osdp_core::cluster::Layout;
 use osdp_core::cost::{Choice, Machine, Strategy};
 use osdp_core::model::ModelSpec;
 use osdp_core::plan::{
-    batch_options, check_batch, check_choice, default_global_batch, GlobalBatch, PlanOptions,
-    MAX_BUDGET_BYTES,
+    batch_options, check_batch, check_choice, default_global_batch, max_global_batch, GlobalBatch,
+    PlanOptions, MAX_BUDGET_BYTES,
 };
 use osdp_core::units;
 
@@ -179,11 +179,10 @@ pub fn choose_global_batch(
     if let Some(b) = fixed_micro_batch {
         check_batch(model, b).map_err(|e| format!("--batch: {e}"))?;
     }
-    let chosen = match (
-        global_batch_of(model, None, tokens)?,
-        arg,
-        fixed_micro_batch,
-    ) {
+    let from_tokens = tokens
+        .map(|t| global_batch_of(model, t, m.ranks))
+        .transpose()?;
+    let chosen = match (from_tokens, arg, fixed_micro_batch) {
         (Some(n), _, _) | (None, Some(GlobalBatchArg::Samples(n)), _) => GlobalBatch::Given(n),
         (None, Some(GlobalBatchArg::Any), _) | (None, None, Some(_)) => GlobalBatch::Any,
         (None, None, None) => GlobalBatch::Default(default_global_batch(model, m, cpu)),
@@ -197,25 +196,27 @@ pub fn choose_global_batch(
     Ok(chosen)
 }
 
-/// The global batch in samples from `--global-batch N` or `--tokens-per-step T` (a whole
-/// number of the model's sequences).
-pub fn global_batch_of(
-    model: &ModelSpec,
-    samples: Option<u64>,
-    tokens: Option<u64>,
-) -> Result<Option<u64>, String> {
-    let Some(tokens) = tokens else {
-        return Ok(samples);
-    };
+/// The global batch in samples from `--tokens-per-step T`: a whole number of the model's
+/// sequences, at most what `ranks` ranks run ([`max_global_batch`]).
+pub fn global_batch_of(model: &ModelSpec, tokens: u64, ranks: u32) -> Result<u64, String> {
     let seq = model.config.seq_len.max(1);
+    let most = max_global_batch(ranks).saturating_mul(seq);
+    if tokens > most {
+        return Err(format!(
+            "--tokens-per-step {tokens} is too large: at most {most} tokens on {ranks} rank(s) \
+             ({} sequences of {seq})",
+            most / seq
+        ));
+    }
     if tokens % seq != 0 {
+        // Both within the range: `most` is a multiple of `seq` (unless saturated) above `tokens`.
         let below = tokens / seq * seq;
         return Err(format!(
             "--tokens-per-step {tokens} is not a whole number of {seq}-token sequences; \
              the nearest that are: {} and {}",
             below.max(seq),
-            below + seq
+            below.saturating_add(seq).min(most)
         ));
     }
-    Ok(Some(tokens / seq))
+    Ok(tokens / seq)
 }

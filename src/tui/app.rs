@@ -528,10 +528,13 @@ impl App {
                 }
                 Some(PlanReady {
                     result: Err(nf), ..
-                }) => format!(
-                    "no plan fits the budget (it takes {}): nothing to start",
-                    units::bytes(nf.min_budget_bytes)
-                ),
+                }) => match nf.min_budget_bytes {
+                    Some(least) => format!(
+                        "no plan fits the budget (it takes {}): nothing to start",
+                        units::bytes(least)
+                    ),
+                    None => "no plan fits any budget: nothing to start".into(),
+                },
                 _ => "no plan yet: wait for the planner".into(),
             });
             return;

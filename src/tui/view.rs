@@ -1115,8 +1115,8 @@ fn versus(
         .iter()
         .filter(|(b, _)| b.strategy == strategy)
         .filter_map(|(_, o)| match o {
-            Outcome::Needs(n) if *n < u64::MAX => Some(*n),
-            _ => None,
+            Outcome::Needs(n) => *n,
+            Outcome::Fits(_) => None,
         })
         .min();
     match needs {

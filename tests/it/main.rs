@@ -14,6 +14,7 @@ mod gpu_check;
 mod import;
 #[cfg(feature = "train")]
 mod ledger;
+mod odd_flags;
 mod plan_cli;
 mod planner;
 mod published;

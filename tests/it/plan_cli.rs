@@ -366,7 +366,7 @@ fn every_sample_plans_at_least_as_well_as_the_baselines() {
                 ..Default::default()
             };
             let min = match plan_with_baselines(&model, &m, options.clone(), 0) {
-                Err(nf) => nf.min_budget_bytes,
+                Err(nf) => nf.min_budget_bytes.expect("some budget fits"),
                 Ok(_) => panic!("nothing fits in 0 bytes"),
             };
             let device = layout.memory_bytes();
@@ -398,7 +398,7 @@ fn every_sample_plans_at_least_as_well_as_the_baselines() {
 
 /// layouts/cpu.json with a calibration section whose linear kernels take `linear_s` per GFLOP
 /// forward (twice that backward), written to `dir`.
-fn calibrated_cpu_layout(dir: &std::path::Path, linear_s: f64) -> std::path::PathBuf {
+pub(crate) fn calibrated_cpu_layout(dir: &std::path::Path, linear_s: f64) -> std::path::PathBuf {
     let mut layout: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(root().join("layouts/cpu.json")).unwrap())
             .unwrap();

@@ -26,6 +26,16 @@ pub const MODEL_FORMAT_VERSION: u32 = 1;
 /// claiming 2^31 layers must not reach them.
 pub const MAX_LAYERS: u64 = 10_000;
 
+/// Largest width a model may have (hidden, embedding, FFN, heads, head size; the widest models
+/// have a few tens of thousands), and the longest sequence it may be priced at. With these
+/// bounds every figure the graph builder multiplies out fits in 64 bits.
+pub const MAX_WIDTH: u64 = 1 << 20;
+/// Largest vocabulary, of tokens or of token types (real ones reach a few hundred thousand).
+pub const MAX_VOCAB: u64 = 1 << 22;
+/// Largest position table, and the most rows a table may skip (`position_offset`); only
+/// `seq_len` of it is priced, so it may be longer than [`MAX_WIDTH`].
+pub const MAX_POSITIONS: u64 = 1 << 31;
+
 /// A whole model description, as stored in `model.json`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -12,7 +12,9 @@ mod search;
 
 pub use baseline::plan_with_baselines;
 pub use file::{check_choice, fingerprint, read_plan, PlanFile, PlanFileOp, PLAN_FORMAT_VERSION};
-pub use search::{batch_options, BatchError, NoFit, PlanOptions, Planned, Planner};
+pub use search::{
+    batch_options, max_global_batch, BatchError, NoFit, PlanOptions, Planned, Planner,
+};
 
 use serde::Serialize;
 
@@ -581,5 +583,45 @@ mod tests {
         assert_eq!(p.persistent_bytes, 16 * model.param_count());
         let samples = 2.0 * 8.0;
         assert!((p.throughput_samples_per_s - samples / p.step_time_s).abs() < 1e-9);
+    }
+
+    /// Issue 32: a global batch near 2^64 overflowed the nearest multiple ("… and 0"), and a
+    /// search with no answer named a budget of 2^64 − 1 bytes.
+    #[test]
+    fn odd_requests_are_refused_in_words_without_overflow() {
+        let at = |global| PlanOptions {
+            global_batch: Some(global),
+            ..PlanOptions::default()
+        };
+        let most = max_global_batch(2);
+        assert_eq!(
+            batch_options(&at(u64::MAX), 2),
+            Err(BatchError::TooLarge {
+                global: u64::MAX,
+                ranks: 2,
+                max: most / 2,
+                most,
+            })
+        );
+        assert!(batch_options(&at(most + 1), 2).is_err());
+        assert_eq!(batch_options(&at(most), 2).map(|o| o.is_empty()), Ok(false));
+        match batch_options(&at(most - 1), 2) {
+            Err(BatchError::NotDivisible { below, above, .. }) => {
+                assert_eq!((below, above), (most - 2, most))
+            }
+            other => panic!("{other:?}"),
+        }
+        for host in [None, Some(0), Some(1 << 20)] {
+            let nf = NoFit {
+                min_budget_bytes: None,
+                host_budget_bytes: host,
+            };
+            let said = nf.describe(8 << 30);
+            assert!(said.starts_with("nothing fits 8.0 GiB per GPU"), "{said}");
+            assert!(
+                !said.contains("EiB") && !said.contains("smallest"),
+                "{said}"
+            );
+        }
     }
 }

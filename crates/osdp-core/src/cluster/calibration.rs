@@ -155,11 +155,29 @@ impl Calibration {
             }
         }
         non_negative("calibration.step_overhead_s", self.step_overhead_s)?;
+        self.check_collectives_and_steal()
+    }
+
+    /// The collectives measured (a message of some bytes, the time it took) and the share of
+    /// CPU time stolen (from none to all of it).
+    fn check_collectives_and_steal(&self) -> Result<(), Problem> {
+        if let Some(f) = self.cpu_steal_fraction {
+            if !(f.is_finite() && (0.0..=1.0).contains(&f)) {
+                return Err(Problem::field(
+                    "calibration.cpu_steal_fraction",
+                    format!("must be a share from 0 to 1, got {f}"),
+                ));
+            }
+        }
         if self.collectives.len() > MAX_POINTS {
             return Err(Problem::field(
                 "calibration.collectives",
                 format!("{} points; at most {MAX_POINTS}", self.collectives.len()),
             ));
+        }
+        for (i, p) in self.collectives.iter().enumerate() {
+            positive(&format!("calibration.collectives[{i}].bytes"), p.bytes)?;
+            non_negative(&format!("calibration.collectives[{i}].seconds"), p.seconds)?;
         }
         Ok(())
     }
@@ -442,5 +460,39 @@ mod tests {
         let mut c = calibration();
         c.optimizer.swap(0, 1);
         assert!(c.validate().unwrap_err().to_string().contains("sorted"));
+    }
+
+    #[test]
+    fn validation_refuses_negative_or_unreal_collectives_and_steal() {
+        let point = |bytes: f64, seconds: f64| CollectivePoint {
+            bytes,
+            seconds,
+            calls: 3,
+        };
+        let mut c = calibration();
+        c.cpu_steal_fraction = Some(0.02);
+        c.collectives = vec![point(1e3, 0.0), point(1e6, 1e-3)];
+        assert!(c.validate().is_ok());
+        for (steal, shown) in [(-0.1, "-0.1"), (1.5, "1.5"), (f64::NAN, "NaN")] {
+            let mut c = calibration();
+            c.cpu_steal_fraction = Some(steal);
+            let e = c.validate().unwrap_err().to_string();
+            assert!(
+                e.contains("calibration.cpu_steal_fraction") && e.contains(shown),
+                "{e}"
+            );
+        }
+        for (p, field) in [
+            (point(-1e6, 1e-3), "collectives[1].bytes"),
+            (point(0.0, 1e-3), "collectives[1].bytes"),
+            (point(f64::INFINITY, 1e-3), "collectives[1].bytes"),
+            (point(1e6, -1e-3), "collectives[1].seconds"),
+            (point(1e6, f64::NAN), "collectives[1].seconds"),
+        ] {
+            let mut c = calibration();
+            c.collectives = vec![point(1e3, 1e-4), p];
+            let e = c.validate().unwrap_err().to_string();
+            assert!(e.contains(&format!("calibration.{field}")), "{e}");
+        }
     }
 }

@@ -12,7 +12,7 @@ use serde_json::{Map, Value};
 
 use super::{
     Activation, AttentionImpl, Biases, DType, Family, GraphBuilder, ModelConfig, ModelSpec,
-    NormKind, NormPosition, Positional, Problem, MAX_LAYERS,
+    NormKind, NormPosition, Positional, Problem, MAX_LAYERS, MAX_POSITIONS, MAX_VOCAB, MAX_WIDTH,
 };
 
 /// Architectures `import-hf` understands (the first entry of `architectures`).
@@ -28,16 +28,6 @@ pub const SUPPORTED_ARCHITECTURES: [&str; 6] = [
 /// Longest default sequence: configs advertise up to 128k positions, which nobody trains at
 /// by default. `--seq-len` overrides.
 pub const DEFAULT_MAX_SEQ_LEN: u64 = 8192;
-
-/// Largest width a config may give (hidden, FFN, heads, head size; the widest models have a
-/// few tens of thousands), and the longest sequence `--seq-len` may ask for. With these
-/// bounds every figure the graph builder multiplies out fits in 64 bits.
-pub const MAX_WIDTH: u64 = 1 << 20;
-/// Largest vocabulary (real ones reach a few hundred thousand).
-pub const MAX_VOCAB: u64 = 1 << 22;
-/// Largest position table; only `--seq-len` of it is priced, so it may be longer than
-/// [`MAX_WIDTH`] (the model format's own bound on a dimension).
-pub const MAX_POSITIONS: u64 = 1 << 31;
 
 /// The bound [`Cfg::uint`] holds a field to.
 fn largest(field: &str) -> u64 {

@@ -8,7 +8,10 @@
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
 
-use super::{ModelConfig, ModelSpec, OpKind, OpSpec, ParamSpec, MAX_LAYERS, MODEL_FORMAT_VERSION};
+use super::{
+    ModelConfig, ModelSpec, OpKind, OpSpec, ParamSpec, MAX_LAYERS, MAX_POSITIONS, MAX_VOCAB,
+    MAX_WIDTH, MODEL_FORMAT_VERSION,
+};
 use crate::input::{self, InputError, Problem};
 
 /// Every size derived from a parameter count must still fit in `u64` after this factor.
@@ -85,40 +88,59 @@ pub fn validate(m: &ModelSpec) -> Result<(), Problem> {
     Ok(())
 }
 
+/// Each integer of a model's config: its name, its value, the range it must be in, and what
+/// it counts. The one home of these bounds: every model, read from a file or imported, is held
+/// to them before anything multiplies them out (the planner's sizes, the trainer's tensors).
+fn config_ranges(c: &ModelConfig) -> [(&'static str, u64, u64, u64, &'static str); 12] {
+    [
+        ("vocab_size", c.vocab_size, 1, MAX_VOCAB, "tokens"),
+        ("seq_len", c.seq_len, 1, MAX_WIDTH, "tokens"),
+        (
+            "max_positions",
+            c.max_positions,
+            1,
+            MAX_POSITIONS,
+            "positions",
+        ),
+        ("hidden", c.hidden, 1, MAX_WIDTH, "features"),
+        ("embed_dim", c.embed_dim, 1, MAX_WIDTH, "features"),
+        ("layers", c.layers, 1, MAX_LAYERS, "layers"),
+        ("heads", c.heads, 1, MAX_WIDTH, "heads"),
+        ("kv_heads", c.kv_heads, 1, MAX_WIDTH, "heads"),
+        ("head_dim", c.head_dim, 1, MAX_WIDTH, "features"),
+        ("ffn_hidden", c.ffn_hidden, 1, MAX_WIDTH, "features"),
+        (
+            "position_offset",
+            c.position_offset,
+            0,
+            MAX_POSITIONS,
+            "positions",
+        ),
+        (
+            "type_vocab_size",
+            c.type_vocab_size,
+            0,
+            MAX_VOCAB,
+            "token types",
+        ),
+    ]
+}
+
 fn check_config(m: &ModelSpec) -> Result<(), Problem> {
     let c = &m.config;
-    let positive = [
-        ("vocab_size", c.vocab_size),
-        ("seq_len", c.seq_len),
-        ("max_positions", c.max_positions),
-        ("hidden", c.hidden),
-        ("embed_dim", c.embed_dim),
-        ("layers", c.layers),
-        ("heads", c.heads),
-        ("kv_heads", c.kv_heads),
-        ("head_dim", c.head_dim),
-        ("ffn_hidden", c.ffn_hidden),
-    ];
-    for (name, v) in positive {
-        if v == 0 {
+    for (name, v, least, most, what) in config_ranges(c) {
+        if v < least {
             return Err(Problem::field(
                 &format!("config.{name}"),
-                "must be at least 1",
+                format!("must be at least {least}"),
             ));
         }
-        // Dimensions are multiplied together freely downstream; keep them in a sane range.
-        if v > (1 << 31) {
+        if v > most {
             return Err(Problem::field(
                 &format!("config.{name}"),
-                format!("{v} is too large (at most 2^31)"),
+                format!("{v} {what} are too many (at most {most})"),
             ));
         }
-    }
-    if c.layers > MAX_LAYERS {
-        return Err(Problem::field(
-            "config.layers",
-            format!("{} layers are too many (at most {MAX_LAYERS})", c.layers),
-        ));
     }
     if c.heads % c.kv_heads != 0 {
         return Err(Problem::field(
@@ -637,4 +659,43 @@ fn check_totals(m: &ModelSpec) -> Result<(), Problem> {
             .ok_or_else(|| overflow("activation bytes"))?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue 32: `position_offset` 2^64 − 1 was read, then overflowed the trainer's positions.
+    /// Every integer of the config is bounded where the model is read, naming the field.
+    #[test]
+    fn every_config_integer_is_bounded_naming_its_field() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+        let model = read_model(&root.join("sample-models/tiny-opt.json")).unwrap();
+        let json = serde_json::to_value(&model).unwrap();
+        let integers = json["config"]
+            .as_object()
+            .unwrap()
+            .iter()
+            .filter(|(_, v)| v.is_u64())
+            .count();
+        let ranges = config_ranges(&model.config);
+        assert_eq!(
+            ranges.len(),
+            integers,
+            "an integer of the config has no range"
+        );
+        for (name, _, _, most, _) in ranges {
+            for past in [most + 1, u64::MAX] {
+                let mut bad = json.clone();
+                bad["config"][name] = past.into();
+                let bad: ModelSpec = serde_json::from_value(bad).unwrap();
+                let e = validate(&bad).unwrap_err().to_string();
+                assert!(
+                    e.contains(&format!("config.{name}: {past} "))
+                        && e.contains(&format!("at most {most}")),
+                    "{name} = {past}: {e}"
+                );
+            }
+        }
+    }
 }

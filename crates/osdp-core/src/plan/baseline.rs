@@ -71,9 +71,9 @@ impl Baseline {
 #[derive(Debug, Clone, PartialEq)]
 pub enum Outcome {
     Fits(Box<Planned>),
-    /// Nothing fits; the smallest per-GPU budget any of its plans needs (`u64::MAX`: there is
-    /// no batch to run at all, e.g. a global batch the ranks cannot share).
-    Needs(u64),
+    /// Nothing fits; the smallest per-GPU budget any of its plans needs (`None`: there is no
+    /// batch to run at all, e.g. a global batch the ranks cannot share).
+    Needs(Option<u64>),
 }
 
 impl Outcome {
@@ -187,13 +187,9 @@ impl BaselineTable {
                     });
                 let outcome = match best {
                     Some(p) => Outcome::Fits(Box::new(p.clone())),
-                    None => Outcome::Needs(
-                        plans
-                            .iter()
-                            .map(|p| p.prediction.peak_memory_bytes)
-                            .min()
-                            .unwrap_or(u64::MAX),
-                    ),
+                    None => {
+                        Outcome::Needs(plans.iter().map(|p| p.prediction.peak_memory_bytes).min())
+                    }
                 };
                 (b, outcome)
             })
@@ -346,7 +342,7 @@ mod tests {
         let (model, m) = setup("gpt2-xl", "a100-80gb-8x-nvlink");
         let results = baselines(&model, &m, 8 << 30, &PlanOptions::default());
         let (_, ddp) = &results[0];
-        let Outcome::Needs(need) = ddp else {
+        let Outcome::Needs(Some(need)) = ddp else {
             panic!("DDP of gpt2-xl (16 bytes × 1.6 B parameters) fits 8 GiB: {ddp:?}")
         };
         assert!(*need > 8 << 30);

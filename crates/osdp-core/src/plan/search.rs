@@ -73,29 +73,38 @@ pub struct Planned {
 /// are merged (see [`Planned::coarsened_bytes`]).
 pub const MAX_CAP_SLOTS: usize = 50_000;
 
-/// Nothing fits the budget; the smallest budget that would.
+/// Nothing fits the budget; the smallest budget that would, if any does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct NoFit {
-    pub min_budget_bytes: u64,
+    /// The smallest per-GPU budget some plan fits; `None`: no budget is enough (see
+    /// `host_budget_bytes`, or no plan can be made at all).
+    pub min_budget_bytes: Option<u64>,
     /// `Some(h)`: no plan keeps its offloaded state within the host budget `h`, at any
-    /// device budget (`min_budget_bytes` is then `u64::MAX`).
+    /// device budget (`min_budget_bytes` is then `None`).
     pub host_budget_bytes: Option<u64>,
 }
 
 impl NoFit {
     /// What would fit, in words: `budget` per GPU is what was asked.
     pub fn describe(&self, budget: u64) -> String {
-        match self.host_budget_bytes {
-            Some(h) if self.min_budget_bytes == u64::MAX => format!(
-                "nothing fits {} per GPU: even the plans that offload to host memory need more \
-                 than the host budget of {} per GPU (raise the host budget, or add GPUs)",
-                crate::units::bytes(budget),
+        let asked = crate::units::bytes(budget);
+        match (self.min_budget_bytes, self.host_budget_bytes) {
+            (Some(least), _) => format!(
+                "nothing fits {asked} per GPU; the smallest budget that fits is {}",
+                crate::units::bytes(least)
+            ),
+            (None, Some(0)) => format!(
+                "nothing fits {asked} per GPU, nor any budget: ops pinned to offload keep state \
+                 in host memory, but the host budget is 0 (unpin them, or give a host budget)"
+            ),
+            (None, Some(h)) => format!(
+                "nothing fits {asked} per GPU: even the plans that offload to host memory need \
+                 more than the host budget of {} per GPU (raise the host budget, or add GPUs)",
                 crate::units::bytes(h)
             ),
-            _ => format!(
-                "nothing fits {} per GPU; the smallest budget that fits is {}",
-                crate::units::bytes(budget),
-                crate::units::bytes(self.min_budget_bytes)
+            (None, None) => format!(
+                "nothing fits {asked} per GPU, nor any budget: no plan of this model can be made \
+                 with these settings"
             ),
         }
     }
@@ -221,9 +230,21 @@ pub enum BatchError {
         divisors: String,
     },
     #[error(
-        "a global batch of {global} samples is more than {max} per rank; no run takes that many"
+        "a global batch of {global} samples is too large: at most {most} on {ranks} rank(s) \
+         ({max} per rank)"
     )]
-    TooLarge { global: u64, max: u64 },
+    TooLarge {
+        global: u64,
+        ranks: u64,
+        max: u64,
+        most: u64,
+    },
+}
+
+/// The largest global batch `ranks` ranks run: the most samples per rank a run takes
+/// ([`super::file::MAX_SAMPLES_PER_RANK`]) on each.
+pub fn max_global_batch(ranks: u32) -> u64 {
+    super::file::MAX_SAMPLES_PER_RANK.saturating_mul(u64::from(ranks.max(1)))
 }
 
 /// The (micro-batch, accumulation) pairs the planner tries, smallest micro-batch first: the
@@ -235,21 +256,28 @@ pub fn batch_options(options: &PlanOptions, ranks: u32) -> Result<Vec<(u64, u64)
             None => Vec::new(),
         });
     };
-    let ranks = u64::from(ranks.max(1));
     let max = super::file::MAX_SAMPLES_PER_RANK;
+    // The range first: the nearest multiples named below are then within it (`most` is one).
+    let most = max_global_batch(ranks);
+    let ranks = u64::from(ranks.max(1));
+    if global > most {
+        return Err(BatchError::TooLarge {
+            global,
+            ranks,
+            max,
+            most,
+        });
+    }
     if global == 0 || global % ranks != 0 {
         let below = global / ranks * ranks;
         return Err(BatchError::NotDivisible {
             global,
             ranks,
             below: below.max(ranks),
-            above: below + ranks,
+            above: below.saturating_add(ranks).min(most),
         });
     }
     let per_rank = global / ranks;
-    if per_rank > max {
-        return Err(BatchError::TooLarge { global, max });
-    }
     let divisors: Vec<u64> = (1..=per_rank.isqrt())
         .filter(|d| per_rank % d == 0)
         .flat_map(|d| [d, per_rank / d])
@@ -494,7 +522,7 @@ impl<'m> Planner<'m> {
         }
         let Some((mut high, mut best)) = found else {
             return Err(NoFit {
-                min_budget_bytes: u64::MAX,
+                min_budget_bytes: None,
                 host_budget_bytes: Some(host),
             });
         };
@@ -567,11 +595,10 @@ impl<'m> Planner<'m> {
                 .tables
                 .iter()
                 .filter_map(|t| t.cheapest(self.machine.overhead_bytes))
-                .min()
-                .unwrap_or(u64::MAX);
+                .min();
             return Err(NoFit {
                 min_budget_bytes,
-                host_budget_bytes: self.host_limit.filter(|_| min_budget_bytes == u64::MAX),
+                host_budget_bytes: self.host_limit.filter(|_| min_budget_bytes.is_none()),
             });
         };
         let table = &self.tables[ti];
@@ -677,21 +704,21 @@ impl<'m> Planner<'m> {
         opts
     }
 
-    /// Whether `class`'s instances may run recomputed under the options (a block class with
-    /// recomputation on), which gives each slot a second, recomputed count.
+    /// Whether `class`'s instances may run recomputed (a block class with recomputation on, as
+    /// its blocks are fixed or else as the options allow), which gives each slot a second,
+    /// recomputed count. A fix wins over [`PlanOptions::recompute`]: blocks fixed on recompute
+    /// even where the others may not.
     fn recomputes(&self, class: &Class) -> bool {
-        class.blocks.is_some() && self.options.recompute
+        class.blocks.is_some() && class.forced.unwrap_or(self.options.recompute)
     }
 
     /// Every transient some option (or recomputed block option) reaches, from `floor` up,
     /// sorted, distinct, and merged at the resolution.
     fn candidate_caps(&self, opts: &[Vec<Opt>], remat: &[u64], floor: u64) -> Vec<u64> {
         let mut caps: Vec<u64> = opts.iter().flatten().map(|o| o.transient).collect();
-        if self.options.recompute {
-            for class in self.classes.iter().filter(|c| c.blocks.is_some()) {
-                for &i in &class.instances[0] {
-                    caps.extend(opts[i].iter().map(|o| o.transient + remat[i]));
-                }
+        for class in self.classes.iter().filter(|c| self.recomputes(c)) {
+            for &i in &class.instances[0] {
+                caps.extend(opts[i].iter().map(|o| o.transient + remat[i]));
             }
         }
         caps.retain(|&c| c >= floor);
@@ -842,8 +869,7 @@ impl<'m> Planner<'m> {
     /// What a recomputed instance of `class` keeps (its block's input) at `batch`, when the
     /// class is a block that may recompute (as fixed, or as the options allow).
     fn kept_bytes(&self, class: &Class, batch: u64) -> Option<u64> {
-        let may = class.forced.unwrap_or(self.options.recompute);
-        let b = class.blocks.as_ref().filter(|_| may)?[0];
+        let b = class.blocks.as_ref().filter(|_| self.recomputes(class))?[0];
         Some(
             self.machine
                 .activation_bytes(self.blocks.input_bytes_per_sample[b])
@@ -1166,16 +1192,17 @@ fn option(base: &OpBase, choice: Choice, m: &Machine, host: bool, host_price: f6
     }
 }
 
-/// The host budget where it can bind: where offload is offered and the most host memory any
-/// plan could take (every op at its most host-hungry choice; host bytes do not depend on the
-/// micro-batch) exceeds it.
+/// The host budget where it can bind: where offload can be priced and the most host memory
+/// any plan could take (every op at its most host-hungry choice; host bytes do not depend on
+/// the micro-batch) exceeds it. A host budget of 0 offers no offload, but an op pinned to
+/// offload still takes host memory: that budget binds too.
 fn host_can_bind(
     bases: &[OpBase],
     m: &Machine,
     pins: &HashMap<usize, Choice>,
     max_split: u32,
 ) -> Option<u64> {
-    if !m.offers_offload() {
+    if !m.prices_offload() {
         return None;
     }
     let most = bases
