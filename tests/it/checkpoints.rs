@@ -304,7 +304,10 @@ fn issue_21_twenty_kills_while_checkpointing_lose_nothing_and_resume_exactly() {
         let (loss, straight) = (line["loss"].as_f64().unwrap(), expected[step as usize - 1]);
         if first_of_segment {
             let off = (loss - straight).abs() / straight;
-            assert!(off < 1e-5, "step {step}: loss {loss} after kills, {straight} straight");
+            assert!(
+                off < 1e-5,
+                "step {step}: loss {loss} after kills, {straight} straight"
+            );
         } else {
             assert_eq!(
                 loss.to_bits(),

@@ -267,7 +267,7 @@ fn issue_32_a_stopped_rank_ends_the_run_at_the_deadline_with_its_checkpoint_inta
             .unwrap()
     };
     let r0 = spawn(0, &with_metrics);
-    let r1 = spawn(1, &args);
+    let mut r1 = spawn(1, &args);
     let until = Instant::now() + Duration::from_secs(60);
     while super::train::step_lines(&metrics).len() < 2 {
         assert!(Instant::now() < until, "no steps in 60 s");
@@ -278,6 +278,7 @@ fn issue_32_a_stopped_rank_ends_the_run_at_the_deadline_with_its_checkpoint_inta
     let out = r0.wait_with_output().unwrap();
     let took = stopped.elapsed();
     signal(r1.id(), libc::SIGKILL);
+    let _ = r1.wait();
     let line = failed(&out);
     assert!(line.contains("rank 1 sent nothing for 3 s"), "{line}");
     assert!(
