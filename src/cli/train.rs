@@ -29,9 +29,10 @@ pub struct TrainArgs {
     /// Plan file written by `plan -o` (or by hand) for this model.
     #[arg(long)]
     pub plan: PathBuf,
-    /// Data-parallel ranks, as threads of this process [default: 1]. Under torchrun or Slurm
-    /// (`WORLD_SIZE`, `RANK`, `MASTER_ADDR`, `MASTER_PORT` set) this process is one rank and
-    /// the world size is `WORLD_SIZE`.
+    /// Data-parallel ranks, as threads of this process (at most 8 per core) [default: 1].
+    /// Under torchrun or Slurm (`WORLD_SIZE`, `RANK`, `MASTER_ADDR`, `MASTER_PORT` set) this
+    /// process is one rank and the world size is `WORLD_SIZE` (a different --world-size is
+    /// refused).
     #[arg(long, value_name = "N", value_parser = parse_world_size)]
     pub world_size: Option<usize>,
     /// Arrange the ranks as nodes of N consecutive ranks: what an hsdp plan shards over

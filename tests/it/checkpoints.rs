@@ -13,7 +13,7 @@ use super::train::{dp_plan, losses, sample, step_lines, tiny, write_plan};
 use super::{refused, root};
 
 /// Run `cmd` and check that it succeeds.
-fn succeeds(cmd: &mut Command) {
+pub(crate) fn succeeds(cmd: &mut Command) {
     let out = cmd.output().unwrap();
     assert!(
         out.status.success(),
@@ -23,13 +23,13 @@ fn succeeds(cmd: &mut Command) {
 }
 
 /// `cmd` as `refused` takes it.
-fn checked(cmd: Command) -> assert_cmd::Command {
+pub(crate) fn checked(cmd: Command) -> assert_cmd::Command {
     assert_cmd::Command::from_std(cmd)
 }
 
 /// `osdp-tui train tiny-gpt2` on a data-parallel plan, 2 samples of random tokens per step,
 /// checkpointing into `ckpt`, plus `extra`.
-fn train(plan: &Path, ckpt: &Path, extra: &[&str]) -> Command {
+pub(crate) fn train(plan: &Path, ckpt: &Path, extra: &[&str]) -> Command {
     let mut cmd = Command::new(assert_cmd::cargo::cargo_bin("osdp-tui"));
     cmd.current_dir(root())
         .arg("train")
@@ -44,7 +44,7 @@ fn train(plan: &Path, ckpt: &Path, extra: &[&str]) -> Command {
 }
 
 /// Every file under `dir` with its bytes.
-fn snapshot(dir: &Path) -> BTreeMap<PathBuf, Vec<u8>> {
+pub(crate) fn snapshot(dir: &Path) -> BTreeMap<PathBuf, Vec<u8>> {
     let mut out = BTreeMap::new();
     let mut todo = vec![dir.to_path_buf()];
     while let Some(d) = todo.pop() {

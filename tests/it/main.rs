@@ -2,6 +2,8 @@
 
 mod bad_input;
 #[cfg(feature = "train")]
+mod bounds;
+#[cfg(feature = "train")]
 mod calibrate;
 #[cfg(feature = "train")]
 mod checkpoints;

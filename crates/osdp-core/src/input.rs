@@ -247,20 +247,12 @@ pub fn write_json_atomically<T: serde::Serialize>(path: &Path, value: &T) -> std
 /// would replace the device node itself. Directories, FIFOs (a write would block until someone
 /// reads), sockets and block devices are refused.
 pub fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    match std::fs::metadata(path) {
-        Ok(meta) if meta.is_file() => {}
-        Ok(meta) => return write_special(path, &meta.file_type(), bytes),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(e),
-    }
-    let dir = match path.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
-        _ => std::path::PathBuf::from("."),
+    let Some((dir, file_name)) = replaceable(path)? else {
+        // No truncate: devices have no length, and /dev/stdout may be a file the shell
+        // opened for appending.
+        return open_device(path)?.write_all(bytes);
     };
-    let file_name = path
-        .file_name()
-        .ok_or_else(|| std::io::Error::other("output path has no file name"))?;
-    let (tmp, mut f) = create_temp_beside(&dir, &file_name.to_string_lossy())?;
+    let (tmp, mut f) = create_temp_beside(&dir, &file_name)?;
     let result = (|| {
         f.write_all(bytes)?;
         f.sync_all()?;
@@ -273,23 +265,85 @@ pub fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     result
 }
 
-/// A target that exists and is not a regular file.
-fn write_special(path: &Path, kind: &std::fs::FileType, bytes: &[u8]) -> std::io::Result<()> {
+/// Whether [`write_atomically`] can write `path`, asked before the work that makes its content:
+/// the target is a regular file or nothing, and a file can be created (and is removed again)
+/// beside it; or it is a character device this process may open for writing. Says why not.
+pub fn check_writable(path: &Path) -> std::io::Result<()> {
+    match replaceable(path)? {
+        Some((dir, file_name)) => {
+            let (tmp, f) = create_temp_beside(&dir, &file_name)?;
+            drop(f);
+            std::fs::remove_file(&tmp)
+        }
+        None => open_device(path).map(drop),
+    }
+}
+
+/// Where [`write_atomically`] replaces `path` by rename: its directory and file name; `None`
+/// when `path` is a character device (written in place); an error for any other kind of file.
+fn replaceable(path: &Path) -> std::io::Result<Option<(PathBuf, String)>> {
+    match std::fs::metadata(path) {
+        Ok(meta) if meta.is_file() => {}
+        Ok(meta) if is_char_device(&meta.file_type()) => return Ok(None),
+        Ok(meta) => {
+            return Err(std::io::Error::other(format!(
+                "it is {}; give a file name",
+                file_kind(&meta.file_type())
+            )))
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
+    let dir = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => std::path::PathBuf::from("."),
+    };
+    let file_name = path
+        .file_name()
+        .ok_or_else(|| std::io::Error::other("output path has no file name"))?;
+    Ok(Some((dir, file_name.to_string_lossy().into_owned())))
+}
+
+fn is_char_device(kind: &std::fs::FileType) -> bool {
     #[cfg(unix)]
     {
         use std::os::unix::fs::FileTypeExt;
-        if kind.is_char_device() {
-            // No truncate: devices have no length, and /dev/stdout may be a file the shell
-            // opened for appending.
-            let mut f = std::fs::OpenOptions::new().write(true).open(path)?;
-            return f.write_all(bytes);
-        }
+        kind.is_char_device()
     }
-    let _ = (path, bytes);
-    Err(std::io::Error::other(format!(
-        "it is {}; give a file name",
-        file_kind(kind)
-    )))
+    #[cfg(not(unix))]
+    {
+        let _ = kind;
+        false
+    }
+}
+
+/// A character device, opened for writing in place.
+fn open_device(path: &Path) -> std::io::Result<std::fs::File> {
+    std::fs::OpenOptions::new().write(true).open(path)
+}
+
+/// The name of a temp file for `file_name`: `.FILE.tmp-PID-N-NANOS` (this process's pid, a
+/// counter, the clock's nanoseconds).
+fn temp_name(file_name: &str, counter: u64, nanos: u32) -> String {
+    format!(
+        ".{file_name}.tmp-{}-{counter}-{nanos:09}",
+        std::process::id()
+    )
+}
+
+/// Whether `name` is a temp file [`write_atomically`] made for `file_name`, as a writer killed
+/// before its rename leaves it beside the file.
+pub fn is_temp_name_of(name: &str, file_name: &str) -> bool {
+    let Some(rest) = name
+        .strip_prefix('.')
+        .and_then(|n| n.strip_prefix(file_name))
+        .and_then(|n| n.strip_prefix(".tmp-"))
+    else {
+        return false;
+    };
+    let numbers: Vec<&str> = rest.split('-').collect();
+    let digits = |n: &str| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit());
+    numbers.len() == 3 && numbers.iter().all(|n| digits(n)) && numbers[2].len() == 9
 }
 
 /// Create a fresh temp file in `dir` for `file_name`. The name is hard to guess and the open
@@ -303,10 +357,10 @@ fn create_temp_beside(dir: &Path, file_name: &str) -> std::io::Result<(PathBuf, 
         let nanos = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.subsec_nanos());
-        let tmp = dir.join(format!(
-            ".{file_name}.tmp-{}-{}-{nanos:09}",
-            std::process::id(),
-            COUNTER.fetch_add(1, Ordering::Relaxed)
+        let tmp = dir.join(temp_name(
+            file_name,
+            COUNTER.fetch_add(1, Ordering::Relaxed),
+            nanos,
         ));
         match std::fs::OpenOptions::new()
             .write(true)
@@ -319,4 +373,39 @@ fn create_temp_beside(dir: &Path, file_name: &str) -> std::io::Result<(PathBuf, 
         }
     }
     Err(last_err.unwrap_or_else(|| std::io::Error::other("no free temp file name")))
+}
+
+#[cfg(test)]
+mod temp_names {
+    use super::*;
+
+    #[test]
+    fn a_temp_name_is_recognised_as_of_its_file_and_no_other() {
+        let name = temp_name("latest.json", 7, 12);
+        assert!(is_temp_name_of(&name, "latest.json"), "{name}");
+        assert!(!is_temp_name_of(&name, "manifest.json"));
+        for other in [
+            "latest.json",
+            ".latest.json.tmp-",
+            ".latest.json.tmp-1-2-3",
+            ".latest.json.tmp-1-2-000000003-4",
+            ".latest.json.tmp-a-2-000000003",
+            ".latest.json.tmp-1--000000003",
+            "latest.json.tmp-1-2-000000003",
+        ] {
+            assert!(!is_temp_name_of(other, "latest.json"), "{other}");
+        }
+    }
+
+    #[test]
+    fn writability_is_checked_without_leaving_anything() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("out.json");
+        check_writable(&path).unwrap();
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+        let e = check_writable(dir.path()).unwrap_err();
+        assert!(e.to_string().contains("a directory"), "{e}");
+        assert!(check_writable(&dir.path().join("no/such/dir/out.json")).is_err());
+        check_writable(Path::new("/dev/null")).unwrap();
+    }
 }

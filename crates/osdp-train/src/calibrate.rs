@@ -743,10 +743,8 @@ pub fn host_spec(layout: &Layout, host: &HostMeasurement, measured_at: &str) -> 
 
 /// This machine's memory in GiB (Linux `MemTotal`).
 fn mem_total_gib() -> Option<f64> {
-    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = info.lines().find(|l| l.starts_with("MemTotal:"))?;
-    let kib: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib / f64::from(1u32 << 20))
+    let kib = super::measure::meminfo_kib("MemTotal")?;
+    Some(kib as f64 / f64::from(1u32 << 20))
 }
 
 /// Collective calls grouped by size (within a factor of 1.5), the median time of each group.

@@ -5,7 +5,8 @@
 //!
 //! Writing is atomic: files go to a `.tmp-…` directory, are fsynced, the directory is renamed to
 //! `step-NNNNNNNN`, and only then does `latest` point at it. A process killed mid-write leaves the
-//! previous checkpoint and `latest` untouched.
+//! previous checkpoint and `latest` untouched; what it did leave, [`sweep`] removes once the
+//! directory is held again.
 
 use std::collections::{BTreeMap, HashMap};
 use std::io::Read;
@@ -229,13 +230,7 @@ impl Manifest {
         }
         let mut seen = vec![false; world];
         for f in &self.files {
-            let rank = f
-                .name
-                .strip_prefix("rank-")
-                .and_then(|r| r.strip_suffix(".safetensors"))
-                .filter(|r| r.len() == 5 && r.bytes().all(|b| b.is_ascii_digit()))
-                .and_then(|r| r.parse::<usize>().ok())
-                .filter(|&r| r < world);
+            let rank = rank_of_file(&f.name).filter(|&r| r < world);
             let Some(rank) = rank else {
                 return Err(format!(
                     "lists {:?}, which is not a rank file of a {world}-rank checkpoint",
@@ -282,6 +277,22 @@ pub fn tmp_dir(root: &Path, step: u64) -> PathBuf {
 
 pub fn rank_file_name(rank: usize) -> String {
     format!("rank-{rank:05}.safetensors")
+}
+
+/// The rank whose file `name` is, when it is named exactly as [`rank_file_name`] names one.
+fn rank_of_file(name: &str) -> Option<usize> {
+    let rank = name
+        .strip_prefix("rank-")?
+        .strip_suffix(".safetensors")?
+        .parse::<usize>()
+        .ok()?;
+    (rank_file_name(rank) == name).then_some(rank)
+}
+
+/// The step of a checkpoint directory named exactly as [`step_dir_name`] names one.
+fn step_of_dir(name: &str) -> Option<u64> {
+    let step = name.strip_prefix("step-")?.parse::<u64>().ok()?;
+    (step_dir_name(step) == name).then_some(step)
 }
 
 /// Prepare an empty temporary directory for `step` (rank 0, before the ranks write).
@@ -372,6 +383,7 @@ pub fn commit(root: &Path, tmp: &Path, mut manifest: Manifest) -> Result<PathBuf
         .map_err(|e| err(&lpath, e.to_string()))?;
     sync_dir(root);
     prune(root, manifest.step);
+    sweep(root);
     Ok(dest)
 }
 
@@ -419,6 +431,82 @@ pub fn latest(root: &Path) -> Result<Option<PathBuf>, CheckpointError> {
         ));
     }
     Ok(Some(root.join(l.checkpoint)))
+}
+
+/// Remove from `root` what interrupted checkpoint writers left, as far as it is provably
+/// theirs; what was removed. The caller holds `root`'s lock and writes no checkpoint now, so
+/// no live process writes there (another rank of this run writes only between `begin` and
+/// `commit`). Removed:
+/// - `.latest.json.tmp-…` files: `latest.json` written by a process killed before its rename;
+/// - `.tmp-step-NNNNNNNN` directories: checkpoints never committed;
+/// - `step-NNNNNNNN` directories without `manifest.json` at or before the step `latest.json`
+///   names (itself sealed): what a kill during pruning or replacing left.
+///
+/// A directory is removed only when it holds nothing but the files the trainer writes there.
+/// Never touched: sealed checkpoints (with a manifest), a step after the latest (no proof), any
+/// other name, symbolic links, and everything when `latest.json` cannot be read.
+pub fn sweep(root: &Path) -> Vec<PathBuf> {
+    let Ok(entries) = std::fs::read_dir(root) else {
+        return Vec::new();
+    };
+    let latest = latest_sealed_step(root);
+    let mut removed: Vec<PathBuf> = Vec::new();
+    for entry in entries.flatten() {
+        let (name, path) = (entry.file_name(), entry.path());
+        let (Some(name), Ok(kind)) = (name.to_str(), entry.file_type()) else {
+            continue;
+        };
+        let debris = if kind.is_file() {
+            osdp_core::input::is_temp_name_of(name, LATEST)
+        } else if !kind.is_dir() {
+            false
+        } else if let Some(step) = step_of_dir(name) {
+            latest.is_some_and(|l| step <= l) && only_writer_files(&path, false)
+        } else {
+            name.strip_prefix(".tmp-").and_then(step_of_dir).is_some()
+                && only_writer_files(&path, true)
+        };
+        if !debris {
+            continue;
+        }
+        let gone = if kind.is_dir() {
+            std::fs::remove_dir_all(&path)
+        } else {
+            std::fs::remove_file(&path)
+        };
+        if gone.is_ok() {
+            removed.push(path);
+        }
+    }
+    removed.sort();
+    removed
+}
+
+/// The step of the checkpoint `latest.json` names, when it can be read and that checkpoint is
+/// sealed (has its manifest).
+fn latest_sealed_step(root: &Path) -> Option<u64> {
+    let dir = latest(root).ok()??;
+    let step = step_of_dir(dir.file_name()?.to_str()?)?;
+    dir.join(MANIFEST).is_file().then_some(step)
+}
+
+/// Whether `dir` holds only plain files a checkpoint writer puts there: rank files, the
+/// manifest's temp file and, where `manifest`, the manifest itself.
+fn only_writer_files(dir: &Path, manifest: bool) -> bool {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return false;
+    };
+    entries.into_iter().all(|e| {
+        let Ok(e) = e else { return false };
+        let name = e.file_name();
+        let Some(name) = name.to_str() else {
+            return false;
+        };
+        e.file_type().is_ok_and(|t| t.is_file())
+            && (rank_of_file(name).is_some()
+                || (manifest && name == MANIFEST)
+                || osdp_core::input::is_temp_name_of(name, MANIFEST))
+    })
 }
 
 /// Check a checkpoint's manifest (its checksum, one file per rank) and files (sizes and
@@ -721,6 +809,29 @@ mod tests {
             .to_string(),
             "ln_f.bias|exp_avg|-|3:5"
         );
+    }
+
+    #[test]
+    fn only_names_the_trainer_writes_are_read_as_steps_and_ranks() {
+        assert_eq!(step_of_dir(&step_dir_name(7)), Some(7));
+        assert_eq!(step_of_dir(&step_dir_name(123_456_789)), Some(123_456_789));
+        for other in [
+            "step-7",
+            "step-0000007",
+            "step-+0000007",
+            "step-00000007-old",
+            "step-",
+        ] {
+            assert_eq!(step_of_dir(other), None, "{other}");
+        }
+        assert_eq!(rank_of_file(&rank_file_name(3)), Some(3));
+        for other in [
+            "rank-3.safetensors",
+            "rank-+0003.safetensors",
+            "rank-00003.st",
+        ] {
+            assert_eq!(rank_of_file(other), None, "{other}");
+        }
     }
 
     #[test]

@@ -151,7 +151,7 @@ pub fn train(
     check_config(cfg)?;
     let restored = restore(cfg)?;
     let first_step = restored.as_ref().map_or(0, |(m, _)| m.step);
-    let last_step = (cfg.steps > 0).then(|| first_step + cfg.steps);
+    let last_step = last_step(first_step, cfg.steps).map_err(TrainError::Invalid)?;
     on_event(&WorkerEvent::Started {
         model: cfg.model.name.clone(),
         world_size: world,
@@ -173,6 +173,7 @@ pub fn train(
         vocab: cfg.model.config.vocab_size,
     };
     let rows = (cfg.global_batch as usize) / world;
+    let end = last_step.unwrap_or(u64::MAX);
     let members = members(cfg, first_step)?;
     let (tx, rx) = mpsc::channel::<RankMsg>();
     let mut summary = TrainSummary {
@@ -190,7 +191,8 @@ pub fn train(
                 scope.spawn(move || {
                     let rank = group.rank();
                     let body = std::panic::AssertUnwindSafe(|| {
-                        rank_main(cfg, stop, group, sampler, rows, first_step, restored, &tx)
+                        let span = first_step..end;
+                        rank_main(cfg, stop, group, sampler, rows, span, restored, &tx)
                     });
                     let out = std::panic::catch_unwind(body)
                         .unwrap_or_else(|payload| Err(panicked(rank, payload.as_ref())));
@@ -255,6 +257,9 @@ fn check_config(cfg: &TrainConfig) -> Result<(), TrainError> {
             "the world size must be at least 1".into(),
         ));
     }
+    if cfg.membership.is_none() {
+        measure::check_rank_threads(world).map_err(TrainError::Invalid)?;
+    }
     osdp_core::plan::accumulation(cfg.global_batch, world, cfg.plan.batch)
         .map_err(TrainError::Invalid)?;
     exec::check_runnable(&cfg.model, &cfg.plan).map_err(|e| TrainError::Invalid(e.to_string()))?;
@@ -266,6 +271,23 @@ fn check_config(cfg: &TrainConfig) -> Result<(), TrainError> {
         cfg.target.device,
     )
     .map_err(TrainError::Invalid)
+}
+
+/// The step a run of `steps` steps from `first_step` ends at (`None`: `steps` is 0, the run
+/// goes until stopped). Refused past [`checkpoint::MAX_STEP`], the last step a checkpoint
+/// holds (and far short of where the sum would overflow).
+pub fn last_step(first_step: u64, steps: u64) -> Result<Option<u64>, String> {
+    if steps == 0 {
+        return Ok(None);
+    }
+    match first_step.checked_add(steps) {
+        Some(last) if last <= checkpoint::MAX_STEP => Ok(Some(last)),
+        _ => Err(format!(
+            "--steps {steps} from step {first_step} would end past step {}, the last a \
+             checkpoint holds: give fewer steps, or --steps 0 to run until stopped",
+            checkpoint::MAX_STEP
+        )),
+    }
 }
 
 /// A checkpoint's manifest and full parameter values, as every rank starts from them.
@@ -523,7 +545,7 @@ fn rank_main(
     group: Box<dyn Collective>,
     sampler: &data::Sampler,
     rows: usize,
-    first_step: u64,
+    steps: std::ops::Range<u64>,
     restored: Option<&Restored>,
     tx: &mpsc::Sender<RankMsg>,
 ) -> Result<RankEnd, TrainError> {
@@ -538,13 +560,8 @@ fn rank_main(
     };
     let mut exec =
         Executor::new(&cfg.model, &cfg.plan, group, cfg.target, init, cfg.optim).map_err(&err)?;
-    let last = if cfg.steps == 0 {
-        u64::MAX
-    } else {
-        first_step + cfg.steps
-    };
-    let mut step = first_step;
-    let mut saved_at = first_step;
+    let (mut step, last) = (steps.start, steps.end);
+    let mut saved_at = step;
     let mut by_signal = false;
     while step < last {
         // A stop asked of any rank (a signal may reach one process of a multi-process run)

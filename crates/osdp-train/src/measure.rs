@@ -25,10 +25,52 @@ pub struct StepSample {
 /// One rank's steps: time, profile, memory peak.
 type RankSteps = Vec<(f64, Profile, Breakdown)>;
 
+/// The cores this process may run threads on.
+fn cores() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
 /// Threads for libtorch's intra-op pool when `ranks` ranks share this machine's cores.
 pub fn threads_per_rank(ranks: usize) -> usize {
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    (cores / ranks.max(1)).max(1)
+    (cores() / ranks.max(1)).max(1)
+}
+
+/// Most ranks one process runs as threads, per core: more only wait for each other, and
+/// thousands of threads exhaust the process before the first step.
+pub const RANK_THREADS_PER_CORE: usize = 8;
+
+/// The most ranks this process runs as threads: [`RANK_THREADS_PER_CORE`] per core.
+pub fn max_rank_threads() -> usize {
+    cores() * RANK_THREADS_PER_CORE
+}
+
+/// Why `ranks` rank threads are too many for this machine, if they are (the caller says what
+/// asked for them and what to do instead).
+pub fn check_rank_threads(ranks: usize) -> Result<(), String> {
+    let most = max_rank_threads();
+    if ranks <= most {
+        return Ok(());
+    }
+    Err(format!(
+        "{ranks} ranks as threads of one process are too many here: at most {most} \
+         ({RANK_THREADS_PER_CORE} per core, {} core(s))",
+        cores()
+    ))
+}
+
+/// The memory this machine can give a new workload without swapping, in bytes (Linux
+/// `MemAvailable`); `None` where the kernel does not say.
+pub fn available_memory_bytes() -> Option<u64> {
+    meminfo_kib("MemAvailable").map(|kib| kib.saturating_mul(1024))
+}
+
+/// Field `key` of `/proc/meminfo`, in KiB.
+pub(crate) fn meminfo_kib(key: &str) -> Option<u64> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let rest = info
+        .lines()
+        .find_map(|l| l.strip_prefix(key)?.strip_prefix(':'))?;
+    rest.split_whitespace().next()?.parse().ok()
 }
 
 /// Run `f` on `ranks` rank threads of one [`LocalGroup`] at once, libtorch's threads shared
@@ -50,6 +92,7 @@ pub fn on_rank_threads_in_nodes<T: Send>(
     if ranks == 0 {
         return Err(TrainError::Invalid("at least one rank is needed".into()));
     }
+    check_rank_threads(ranks).map_err(TrainError::Invalid)?;
     let groups = LocalGroup::with_nodes(ranks, ranks_per_node).map_err(TrainError::Invalid)?;
     tch::set_num_threads(threads_per_rank(ranks) as i32);
     let results: Vec<Result<T, TrainError>> = std::thread::scope(|scope| {

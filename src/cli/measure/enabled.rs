@@ -48,14 +48,19 @@ pub fn calibrate(args: CalibrateArgs) -> Result<(), Failure> {
         return Err(no_cuda());
     }
     // Say so before a minute of measuring, not after.
-    check_output_dir(&args.output)?;
+    check_output(&args.output)?;
     if args.device == DeviceArg::Cuda {
         return calibrate_cuda(&args);
     }
-    let base = cpu_base_layout(&args)?;
-    let models = cpu_models(&args)?;
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let ranks = args.ranks.map_or(cores.min(8), |r| r as usize);
+    osdp_train::measure::check_rank_threads(ranks).map_err(|e| {
+        Failure::input(format!(
+            "--ranks {ranks}: {e}; calibrate fewer ranks (the default is one per core)"
+        ))
+    })?;
+    let base = cpu_base_layout(&args)?;
+    let models = cpu_models(&args)?;
     let name = args
         .output
         .file_stem()
@@ -102,8 +107,9 @@ pub fn calibrate(args: CalibrateArgs) -> Result<(), Failure> {
     Ok(())
 }
 
-/// `-o`'s directory must exist.
-fn check_output_dir(output: &std::path::Path) -> Result<(), Failure> {
+/// `-o` can be written: its directory exists, and it is a file (or nothing) that a file can
+/// be written beside, or a character device.
+fn check_output(output: &std::path::Path) -> Result<(), Failure> {
     if let Some(dir) = output.parent().filter(|d| !d.as_os_str().is_empty()) {
         if !dir.is_dir() {
             return Err(Failure::input(format!(
@@ -113,7 +119,8 @@ fn check_output_dir(output: &std::path::Path) -> Result<(), Failure> {
             )));
         }
     }
-    Ok(())
+    osdp_core::input::check_writable(output)
+        .map_err(|e| Failure::input(format!("-o {}: cannot write: {e}", output.display())))
 }
 
 /// The layout a CPU calibration completes: `--base`, else the built-in `cpu` layout.
@@ -458,11 +465,21 @@ fn validate_report(args: &ValidateArgs) -> Result<ValidateReport, Failure> {
     osdp_train::exec::check_runnable(&model, &plan)
         .map_err(|e| Failure::input(format!("{}: {e}", args.plan.display())))?;
     let target = validate_target(&layout, &args.layout)?;
+    let ranks = layout.world_size() as usize;
+    osdp_train::measure::check_rank_threads(ranks).map_err(|e| {
+        Failure::input(format!(
+            "{}: {e}; validate runs every rank of the layout as a thread: validate a layout of \
+             fewer ranks (such as one `osdp-tui calibrate` writes)",
+            args.layout.display()
+        ))
+    })?;
     let machine = osdp_core::cost::Machine::new(&layout, &model);
     osdp_core::plan::check_machine(&model, &plan, &machine)
         .map_err(|e| Failure::input(format!("{}: {e}", args.plan.display())))?;
     let predicted = osdp_core::plan::evaluate(&model, &machine, &plan);
-    let ranks = layout.world_size() as usize;
+    if target.device == osdp_train::tch::Device::Cpu {
+        check_host_memory(&model.name, &predicted, ranks)?;
+    }
     let timed = time_plan(args, &model, &plan, target, ranks)?;
     let last = &timed.last;
     let measured = measured_figures(
@@ -500,6 +517,38 @@ fn validate_report(args: &ValidateArgs) -> Result<ValidateReport, Failure> {
             step_time_s_per_repeat: timed.medians,
         },
     })
+}
+
+/// Refuse a CPU validation whose ranks, all in this process, would not fit this machine's
+/// available memory: each rank's predicted peak less the runtime's overhead, plus the runtime
+/// once. Where the kernel does not say what is available, the run goes ahead.
+fn check_host_memory(
+    model: &str,
+    predicted: &osdp_core::plan::Prediction,
+    ranks: usize,
+) -> Result<(), Failure> {
+    use osdp_core::units::bytes;
+    let Some(available) = osdp_train::measure::available_memory_bytes() else {
+        return Ok(());
+    };
+    let per_rank = predicted
+        .peak_memory_bytes
+        .saturating_sub(predicted.overhead_bytes);
+    let need = per_rank
+        .saturating_mul(ranks as u64)
+        .saturating_add(predicted.overhead_bytes);
+    if need <= available {
+        return Ok(());
+    }
+    Err(Failure::input(format!(
+        "{model} on {ranks} rank(s) needs about {} of memory ({} per rank, as predicted), and \
+         this machine has {} available: validate a smaller model, or a plan made with --budget \
+         {} or less",
+        bytes(need),
+        bytes(per_rank),
+        bytes(available),
+        bytes(available / ranks.max(1) as u64)
+    )))
 }
 
 /// What `validate` timed: each repetition's median step, the last repetition's steps, and

@@ -123,22 +123,14 @@ fn setup(args: &TrainArgs) -> Result<Setup, Failure> {
         None => None,
     };
     let resume_from = resume_point(args)?;
-    // A resumed run continues the same run: the global batch, seed and data the checkpoint
-    // was written with, unless the user says otherwise (then say so).
     let resumed = match &resume_from {
-        Some(dir) => {
-            let m = osdp_train::checkpoint::verify(dir).map_err(Failure::input)?;
-            // Of this model, before anything is allocated for its state.
-            m.check_model(&model).map_err(|problem| {
-                Failure::input(format!(
-                    "checkpoint {}: {problem}",
-                    dir.join("manifest.json").display()
-                ))
-            })?;
-            Some(m)
-        }
+        Some(dir) => Some(resumed_manifest(dir, &model)?),
         None => None,
     };
+    osdp_train::last_step(resumed.as_ref().map_or(0, |m| m.step), args.steps)
+        .map_err(Failure::input)?;
+    // A resumed run continues the same run: the global batch, seed and data the checkpoint
+    // was written with, unless the user says otherwise (then say so).
     let settled = Settled::of(
         args,
         resumed.as_ref(),
@@ -162,6 +154,10 @@ fn setup(args: &TrainArgs) -> Result<Setup, Failure> {
         Some(path) if lead => Some(open_metrics(path, resume_from.is_some())?),
         _ => None,
     };
+    if let (Some(dir), Some(_)) = (&args.checkpoint_dir, &dir_lock) {
+        // Locked, and no checkpoint of this run is being written yet.
+        sweep_checkpoint_dir(dir);
+    }
     let cfg = TrainConfig {
         model,
         plan,
@@ -191,6 +187,40 @@ fn setup(args: &TrainArgs) -> Result<Setup, Failure> {
     })
 }
 
+/// The manifest of the checkpoint in `dir`, verified and checked to be of `model` before
+/// anything is allocated for its state.
+fn resumed_manifest(
+    dir: &std::path::Path,
+    model: &osdp_core::model::ModelSpec,
+) -> Result<osdp_train::checkpoint::Manifest, Failure> {
+    let m = osdp_train::checkpoint::verify(dir).map_err(Failure::input)?;
+    m.check_model(model).map_err(|problem| {
+        Failure::input(format!(
+            "checkpoint {}: {problem}",
+            dir.join("manifest.json").display()
+        ))
+    })?;
+    Ok(m)
+}
+
+/// Remove what interrupted checkpoints left in `dir` (the caller holds its lock), saying so.
+fn sweep_checkpoint_dir(dir: &std::path::Path) {
+    let removed = osdp_train::checkpoint::sweep(dir);
+    if removed.is_empty() {
+        return;
+    }
+    let names: Vec<String> = removed
+        .iter()
+        .filter_map(|p| p.file_name())
+        .map(|n| n.to_string_lossy().into_owned())
+        .collect();
+    eprintln!(
+        "note: removed what interrupted checkpoints left in {}: {}",
+        dir.display(),
+        names.join(", ")
+    );
+}
+
 /// The ranks this process runs and the group they belong to.
 struct Group {
     /// The launcher's group; `None` for a run in this process alone.
@@ -204,26 +234,38 @@ struct Group {
 /// Join what the launcher's environment says with `--world-size` and `--device`.
 fn group(args: &TrainArgs) -> Result<Group, Failure> {
     let mut membership = osdp_train::tcp::Membership::from_env().map_err(Failure::input)?;
+    // The launcher's world and the one asked for agree, a launcher's group of one included.
+    if let (Some(m), Some(w)) = (&membership, args.world_size) {
+        if w != m.world {
+            return Err(Failure::input(format!(
+                "--world-size {w} disagrees with the launcher's WORLD_SIZE {} (from the \
+                 environment): give one of them, or the same number to both",
+                m.world
+            )));
+        }
+    }
     let target = target(args, membership.as_ref())?;
     if membership.as_ref().is_some_and(|m| m.world == 1) {
         // A group of one (torchrun with one process): nothing to exchange, so no TCP
         // rendezvous and no NCCL; the in-process group runs the one rank.
         membership = None;
     }
-    let world_size = match (&membership, args.world_size) {
-        (Some(m), Some(w)) if w != m.world => {
-            return Err(Failure::input(format!(
-                "--world-size {w} disagrees with WORLD_SIZE {}",
-                m.world
-            )))
-        }
-        (Some(m), _) => m.world,
-        (None, w) => w.unwrap_or(1),
-    };
+    let world_size = membership
+        .as_ref()
+        .map_or(args.world_size.unwrap_or(1), |m| m.world);
     // Only rank 0 of a multi-process run writes the metrics stream and the progress line.
     let lead = membership.as_ref().is_none_or(|m| m.rank == 0);
     if world_size == 0 {
         return Err(Failure::input("--world-size must be at least 1"));
+    }
+    if membership.is_none() {
+        // Every rank a thread of this process.
+        osdp_train::measure::check_rank_threads(world_size).map_err(|e| {
+            Failure::input(format!(
+                "--world-size {world_size}: {e}; train with fewer ranks, or as one process per \
+                 rank over several machines (torchrun, srun)"
+            ))
+        })?;
     }
     Ok(Group {
         membership,
