@@ -177,6 +177,7 @@ fn a_launcher_world_that_contradicts_world_size_is_refused_naming_both() {
             osdp_bounded()
                 .env("WORLD_SIZE", launcher)
                 .env("RANK", "0")
+                .env("OSDP_RUN_TOKEN", "t")
                 .args(["train", "sample-models/tiny-gpt2.json", "--plan"])
                 .arg(&plan)
                 .args(["--world-size", "2", "--steps", "1"]),

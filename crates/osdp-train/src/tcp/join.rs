@@ -112,8 +112,8 @@ pub struct Membership {
 impl Membership {
     /// `RANK`, `WORLD_SIZE` (or Slurm's `SLURM_PROCID`, `SLURM_NTASKS`), `MASTER_ADDR`
     /// (default 127.0.0.1), `MASTER_PORT` (default 29500), `OSDP_JOIN_TIMEOUT_S` (default
-    /// 120), `OSDP_COLLECTIVE_TIMEOUT_S` (default 300) and `OSDP_RUN_TOKEN` (required). `None`
-    /// when `WORLD_SIZE` is not set.
+    /// 120), `OSDP_COLLECTIVE_TIMEOUT_S` (default 300) and `OSDP_RUN_TOKEN` (required when
+    /// `WORLD_SIZE` is above 1). `None` when `WORLD_SIZE` is not set.
     ///
     /// Under torchrun (`TORCHELASTIC_RUN_ID` set) its own store already listens on
     /// `MASTER_PORT`, so the group uses the next port; `OSDP_PORT` overrides either.
@@ -168,7 +168,12 @@ impl Membership {
             master: format!("{addr}:{port}"),
             join_timeout: seconds(env::OSDP_JOIN_TIMEOUT_S, 120)?,
             collective_timeout: seconds(env::OSDP_COLLECTIVE_TIMEOUT_S, COLLECTIVE_TIMEOUT_S)?,
-            token: run_token(var(OSDP_RUN_TOKEN))?,
+            // A group of one meets no one: only a real group needs the secret.
+            token: if world > 1 {
+                run_token(var(OSDP_RUN_TOKEN))?
+            } else {
+                RunToken(String::new())
+            },
         }))
     }
 }
@@ -1252,6 +1257,11 @@ mod tests {
         assert!(err.starts_with("OSDP_RUN_TOKEN is not set"), "{err}");
         let empty = [("WORLD_SIZE", "2"), ("RANK", "1"), ("OSDP_RUN_TOKEN", "")];
         assert!(Membership::from_vars(vars(&empty)).is_err());
+        let alone = [("WORLD_SIZE", "1"), ("RANK", "0")];
+        assert!(
+            Membership::from_vars(vars(&alone)).is_ok(),
+            "a group of one needs no token"
+        );
         let long: &'static str = Box::leak("x".repeat(MAX_TOKEN_BYTES + 1).into_boxed_str());
         let too_long = [("WORLD_SIZE", "2"), ("RANK", "1"), ("OSDP_RUN_TOKEN", long)];
         let err = Membership::from_vars(vars(&too_long)).unwrap_err();
