@@ -664,7 +664,11 @@ impl<'a> WorkerStart<'a> {
                 Ok(l) => l,
                 Err(e) => return give_up(children, e),
             };
-            let mut cmd = self.command(rank, line_end.as_raw_fd(), log)?;
+            // A command that cannot be made (its log not cloned) ends the ranks already started.
+            let mut cmd = match self.command(rank, line_end.as_raw_fd(), log) {
+                Ok(cmd) => cmd,
+                Err(e) => return give_up(children, e),
+            };
             // The run's own process group (rank 0's pid): the terminal's signals (^C, a closed
             // window) do not reach it, and one signal to the group reaches every rank.
             match children.first() {
