@@ -5,13 +5,13 @@
 //! run that holds the directory, and nothing else is.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use osdp_train::checkpoint;
 
-use super::checkpoints::{checked, snapshot, train};
-use super::train::{dp_plan, step_lines, tiny, write_plan};
+use super::checkpoints::{checked, snapshot, stepping, train};
+use super::train::{dp_plan, tiny, write_plan};
 use super::{osdp_bounded, refused};
 
 /// Longest a training command of these tests may take: a regression is a hang.
@@ -385,19 +385,10 @@ fn only_the_trainer_holding_the_directory_removes_debris() {
         &ckpt,
         &["--steps", "3", "--checkpoint-every", "1"],
     ));
-    let mut first = train(&plan, &ckpt, &["--resume", "--steps", "0"]);
-    first.arg("--metrics").arg(&metrics);
-    let mut first = first
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let until = Instant::now() + Duration::from_secs(60);
-    while step_lines(&metrics).is_empty() {
-        assert!(Instant::now() < until, "the first trainer never stepped");
-        assert!(first.try_wait().unwrap().is_none(), "the first ended");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let mut first = stepping(
+        &mut train(&plan, &ckpt, &["--resume", "--steps", "0"]),
+        &metrics,
+    );
     std::fs::create_dir(ckpt.join("step-00000001")).unwrap();
     plant(&ckpt, &[(LATEST_TMP, b"{")]);
     let everything = names(&ckpt);

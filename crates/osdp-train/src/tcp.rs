@@ -44,7 +44,7 @@ struct Links {
     /// How long a read or write waits on a peer that sends (or takes) nothing.
     timeout: Duration,
     /// Beats while any handle on these links lives.
-    _heartbeat: Arc<Heartbeat>,
+    heartbeat: Arc<Heartbeat>,
 }
 
 /// A connection to another rank's process.
@@ -169,7 +169,7 @@ impl TcpGroup {
             links: Links {
                 rank: m.rank,
                 world: m.world,
-                _heartbeat: Arc::new(Heartbeat::start(Arc::clone(&peers), every)),
+                heartbeat: Arc::new(Heartbeat::start(Arc::clone(&peers), every)),
                 peers,
                 timeout,
             },
@@ -207,7 +207,7 @@ impl TcpGroup {
     /// this group and then watches them.
     pub fn into_streams(self) -> Vec<TcpStream> {
         drop(self.nodes);
-        self.links._heartbeat.stop();
+        self.links.heartbeat.stop();
         let streams: Vec<TcpStream> = self
             .links
             .peers
