@@ -7,12 +7,22 @@
 // bare `-Wl,--no-as-needed` comes too late: the CUDA libraries are named again here, between
 // `--no-as-needed` and `--as-needed`, which makes them NEEDED whatever the linker's default.
 // The rpath lets a binary find the libtorch it was built against without LD_LIBRARY_PATH.
+//
+// `targets` names the link-argument keys of the targets that link libtorch: `""` (every target
+// of the package) for the trainer crate; for the app only the trainer binary and the
+// integration tests, so that `osdp-tui` itself never loads libtorch.
 
-/// Print the link arguments for libtorch; its library directory and whether it has CUDA, or
-/// `None` when this build has no libtorch (torch-sys not in the graph).
-fn link_libtorch() -> Option<(std::path::PathBuf, bool)> {
+/// Print the link arguments for libtorch to the `cargo:rustc-link-arg{key}` of each target
+/// key; its library directory and whether it has CUDA, or `None` when this build has no
+/// libtorch (torch-sys not in the graph).
+fn link_libtorch(targets: &[&str]) -> Option<(std::path::PathBuf, bool)> {
     let lib_dir = std::path::PathBuf::from(std::env::var("DEP_TCH_LIBTORCH_LIB").ok()?);
-    println!("cargo:rustc-link-arg=-Wl,-rpath,{}", lib_dir.display());
+    let arg = |a: &str| {
+        for t in targets {
+            println!("cargo:rustc-link-arg{t}={a}");
+        }
+    };
+    arg(&format!("-Wl,-rpath,{}", lib_dir.display()));
     // The libtorch this build links (the GPU build looks for pip's NCCL beside it).
     println!("cargo:rustc-env=OSDP_TORCH_LIB_DIR={}", lib_dir.display());
     let cuda_libs: Vec<&str> = ["torch_cuda", "c10_cuda"]
@@ -23,10 +33,10 @@ fn link_libtorch() -> Option<(std::path::PathBuf, bool)> {
         // A CPU-only libtorch: `train --device cuda` says so when it starts.
         return Some((lib_dir, false));
     }
-    println!("cargo:rustc-link-arg=-Wl,--no-as-needed");
+    arg("-Wl,--no-as-needed");
     for l in &cuda_libs {
-        println!("cargo:rustc-link-arg=-l{l}");
+        arg(&format!("-l{l}"));
     }
-    println!("cargo:rustc-link-arg=-Wl,--as-needed");
+    arg("-Wl,--as-needed");
     Some((lib_dir, cuda_libs.contains(&"c10_cuda")))
 }

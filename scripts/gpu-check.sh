@@ -4,8 +4,8 @@
 #
 #   here (any machine with the project's libtorch):
 #     . scripts/libtorch-env.sh && cargo build --release --features cuda
-#     mkdir -p dist && strip -o dist/osdp-tui target/release/osdp-tui     # ~85 MB -> a few MB
-#   there (this working tree with dist/osdp-tui):
+#     mkdir -p dist && for b in osdp-tui osdp-tui-trainer; do strip -o dist/$b target/release/$b; done
+#   there (this working tree with dist/osdp-tui and dist/osdp-tui-trainer beside it):
 #     scripts/gpu-check.sh [--models gpt2-medium,gpt2-xl,tinyllama-1.1b] [--steps 20] [--budget 56GiB]
 #
 # The binary runs against that machine's own PyTorch libraries and the NCCL beside them (found
@@ -24,7 +24,14 @@ if [ -z "$bin" ]; then
 fi
 if [ -z "$bin" ] || [ ! -x "$bin" ]; then
   say "no osdp-tui binary (looked for OSDP_BIN, dist/osdp-tui, target/release/osdp-tui); build one with"
-  say "  . scripts/libtorch-env.sh && cargo build --release --features cuda && mkdir -p dist && strip -o dist/osdp-tui target/release/osdp-tui"
+  say "  . scripts/libtorch-env.sh && cargo build --release --features cuda && mkdir -p dist && for b in osdp-tui osdp-tui-trainer; do strip -o dist/\$b target/release/\$b; done"
+  exit 2
+fi
+# osdp-tui hands train, calibrate and validate over to the trainer beside it, the one binary
+# that links libtorch.
+trainer="$(dirname "$bin")/osdp-tui-trainer"
+if [ ! -x "$trainer" ]; then
+  say "no $trainer beside $bin: osdp-tui runs training through it; strip and copy both binaries"
   exit 2
 fi
 
@@ -46,8 +53,8 @@ export LD_LIBRARY_PATH="$lib_path${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 if [ -e "$site/nvidia/nccl/lib/libnccl.so.2" ]; then
   export OSDP_NCCL_LIB="${OSDP_NCCL_LIB:-$site/nvidia/nccl/lib/libnccl.so.2}"
 fi
-if ! version="$("$bin" --version 2>&1)"; then
-  say "$bin does not start against PyTorch $torch_version in $site/torch/lib:"
+if ! version="$("$trainer" --version 2>&1)"; then
+  say "$trainer does not start against PyTorch $torch_version in $site/torch/lib:"
   say "  $version"
   exit 2
 fi

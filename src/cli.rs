@@ -16,10 +16,10 @@ use osdp_core::model::{self, hf, AttentionImpl, ModelSummary};
 use osdp_core::text::printable;
 use osdp_core::units;
 
-mod measure;
+pub mod measure;
 pub mod request;
 mod status;
-pub(crate) mod train;
+pub mod train;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -376,9 +376,29 @@ enum AttentionArg {
     Eager,
 }
 
+/// The commands that run the libtorch trainer, supplied by the `osdp-tui-trainer` binary.
+///
+/// The library never names the trainer crate, so `osdp-tui` itself (the planner, the
+/// dashboard, `status`) loads no libtorch: ~460 MiB resident and ~2.7 GB of mapped CUDA
+/// libraries saved on every command. `train`, `calibrate` and `validate` hand over to
+/// `osdp-tui-trainer` beside it (same arguments, same exit codes), which calls
+/// [`main_with`] with these.
+pub struct Trainer {
+    pub train: fn(train::TrainArgs) -> Result<(), Failure>,
+    pub calibrate: fn(measure::CalibrateArgs) -> Result<(), Failure>,
+    pub validate: fn(measure::ValidateArgs) -> Result<(), Failure>,
+}
+
+/// The trainer binary's file name; it sits beside `osdp-tui`.
+pub const TRAINER_BIN: &str = "osdp-tui-trainer";
+
+/// `osdp-tui`: every command; the trainer's by handing over to [`TRAINER_BIN`].
 pub fn main() -> ExitCode {
-    #[cfg(feature = "train")]
-    osdp_train::keep_freed_memory();
+    main_with(None)
+}
+
+/// The command line with the trainer's commands run here (`Some`) or handed over (`None`).
+pub fn main_with(trainer: Option<&Trainer>) -> ExitCode {
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         // A value our own parsers refused: one line, as every other bad input (clap adds a
@@ -390,7 +410,7 @@ pub fn main() -> ExitCode {
         }
         Err(e) => e.exit(),
     };
-    match dispatch(cli) {
+    match dispatch(cli, trainer) {
         Ok(()) => ExitCode::SUCCESS,
         Err(f) => {
             eprintln!("error: {}", f.message);
@@ -399,7 +419,7 @@ pub fn main() -> ExitCode {
     }
 }
 
-fn dispatch(cli: Cli) -> Result<(), Failure> {
+fn dispatch(cli: Cli, trainer: Option<&Trainer>) -> Result<(), Failure> {
     // Commands that print and end exit quietly when their reader goes (`plan … | head`), as
     // other Unix tools do; the trainer and the dashboard keep the signal ignored (a peer's
     // socket or a worker's pipe that closes is an error they report, not a reason to die).
@@ -469,9 +489,21 @@ fn dispatch(cli: Cli) -> Result<(), Failure> {
             Ok(())
         }
         (Some(Command::Layout { layout, json }), _) => show_layout(&layout, json),
-        (Some(Command::Train(args)), _) => train::train(args),
-        (Some(Command::Calibrate(args)), _) => measure::calibrate(args),
-        (Some(Command::Validate(args)), _) => measure::validate(args),
+        (Some(Command::Train(args)), _) => match trainer {
+            Some(t) => (t.train)(args),
+            None if cfg!(feature = "train") => Err(hand_over()),
+            None => train::without_trainer(args),
+        },
+        (Some(Command::Calibrate(args)), _) => match trainer {
+            Some(t) => (t.calibrate)(args),
+            None if cfg!(feature = "train") => Err(hand_over()),
+            None => measure::calibrate_without_trainer(args),
+        },
+        (Some(Command::Validate(args)), _) => match trainer {
+            Some(t) => (t.validate)(args),
+            None if cfg!(feature = "train") => Err(hand_over()),
+            None => Err(measure::needs_trainer("validate")),
+        },
         (
             Some(Command::Status {
                 run_dir,
@@ -511,6 +543,40 @@ fn dispatch(cli: Cli) -> Result<(), Failure> {
             message: "no model given; try `osdp-tui sample-models/gpt2.json` or `osdp-tui --help`"
                 .into(),
         }),
+    }
+}
+
+/// This process becomes [`TRAINER_BIN`] beside it, with the same arguments, environment and
+/// open descriptors (a supervisor's lifeline stays open). Returns only why it could not.
+fn hand_over() -> Failure {
+    use std::os::unix::process::CommandExt;
+    let exe = match trainer_exe() {
+        Ok(exe) => exe,
+        Err(f) => return f,
+    };
+    let err = std::process::Command::new(&exe)
+        .args(std::env::args_os().skip(1))
+        .exec();
+    Failure::input(format!("cannot start the trainer {}: {err}", exe.display()))
+}
+
+/// The trainer binary beside this one, or why there is none.
+pub fn trainer_exe() -> Result<PathBuf, Failure> {
+    let me = std::env::current_exe().map_err(|e| {
+        Failure::input(format!(
+            "cannot find this program's own path, beside which the trainer lies: {e}"
+        ))
+    })?;
+    let exe = me.with_file_name(TRAINER_BIN);
+    if exe.is_file() {
+        Ok(exe)
+    } else {
+        Err(Failure::input(format!(
+            "the trainer is missing: {} should lie beside osdp-tui; build both with \
+             `. scripts/libtorch-env.sh && cargo build --release --features train` and keep \
+             them together",
+            exe.display()
+        )))
     }
 }
 

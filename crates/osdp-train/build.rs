@@ -9,7 +9,7 @@ fn main() {
     println!("cargo:rerun-if-changed=../../build-support/libtorch_link.rs");
     println!("cargo:rerun-if-changed=src/cuda_stats.cpp");
     println!("cargo::rustc-check-cfg=cfg(osdp_cuda_stats)");
-    let Some((lib_dir, cuda)) = link_libtorch() else {
+    let Some((lib_dir, cuda)) = link_libtorch(&[""]) else {
         return;
     };
     if cuda && std::env::var_os("CARGO_FEATURE_CUDA").is_some() {

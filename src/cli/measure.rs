@@ -68,7 +68,7 @@ pub struct ValidateArgs {
     pub json: bool,
 }
 
-fn no_cuda() -> Failure {
+pub fn no_cuda() -> Failure {
     Failure::input(
         "calibrate --device cuda: no CUDA device is usable here (no NVIDIA driver or GPU was \
          found, or this build lacks the NCCL backend); calibrate the CPU with --device cpu, or \
@@ -76,11 +76,18 @@ fn no_cuda() -> Failure {
     )
 }
 
-// Both commands time the trainer's kernels: one of two modules, chosen once by feature.
-#[cfg(feature = "train")]
-#[path = "measure/enabled.rs"]
-mod imp;
-#[cfg(not(feature = "train"))]
-#[path = "measure/disabled.rs"]
-mod imp;
-pub use imp::{calibrate, validate};
+/// A trainer command in a build without the trainer: how to get it.
+pub(crate) fn needs_trainer(what: &str) -> Failure {
+    Failure::input(format!(
+        "{what} times the trainer's kernels, and this osdp-tui was built without them; build it \
+         with `. scripts/libtorch-env.sh && cargo build --release --features train`"
+    ))
+}
+
+/// `calibrate` in a build without the trainer.
+pub(crate) fn calibrate_without_trainer(args: CalibrateArgs) -> Result<(), Failure> {
+    if args.device == DeviceArg::Cuda {
+        return Err(no_cuda());
+    }
+    Err(needs_trainer("calibrate"))
+}

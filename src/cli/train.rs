@@ -226,7 +226,7 @@ fn parse_lr(s: &str) -> Result<f64, String> {
 impl TrainArgs {
     /// What the parsers cannot check alone: each rank's share of the global batch is a
     /// micro-batch the planner would accept.
-    fn check(&self) -> Result<(), Failure> {
+    pub fn check(&self) -> Result<(), Failure> {
         let (Some(global), world) = (self.global_batch, self.world_size.unwrap_or(1)) else {
             return Ok(());
         };
@@ -245,7 +245,6 @@ impl TrainArgs {
 /// What a finished run did: `train`'s report, computed once and rendered as text or JSON.
 /// The fields are in the JSON's (alphabetical) key order. Only a build with the trainer makes
 /// one; its renderers are tested without.
-#[cfg_attr(not(feature = "train"), allow(dead_code))]
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct TrainReport {
     /// The last checkpoint written, if any.
@@ -260,7 +259,6 @@ pub struct TrainReport {
     pub stopped_by_signal: bool,
 }
 
-#[cfg_attr(not(feature = "train"), allow(dead_code))]
 impl TrainReport {
     /// The text form: one line.
     pub fn text(&self) -> String {
@@ -437,11 +435,11 @@ mod command_line {
     }
 }
 
-// Training needs libtorch: one of two modules, chosen once by feature.
-#[cfg(feature = "train")]
-#[path = "train/enabled.rs"]
-mod imp;
-#[cfg(not(feature = "train"))]
-#[path = "train/disabled.rs"]
-mod imp;
-pub use imp::train;
+/// `train` in a build without the trainer: it checks the arguments, then says how to get it.
+pub(crate) fn without_trainer(args: TrainArgs) -> Result<(), Failure> {
+    args.check()?;
+    Err(Failure::input(
+        "this osdp-tui was built without the trainer; build it with \
+         `. scripts/libtorch-env.sh && cargo build --release --features train`",
+    ))
+}

@@ -61,14 +61,89 @@ fn the_trainer_binary_needs_libtorch_cuda_when_libtorch_has_it() {
         );
         return;
     }
-    let out = Command::new("readelf")
-        .args(["-d", env!("CARGO_BIN_EXE_osdp-tui")])
-        .output()
-        .expect("readelf (binutils) runs");
-    let dynamic = String::from_utf8_lossy(&out.stdout);
-    let needed: Vec<&str> = dynamic.lines().filter(|l| l.contains("(NEEDED)")).collect();
+    let needed = needed(env!("CARGO_BIN_EXE_osdp-tui-trainer"));
     assert!(
         needed.iter().any(|l| l.contains("[libtorch_cuda.so]")),
         "libtorch_cuda.so is not NEEDED: {needed:#?}"
     );
+}
+
+/// The shared libraries a binary names as NEEDED (readelf -d).
+fn needed(bin: &str) -> Vec<String> {
+    let out = Command::new("readelf")
+        .args(["-d", bin])
+        .output()
+        .expect("readelf (binutils) runs");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| l.contains("(NEEDED)"))
+        .map(str::to_string)
+        .collect()
+}
+
+/// The planner, the dashboard and `status` load no libtorch: `osdp-tui` names none of its
+/// libraries, stays small in memory, and still runs a training run by handing over to
+/// `osdp-tui-trainer` beside it.
+#[test]
+fn osdp_tui_itself_loads_no_libtorch_and_hands_training_to_the_trainer() {
+    let needed = needed(env!("CARGO_BIN_EXE_osdp-tui"));
+    assert!(
+        !needed.iter().any(|l| l.contains("torch") || l.contains("c10")),
+        "osdp-tui links libtorch: {needed:#?}"
+    );
+    // Planning gpt2-xl and drawing the dashboard in 400 MB of address space: a binary that
+    // links libtorch cannot even start in it (its CUDA libraries map ~2.7 GB; before the
+    // split, `plan` held ~465 MiB resident).
+    for args in [
+        &["plan", "sample-models/gpt2-xl.json", "--layout", "a100-80gb-8x-nvlink"][..],
+        &["sample-models/gpt2-xl.json", "--once"][..],
+    ] {
+        let out = in_address_space(env!("CARGO_BIN_EXE_osdp-tui"), 400_000_000)
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let trainer = in_address_space(env!("CARGO_BIN_EXE_osdp-tui-trainer"), 400_000_000)
+        .arg("--version")
+        .output()
+        .unwrap();
+    assert!(!trainer.status.success(), "the limit would catch libtorch");
+
+    // `train` through osdp-tui is the trainer's: it checks the plan file as the trainer does.
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_osdp-tui"))
+        .args(["train", "sample-models/tiny-gpt2.json", "--plan"])
+        .arg(dir.path().join("no-such-plan.json"))
+        .current_dir(root())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("no-such-plan.json"), "{err}");
+}
+
+/// A command run from the project root with at most `bytes` of address space (RLIMIT_AS).
+fn in_address_space(bin: &str, bytes: u64) -> Command {
+    use std::os::unix::process::CommandExt;
+    let mut cmd = Command::new(bin);
+    cmd.current_dir(root());
+    // SAFETY: setrlimit is async-signal-safe, and the closure allocates nothing.
+    unsafe {
+        cmd.pre_exec(move || {
+            let limit = libc::rlimit {
+                rlim_cur: bytes as libc::rlim_t,
+                rlim_max: bytes as libc::rlim_t,
+            };
+            if libc::setrlimit(libc::RLIMIT_AS, &limit) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    cmd
 }

@@ -1,6 +1,8 @@
-//! `calibrate` and `validate` with the trainer built in (feature `train`).
+//! `calibrate` and `validate`: time the trainer's kernels.
 
-use super::*;
+use osdp_tui::cli::measure::*;
+use osdp_tui::cli::train::DeviceArg;
+use osdp_tui::cli::Failure;
 
 /// A one-line progress bar on a terminal, a line per phase otherwise.
 struct Bar {
@@ -98,7 +100,7 @@ pub fn calibrate(args: CalibrateArgs) -> Result<(), Failure> {
     osdp_core::input::write_json_atomically(&args.output, &layout)
         .map_err(|e| Failure::output(&args.output, e))?;
     if args.json {
-        crate::report::print_json(&layout);
+        osdp_tui::report::print_json(&layout);
         return Ok(());
     }
     print_cpu_calibration(&layout);
@@ -287,7 +289,7 @@ fn calibrate_cuda(args: &CalibrateArgs) -> Result<(), Failure> {
     osdp_core::input::write_json_atomically(&args.output, &layout)
         .map_err(|e| Failure::output(&args.output, e))?;
     if args.json {
-        crate::report::print_json(&layout);
+        osdp_tui::report::print_json(&layout);
         return Ok(());
     }
     let e = &layout.device.efficiency;
@@ -332,8 +334,8 @@ fn command_line() -> String {
 
 /// GPU 0's name as the driver gives it (NVML), or a generic one.
 fn gpu_name() -> String {
-    use crate::monitor::GpuSource;
-    crate::monitor::NvmlSource::open()
+    use osdp_tui::monitor::GpuSource;
+    osdp_tui::monitor::NvmlSource::open()
         .and_then(|mut s| s.sample())
         .ok()
         .and_then(|v| v.into_iter().next())
@@ -344,7 +346,7 @@ fn gpu_name() -> String {
 /// table's.
 fn shipped_layout_for(gpu: &str) -> Option<std::path::PathBuf> {
     let stem = osdp_core::cluster::known::lookup(gpu)?.single_gpu_layout?;
-    crate::cli::layout_arg(stem).ok()
+    osdp_tui::cli::layout_arg(stem).ok()
 }
 
 /// Where `validate` runs a layout's plan: a CPU layout on this CPU's rank threads (fp32); a
@@ -384,7 +386,7 @@ fn validate_target(
 pub fn validate(args: ValidateArgs) -> Result<(), Failure> {
     let r = validate_report(&args)?;
     if args.json {
-        crate::report::print_json(&r);
+        osdp_tui::report::print_json(&r);
     } else {
         r.print_text();
     }

@@ -1,6 +1,9 @@
-//! `train` with the trainer built in (feature `train`).
+//! `train`: run a plan with the libtorch trainer.
 
-use super::*;
+use std::path::PathBuf;
+
+use osdp_tui::cli::train::*;
+use osdp_tui::cli::Failure;
 
 /// The device and number format of this process's rank(s), checked: a GPU rank needs the
 /// `cuda` build, a usable GPU for its `LOCAL_RANK`, NCCL, and one process per GPU.
@@ -92,7 +95,7 @@ struct Setup {
     lead: bool,
     accumulation: u64,
     metrics: Option<std::fs::File>,
-    _dir_lock: Option<crate::run::lock::DirLock>,
+    _dir_lock: Option<osdp_tui::run::lock::DirLock>,
 }
 
 /// Check the arguments against the model, plan, launcher and checkpoint, and settle what the
@@ -412,12 +415,12 @@ fn stop_flag(args: &TrainArgs) -> Result<std::sync::Arc<std::sync::atomic::Atomi
             .map_err(|e| Failure::input(format!("cannot install the signal handler: {e}")))?;
     }
     if let Some(fd) = args.supervisor_fd {
-        let line = crate::lifeline::adopt(fd).map_err(Failure::input)?;
+        let line = osdp_tui::lifeline::adopt(fd).map_err(Failure::input)?;
         let stop = Arc::clone(&stop);
         std::thread::Builder::new()
             .name("lifeline".into())
             .spawn(move || {
-                if crate::lifeline::watch(line) == crate::lifeline::Ended::Gone {
+                if osdp_tui::lifeline::watch(line) == osdp_tui::lifeline::Ended::Gone {
                     eprintln!(
                         "the dashboard that started this run is gone: stopping with a checkpoint"
                     );
@@ -558,7 +561,7 @@ pub fn train(args: TrainArgs) -> Result<(), Failure> {
         stopped_by_signal: summary.stopped_by_signal,
     };
     if args.json {
-        crate::report::print_json(&report);
+        osdp_tui::report::print_json(&report);
     } else {
         println!("{}", report.text());
     }
@@ -566,9 +569,9 @@ pub fn train(args: TrainArgs) -> Result<(), Failure> {
 }
 
 /// Lock a checkpoint directory for this run, saying so when a dead run's lock is taken over.
-fn lock_checkpoint_dir(dir: &std::path::Path) -> Result<crate::run::lock::DirLock, Failure> {
+fn lock_checkpoint_dir(dir: &std::path::Path) -> Result<osdp_tui::run::lock::DirLock, Failure> {
     let (lock, note) =
-        crate::run::lock::DirLock::acquire(dir, "checkpoint directory").map_err(Failure::input)?;
+        osdp_tui::run::lock::DirLock::acquire(dir, "checkpoint directory").map_err(Failure::input)?;
     if let Some(note) = note {
         eprintln!("note: {note}");
     }
@@ -585,7 +588,7 @@ fn open_metrics(path: &std::path::Path, append: bool) -> Result<std::fs::File, F
     }
     let mut f = o.open(path).map_err(|e| Failure::output(path, e))?;
     if append {
-        crate::run::end_cut_line(path, &mut f).map_err(|e| Failure::output(path, e))?;
+        osdp_tui::run::end_cut_line(path, &mut f).map_err(|e| Failure::output(path, e))?;
     }
     Ok(f)
 }
@@ -609,7 +612,7 @@ mod tests {
         };
         writeln!(f, "{{\"event\":\"checkpointing\",\"step\":2}}").unwrap();
         drop(f);
-        let status = crate::run::RunStatus::from_text(&std::fs::read_to_string(&path).unwrap());
+        let status = osdp_tui::run::RunStatus::from_text(&std::fs::read_to_string(&path).unwrap());
         assert_eq!(
             status.checkpointing,
             Some(2),
