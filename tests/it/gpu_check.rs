@@ -88,14 +88,21 @@ fn needed(bin: &str) -> Vec<String> {
 fn osdp_tui_itself_loads_no_libtorch_and_hands_training_to_the_trainer() {
     let needed = needed(env!("CARGO_BIN_EXE_osdp-tui"));
     assert!(
-        !needed.iter().any(|l| l.contains("torch") || l.contains("c10")),
+        !needed
+            .iter()
+            .any(|l| l.contains("torch") || l.contains("c10")),
         "osdp-tui links libtorch: {needed:#?}"
     );
     // Planning gpt2-xl and drawing the dashboard in 400 MB of address space: a binary that
     // links libtorch cannot even start in it (its CUDA libraries map ~2.7 GB; before the
     // split, `plan` held ~465 MiB resident).
     for args in [
-        &["plan", "sample-models/gpt2-xl.json", "--layout", "a100-80gb-8x-nvlink"][..],
+        &[
+            "plan",
+            "sample-models/gpt2-xl.json",
+            "--layout",
+            "a100-80gb-8x-nvlink",
+        ][..],
         &["sample-models/gpt2-xl.json", "--once"][..],
     ] {
         let out = in_address_space(env!("CARGO_BIN_EXE_osdp-tui"), 400_000_000)

@@ -570,8 +570,8 @@ pub fn train(args: TrainArgs) -> Result<(), Failure> {
 
 /// Lock a checkpoint directory for this run, saying so when a dead run's lock is taken over.
 fn lock_checkpoint_dir(dir: &std::path::Path) -> Result<osdp_tui::run::lock::DirLock, Failure> {
-    let (lock, note) =
-        osdp_tui::run::lock::DirLock::acquire(dir, "checkpoint directory").map_err(Failure::input)?;
+    let (lock, note) = osdp_tui::run::lock::DirLock::acquire(dir, "checkpoint directory")
+        .map_err(Failure::input)?;
     if let Some(note) = note {
         eprintln!("note: {note}");
     }
