@@ -5,4 +5,13 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/libtorch-env.sh
+# Tests that compare with Hugging Face transformers (its models, safetensors files) use this
+# pinned version, installed into .venv once, beside torch.
+transformers_version="5.24.0"
+if ! python -c "import sys, transformers; sys.exit(transformers.__version__ != '$transformers_version')" 2>/dev/null; then
+  echo "osdp-tui: installing transformers==$transformers_version into .venv (one time)" >&2
+  python -m pip install --quiet --disable-pip-version-check \
+    "transformers==$transformers_version" "torch==2.11.0"
+fi
+export OSDP_TEST_PYTHON="$VIRTUAL_ENV/bin/python"
 cargo test --workspace --features train,fault-injection "$@"
