@@ -83,6 +83,13 @@ pub struct TrainArgs {
     /// Continue from this checkpoint (a `step-…` directory).
     #[arg(long, value_name = "CHECKPOINT", conflicts_with = "resume")]
     pub resume_from: Option<PathBuf>,
+    /// Start from a Hugging Face checkpoint's weights: a `save_pretrained` directory with
+    /// config.json and model.safetensors (or sharded model-…-of-….safetensors with
+    /// model.safetensors.index.json), fp32, bf16 or fp16. Its config must describe this model
+    /// (`import-hf` it). Each rank reads only its own shares. Ignored when resuming: the
+    /// checkpoint holds the trained weights.
+    #[arg(long, value_name = "DIR")]
+    pub init_from: Option<PathBuf>,
     /// Print the run's summary as JSON at the end.
     #[arg(long)]
     pub json: bool,
@@ -115,6 +122,7 @@ impl TrainArgs {
             checkpoint_every,
             resume,
             resume_from,
+            init_from,
             json,
             supervisor_fd,
         } = self;
@@ -153,6 +161,7 @@ impl TrainArgs {
             Some(checkpoint_every.to_string().into()),
         );
         opt("--resume-from", resume_from.as_ref().map(Into::into));
+        opt("--init-from", init_from.as_ref().map(Into::into));
         opt(
             "--supervisor-fd",
             supervisor_fd.map(|n| n.to_string().into()),
@@ -374,7 +383,11 @@ mod command_line {
             ),
             (0u64..1 << 40, proptest::option::of(any::<u64>())),
             (proptest::option::of("[a-z./ -]{1,12}"), 1e-12f64..10.0),
-            (proptest::option::of(path()), proptest::option::of(path())),
+            (
+                proptest::option::of(path()),
+                proptest::option::of(path()),
+                proptest::option::of(path()),
+            ),
             (0u64..1000, 0u8..3, any::<bool>()),
             proptest::option::of(3i32..1 << 20),
         )
@@ -384,7 +397,7 @@ mod command_line {
                     (global_batch, cuda, bf16),
                     (steps, seed),
                     (data, lr),
-                    (metrics, dir),
+                    (metrics, dir, init_from),
                     (every, resume, json),
                     supervisor_fd,
                 )| {
@@ -411,6 +424,7 @@ mod command_line {
                         checkpoint_every: every,
                         resume: resume == 1,
                         resume_from: (resume == 2).then(|| PathBuf::from("ck/step-00000001")),
+                        init_from,
                         json,
                         supervisor_fd,
                     }

@@ -13,6 +13,8 @@ mod dashboard_train;
 mod follow;
 #[cfg(feature = "train")]
 mod gpu_check;
+#[cfg(feature = "train")]
+mod hf;
 mod import;
 #[cfg(feature = "train")]
 mod ledger;

@@ -157,6 +157,7 @@ fn config(m: &ModelSpec, plan: Plan, world: usize, steps: u64) -> TrainConfig {
         checkpoint_dir: None,
         checkpoint_every: 0,
         resume_from: None,
+        init_from: None,
         collect_params: true,
         membership: None,
     }

@@ -254,7 +254,7 @@ impl Executor {
             .rope_theta
             .map(|t| ops::rope_tables(c.seq_len as i64, attn.head_dim, t, device));
         let step = match init {
-            Init::Fresh { .. } => 0,
+            Init::Fresh { .. } | Init::Pretrained { .. } => 0,
             Init::Restored { step, .. } => step,
         };
         Ok(Executor {
@@ -286,6 +286,10 @@ impl Executor {
 
     pub fn rank(&self) -> usize {
         self.comm.rank()
+    }
+
+    pub fn model(&self) -> &ModelSpec {
+        &self.model
     }
 
     pub fn world(&self) -> usize {

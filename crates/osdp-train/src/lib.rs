@@ -10,7 +10,9 @@ pub mod cuda;
 pub mod data;
 pub mod device_memory;
 pub mod env;
+pub mod eval;
 pub mod exec;
+pub mod hf_weights;
 pub mod measure;
 pub mod memory;
 pub mod ops;
@@ -90,6 +92,9 @@ pub struct TrainConfig {
     pub checkpoint_every: u64,
     /// Checkpoint directory (`step-…`) to resume from.
     pub resume_from: Option<PathBuf>,
+    /// A Hugging Face checkpoint directory to take the initial weights from (when not
+    /// resuming); `None`: weights from the seed.
+    pub init_from: Option<PathBuf>,
     /// Return every parameter's final value (tests and equivalence checks).
     pub collect_params: bool,
     /// This process is one rank of a multi-process group (torchrun/Slurm environment);
@@ -149,8 +154,11 @@ pub fn train(
 ) -> Result<TrainSummary, TrainError> {
     let world = cfg.world_size;
     check_config(cfg)?;
-    let restored = restore(cfg)?;
-    let first_step = restored.as_ref().map_or(0, |(m, _)| m.step);
+    let start = start(cfg)?;
+    let first_step = match &start {
+        Start::Resumed((m, _)) => m.step,
+        _ => 0,
+    };
     let last_step = last_step(first_step, cfg.steps).map_err(TrainError::Invalid)?;
     on_event(&WorkerEvent::Started {
         model: cfg.model.name.clone(),
@@ -187,12 +195,12 @@ pub fn train(
             .map(|(group, aborter)| {
                 let tx = tx.clone();
                 let sampler = &sampler;
-                let restored = restored.as_ref();
+                let start = &start;
                 scope.spawn(move || {
                     let rank = group.rank();
                     let body = std::panic::AssertUnwindSafe(|| {
                         let span = first_step..end;
-                        rank_main(cfg, stop, group, sampler, rows, span, restored, &tx)
+                        rank_main(cfg, stop, group, sampler, rows, span, start, &tx)
                     });
                     let out = std::panic::catch_unwind(body)
                         .unwrap_or_else(|payload| Err(panicked(rank, payload.as_ref())));
@@ -296,14 +304,29 @@ type Restored = (
     std::collections::HashMap<String, exec::FullState>,
 );
 
-/// The checkpoint `cfg` resumes from, loaded and checked to be of this model; `None` when it
-/// starts afresh.
-fn restore(cfg: &TrainConfig) -> Result<Option<Restored>, TrainError> {
-    let Some(dir) = &cfg.resume_from else {
-        return Ok(None);
-    };
-    let (manifest, params) = checkpoint::load_for(dir, &cfg.model)?;
-    Ok(Some((manifest, params)))
+/// Where every rank's first values come from.
+enum Start {
+    /// Weights from the seed.
+    Fresh,
+    /// A checkpoint of this run (weights, moments, step).
+    Resumed(Restored),
+    /// A Hugging Face checkpoint's weights, each rank reading its own shares.
+    Pretrained(hf_weights::HfWeights),
+}
+
+/// The checkpoint `cfg` resumes from, loaded and checked to be of this model; else the Hugging
+/// Face weights it starts from, opened and checked (names, shapes, dtypes); else fresh.
+fn start(cfg: &TrainConfig) -> Result<Start, TrainError> {
+    if let Some(dir) = &cfg.resume_from {
+        let (manifest, params) = checkpoint::load_for(dir, &cfg.model)?;
+        return Ok(Start::Resumed((manifest, params)));
+    }
+    match &cfg.init_from {
+        Some(dir) => hf_weights::HfWeights::open(dir, &cfg.model)
+            .map(Start::Pretrained)
+            .map_err(TrainError::Invalid),
+        None => Ok(Start::Fresh),
+    }
 }
 
 /// A rank this process runs: its collective handle and, for threads, a way to release the
@@ -546,17 +569,18 @@ fn rank_main(
     sampler: &data::Sampler,
     rows: usize,
     steps: std::ops::Range<u64>,
-    restored: Option<&Restored>,
+    start: &Start,
     tx: &mpsc::Sender<RankMsg>,
 ) -> Result<RankEnd, TrainError> {
     let rank = group.rank();
     let err = rank_err(rank);
-    let init = match restored {
-        Some((m, params)) => Init::Restored {
+    let init = match start {
+        Start::Resumed((m, params)) => Init::Restored {
             params,
             step: m.step,
         },
-        None => Init::Fresh { seed: cfg.seed },
+        Start::Pretrained(weights) => Init::Pretrained { weights },
+        Start::Fresh => Init::Fresh { seed: cfg.seed },
     };
     let mut exec =
         Executor::new(&cfg.model, &cfg.plan, group, cfg.target, init, cfg.optim).map_err(&err)?;

@@ -178,6 +178,7 @@ fn setup(args: &TrainArgs) -> Result<Setup, Failure> {
         checkpoint_dir: args.checkpoint_dir.clone(),
         checkpoint_every: args.checkpoint_every,
         resume_from,
+        init_from: args.init_from.clone(),
         collect_params: false,
         membership,
     };

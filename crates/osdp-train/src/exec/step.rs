@@ -4,7 +4,7 @@
 
 use tch::{Kind, Tensor};
 
-use super::{nbytes, ExecError, Executor, Profile, Result, StepOutcome};
+use super::{nbytes, ops, ExecError, Executor, Profile, Result, StepOutcome};
 use crate::data::Batch;
 use crate::memory::Category;
 use osdp_core::model::OpKind;
@@ -77,6 +77,52 @@ impl Executor {
             p.step_s = step_s;
         }
         Ok(StepOutcome { loss, grad_norm })
+    }
+
+    /// Forward only over `batch` (one micro-batch of any size): its mean token loss and the
+    /// logits the loss read (`[rows, seq, vocab]`, fp32 on the CPU). Nothing is kept after
+    /// it and the weights are untouched: what `eval` runs.
+    pub fn forward_only(&mut self, batch: &Batch) -> Result<(f64, Tensor)> {
+        let shape = [batch.rows as i64, batch.seq as i64];
+        self.ids = Some(
+            Tensor::from_slice(&batch.inputs)
+                .reshape(shape)
+                .to_device(self.device),
+        );
+        self.labels = Some(
+            Tensor::from_slice(&batch.labels)
+                .reshape(shape)
+                .to_device(self.device),
+        );
+        let n = self.model.ops.len();
+        let ce = self
+            .model
+            .ops
+            .iter()
+            .position(|o| o.kind == OpKind::CrossEntropy)
+            .ok_or_else(|| ExecError::Unsupported("the graph has no loss op".into()))?;
+        let head = self.flow.inputs[ce][0];
+        // Run up to the loss as a recomputation does, which holds every output it makes: the
+        // head's output (the logits) stays for the loss computed here.
+        let ran = tch::no_grad(|| self.forward_range(0..ce, false));
+        let logits = self.outs[head].as_ref().map(|h| h.t.shallow_clone());
+        for i in 0..n {
+            self.drop_out(i);
+            self.drop_extras(i);
+        }
+        let labels = self.labels.take();
+        self.ids = None;
+        ran?;
+        let (Some(logits), Some(labels)) = (logits, labels) else {
+            return Err(ExecError::Unsupported(
+                "the head's output was not kept for the loss".into(),
+            ));
+        };
+        let (loss, _) = ops::cross_entropy_fwd(&logits, &labels);
+        Ok((
+            loss.to_kind(Kind::Double).double_value(&[]),
+            logits.to_kind(Kind::Float).to_device(tch::Device::Cpu),
+        ))
     }
 
     /// Forward and backward of the micro-batch in `ids`/`labels`, adding its gradients (of

@@ -84,6 +84,10 @@ pub enum Init<'a> {
         params: &'a HashMap<String, FullState>,
         step: u64,
     },
+    /// Weights from a Hugging Face checkpoint (read one parameter at a time), moments zero.
+    Pretrained {
+        weights: &'a crate::hf_weights::HfWeights,
+    },
 }
 
 fn init_values(seed: u64, key: &str, shape: &[i64]) -> Vec<f32> {
@@ -205,6 +209,11 @@ fn initial_values(
                 )));
             }
             s.tensors()
+        }
+        Init::Pretrained { weights } => {
+            let zeros = || Tensor::zeros(param.shape.as_slice(), (Kind::Float, Device::Cpu));
+            let p = weights.read(key).map_err(ExecError::Unsupported)?;
+            (p, zeros(), zeros())
         }
     })
 }
