@@ -20,6 +20,7 @@ pub mod measure;
 pub mod request;
 mod status;
 pub mod train;
+pub mod weights;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -170,6 +171,22 @@ enum Command {
     /// `osdp-tui validate sample-models/tiny-gpt2.json --layout layouts/local-cpu.json --plan
     /// plan.json --repeat 3`.
     Validate(measure::ValidateArgs),
+    /// The mean next-token loss of a model's weights on data taken in order (needs the
+    /// `train` build feature).
+    ///
+    /// The weights are a Hugging Face checkpoint (`save_pretrained`'s directory) or one of
+    /// `train`'s checkpoints; sample i is tokens [i·S, i·S + S] of the data, no shuffling.
+    /// Example: `osdp-tui eval model.json --init-from ./my-llama --data valid.txt --samples
+    /// 64 --json`.
+    Eval(weights::EvalArgs),
+    /// Write a training checkpoint as a Hugging Face directory that transformers loads
+    /// (needs the `train` build feature).
+    ///
+    /// config.json (the config the model description was imported from) and
+    /// model.safetensors in fp32, sharded with an index above --max-shard-size. Example:
+    /// `osdp-tui export-hf model.json ckpt -o ./my-llama-tuned`, then
+    /// `AutoModelForCausalLM.from_pretrained("./my-llama-tuned")`.
+    ExportHf(weights::ExportHfArgs),
     /// Follow a training run from another terminal: step, loss, speed, memory, checkpoints,
     /// and whether its worker is alive (the run directory's lock names it).
     ///
@@ -387,6 +404,8 @@ pub struct Trainer {
     pub train: fn(train::TrainArgs) -> Result<(), Failure>,
     pub calibrate: fn(measure::CalibrateArgs) -> Result<(), Failure>,
     pub validate: fn(measure::ValidateArgs) -> Result<(), Failure>,
+    pub eval: fn(weights::EvalArgs) -> Result<(), Failure>,
+    pub export_hf: fn(weights::ExportHfArgs) -> Result<(), Failure>,
 }
 
 /// The trainer binary's file name; it sits beside `osdp-tui`.
@@ -503,6 +522,16 @@ fn dispatch(cli: Cli, trainer: Option<&Trainer>) -> Result<(), Failure> {
             Some(t) => (t.validate)(args),
             None if cfg!(feature = "train") => Err(hand_over()),
             None => Err(measure::needs_trainer("validate")),
+        },
+        (Some(Command::Eval(args)), _) => match trainer {
+            Some(t) => (t.eval)(args),
+            None if cfg!(feature = "train") => Err(hand_over()),
+            None => Err(measure::needs_trainer("eval")),
+        },
+        (Some(Command::ExportHf(args)), _) => match trainer {
+            Some(t) => (t.export_hf)(args),
+            None if cfg!(feature = "train") => Err(hand_over()),
+            None => Err(measure::needs_trainer("export-hf")),
         },
         (
             Some(Command::Status {

@@ -79,7 +79,7 @@ pub fn no_cuda() -> Failure {
 /// A trainer command in a build without the trainer: how to get it.
 pub(crate) fn needs_trainer(what: &str) -> Failure {
     Failure::input(format!(
-        "{what} times the trainer's kernels, and this osdp-tui was built without them; build it \
+        "{what} runs the trainer's kernels, and this osdp-tui was built without them; build it \
          with `. scripts/libtorch-env.sh && cargo build --release --features train`"
     ))
 }

@@ -48,6 +48,10 @@ pub struct ModelSpec {
     pub source: Option<String>,
     pub config: ModelConfig,
     pub ops: Vec<OpSpec>,
+    /// The Hugging Face `config.json` this description was imported from, kept whole so that
+    /// `export-hf` can write it back beside trained weights.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hf_config: Option<serde_json::Map<String, serde_json::Value>>,
 }
 
 /// Architecture family: decides how the trainer wires the blocks.

@@ -356,3 +356,142 @@ fn candidates(full: &str) -> Vec<String> {
     }
     c
 }
+
+/// What `export-hf` wrote.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct Exported {
+    /// The weight files, in order.
+    pub files: Vec<String>,
+    pub tensors: usize,
+    pub bytes: u64,
+}
+
+/// transformers' default largest shard (`save_pretrained(max_shard_size="5GB")`).
+pub const DEFAULT_MAX_SHARD_BYTES: u64 = 5_000_000_000;
+
+/// Write `model`'s parameters (full fp32 values by `op.param` key) into `dir` as a
+/// `save_pretrained` directory: config.json (the imported config, its dtype fp32 and its layer
+/// count the model's) and model.safetensors, or shards of at most `max_shard_bytes` with
+/// model.safetensors.index.json. Tied parameters are written once, at their owner, as
+/// transformers does.
+pub fn export(
+    model: &ModelSpec,
+    value: &dyn Fn(&str) -> Option<(Vec<i64>, Vec<f32>)>,
+    dir: &Path,
+    max_shard_bytes: u64,
+) -> Result<Exported, String> {
+    let config = export_config(model)?;
+    // Every tensor, in the model's op order, as little-endian fp32 bytes in the file's layout.
+    let mut tensors: Vec<(String, Vec<usize>, Vec<u8>)> = Vec::new();
+    for op in &model.ops {
+        for p in op.params.iter().filter(|p| p.tied_to.is_none()) {
+            let key = model::param_key(&op.id, &p.name);
+            let (shape, values) =
+                value(&key).ok_or_else(|| format!("the checkpoint has no parameter {key:?}"))?;
+            if shape != p.shape {
+                return Err(format!(
+                    "the checkpoint's {key:?} has shape {shape:?}, the model says {:?}",
+                    p.shape
+                ));
+            }
+            let mut dims: Vec<usize> = shape.iter().map(|&d| d as usize).collect();
+            let values = if stored_transposed(model, op, &p.name) && dims.len() == 2 {
+                let (rows, cols) = (dims[0], dims[1]);
+                dims.reverse();
+                let mut t = vec![0f32; values.len()];
+                for r in 0..rows {
+                    for c in 0..cols {
+                        t[c * rows + r] = values[r * cols + c];
+                    }
+                }
+                t
+            } else {
+                values
+            };
+            let bytes = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+            tensors.push((hf_name(op, &p.name), dims, bytes));
+        }
+    }
+    std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    write_json(&dir.join("config.json"), &serde_json::Value::Object(config))?;
+    let groups = shard_groups(&tensors, max_shard_bytes);
+    let n = groups.len();
+    let mut files = Vec::new();
+    let mut weight_map = BTreeMap::new();
+    for (k, group) in groups.iter().enumerate() {
+        let name = if n == 1 {
+            SINGLE_FILE.to_string()
+        } else {
+            format!("model-{:05}-of-{n:05}.safetensors", k + 1)
+        };
+        let views = group.iter().map(|&i| {
+            let (tname, dims, bytes) = &tensors[i];
+            let view = safetensors::tensor::TensorView::new(Dtype::F32, dims.clone(), bytes)
+                .expect("shape and bytes agree");
+            (tname.clone(), view)
+        });
+        safetensors::serialize_to_file(views, None, &dir.join(&name))
+            .map_err(|e| format!("{}: {e}", dir.join(&name).display()))?;
+        for &i in group {
+            weight_map.insert(tensors[i].0.clone(), name.clone());
+        }
+        files.push(name);
+    }
+    let bytes: u64 = tensors.iter().map(|t| t.2.len() as u64).sum();
+    if n > 1 {
+        let index = serde_json::json!({
+            "metadata": {"total_size": bytes},
+            "weight_map": weight_map,
+        });
+        write_json(&dir.join(INDEX_FILE), &index)?;
+    }
+    Ok(Exported {
+        files,
+        tensors: tensors.len(),
+        bytes,
+    })
+}
+
+/// Consecutive tensors packed into shards of at most `max` bytes (a larger tensor alone).
+fn shard_groups(tensors: &[(String, Vec<usize>, Vec<u8>)], max: u64) -> Vec<Vec<usize>> {
+    let mut groups: Vec<Vec<usize>> = vec![Vec::new()];
+    let mut size = 0u64;
+    for (i, t) in tensors.iter().enumerate() {
+        let len = t.2.len() as u64;
+        if size + len > max && !groups.last().is_some_and(Vec::is_empty) {
+            groups.push(Vec::new());
+            size = 0;
+        }
+        groups.last_mut().expect("one group").push(i);
+        size += len;
+    }
+    groups
+}
+
+/// The imported config.json, with fp32 weights and the model's own layer count.
+fn export_config(model: &ModelSpec) -> Result<serde_json::Map<String, serde_json::Value>, String> {
+    let mut config = model.hf_config.clone().ok_or_else(|| {
+        format!(
+            "{} keeps no Hugging Face config (it was not made by `import-hf`): import the \
+             model's config.json with `osdp-tui import-hf` and train that description",
+            model.name
+        )
+    })?;
+    for dtype in ["torch_dtype", "dtype"] {
+        if config.contains_key(dtype) {
+            config.insert(dtype.into(), "float32".into());
+        }
+    }
+    let layers = if model.family == Family::Gpt2 {
+        "n_layer"
+    } else {
+        "num_hidden_layers"
+    };
+    config.insert(layers.into(), model.config.layers.into());
+    Ok(config)
+}
+
+fn write_json(path: &Path, value: &serde_json::Value) -> Result<(), String> {
+    let text = serde_json::to_string_pretty(value).map_err(|e| e.to_string())?;
+    std::fs::write(path, text + "\n").map_err(|e| format!("{}: {e}", path.display()))
+}

@@ -1,4 +1,4 @@
-//! `osdp-tui-trainer`: the commands that run libtorch (`train`, `calibrate`, `validate`), which
+//! `osdp-tui-trainer`: the commands that run libtorch (`train`, `calibrate`, `validate`, `eval`, `export-hf`), which
 //! `osdp-tui` hands over to (it execs this binary with its own arguments). Every other command
 //! works here too, through the same command line, so a worker can be started as either.
 //!
@@ -6,6 +6,7 @@
 
 mod measure;
 mod train;
+mod weights;
 
 fn main() -> std::process::ExitCode {
     osdp_train::keep_freed_memory();
@@ -13,5 +14,7 @@ fn main() -> std::process::ExitCode {
         train: train::train,
         calibrate: measure::calibrate,
         validate: measure::validate,
+        eval: weights::eval,
+        export_hf: weights::export_hf,
     }))
 }

@@ -350,6 +350,7 @@ impl GraphBuilder {
             source,
             config: self.config,
             ops: self.ops,
+            hf_config: None,
         }
     }
 }

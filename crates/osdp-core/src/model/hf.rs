@@ -133,7 +133,8 @@ pub fn import_str(path: &Path, text: &str, opts: &ImportOptions) -> Result<Model
             })
         }
     };
-    let spec = template.build(config).finish(&name, family, source);
+    let mut spec = template.build(config).finish(&name, family, source);
+    spec.hf_config = Some(obj.clone());
     super::validate(&spec).map_err(|problem| ImportError::Invalid {
         path: path.to_path_buf(),
         problem,
