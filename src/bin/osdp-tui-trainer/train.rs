@@ -132,6 +132,11 @@ fn setup(args: &TrainArgs) -> Result<Setup, Failure> {
     };
     osdp_train::last_step(resumed.as_ref().map_or(0, |m| m.step), args.steps)
         .map_err(Failure::input)?;
+    // The weights to start from, checked now (headers only: cheap) so that a wrong checkpoint
+    // is bad input, refused before any rank starts; a resumed run has its own.
+    if let (Some(dir), None) = (&args.init_from, &resume_from) {
+        osdp_train::hf_weights::HfWeights::open(dir, &model).map_err(Failure::input)?;
+    }
     // A resumed run continues the same run: the global batch, seed and data the checkpoint
     // was written with, unless the user says otherwise (then say so).
     let settled = Settled::of(
