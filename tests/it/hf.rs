@@ -336,3 +336,123 @@ fn issue_33_bad_hugging_face_checkpoints_are_refused_in_one_line() {
         assert!(err.contains(says), "{case}: {err}");
     }
 }
+
+/// One AdamW step from loaded weights on two ranks, under a plan mixing zero3 split in two,
+/// zero2, dp and a recomputed block, gives the parameters `torch.optim.AdamW` gives on the
+/// transformers model (same batch, lr, betas, eps, weight decay; no warm-up, no clipping).
+#[test]
+fn issue_33_one_adamw_step_from_loaded_weights_equals_torch() {
+    use osdp_train::data::{Sampler, Source};
+    use osdp_train::exec::OptimConfig;
+    use osdp_train::{TrainConfig, TrainError};
+    use std::sync::atomic::AtomicBool;
+
+    let Some(dir) = tiny_models() else { return };
+    let r = reference(dir, "llama");
+    let model = imported(dir, "llama", r.seq);
+    let w = tempfile::tempdir().unwrap();
+    std::fs::write(
+        w.path().join("m.json"),
+        serde_json::to_string(&model).unwrap(),
+    )
+    .unwrap();
+    let planned = crate::osdp()
+        .current_dir(w.path())
+        .args([
+            "plan", "m.json", "--layout", "cpu", "--batch", "2", "-o", "p.json",
+        ])
+        .args([
+            "--pin",
+            "layers0.mlp.up_proj=zero3/2:2",
+            "--pin",
+            "lm_head=zero2",
+        ])
+        .args([
+            "--pin",
+            "embed_tokens=dp",
+            "--pin",
+            "layers1.self_attn.q_proj=zero3",
+        ])
+        .args(["--recompute-block", "1=on"])
+        .output()
+        .unwrap();
+    assert!(planned.status.success(), "{planned:?}");
+    let plan = osdp_core::plan::read_plan(&w.path().join("p.json"), &model).unwrap();
+    assert!(plan.recompute[1], "block 1 recomputes");
+    let optim = OptimConfig {
+        lr: 3e-3,
+        warmup_steps: 0,
+        clip_norm: 0.0,
+        ..OptimConfig::default()
+    };
+    let tokens: Vec<u8> = r.tokens.iter().map(|&t| t as u8).collect();
+    let source = Source::Text {
+        name: "tokens".into(),
+        bytes: std::sync::Arc::new(tokens),
+    };
+    let global_batch = 4;
+    let cfg = TrainConfig {
+        plan,
+        world_size: 2,
+        ranks_per_node: None,
+        global_batch,
+        steps: 1,
+        seed: 5,
+        source: source.clone(),
+        optim,
+        target: osdp_train::exec::Target::CPU,
+        checkpoint_dir: None,
+        checkpoint_every: 0,
+        resume_from: None,
+        init_from: Some(dir.join("llama")),
+        collect_params: true,
+        membership: None,
+        model: model.clone(),
+    };
+    let ours = osdp_train::train(&cfg, &AtomicBool::new(false), |_| {})
+        .map_err(|e: TrainError| e.to_string())
+        .unwrap();
+    let batch = Sampler {
+        source,
+        seed: 5,
+        seq: r.seq,
+        vocab: model.config.vocab_size,
+    }
+    .batch(0, 0, global_batch as usize);
+    let step = serde_json::json!({
+        "rows": batch.rows, "seq": batch.seq, "inputs": batch.inputs, "labels": batch.labels,
+        "lr": optim.lr, "beta1": optim.beta1, "beta2": optim.beta2, "eps": optim.eps,
+        "weight_decay": optim.weight_decay,
+    });
+    std::fs::write(w.path().join("step.json"), step.to_string()).unwrap();
+    let theirs_dir = w.path().join("torch");
+    let loss = python(
+        &std::fs::read_to_string(root().join("tests/hf/adamw_step.py")).unwrap(),
+        &[&dir.join("llama"), &w.path().join("step.json"), &theirs_dir],
+    );
+    let loss: f64 = loss.trim().parse().unwrap();
+    assert!(
+        ((ours.losses[0] - loss) / loss).abs() < 1e-5,
+        "loss {} here, {loss} in torch",
+        ours.losses[0]
+    );
+    let theirs = osdp_train::hf_weights::HfWeights::open(&theirs_dir, &model).unwrap();
+    assert_eq!(ours.final_params.len(), 21, "every parameter compared");
+    for (key, value) in &ours.final_params {
+        let t = theirs.read(key).unwrap();
+        let worst = (value - &t).abs().max().double_value(&[]);
+        let moved = (value - &theirs_start(dir, &model, key))
+            .abs()
+            .max()
+            .double_value(&[]);
+        assert!(worst < 1e-5, "{key}: differs from torch by {worst}");
+        assert!(moved > 1e-4, "{key}: the step moved it by only {moved}");
+    }
+}
+
+fn theirs_start(dir: &Path, model: &ModelSpec, key: &str) -> osdp_train::tch::Tensor {
+    osdp_train::hf_weights::HfWeights::open(&dir.join("llama"), model)
+        .unwrap()
+        .read(key)
+        .unwrap()
+}
