@@ -299,6 +299,11 @@ fn event_text(ev: &WorkerEvent) -> String {
             units::count(*tokens_per_s as u64)
         ),
         WorkerEvent::Checkpointing { step } => format!("checkpointing step {step}"),
+        WorkerEvent::Eval {
+            step,
+            loss,
+            samples,
+        } => format!("eval loss {loss:.4} at step {step} ({samples} held-out samples)"),
         WorkerEvent::Checkpoint {
             step,
             path,
@@ -354,6 +359,12 @@ fn summary(
             }
         }
         None => lines.push("no step yet".into()),
+    }
+    if let (Some(&(step, loss)), Some(&(_, first))) = (status.evals.last(), status.evals.first()) {
+        lines.push(format!(
+            "held-out loss {loss:.4} at step {step} (first {first:.4}, {} evaluations)",
+            status.evals.len()
+        ));
     }
     lines.push(match &status.last_checkpoint {
         Some((step, path)) => format!("last checkpoint: step {step} ({})", excerpt(path)),

@@ -65,6 +65,24 @@ pub struct TrainArgs {
     /// when resuming].
     #[arg(long, value_name = "SOURCE")]
     pub data: Option<String>,
+    /// Tokenise text data with this Hugging Face tokenizer.json (the model's own) instead of
+    /// byte by byte; a .jsonl --data (`{"text": …}` per line) needs one, and its documents
+    /// are joined by the tokenizer's end-of-text token. A .bin --data is already tokens:
+    /// llm.c's (256 × int32 header, magic 20240520) or nanoGPT's raw uint16.
+    #[arg(long, value_name = "tokenizer.json")]
+    pub tokenizer: Option<PathBuf>,
+    /// Held-out data (as --data, with the same --tokenizer): its loss is reported every
+    /// --eval-every steps and after the last (an `eval` event, shown by `status` and the
+    /// dashboard).
+    #[arg(long, value_name = "SOURCE")]
+    pub eval_data: Option<String>,
+    /// Steps between held-out losses.
+    #[arg(long, value_name = "K", default_value_t = 50, value_parser = clap::value_parser!(u64).range(1..))]
+    pub eval_every: u64,
+    /// Held-out samples evaluated, from the first, in order (rounded down to a multiple of the
+    /// world size).
+    #[arg(long, value_name = "N", default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    pub eval_samples: u64,
     /// Peak learning rate (AdamW, linear warm-up over the first 10 steps).
     #[arg(long, default_value_t = 1e-3, value_parser = parse_lr, allow_negative_numbers = true)]
     pub lr: f64,
@@ -116,6 +134,10 @@ impl TrainArgs {
             steps,
             seed,
             data,
+            tokenizer,
+            eval_data,
+            eval_every,
+            eval_samples,
             lr,
             metrics,
             checkpoint_dir,
@@ -152,6 +174,10 @@ impl TrainArgs {
         opt("--steps", Some(steps.to_string().into()));
         opt("--seed", seed.map(|n| n.to_string().into()));
         opt("--data", data.as_ref().map(Into::into));
+        opt("--tokenizer", tokenizer.as_ref().map(Into::into));
+        opt("--eval-data", eval_data.as_ref().map(Into::into));
+        opt("--eval-every", Some(eval_every.to_string().into()));
+        opt("--eval-samples", Some(eval_samples.to_string().into()));
         // `{}` of an f64 is the shortest text that reads back to the same value.
         opt("--lr", Some(lr.to_string().into()));
         opt("--metrics", metrics.as_ref().map(Into::into));
@@ -416,7 +442,11 @@ mod command_line {
                         precision: bf16.then_some(PrecisionArg::Bf16),
                         steps,
                         seed,
+                        eval_data: data.clone(),
                         data,
+                        tokenizer: init_from.clone(),
+                        eval_every: every + 1,
+                        eval_samples: steps % 1000 + 1,
                         lr,
                         metrics,
                         // `--resume` needs a directory; `--resume-from` excludes `--resume`.

@@ -15,10 +15,15 @@ pub struct EvalArgs {
     /// a `--checkpoint-dir` (its latest checkpoint) or one `step-…` directory.
     #[arg(long, value_name = "DIR|CHECKPOINT")]
     pub init_from: PathBuf,
-    /// Data: `shakespeare` (built in) or a text file, tokenised byte by byte. Sample i is
-    /// tokens [i·S, i·S + S] (S = the model's sequence length), in order.
+    /// Data: `shakespeare` (built in), a text file (byte by byte, or with --tokenizer), a
+    /// .jsonl of `{"text": …}` documents (with --tokenizer) or a pre-tokenized .bin (llm.c's
+    /// or nanoGPT's). Sample i is tokens [i·S, i·S + S] (S = the model's sequence length), in
+    /// order.
     #[arg(long, value_name = "SOURCE", default_value = "shakespeare")]
     pub data: String,
+    /// The model's Hugging Face tokenizer.json, for text data.
+    #[arg(long, value_name = "tokenizer.json")]
+    pub tokenizer: Option<PathBuf>,
     /// Samples to evaluate, from the first [default: every whole sample in the data].
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=1_000_000_000))]
     pub samples: Option<u64>,

@@ -73,6 +73,8 @@ pub struct RunStatus {
     pub failed: bool,
     /// The planner's figures for the run's plan, when the run directory has them.
     pub predicted: Option<RunPrediction>,
+    /// Held-out losses (`--eval-data`): `(step, loss)`, in order.
+    pub evals: Vec<(u64, f64)>,
 }
 
 impl RunStatus {
@@ -130,6 +132,7 @@ impl RunStatus {
                 device_memory: device_memory.clone(),
             }),
             WorkerEvent::Checkpointing { step } => self.checkpointing = Some(*step),
+            WorkerEvent::Eval { step, loss, .. } => self.evals.push((*step, *loss)),
             WorkerEvent::Checkpoint { step, path, .. } => {
                 self.checkpointing = None;
                 self.last_checkpoint = Some((*step, path.clone()));

@@ -177,7 +177,7 @@ fn issue_33_trained_export_loads_in_transformers_with_our_loss() {
     let work = tempfile::tempdir().unwrap();
     let w = work.path();
     let tokens: Vec<u8> = r.tokens.iter().map(|&t| t as u8).collect();
-    std::fs::write(w.join("tokens.bin"), &tokens).unwrap();
+    std::fs::write(w.join("tokens.txt"), &tokens).unwrap();
     let run = |args: &[&str]| {
         let out = crate::osdp().current_dir(w).args(args).output().unwrap();
         assert!(
@@ -218,7 +218,7 @@ fn issue_33_trained_export_loads_in_transformers_with_our_loss() {
         "--init-from",
         hf,
         "--data",
-        "tokens.bin",
+        "tokens.txt",
         "--steps",
         "2",
         "--checkpoint-dir",
@@ -243,7 +243,7 @@ fn issue_33_trained_export_loads_in_transformers_with_our_loss() {
         "--init-from",
         "ck",
         "--data",
-        "tokens.bin",
+        "tokens.txt",
         "--json",
     ]))
     .unwrap();
@@ -260,7 +260,7 @@ with torch.no_grad():
         losses.append(F.cross_entropy(m(input_ids=w[:-1].unsqueeze(0)).logits[0], w[1:]).item())
 print(sum(losses) / len(losses))
 ",
-        &[&w.join("out"), &w.join("tokens.bin")],
+        &[&w.join("out"), &w.join("tokens.txt")],
     );
     let theirs: f64 = theirs.trim().parse().unwrap();
     let ours = ours["loss"].as_f64().unwrap();
@@ -405,6 +405,7 @@ fn issue_33_one_adamw_step_from_loaded_weights_equals_torch() {
         checkpoint_every: 0,
         resume_from: None,
         init_from: Some(dir.join("llama")),
+        eval: None,
         collect_params: true,
         membership: None,
         model: model.clone(),
@@ -455,4 +456,197 @@ fn theirs_start(dir: &Path, model: &ModelSpec, key: &str) -> osdp_train::tch::Te
         .unwrap()
         .read(key)
         .unwrap()
+}
+
+/// bf16 and fp16 files load as the same weights rounded to that format: each tensor read is
+/// exactly the fp32 checkpoint's value rounded, and the loss moves only by the rounding.
+#[test]
+fn issue_33_bf16_and_fp16_checkpoints_load_as_their_rounded_weights() {
+    use osdp_train::hf_weights::HfWeights;
+    use osdp_train::tch::Kind;
+    let Some(dir) = tiny_models() else { return };
+    let r = reference(dir, "llama");
+    let model = imported(dir, "llama", r.seq);
+    let full = HfWeights::open(&dir.join("llama"), &model).unwrap();
+    for (name, kind) in [("llama-bf16", Kind::BFloat16), ("llama-fp16", Kind::Half)] {
+        let narrow = HfWeights::open(&dir.join(name), &model).unwrap();
+        for op in &model.ops {
+            for p in &op.params {
+                let key = osdp_core::model::param_key(&op.id, &p.name);
+                let want = full.read(&key).unwrap().to_kind(kind).to_kind(Kind::Float);
+                let got = narrow.read(&key).unwrap();
+                assert!(got.equal(&want), "{name}: {key} is not the rounded weight");
+            }
+        }
+        let weights = Weights::open(&dir.join(name), &model).unwrap();
+        let mut exec = eval::executor(&model, &weights, 3, Target::CPU).unwrap();
+        let loss = eval::evaluate(&mut exec, &r.tokens, r.samples, 3, |_| {})
+            .unwrap()
+            .loss;
+        assert!(
+            (loss - r.loss).abs() < 0.05 && loss != r.loss,
+            "{name}: loss {loss} against {} in fp32",
+            r.loss
+        );
+    }
+}
+
+/// A JSON-lines file tokenized with the model's tokenizer.json (documents joined by its
+/// end-of-text token) gives `eval` the ids the `tokenizers` library gives: the loss equals
+/// transformers' on those ids. Training on it reports held-out losses that `status` shows.
+#[test]
+fn issue_33_tokenized_documents_evaluate_and_train_with_held_out_loss() {
+    let Some(dir) = tiny_models() else { return };
+    let r = reference(dir, "llama");
+    let want: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("tokenized.json")).unwrap())
+            .unwrap();
+    let w = tempfile::tempdir().unwrap();
+    let model = imported(dir, "llama", r.seq);
+    std::fs::write(
+        w.path().join("m.json"),
+        serde_json::to_string(&model).unwrap(),
+    )
+    .unwrap();
+    let run = |args: &[&str]| {
+        let out = crate::osdp()
+            .current_dir(w.path())
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let (hf, docs, tok) = (
+        dir.join("llama"),
+        dir.join("docs.jsonl"),
+        dir.join("tokenizer.json"),
+    );
+    let (hf, docs, tok) = (
+        hf.to_str().unwrap(),
+        docs.to_str().unwrap(),
+        tok.to_str().unwrap(),
+    );
+    let ours: serde_json::Value = serde_json::from_str(&run(&[
+        "eval",
+        "m.json",
+        "--init-from",
+        hf,
+        "--data",
+        docs,
+        "--tokenizer",
+        tok,
+        "--json",
+    ]))
+    .unwrap();
+    assert_eq!(ours["samples"], want["samples"]);
+    let (ours, theirs) = (
+        ours["loss"].as_f64().unwrap(),
+        want["loss"].as_f64().unwrap(),
+    );
+    assert!(
+        ((ours - theirs) / theirs).abs() < 1e-5,
+        "{ours} vs {theirs}"
+    );
+
+    run(&[
+        "plan", "m.json", "--layout", "cpu", "--batch", "2", "-o", "p.json",
+    ]);
+    std::fs::create_dir(w.path().join("run")).unwrap();
+    let err = {
+        let out = crate::osdp()
+            .current_dir(w.path())
+            .args([
+                "train",
+                "m.json",
+                "--plan",
+                "p.json",
+                "--world-size",
+                "2",
+                "--steps",
+                "3",
+            ])
+            .args(["--init-from", hf, "--data", docs, "--tokenizer", tok])
+            .args([
+                "--eval-data",
+                docs,
+                "--eval-every",
+                "2",
+                "--eval-samples",
+                "8",
+            ])
+            .args(["--metrics", "run/metrics.jsonl"])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    assert!(err.contains("step 2: eval loss"), "{err}");
+    assert!(err.contains("step 3: eval loss"), "{err}");
+    let status = run(&["status", "run"]);
+    assert!(status.contains("held-out loss"), "{status}");
+    let metrics = std::fs::read_to_string(w.path().join("run/metrics.jsonl")).unwrap();
+    let evals: Vec<serde_json::Value> = metrics
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| v["event"] == "eval")
+        .collect();
+    assert_eq!(evals.len(), 2, "{metrics}");
+    assert_eq!(evals[0]["samples"], 8);
+    // The first held-out loss is of the weights after two steps, near the loaded model's.
+    let first = evals[0]["loss"].as_f64().unwrap();
+    assert!((first - theirs).abs() < 0.1, "{first} vs {theirs}");
+}
+
+/// Pre-tokenized data: llm.c's .bin (header, uint16 tokens) reads as its tokens (the loss
+/// equals the same tokens as text bytes), and a token beyond the vocabulary is refused with
+/// its position.
+#[test]
+fn issue_33_llm_c_binaries_read_as_tokens_and_out_of_vocabulary_is_refused() {
+    let Some(dir) = tiny_models() else { return };
+    let r = reference(dir, "llama");
+    let w = tempfile::tempdir().unwrap();
+    let model = imported(dir, "llama", r.seq);
+    std::fs::write(
+        w.path().join("m.json"),
+        serde_json::to_string(&model).unwrap(),
+    )
+    .unwrap();
+    let write_bin = |name: &str, tokens: &[i64]| {
+        let mut header = vec![0i32; 256];
+        header[0] = 20240520;
+        header[1] = 1;
+        header[2] = tokens.len() as i32;
+        let mut bytes: Vec<u8> = header.iter().flat_map(|h| h.to_le_bytes()).collect();
+        bytes.extend(tokens.iter().flat_map(|&t| (t as u16).to_le_bytes()));
+        std::fs::write(w.path().join(name), bytes).unwrap();
+    };
+    write_bin("ok.bin", &r.tokens);
+    let mut bad = r.tokens.clone();
+    bad[17] = 4000;
+    write_bin("bad.bin", &bad);
+    let hf = dir.join("llama");
+    let eval = |data: &str| {
+        crate::osdp()
+            .current_dir(w.path())
+            .args(["eval", "m.json", "--data", data, "--json", "--init-from"])
+            .arg(&hf)
+            .output()
+            .unwrap()
+    };
+    let ok = eval("ok.bin");
+    assert!(ok.status.success(), "{ok:?}");
+    let v: serde_json::Value = serde_json::from_slice(&ok.stdout).unwrap();
+    assert!(
+        (v["loss"].as_f64().unwrap() - r.loss).abs() / r.loss < 1e-5,
+        "{v}"
+    );
+    let bad = eval("bad.bin");
+    let err = String::from_utf8_lossy(&bad.stderr);
+    assert_eq!(bad.status.code(), Some(2), "{err}");
+    assert!(err.contains("token 4000 at position 17"), "{err}");
 }

@@ -158,6 +158,7 @@ fn config(m: &ModelSpec, plan: Plan, world: usize, steps: u64) -> TrainConfig {
         checkpoint_every: 0,
         resume_from: None,
         init_from: None,
+        eval: None,
         collect_params: true,
         membership: None,
     }

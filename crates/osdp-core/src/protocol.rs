@@ -97,6 +97,14 @@ pub enum WorkerEvent {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         device_memory: Option<Vec<DeviceMemory>>,
     },
+    /// The loss on held-out data (`--eval-data`) after `step`: the mean next-token loss over
+    /// its first `samples` samples, in order.
+    Eval {
+        step: u64,
+        #[serde(deserialize_with = "number_or_nan")]
+        loss: f64,
+        samples: u64,
+    },
     /// A checkpoint of `step` is being written.
     Checkpointing {
         step: u64,

@@ -15,11 +15,27 @@ pub enum Source {
         name: String,
         bytes: std::sync::Arc<Vec<u8>>,
     },
+    /// Tokens read by [`load::open`]: pre-tokenized, or text through a tokenizer.
+    Tokens {
+        name: String,
+        tokens: std::sync::Arc<Vec<u32>>,
+    },
     /// Uniform random tokens below the vocabulary size.
     Random,
 }
 
+pub mod load;
+
 impl Source {
+    /// Every token in order (byte-level text as bytes); `None` for random tokens.
+    pub fn tokens(&self) -> Option<Vec<i64>> {
+        match self {
+            Source::Text { bytes, .. } => Some(bytes.iter().map(|&b| i64::from(b)).collect()),
+            Source::Tokens { tokens, .. } => Some(tokens.iter().map(|&t| i64::from(t)).collect()),
+            Source::Random => None,
+        }
+    }
+
     pub fn shakespeare() -> Source {
         Source::Text {
             name: "shakespeare".into(),
@@ -31,7 +47,7 @@ impl Source {
     /// it, so a resumed run reads the same data.
     pub fn label(&self) -> &str {
         match self {
-            Source::Text { name, .. } => name,
+            Source::Text { name, .. } | Source::Tokens { name, .. } => name,
             Source::Random => "random",
         }
     }
@@ -114,6 +130,13 @@ impl Sampler {
                         .map(|j| {
                             i64::from(*text.get(start + j).unwrap_or(&b' ')) % self.vocab as i64
                         })
+                        .collect()
+                }
+                Source::Tokens { tokens, .. } => {
+                    let span = tokens.len().saturating_sub(self.seq + 1).max(1);
+                    let start = (rng.next_u64() % span as u64) as usize;
+                    (0..=self.seq)
+                        .map(|j| i64::from(*tokens.get(start + j).unwrap_or(&0)))
                         .collect()
                 }
                 Source::Random => (0..=self.seq)

@@ -292,6 +292,11 @@ impl Executor {
         &self.model
     }
 
+    /// Samples per forward/backward on this rank (the plan's micro-batch).
+    pub fn micro_batch(&self) -> usize {
+        self.micro_batch
+    }
+
     pub fn world(&self) -> usize {
         self.comm.world()
     }

@@ -111,6 +111,17 @@ impl HfWeights {
         let bytes = &shard.map[shard.data_start + start..shard.data_start + end];
         let shape: Vec<i64> = info.shape.iter().map(|&d| d as i64).collect();
         let t = Tensor::from_data_size(bytes, &shape, kind_of(info.dtype)?).to_kind(Kind::Float);
+        // The file's pages of this tensor were mapped into this process while copied: give
+        // them back, so that a rank's resident memory never grows toward the file's size.
+        // SAFETY: a read-only file mapping, never written; a later read faults the same bytes
+        // back in from the file.
+        let _ = unsafe {
+            shard.map.unchecked_advise_range(
+                memmap2::UncheckedAdvice::DontNeed,
+                shard.data_start + start,
+                end - start,
+            )
+        };
         Ok(if at.transpose { t.tr().contiguous() } else { t })
     }
 }

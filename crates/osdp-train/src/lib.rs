@@ -95,11 +95,23 @@ pub struct TrainConfig {
     /// A Hugging Face checkpoint directory to take the initial weights from (when not
     /// resuming); `None`: weights from the seed.
     pub init_from: Option<PathBuf>,
+    /// Held-out loss every so many steps (`--eval-data`); `None`: none.
+    pub eval: Option<EvalConfig>,
     /// Return every parameter's final value (tests and equivalence checks).
     pub collect_params: bool,
     /// This process is one rank of a multi-process group (torchrun/Slurm environment);
     /// `None`: all ranks are threads of this process.
     pub membership: Option<tcp::Membership>,
+}
+
+/// The held-out loss a run reports: every `every` steps (and after its last), the mean loss
+/// over the first `samples` samples of `tokens` taken in order, each rank evaluating an equal
+/// share with the plan's own sharding.
+#[derive(Debug, Clone)]
+pub struct EvalConfig {
+    pub tokens: std::sync::Arc<Vec<i64>>,
+    pub every: u64,
+    pub samples: usize,
 }
 
 /// What a finished run returns besides its events.
@@ -128,6 +140,11 @@ enum RankMsg {
         peak: memory::Breakdown,
         /// Each rank's allocator and NVML figures (empty on the CPU).
         device_memory: Vec<device_memory::DeviceMemory>,
+    },
+    Eval {
+        step: u64,
+        loss: f64,
+        samples: u64,
     },
     Checkpointing {
         step: u64,
@@ -413,6 +430,15 @@ fn report(
             });
         }
         RankMsg::Checkpointing { step } => on_event(&WorkerEvent::Checkpointing { step }),
+        RankMsg::Eval {
+            step,
+            loss,
+            samples,
+        } => on_event(&WorkerEvent::Eval {
+            step,
+            loss,
+            samples,
+        }),
         RankMsg::Checkpoint { step, path, time_s } => on_event(&WorkerEvent::Checkpoint {
             step,
             path: path.display().to_string(),
@@ -428,6 +454,13 @@ fn terms(cfg: &TrainConfig, first_step: u64) -> tcp::Terms {
     let o = &cfg.optim;
     let data = match &cfg.source {
         data::Source::Text { bytes, .. } => format!("{:08x}", crc32fast::hash(bytes)),
+        data::Source::Tokens { tokens, .. } => {
+            let mut h = crc32fast::Hasher::new();
+            for t in tokens.iter() {
+                h.update(&t.to_le_bytes());
+            }
+            format!("{:08x}", h.finalize())
+        }
         data::Source::Random => "-".into(),
     };
     // The plan as its file would hold it, without the informational layout and figures: two
@@ -636,6 +669,13 @@ fn rank_main(
                     .collect(),
             });
         }
+        if let Some(ev) = cfg
+            .eval
+            .as_ref()
+            .filter(|e| step % e.every == 0 || step == last)
+        {
+            held_out(&mut exec, ev, step, tx).map_err(&err)?;
+        }
         if cfg.checkpoint_every > 0 && step % cfg.checkpoint_every == 0 && step < last {
             save(cfg, &exec, step, tx)?;
             saved_at = step;
@@ -654,6 +694,42 @@ fn rank_main(
         by_signal,
         params: if rank == 0 { params } else { Vec::new() },
     })
+}
+
+/// The held-out loss after `step`: this rank's equal share of the samples in micro-batches of
+/// the plan's size (every rank runs as many forward passes, so sharded weights are gathered
+/// in step), summed over the ranks; rank 0 reports it.
+fn held_out(
+    exec: &mut Executor,
+    ev: &EvalConfig,
+    step: u64,
+    tx: &mpsc::Sender<RankMsg>,
+) -> exec::Result<()> {
+    let (rank, world) = (exec.rank(), exec.world());
+    let seq = exec.model().config.seq_len as usize;
+    let per_rank = ev.samples / world;
+    let micro = exec.micro_batch().min(per_rank.max(1));
+    let mut sum = 0.0;
+    let mut done = 0;
+    while done < per_rank {
+        let rows = micro.min(per_rank - done);
+        let batch = eval::windows(&ev.tokens, seq, rank * per_rank + done, rows);
+        sum += exec.forward_only(&batch)?.0 * rows as f64;
+        done += rows;
+    }
+    let total = exec
+        .comm()
+        .all_reduce(&Tensor::from(sum))?
+        .double_value(&[]);
+    let samples = per_rank * world;
+    if rank == 0 {
+        let _ = tx.send(RankMsg::Eval {
+            step,
+            loss: total / samples.max(1) as f64,
+            samples: samples as u64,
+        });
+    }
+    Ok(())
 }
 
 /// Every rank's result in rank order, or the error of the first rank that failed for its own

@@ -166,6 +166,7 @@ fn setup(args: &TrainArgs) -> Result<Setup, Failure> {
         // Locked, and no checkpoint of this run is being written yet.
         sweep_checkpoint_dir(dir);
     }
+    let eval = eval_config(args, &model, world_size)?;
     let cfg = TrainConfig {
         model,
         plan,
@@ -184,6 +185,7 @@ fn setup(args: &TrainArgs) -> Result<Setup, Failure> {
         checkpoint_every: args.checkpoint_every,
         resume_from,
         init_from: args.init_from.clone(),
+        eval,
         collect_params: false,
         membership,
     };
@@ -334,7 +336,12 @@ impl Settled {
         let data = inherit(
             &mut notes,
             "data",
-            args.data.clone(),
+            (args.data.is_some() || args.tokenizer.is_some()).then(|| {
+                osdp_train::data::load::label(
+                    args.data.as_deref().unwrap_or("shakespeare"),
+                    args.tokenizer.as_deref(),
+                )
+            }),
             // Checkpoints from before data sources had names say only "text".
             resumed.map(|m| m.data.clone()).filter(|d| d != "text"),
         )
@@ -376,32 +383,56 @@ fn inherit(
     }
 }
 
-/// The training text `--data` names: the built-in Shakespeare, random tokens, or a file
-/// longer than one sample.
+/// The held-out loss `--eval-data` asks for: its tokens (with the run's --tokenizer) and as
+/// many of its samples as asked and held, a multiple of the world size.
+fn eval_config(
+    args: &TrainArgs,
+    model: &osdp_core::model::ModelSpec,
+    world: usize,
+) -> Result<Option<osdp_train::EvalConfig>, Failure> {
+    let Some(spec) = &args.eval_data else {
+        return Ok(None);
+    };
+    let seq = model.config.seq_len as usize;
+    let source = osdp_train::data::load::open(
+        spec,
+        args.tokenizer.as_deref(),
+        model.config.vocab_size,
+        seq,
+    )
+    .map_err(|e| Failure::input(e.replacen("--data", "--eval-data", 1)))?;
+    let tokens = source
+        .tokens()
+        .ok_or_else(|| Failure::input("--eval-data random: held-out loss needs real data"))?;
+    let held = osdp_train::eval::samples_in(tokens.len(), seq);
+    let samples = (args.eval_samples as usize).min(held) / world * world;
+    if samples == 0 {
+        return Err(Failure::input(format!(
+            "--eval-data {spec}: {held} samples of {seq} tokens, fewer than one per rank ({world})"
+        )));
+    }
+    Ok(Some(osdp_train::EvalConfig {
+        tokens: std::sync::Arc::new(tokens),
+        every: args.eval_every,
+        samples,
+    }))
+}
+
+/// The training data a label names (`--data`, with `--tokenizer` when given): the built-in
+/// Shakespeare, random tokens, or a file (osdp_train::data::load).
 fn data_source(
-    name: &str,
+    label: &str,
     model: &osdp_core::model::ModelSpec,
 ) -> Result<osdp_train::data::Source, Failure> {
-    use osdp_train::data;
-    Ok(match name {
-        "shakespeare" => data::Source::shakespeare(),
-        "random" => data::Source::Random,
-        path => {
-            let bytes =
-                std::fs::read(path).map_err(|e| Failure::input(format!("--data {path}: {e}")))?;
-            if bytes.len() <= model.config.seq_len as usize + 1 {
-                return Err(Failure::input(format!(
-                    "--data {path}: {} bytes is shorter than one sample of {} tokens",
-                    bytes.len(),
-                    model.config.seq_len + 1
-                )));
-            }
-            data::Source::Text {
-                name: path.to_string(),
-                bytes: std::sync::Arc::new(bytes),
-            }
-        }
-    })
+    use osdp_train::data::load;
+    let (spec, tokenizer) = load::parse_label(label);
+    load::open(
+        spec,
+        tokenizer,
+        model.config.vocab_size,
+        model.config.seq_len as usize,
+    )
+    .map_err(Failure::input)
 }
 
 /// The flag SIGINT, SIGTERM and SIGHUP (the terminal that started the run closed) set: the run
@@ -505,6 +536,16 @@ impl Progress<'_> {
                     self.goal,
                     osdp_core::units::bytes(peak)
                 );
+            }
+            WorkerEvent::Eval {
+                step,
+                loss,
+                samples,
+            } => {
+                if self.tty {
+                    eprint!("\r\x1b[2K");
+                }
+                eprintln!("step {step}: eval loss {loss:.4} over {samples} held-out samples");
             }
             WorkerEvent::Checkpoint { path, .. } => {
                 self.last_checkpoint = Some(path.clone());

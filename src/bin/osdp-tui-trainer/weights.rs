@@ -14,7 +14,7 @@ use osdp_tui::cli::Failure;
 
 pub fn eval(args: EvalArgs) -> Result<(), Failure> {
     let model = read_model(&args.model).map_err(Failure::input)?;
-    let tokens = tokens(&args.data, &model)?;
+    let tokens = tokens(&args.data, args.tokenizer.as_deref(), &model)?;
     let seq = model.config.seq_len as usize;
     let available = eval::samples_in(tokens.len(), seq);
     let samples = match args.samples {
@@ -66,21 +66,35 @@ pub fn eval(args: EvalArgs) -> Result<(), Failure> {
     Ok(())
 }
 
-/// The data's tokens, byte by byte, each checked to be inside the model's vocabulary.
-fn tokens(data: &str, model: &ModelSpec) -> Result<Vec<i64>, Failure> {
-    let bytes = match data {
-        "shakespeare" => osdp_train::data::SHAKESPEARE.to_vec(),
-        path => std::fs::read(path).map_err(|e| Failure::input(format!("--data {path}: {e}")))?,
+/// The data's tokens in order, each inside the model's vocabulary.
+fn tokens(data: &str, tokenizer: Option<&Path>, model: &ModelSpec) -> Result<Vec<i64>, Failure> {
+    let seq = model.config.seq_len as usize;
+    let source = match (data, tokenizer) {
+        // The built-in text byte by byte, checked like any other (training wraps it).
+        ("shakespeare", None) => osdp_train::data::Source::Tokens {
+            name: data.into(),
+            tokens: std::sync::Arc::new(
+                osdp_train::data::SHAKESPEARE
+                    .iter()
+                    .map(|&b| u32::from(b))
+                    .collect(),
+            ),
+        },
+        _ => osdp_train::data::load::open(data, tokenizer, model.config.vocab_size, seq)
+            .map_err(Failure::input)?,
     };
-    let vocab = model.config.vocab_size;
-    if let Some(at) = bytes.iter().position(|&b| u64::from(b) >= vocab) {
+    let tokens = source
+        .tokens()
+        .ok_or_else(|| Failure::input("--data random: eval needs real data"))?;
+    let vocab = model.config.vocab_size as i64;
+    if let Some(at) = tokens.iter().position(|&t| t >= vocab) {
         return Err(Failure::input(format!(
             "--data {data}: token {} at position {at} is outside the model's vocabulary of \
              {vocab}",
-            bytes[at]
+            tokens[at]
         )));
     }
-    Ok(bytes.into_iter().map(i64::from).collect())
+    Ok(tokens)
 }
 
 fn target(device: DeviceArg) -> Result<Target, Failure> {
