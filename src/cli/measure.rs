@@ -60,6 +60,10 @@ pub struct ValidateArgs {
     /// Timed steps; the step time is their median.
     #[arg(long, default_value_t = 5, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=10000))]
     pub steps: u64,
+    /// Run with these Hugging Face weights (as `train --init-from`; they change no timing, but
+    /// prove the checkpoint loads under the plan) [default: seeded weights].
+    #[arg(long, value_name = "DIR")]
+    pub init_from: Option<PathBuf>,
     /// Run the whole measurement this many times and report the spread.
     #[arg(long, default_value_t = 1, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=100))]
     pub repeat: u64,

@@ -151,7 +151,8 @@ fn time_kernels(
                 &format!("kernels: {} at micro-batch {batch}", model.name),
             );
             let plan = osdp_core::plan::uniform_plan(model, Strategy::Dp, batch);
-            let samples = measure_plan(model, &plan, Target::CPU, ranks, 1, cfg.steps, |_| {})?;
+            let samples =
+                measure_plan(model, &plan, Target::CPU, ranks, 1, cfg.steps, None, |_| {})?;
             let mut slowest = 0.0f64;
             for (i, op) in model.ops.iter().enumerate() {
                 let work = cost::op_work(op, inputs[i], &machine, batch);
@@ -200,7 +201,7 @@ fn time_collectives_and_splits(
         );
         if ranks > 1 {
             let plan = osdp_core::plan::uniform_plan(model, Strategy::Zero3, 1);
-            for s in measure_plan(model, &plan, Target::CPU, ranks, 1, cfg.steps, |_| {})? {
+            for s in measure_plan(model, &plan, Target::CPU, ranks, 1, cfg.steps, None, |_| {})? {
                 for p in &s.profiles {
                     calls.extend_from_slice(&p.collectives);
                 }
@@ -376,7 +377,7 @@ fn time_split_linears(
         if super::exec::check_runnable(model, &plan).is_err() {
             break;
         }
-        let samples = measure_plan(model, &plan, Target::CPU, ranks, 1, cfg.steps, |_| {})?;
+        let samples = measure_plan(model, &plan, Target::CPU, ranks, 1, cfg.steps, None, |_| {})?;
         for &i in &splits {
             points.push(CurvePoint {
                 work: bases[i].work / k,

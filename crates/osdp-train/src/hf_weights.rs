@@ -165,7 +165,7 @@ fn check_config(dir: &Path, model: &ModelSpec) -> Result<(), String> {
     let theirs = model::hf::import_file(&path, &opts).map_err(|e| e.to_string())?;
     if theirs.family != model.family {
         return Err(format!(
-            "{}: a {} model, but {} is {}",
+            "{} describes a {} model; the model description {:?} is a {} model",
             path.display(),
             theirs.family.as_str(),
             model.name,

@@ -137,6 +137,7 @@ pub fn measure_plan(
     ranks: usize,
     warmup: usize,
     steps: usize,
+    weights: Option<&crate::hf_weights::HfWeights>,
     progress: impl FnMut(usize) + Send,
 ) -> Result<Vec<StepSample>, TrainError> {
     super::exec::check_runnable(model, plan).map_err(|e| TrainError::Invalid(e.to_string()))?;
@@ -167,6 +168,7 @@ pub fn measure_plan(
             Box::new(group),
             &sampler,
             warmup + steps,
+            weights,
             on_step,
         )?;
         Ok(steps.into_iter().skip(warmup).collect())
@@ -187,6 +189,7 @@ fn rank_steps(
     group: Box<dyn Collective>,
     sampler: &Sampler,
     steps: usize,
+    weights: Option<&crate::hf_weights::HfWeights>,
     on_step: impl Fn(usize),
 ) -> Result<RankSteps, TrainError> {
     // A step is the plan's: its micro-batches, accumulated, then one optimizer update.
@@ -201,7 +204,10 @@ fn rank_steps(
         plan,
         group,
         target,
-        Init::Fresh { seed: 0 },
+        match weights {
+            Some(weights) => Init::Pretrained { weights },
+            None => Init::Fresh { seed: 0 },
+        },
         OptimConfig::default(),
     )
     .map_err(err)?;

@@ -482,7 +482,13 @@ fn validate_report(args: &ValidateArgs) -> Result<ValidateReport, Failure> {
     if target.device == osdp_train::tch::Device::Cpu {
         check_host_memory(&model.name, &predicted, ranks)?;
     }
-    let timed = time_plan(args, &model, &plan, target, ranks)?;
+    let weights = match &args.init_from {
+        Some(dir) => {
+            Some(osdp_train::hf_weights::HfWeights::open(dir, &model).map_err(Failure::input)?)
+        }
+        None => None,
+    };
+    let timed = time_plan(args, &model, &plan, target, ranks, weights.as_ref())?;
     let last = &timed.last;
     let measured = measured_figures(
         last,
@@ -568,6 +574,7 @@ fn time_plan(
     plan: &osdp_core::plan::Plan,
     target: osdp_train::exec::Target,
     ranks: usize,
+    weights: Option<&osdp_train::hf_weights::HfWeights>,
 ) -> Result<Timed, Failure> {
     use osdp_train::measure::{measure_plan, median};
 
@@ -581,9 +588,16 @@ fn time_plan(
         let done_before = (r * (args.warmup + steps)) as f64;
         let label = format!("repetition {}/{}", r + 1, args.repeat);
         bar.show(done_before / total, &label);
-        let samples = measure_plan(model, plan, target, ranks, args.warmup, steps, |s| {
-            bar.show((done_before + s as f64) / total, &label)
-        })
+        let samples = measure_plan(
+            model,
+            plan,
+            target,
+            ranks,
+            args.warmup,
+            steps,
+            weights,
+            |s| bar.show((done_before + s as f64) / total, &label),
+        )
         .map_err(|e| Failure {
             code: 1,
             message: format!("validation run failed: {e}"),
