@@ -15,7 +15,7 @@ use tch::{Device, Kind, Tensor};
 use super::collective::Collective;
 use super::exec::Profile;
 use super::exec::{adamw_update, OptimConfig, Target};
-use super::measure::{measure_plan, median, on_rank_threads, threads_per_rank, StepSample};
+use super::measure::{measure_plan, median, on_rank_threads, threads_per_rank, StepSample, Timing};
 use super::TrainError;
 use osdp_core::cluster::calibration::{
     fit_ring, Calibration, CollectivePoint, CurvePoint, OptimizerPoint,
@@ -151,8 +151,18 @@ fn time_kernels(
                 &format!("kernels: {} at micro-batch {batch}", model.name),
             );
             let plan = osdp_core::plan::uniform_plan(model, Strategy::Dp, batch);
-            let samples =
-                measure_plan(model, &plan, Target::CPU, ranks, 1, cfg.steps, None, |_| {})?;
+            let samples = measure_plan(
+                model,
+                &plan,
+                Target::CPU,
+                Timing {
+                    ranks,
+                    warmup: 1,
+                    steps: cfg.steps,
+                    weights: None,
+                },
+                |_| {},
+            )?;
             let mut slowest = 0.0f64;
             for (i, op) in model.ops.iter().enumerate() {
                 let work = cost::op_work(op, inputs[i], &machine, batch);
@@ -201,7 +211,18 @@ fn time_collectives_and_splits(
         );
         if ranks > 1 {
             let plan = osdp_core::plan::uniform_plan(model, Strategy::Zero3, 1);
-            for s in measure_plan(model, &plan, Target::CPU, ranks, 1, cfg.steps, None, |_| {})? {
+            for s in measure_plan(
+                model,
+                &plan,
+                Target::CPU,
+                Timing {
+                    ranks,
+                    warmup: 1,
+                    steps: cfg.steps,
+                    weights: None,
+                },
+                |_| {},
+            )? {
                 for p in &s.profiles {
                     calls.extend_from_slice(&p.collectives);
                 }
@@ -377,7 +398,18 @@ fn time_split_linears(
         if super::exec::check_runnable(model, &plan).is_err() {
             break;
         }
-        let samples = measure_plan(model, &plan, Target::CPU, ranks, 1, cfg.steps, None, |_| {})?;
+        let samples = measure_plan(
+            model,
+            &plan,
+            Target::CPU,
+            Timing {
+                ranks,
+                warmup: 1,
+                steps: cfg.steps,
+                weights: None,
+            },
+            |_| {},
+        )?;
         for &i in &splits {
             points.push(CurvePoint {
                 work: bases[i].work / k,

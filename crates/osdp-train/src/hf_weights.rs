@@ -377,6 +377,9 @@ pub struct Exported {
     pub bytes: u64,
 }
 
+/// A parameter's full shape and fp32 values by `op.param` key, where the export reads them.
+pub type ParamValues<'a> = dyn Fn(&str) -> Option<(Vec<i64>, Vec<f32>)> + 'a;
+
 /// transformers' default largest shard (`save_pretrained(max_shard_size="5GB")`).
 pub const DEFAULT_MAX_SHARD_BYTES: u64 = 5_000_000_000;
 
@@ -387,7 +390,7 @@ pub const DEFAULT_MAX_SHARD_BYTES: u64 = 5_000_000_000;
 /// transformers does.
 pub fn export(
     model: &ModelSpec,
-    value: &dyn Fn(&str) -> Option<(Vec<i64>, Vec<f32>)>,
+    value: &ParamValues<'_>,
     dir: &Path,
     max_shard_bytes: u64,
 ) -> Result<Exported, String> {

@@ -127,6 +127,16 @@ pub fn on_rank_threads_in_nodes<T: Send>(
     super::collect_ranks(results)
 }
 
+/// What [`measure_plan`] runs: ranks (threads), untimed and timed steps, and the weights
+/// (a Hugging Face checkpoint's, else seeded).
+#[derive(Clone, Copy)]
+pub struct Timing<'a> {
+    pub ranks: usize,
+    pub warmup: usize,
+    pub steps: usize,
+    pub weights: Option<&'a crate::hf_weights::HfWeights>,
+}
+
 /// Run `warmup` untimed and then `steps` timed steps of `plan` on `ranks` rank threads (random
 /// tokens: the data does not change the time) computing on `target` (a GPU target takes one
 /// rank: GPU ranks are processes), calling `progress` after each of rank 0's steps.
@@ -134,12 +144,15 @@ pub fn measure_plan(
     model: &ModelSpec,
     plan: &Plan,
     target: Target,
-    ranks: usize,
-    warmup: usize,
-    steps: usize,
-    weights: Option<&crate::hf_weights::HfWeights>,
+    run: Timing<'_>,
     progress: impl FnMut(usize) + Send,
 ) -> Result<Vec<StepSample>, TrainError> {
+    let Timing {
+        ranks,
+        warmup,
+        steps,
+        weights,
+    } = run;
     super::exec::check_runnable(model, plan).map_err(|e| TrainError::Invalid(e.to_string()))?;
     if target.device != tch::Device::Cpu && ranks != 1 {
         return Err(TrainError::Invalid(format!(
@@ -182,6 +195,7 @@ pub fn measure_plan(
         .collect())
 }
 
+#[allow(clippy::too_many_arguments)]
 fn rank_steps(
     model: &ModelSpec,
     plan: &Plan,

@@ -576,7 +576,7 @@ fn time_plan(
     ranks: usize,
     weights: Option<&osdp_train::hf_weights::HfWeights>,
 ) -> Result<Timed, Failure> {
-    use osdp_train::measure::{measure_plan, median};
+    use osdp_train::measure::{measure_plan, median, Timing};
 
     let mut bar = Bar::new();
     let ticks_before = osdp_train::measure::cpu_ticks();
@@ -588,16 +588,15 @@ fn time_plan(
         let done_before = (r * (args.warmup + steps)) as f64;
         let label = format!("repetition {}/{}", r + 1, args.repeat);
         bar.show(done_before / total, &label);
-        let samples = measure_plan(
-            model,
-            plan,
-            target,
+        let run = Timing {
             ranks,
-            args.warmup,
+            warmup: args.warmup,
             steps,
             weights,
-            |s| bar.show((done_before + s as f64) / total, &label),
-        )
+        };
+        let samples = measure_plan(model, plan, target, run, |s| {
+            bar.show((done_before + s as f64) / total, &label)
+        })
         .map_err(|e| Failure {
             code: 1,
             message: format!("validation run failed: {e}"),
