@@ -78,6 +78,22 @@ pub struct Cli {
     /// Declare a run failed (hung) after this many seconds without a step.
     #[arg(long, default_value_t = 120, value_name = "SECS")]
     hang_after: u64,
+    /// Runs started with `s` begin from this Hugging Face checkpoint's weights (as `train
+    /// --init-from`; restarts resume from the run's own checkpoints).
+    #[arg(long, value_name = "DIR")]
+    init_from: Option<PathBuf>,
+    /// Training data of runs started with `s` (as `train --data`).
+    #[arg(long, value_name = "SOURCE")]
+    data: Option<String>,
+    /// Tokenizer of runs started with `s` (as `train --tokenizer`).
+    #[arg(long, value_name = "tokenizer.json")]
+    tokenizer: Option<PathBuf>,
+    /// Held-out data of runs started with `s` (as `train --eval-data`).
+    #[arg(long, value_name = "SOURCE")]
+    eval_data: Option<String>,
+    /// Steps between held-out losses of runs started with `s` (as `train --eval-every`).
+    #[arg(long, value_name = "K", value_parser = clap::value_parser!(u64).range(1..))]
+    eval_every: Option<u64>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -566,6 +582,13 @@ fn dispatch(cli: Cli, trainer: Option<&Trainer>) -> Result<(), Failure> {
             run_dir: cli.run_dir,
             checkpoint_every: cli.checkpoint_every,
             hang_after: cli.hang_after,
+            data: crate::supervisor::RunData {
+                init_from: cli.init_from,
+                data: cli.data,
+                tokenizer: cli.tokenizer,
+                eval_data: cli.eval_data,
+                eval_every: cli.eval_every,
+            },
         }),
         (None, None) => Err(Failure {
             code: 2,
@@ -864,6 +887,7 @@ struct DashboardArgs {
     run_dir: Option<PathBuf>,
     checkpoint_every: u64,
     hang_after: u64,
+    data: crate::supervisor::RunData,
 }
 
 /// The layout planned for when none is given.
@@ -956,6 +980,7 @@ fn dashboard(args: DashboardArgs) -> Result<(), Failure> {
             model: args.model.clone(),
             checkpoint_every: args.checkpoint_every,
             hang_after: std::time::Duration::from_secs(args.hang_after.max(1)),
+            data: args.data.clone(),
         };
         app = app.with_run_control(crate::tui::app::RunControl::new(launch, run_dir));
     }

@@ -54,6 +54,40 @@ pub struct LaunchSpec {
     pub checkpoint_every: u64,
     /// Declare the worker hung after this long without a new step.
     pub hang_after: Duration,
+    /// What runs train on and from: kept for every start and restart.
+    pub data: RunData,
+}
+
+/// The weights and data of the dashboard's runs (`--init-from`, `--data`, `--tokenizer`,
+/// `--eval-data`), as `train` takes them; all `None`: seeded weights on the built-in text.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RunData {
+    pub init_from: Option<PathBuf>,
+    pub data: Option<String>,
+    pub tokenizer: Option<PathBuf>,
+    pub eval_data: Option<String>,
+    /// Steps between held-out losses [default: train's].
+    pub eval_every: Option<u64>,
+}
+
+impl RunData {
+    /// One line for the training panel, `None` when everything is the default.
+    pub fn describe(&self) -> Option<String> {
+        let mut parts = Vec::new();
+        if let Some(i) = &self.init_from {
+            parts.push(format!("from {}", i.display()));
+        }
+        if let Some(d) = &self.data {
+            parts.push(format!("data {d}"));
+        }
+        if let Some(t) = &self.tokenizer {
+            parts.push(format!("tokenizer {}", t.display()));
+        }
+        if let Some(e) = &self.eval_data {
+            parts.push(format!("held-out {e}"));
+        }
+        (!parts.is_empty()).then(|| parts.join(" · "))
+    }
 }
 
 /// How a run's ranks are laid out.
@@ -762,6 +796,14 @@ impl<'a> WorkerStart<'a> {
             checkpoint_every: spec.checkpoint_every.max(1),
             resume: dir.has_checkpoint(),
             supervisor_fd: Some(supervisor_fd),
+            init_from: spec.data.init_from.clone(),
+            data: spec.data.data.clone(),
+            tokenizer: spec.data.tokenizer.clone(),
+            eval_data: spec.data.eval_data.clone(),
+            eval_every: spec
+                .data
+                .eval_every
+                .unwrap_or(TrainArgs::new(spec.model.clone(), dir.plan()).eval_every),
             ..TrainArgs::new(spec.model.clone(), dir.plan())
         }
     }

@@ -288,6 +288,7 @@ fn issue_21_a_model_name_cannot_pick_where_runs_are_written() {
         model: model_path,
         checkpoint_every: 3,
         hang_after: std::time::Duration::from_secs(20),
+        data: Default::default(),
     };
     let mut app = osdp_tui::tui::app::App::new(spec, layout, vec![1 << 30; 2], 8)
         .with_run_control(osdp_tui::tui::app::RunControl::new(launch, run_dir.clone()));

@@ -238,6 +238,7 @@ fn failed_run(worker_lines: &[&str], tail: &str, hang_after_s: u64) -> (String, 
         model: root().join("sample-models/tiny-gpt2.json"),
         checkpoint_every: 10,
         hang_after: std::time::Duration::from_secs(hang_after_s),
+        data: Default::default(),
     };
     a = a.with_run_control(osdp_tui::tui::app::RunControl::new(
         launch,
@@ -265,6 +266,7 @@ fn a_gpu_layout_whose_gpus_are_not_here_starts_nothing_and_says_why() {
         model: root().join("sample-models/gpt2.json"),
         checkpoint_every: 10,
         hang_after: std::time::Duration::from_secs(60),
+        data: Default::default(),
     };
     let mut a = app("gpt2", "a100-80gb-8x-nvlink", 20 * GIB).with_run_control(
         osdp_tui::tui::app::RunControl::new(launch, dir.path().join("run")),
@@ -308,6 +310,7 @@ fn gpu_ranks_are_one_process_each_and_one_failing_ends_the_run() {
         model: root().join("sample-models/tiny-gpt2.json"),
         checkpoint_every: 10,
         hang_after: std::time::Duration::from_secs(60),
+        data: Default::default(),
     };
     let launch = Launch {
         plan_json: "{}",
@@ -462,6 +465,7 @@ fn dashboard_with(exe: &std::path::Path, run_dir: &std::path::Path, hang_after_s
         model: root().join("sample-models/tiny-gpt2.json"),
         checkpoint_every: 10,
         hang_after: std::time::Duration::from_secs(hang_after_s),
+        data: Default::default(),
     };
     app("tiny-gpt2", "cpu", GIB).with_run_control(osdp_tui::tui::app::RunControl::new(
         launch,
@@ -866,6 +870,7 @@ fn the_panel_says_how_long_the_first_step_took() {
         model: root().join("sample-models/tiny-gpt2.json"),
         checkpoint_every: 10,
         hang_after: std::time::Duration::from_secs(60),
+        data: Default::default(),
     };
     a = a.with_run_control(osdp_tui::tui::app::RunControl::new(
         launch,
@@ -1198,6 +1203,7 @@ fn a_run_without_a_prediction_shows_no_predicted_figures() {
         model: root().join("sample-models/tiny-gpt2.json"),
         checkpoint_every: 10,
         hang_after: std::time::Duration::from_secs(60),
+        data: Default::default(),
     };
     let a = app("tiny-gpt2", "cpu", GIB, None)
         .with_run_control(osdp_tui::tui::app::RunControl::new(launch, run));

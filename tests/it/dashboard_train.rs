@@ -26,6 +26,7 @@ fn dashboard(run_dir: &std::path::Path) -> App {
         model: model_path,
         checkpoint_every: 3,
         hang_after: Duration::from_secs(120),
+        data: Default::default(),
     };
     let mut app = app.with_run_control(RunControl::new(launch, run_dir.to_path_buf()));
     app.replan();

@@ -650,3 +650,77 @@ fn issue_33_llm_c_binaries_read_as_tokens_and_out_of_vocabulary_is_refused() {
     assert_eq!(bad.status.code(), Some(2), "{err}");
     assert!(err.contains("token 4000 at position 17"), "{err}");
 }
+
+/// The dashboard's runs start from `--init-from` on `--data` with held-out losses every
+/// `--eval-every` steps: the training panel names them and shows the latest held-out loss.
+#[test]
+fn issue_33_dashboard_runs_train_from_hugging_face_weights_with_held_out_loss() {
+    use osdp_tui::supervisor::{LaunchSpec, RunData};
+    use osdp_tui::tui::app::{App, RunControl};
+    use std::time::{Duration, Instant};
+
+    let Some(dir) = tiny_models() else { return };
+    let r = reference(dir, "llama");
+    let w = tempfile::tempdir().unwrap();
+    let model = imported(dir, "llama", r.seq);
+    let model_path = w.path().join("m.json");
+    std::fs::write(&model_path, serde_json::to_string(&model).unwrap()).unwrap();
+    let tokens: Vec<u8> = r.tokens.iter().map(|&t| t as u8).collect();
+    let data = w.path().join("tokens.txt");
+    std::fs::write(&data, tokens).unwrap();
+    let data = data.to_str().unwrap().to_string();
+    let layout = osdp_core::cluster::read_layout(&root().join("layouts/cpu.json")).unwrap();
+    let mut app = App::new(model, layout, vec![1 << 30; 2], 8);
+    app.request.batch = Some(2);
+    let launch = LaunchSpec {
+        exe: assert_cmd::cargo::cargo_bin("osdp-tui"),
+        model: model_path,
+        checkpoint_every: 50,
+        hang_after: Duration::from_secs(120),
+        data: RunData {
+            init_from: Some(dir.join("llama")),
+            data: Some(data.clone()),
+            tokenizer: None,
+            eval_data: Some(data),
+            eval_every: Some(1),
+        },
+    };
+    let mut app = app.with_run_control(RunControl::new(launch, w.path().join("run")));
+    app.replan();
+    let key = osdp_tui::tui::action_for(
+        crossterm::event::KeyCode::Char('s'),
+        crossterm::event::KeyModifiers::NONE,
+    )
+    .unwrap();
+    app.update(key);
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let screen = loop {
+        app.poll_background();
+        let screen = osdp_tui::tui::render_text(&app, 160, 50);
+        if screen.contains("held-out loss") {
+            break screen;
+        }
+        assert!(Instant::now() < deadline, "no held-out loss:\n{screen}");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let data_line = format!("from {} · data", dir.join("llama").display());
+    assert!(screen.contains(&data_line), "{screen}");
+    app.update(
+        osdp_tui::tui::action_for(
+            crossterm::event::KeyCode::Char('x'),
+            crossterm::event::KeyModifiers::NONE,
+        )
+        .unwrap(),
+    );
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while app
+        .run_control
+        .as_ref()
+        .and_then(|t| t.supervisor.as_ref())
+        .is_some_and(|s| s.is_live())
+    {
+        app.poll_background();
+        assert!(Instant::now() < deadline, "the run did not stop");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}

@@ -97,6 +97,7 @@ pub fn start(mut a: App, exe: PathBuf, run_dir: &str) -> App {
         model,
         checkpoint_every: 1000,
         hang_after: Duration::from_secs(60),
+        data: Default::default(),
     };
     a = a.with_run_control(RunControl::new(launch, PathBuf::from(run_dir)));
     a.update(Action::StartRun);

@@ -127,7 +127,20 @@ fn lines(app: &App, run: &Supervisor, state: &RunState) -> Vec<(Rank, Line<'stat
     if let Some(p) = run.status.last() {
         push_step_figures(&mut lines, run, p, pred);
     }
+    if let Some((step, loss)) = run.status.evals.last() {
+        lines.push((
+            Rank::Figures,
+            Line::from(format!("held-out loss {loss:.4} at step {step}")),
+        ));
+    }
     lines.push((Rank::Figures, Line::from(checkpoint_line(app, run))));
+    if let Some(data) = app
+        .run_control
+        .as_ref()
+        .and_then(|t| t.spec.data.describe())
+    {
+        lines.push((Rank::Detail, Line::from(printable(&data).into_owned())));
+    }
     push_endings(&mut lines, run, state);
     lines
 }
