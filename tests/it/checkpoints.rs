@@ -274,7 +274,10 @@ fn issue_21_twenty_kills_while_checkpointing_lose_nothing_and_resume_exactly() {
     // Every step the killed run reported, replays included, has the uninterrupted loss, to
     // 1e-5: libtorch's CPU kernels now and then round one step's loss differently in the last
     // bits (about one process in 150 from an unchanged checkpoint, and once on step 4 of an
-    // uninterrupted run), killed or not. What a resume restores is held to the bit below.
+    // uninterrupted run), killed or not, and that rounding carries into the weights' last bits
+    // (seen once, on a machine loaded by other builds). The final state is held to 1e-5 of each
+    // tensor's scale: a lost, repeated or half-restored step moves weights and moments by
+    // orders of magnitude more (one AdamW step at lr 1e-3 moves a weight of 0.02 by ~5 %).
     let mut reported = vec![false; end as usize];
     for line in step_lines(&metrics) {
         let step = line["step"].as_u64().unwrap();
@@ -292,10 +295,19 @@ fn issue_21_twenty_kills_while_checkpointing_lose_nothing_and_resume_exactly() {
     assert_eq!(killed.len(), uninterrupted.len());
     for (name, a) in &killed {
         let b = &uninterrupted[name];
-        assert!(
-            a.param == b.param && a.m == b.m && a.v == b.v,
-            "{name} differs from the uninterrupted run"
-        );
+        for (what, x, y) in [
+            ("weights", &a.param, &b.param),
+            ("m", &a.m, &b.m),
+            ("v", &a.v, &b.v),
+        ] {
+            assert_eq!(x.len(), y.len(), "{name} {what}");
+            let scale = y.iter().fold(0f32, |s, v| s.max(v.abs()));
+            let worst = x.iter().zip(y).fold(0f32, |s, (p, q)| s.max((p - q).abs()));
+            assert!(
+                worst <= 1e-5 * scale,
+                "{name} {what} differ from the uninterrupted run by {worst} (scale {scale})"
+            );
+        }
     }
 }
 
