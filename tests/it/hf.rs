@@ -81,6 +81,17 @@ pub fn imported(dir: &Path, family: &str, seq: usize) -> ModelSpec {
     import_file(&dir.join(family).join("config.json"), &opts).expect("imports")
 }
 
+/// `osdp-tui ARGS` in `dir`, which must succeed; its stdout.
+fn run_ok(dir: &Path, args: &[&str]) -> String {
+    let out = crate::osdp().current_dir(dir).args(args).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
 #[test]
 fn issue_33_eval_of_loaded_weights_equals_transformers_for_every_family() {
     let Some(dir) = tiny_models() else { return };
@@ -178,15 +189,7 @@ fn issue_33_trained_export_loads_in_transformers_with_our_loss() {
     let w = work.path();
     let tokens: Vec<u8> = r.tokens.iter().map(|&t| t as u8).collect();
     std::fs::write(w.join("tokens.txt"), &tokens).unwrap();
-    let run = |args: &[&str]| {
-        let out = crate::osdp().current_dir(w).args(args).output().unwrap();
-        assert!(
-            out.status.success(),
-            "{args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    };
+    let run = |args: &[&str]| run_ok(w, args);
     let hf = dir.join("llama");
     let hf = hf.to_str().unwrap();
     let config = format!("{hf}/config.json");
@@ -538,19 +541,7 @@ fn issue_33_tokenized_documents_evaluate_and_train_with_held_out_loss() {
         serde_json::to_string(&model).unwrap(),
     )
     .unwrap();
-    let run = |args: &[&str]| {
-        let out = crate::osdp()
-            .current_dir(w.path())
-            .args(args)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    };
+    let run = |args: &[&str]| run_ok(w.path(), args);
     let (hf, docs, tok) = (
         dir.join("llama"),
         dir.join("docs.jsonl"),

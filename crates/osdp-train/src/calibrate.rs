@@ -155,12 +155,7 @@ fn time_kernels(
                 model,
                 &plan,
                 Target::CPU,
-                Timing {
-                    ranks,
-                    warmup: 1,
-                    steps: cfg.steps,
-                    weights: None,
-                },
+                Timing::seeded(ranks, 1, cfg.steps),
                 |_| {},
             )?;
             let mut slowest = 0.0f64;
@@ -215,12 +210,7 @@ fn time_collectives_and_splits(
                 model,
                 &plan,
                 Target::CPU,
-                Timing {
-                    ranks,
-                    warmup: 1,
-                    steps: cfg.steps,
-                    weights: None,
-                },
+                Timing::seeded(ranks, 1, cfg.steps),
                 |_| {},
             )? {
                 for p in &s.profiles {
@@ -402,12 +392,7 @@ fn time_split_linears(
             model,
             &plan,
             Target::CPU,
-            Timing {
-                ranks,
-                warmup: 1,
-                steps: cfg.steps,
-                weights: None,
-            },
+            Timing::seeded(ranks, 1, cfg.steps),
             |_| {},
         )?;
         for &i in &splits {

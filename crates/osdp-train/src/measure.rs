@@ -137,6 +137,18 @@ pub struct Timing<'a> {
     pub weights: Option<&'a crate::hf_weights::HfWeights>,
 }
 
+impl Timing<'_> {
+    /// `ranks`, `warmup` and `steps` with seeded weights.
+    pub fn seeded(ranks: usize, warmup: usize, steps: usize) -> Timing<'static> {
+        Timing {
+            ranks,
+            warmup,
+            steps,
+            weights: None,
+        }
+    }
+}
+
 /// Run `warmup` untimed and then `steps` timed steps of `plan` on `ranks` rank threads (random
 /// tokens: the data does not change the time) computing on `target` (a GPU target takes one
 /// rank: GPU ranks are processes), calling `progress` after each of rank 0's steps.
