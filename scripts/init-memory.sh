@@ -50,5 +50,6 @@ run() {
   for r in 0 1 2 3; do printf ' %d' $(( $(cat "$work/rss-$label-$r") / 1024 )); done
   echo
 }
-run seeded
+# ONLY=init-from skips the seeded run (half the time and memory).
+[ "${ONLY:-}" = init-from ] || run seeded
 run init-from --init-from "$work/ckpt"
