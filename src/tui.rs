@@ -3,6 +3,7 @@
 //! drawing ([`view`]) in one set of colours ([`theme`]), and the event loop below.
 
 pub mod app;
+pub mod cmdline;
 pub mod keymap;
 pub mod memory;
 pub mod planner_thread;
