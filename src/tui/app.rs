@@ -274,6 +274,11 @@ pub struct App {
     /// Show the selected block's graph instead of the frontier chart (short screens).
     pub show_graph: bool,
     pub quit: bool,
+    /// What to print once the terminal is given back (after `q` → `d`: where the run goes on
+    /// and how to follow it).
+    pub farewell: Option<String>,
+    /// The layout as the user named it (`--layout`), for the command that reattaches.
+    pub layout_arg: Option<String>,
     /// A line about where the layout came from (e.g. "no NVIDIA driver found; planning for …").
     pub notice: Option<String>,
     /// RunControl from the dashboard, when the dashboard knows the model file.
@@ -330,6 +335,8 @@ impl App {
             detail: None,
             show_graph: false,
             quit: false,
+            farewell: None,
+            layout_arg: None,
             notice: None,
             run_control: None,
             confirm: None,
@@ -982,6 +989,7 @@ impl App {
             (Confirm::StartUnpriced, Action::Yes) => self.start_run(true),
             (Confirm::RestartNewBatch { .. }, Action::Yes) => self.restart_confirmed(),
             (Confirm::QuitWhileRunning, Action::Detach) => {
+                self.farewell = self.detach_notice();
                 if let Some(run) = self
                     .run_control
                     .as_mut()
@@ -1003,6 +1011,23 @@ impl App {
             }
             _ => {}
         }
+    }
+
+    /// What detaching leaves behind, said when the terminal is back: the worker's pid, the run
+    /// directory, and the commands that follow the run and reattach a dashboard to it.
+    fn detach_notice(&self) -> Option<String> {
+        let t = self.run_control.as_ref()?;
+        let pid = t.supervisor.as_ref()?.pid()?;
+        let dir = shell_word(&t.dir.0.display().to_string());
+        let model = shell_word(&t.spec.model.display().to_string());
+        let layout = shell_word(self.layout_arg.as_deref().unwrap_or(&self.layout.name));
+        Some(format!(
+            "detached: the run goes on without this dashboard\n\
+             \x20 worker pid {pid} · run directory {dir}\n\
+             \x20 follow it:  osdp-tui status {dir} --follow\n\
+             \x20 reattach:   osdp-tui {model} --layout {layout} --run-dir {dir}\n\
+             \x20 stop it:    kill {pid}   (it finishes its step and checkpoints first)\n"
+        ))
     }
 
     /// Budgets, split and batches from their keys. True when the request changed.
@@ -1741,6 +1766,19 @@ impl App {
             .iter()
             .find(|(i, _)| *i == op)
             .map(|(_, c)| *c)
+    }
+}
+
+/// `word` as a shell reads it back: as it is when it is plain, else in single quotes.
+fn shell_word(word: &str) -> String {
+    let plain = !word.is_empty()
+        && word
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_./=:+@%,".contains(c));
+    if plain {
+        word.to_owned()
+    } else {
+        format!("'{}'", word.replace('\'', r"'\''"))
     }
 }
 

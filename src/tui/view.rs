@@ -425,6 +425,20 @@ fn header_title(app: &App, width: u16) -> Line<'static> {
             printable(&app.layout.name)
         ));
     }
+    // The worker's pid while it lives (this dashboard's, or the one it follows), where it fits
+    // whole.
+    let pid = app.run_control.as_ref().and_then(|t| {
+        t.supervisor
+            .as_ref()
+            .filter(|r| r.is_live())
+            .and_then(|r| r.pid())
+    });
+    if let Some(pid) = pid {
+        let words = format!(" · pid {pid}");
+        if Line::from(title.clone()).width() + words.chars().count() <= usize::from(width) {
+            title.push(Span::raw(words));
+        }
+    }
     Line::from(title)
 }
 

@@ -626,10 +626,32 @@ fn quitting_asks_and_a_detached_worker_runs_on_until_a_later_dashboard_stops_it(
     );
     key(&mut first, '\u{1b}');
     assert!(!first.quit && first.confirm.is_none(), "esc cancels");
+    // Issue 34, item 8: the owning dashboard names the worker's pid; detaching says where the
+    // run goes on and how to follow and reattach to it.
+    let header = render_text(&first, 180, 44);
+    assert!(
+        header.contains(&format!("run: running step 1 · pid {pid}")),
+        "{header}"
+    );
     key(&mut first, 'q');
     key(&mut first, 'd');
     assert!(first.quit, "d quits");
+    let words = first.farewell.clone().expect("words on detaching");
+    let dir_shown = run_dir.display().to_string();
+    for want in [
+        format!("worker pid {pid}"),
+        format!("run directory {dir_shown}"),
+        format!("osdp-tui status {dir_shown} --follow"),
+        format!("--layout cpu --run-dir {dir_shown}"),
+        format!("kill {pid}"),
+    ] {
+        assert!(words.contains(&want), "{want:?} not in:\n{words}");
+    }
     drop(first);
+    // The command it gives follows the run.
+    let out = crate::osdp().arg("status").arg(&run_dir).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains(&pid.to_string()), "{text}");
     assert!(alive(pid), "the detached worker outlives its dashboard");
 
     // The next dashboard finds it running and follows it; quitting it asks again, s stops it.
