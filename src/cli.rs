@@ -972,6 +972,7 @@ fn dashboard(args: DashboardArgs) -> Result<(), Failure> {
     }
     let mut app = App::new(spec, layout, budgets, args.max_split);
     app.notice = notice;
+    app.layout_arg = args.layout.as_ref().map(|p| p.display().to_string());
     app.request.batch = args.batch;
     app.request.global_batch = global_batch;
     if let Ok(exe) = std::env::current_exe() {
@@ -1007,8 +1008,12 @@ fn dashboard(args: DashboardArgs) -> Result<(), Failure> {
             app
         }
     };
-    tui::event_loop(app.with_planner_thread()).map_err(|e| Failure {
+    let farewell = tui::event_loop(app.with_planner_thread()).map_err(|e| Failure {
         code: 1,
         message: format!("terminal: {e}"),
-    })
+    })?;
+    if let Some(words) = farewell {
+        print!("{words}");
+    }
+    Ok(())
 }

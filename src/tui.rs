@@ -3,6 +3,7 @@
 //! drawing ([`view`]) in one set of colours ([`theme`]), and the event loop below.
 
 pub mod app;
+pub mod cmdline;
 pub mod keymap;
 pub mod memory;
 pub mod planner_thread;
@@ -58,8 +59,9 @@ pub fn interactive(once: bool) -> bool {
 }
 
 /// Run the dashboard until the user quits: a tokio loop over terminal events and a frame tick
-/// that collects what the planner and the GPU poller produced.
-pub fn event_loop(app: App) -> std::io::Result<()> {
+/// that collects what the planner and the GPU poller produced. What the app has to say once
+/// the terminal is back (after a detach: where the run goes on).
+pub fn event_loop(app: App) -> std::io::Result<Option<String>> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_time()
         .enable_io()
@@ -67,7 +69,7 @@ pub fn event_loop(app: App) -> std::io::Result<()> {
     runtime.block_on(run_loop(app))
 }
 
-async fn run_loop(mut app: App) -> std::io::Result<()> {
+async fn run_loop(mut app: App) -> std::io::Result<Option<String>> {
     use futures_util::StreamExt;
 
     let mut terminal = ratatui::init();
@@ -121,5 +123,5 @@ async fn run_loop(mut app: App) -> std::io::Result<()> {
     .await;
     let _ = execute!(std::io::stdout(), DisableMouseCapture);
     ratatui::restore();
-    result
+    result.map(|()| app.farewell.take())
 }

@@ -11,6 +11,7 @@ use osdp_core::model::ModelSpec;
 use osdp_core::plan::{Blocks, Planned, Request};
 use osdp_core::units;
 
+use super::cmdline::{CommandLine, Edit, Prompt};
 use super::planner_thread::{Job, PlanReady, PlannerThread};
 
 const GIB: u64 = 1 << 30;
@@ -90,9 +91,8 @@ pub enum Action {
     StopRun,
     /// Stop, checkpoint, start again from the checkpoint under the plan on screen.
     RestartRun,
-    /// Answer a question the screen asked.
+    /// Answer a question the screen asked (any other key says no).
     Yes,
-    No,
     /// Quit leaving the run going (the answer `d` to quitting with a run going).
     Detach,
     /// Close what is on top (help, a question, an operator's choices, the comparison, the
@@ -110,6 +110,11 @@ pub enum Action {
     WritePlan,
     /// Compare the plan on screen with the running one (again: close).
     Compare,
+    /// `/`: find operators (the list shows only those); in help, filter it.
+    Find,
+    /// `n` / `N`: the next / previous operator the last find matches.
+    NextMatch,
+    PrevMatch,
     Quit,
 }
 
@@ -118,7 +123,12 @@ const UNDO_DEPTH: usize = 100;
 
 /// The commands of the command line, for its help and its errors.
 pub const COMMANDS: &str = "budget [SIZE] · gpu N budget SIZE · batch N|any · micro N|auto · \
-                            split K · write [PATH] · q (SIZE: 20GiB, 20 GiB, 1.5TiB; a bare number is GiB)";
+                            split K · op NAME · write [PATH] · q (SIZE: 20GiB, 20 GiB, 1.5TiB; a bare number is GiB)";
+
+/// The command names Tab completes.
+pub const COMMAND_NAMES: &[&str] = &[
+    "batch", "budget", "gpu", "micro", "op", "q", "quit", "split", "write",
+];
 
 /// The operator pane: every choice of one op, priced in the plan on screen.
 #[derive(Debug, Clone)]
@@ -128,8 +138,10 @@ pub struct OpDetail {
 }
 
 /// A question waiting for y/n.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Confirm {
+    /// `w` or `:write PATH` onto a file that exists.
+    Overwrite(std::path::PathBuf),
     /// The plan on screen is still being priced.
     StartUnpriced,
     /// A run is going: detach (it keeps going), stop it and quit, or stay.
@@ -239,6 +251,16 @@ pub struct App {
     pub gpus: GpuView,
     pub history: Vec<VecDeque<u64>>,
     pub show_help: bool,
+    /// The first line of help on screen (j/k, PgUp/PgDn scroll it).
+    pub help_scroll: usize,
+    /// Help shows only the lines that mention this (`/` in help); empty: all.
+    pub help_filter: String,
+    /// The operator list shows only the operators whose name or strategy contains this (`/`).
+    pub op_filter: Option<String>,
+    /// What the last `/` looked for: `n` and `N` go to its next and previous match.
+    pub last_find: Option<String>,
+    /// The first line of the comparison on screen.
+    pub compare_scroll: usize,
     /// The worker's log, when open (`l`).
     pub log_view: Option<LogView>,
     /// The clock the screen reads (elapsed time, ETA): set as the loop polls, so that drawing
@@ -252,6 +274,11 @@ pub struct App {
     /// Show the selected block's graph instead of the frontier chart (short screens).
     pub show_graph: bool,
     pub quit: bool,
+    /// What to print once the terminal is given back (after `q` → `d`: where the run goes on
+    /// and how to follow it).
+    pub farewell: Option<String>,
+    /// The layout as the user named it (`--layout`), for the command that reattaches.
+    pub layout_arg: Option<String>,
     /// A line about where the layout came from (e.g. "no NVIDIA driver found; planning for …").
     pub notice: Option<String>,
     /// RunControl from the dashboard, when the dashboard knows the model file.
@@ -260,8 +287,10 @@ pub struct App {
     pub confirm: Option<Confirm>,
     /// The answer to the last action that could not be done as asked.
     pub message: Option<String>,
-    /// The command line while it is open (`:`): what has been typed.
-    pub command: Option<String>,
+    /// The command line (`:`) or a search prompt (`/`) while it is open.
+    pub command: Option<CommandLine>,
+    /// The commands run, oldest first (Up and Down on the command line).
+    pub command_history: Vec<String>,
     /// Settings before each change, newest last (`u`).
     pub undo: Vec<Request>,
     /// The comparison of the plan on screen with the running one, while it is open (`c`).
@@ -295,17 +324,25 @@ impl App {
             gpus: GpuView::Unavailable("not polled yet".into()),
             history: Vec::new(),
             show_help: false,
+            help_scroll: 0,
+            help_filter: String::new(),
+            op_filter: None,
+            last_find: None,
+            compare_scroll: 0,
             log_view: None,
             now: std::time::Instant::now(),
             screen: (120, 40),
             detail: None,
             show_graph: false,
             quit: false,
+            farewell: None,
+            layout_arg: None,
             notice: None,
             run_control: None,
             confirm: None,
             message: None,
             command: None,
+            command_history: Vec::new(),
             undo: Vec::new(),
             compare: None,
             view: View::Plan,
@@ -706,6 +743,12 @@ impl App {
 
     /// Lines of the operator list: a header per block, its ops when expanded, other ops.
     pub fn rows(&self) -> Vec<Row> {
+        if let Some(q) = &self.op_filter {
+            return (0..self.model.ops.len())
+                .filter(|&i| self.op_matches(i, q))
+                .map(Row::Op)
+                .collect();
+        }
         let mut rows = Vec::new();
         let mut seen = HashSet::new();
         for (i, b) in self.blocks.of_op.iter().enumerate() {
@@ -744,7 +787,7 @@ impl App {
         let before = self.settings();
         let replan = match action {
             Action::OpenCommand => {
-                self.command = Some(String::new());
+                self.command = Some(CommandLine::new(Prompt::Command));
                 false
             }
             Action::ShowView(v) => {
@@ -788,9 +831,24 @@ impl App {
                 self.restart_run();
                 false
             }
-            Action::Yes | Action::No | Action::Detach => false,
+            Action::Yes | Action::Detach => false,
+            Action::Back if self.op_filter.is_some() => {
+                self.drop_op_filter();
+                false
+            }
             Action::Back => {
                 self.message = Some("nothing to close: q quits".into());
+                false
+            }
+            Action::Find => {
+                let mut line = CommandLine::new(Prompt::FindOps);
+                line.set(self.op_filter.as_deref().unwrap_or_default());
+                self.command = Some(line);
+                self.focus = Focus::Ops;
+                false
+            }
+            Action::NextMatch | Action::PrevMatch => {
+                self.jump_to_match(action == Action::NextMatch);
                 false
             }
             Action::ToggleHelp => {
@@ -861,9 +919,7 @@ impl App {
     fn overlay_takes(&mut self, action: Action) -> bool {
         // Help covers the panels: while it is open no key reaches them.
         if self.show_help {
-            if matches!(action, Action::Back | Action::ToggleHelp | Action::Quit) {
-                self.show_help = false;
-            }
+            self.help_key(action);
             return true;
         }
         if let Some(question) = self.confirm.take() {
@@ -878,24 +934,62 @@ impl App {
             self.detail = None;
             return true;
         }
-        if self.compare.is_some()
-            && matches!(
-                action,
-                Action::Compare | Action::Quit | Action::Toggle | Action::Back
-            )
-        {
-            self.compare = None;
+        if let Some(lines) = &self.compare {
+            let len = lines.len();
+            match action {
+                Action::Compare | Action::Quit | Action::Toggle | Action::Back => {
+                    self.compare = None;
+                    self.compare_scroll = 0;
+                }
+                Action::Up | Action::Down | Action::PageUp | Action::PageDown => {
+                    let page = super::view::compare_rows(self.screen);
+                    let last = len.saturating_sub(page);
+                    self.compare_scroll = scrolled(self.compare_scroll, action, page, last);
+                }
+                Action::Home => self.compare_scroll = 0,
+                Action::End => {
+                    self.compare_scroll = len.saturating_sub(super::view::compare_rows(self.screen))
+                }
+                _ => return false,
+            }
             return true;
         }
         false
     }
 
+    /// A key while help is open: scroll it, filter it, close it; nothing else.
+    fn help_key(&mut self, action: Action) {
+        let (total, page) = super::view::help_rows(self);
+        let last = total.saturating_sub(page);
+        match action {
+            Action::Back | Action::ToggleHelp | Action::Quit => {
+                self.show_help = false;
+                self.help_scroll = 0;
+                self.help_filter.clear();
+            }
+            Action::Up | Action::Down | Action::PageUp | Action::PageDown => {
+                self.help_scroll = scrolled(self.help_scroll, action, page, last);
+            }
+            Action::Home => self.help_scroll = 0,
+            Action::End => self.help_scroll = last,
+            Action::Find => {
+                let mut line = CommandLine::new(Prompt::FilterHelp);
+                line.set(&self.help_filter);
+                self.command = Some(line);
+            }
+            _ => {}
+        }
+    }
+
     /// A question on screen takes the next key: its answers act, anything else cancels.
     fn answer(&mut self, question: Confirm, action: Action) {
         match (question, action) {
+            (Confirm::Overwrite(path), Action::Yes) => self.write_plan_to(&path),
+            (Confirm::Overwrite(_), _) => self.message = Some("not written".into()),
             (Confirm::StartUnpriced, Action::Yes) => self.start_run(true),
             (Confirm::RestartNewBatch { .. }, Action::Yes) => self.restart_confirmed(),
             (Confirm::QuitWhileRunning, Action::Detach) => {
+                self.farewell = self.detach_notice();
                 if let Some(run) = self
                     .run_control
                     .as_mut()
@@ -917,6 +1011,23 @@ impl App {
             }
             _ => {}
         }
+    }
+
+    /// What detaching leaves behind, said when the terminal is back: the worker's pid, the run
+    /// directory, and the commands that follow the run and reattach a dashboard to it.
+    fn detach_notice(&self) -> Option<String> {
+        let t = self.run_control.as_ref()?;
+        let pid = t.supervisor.as_ref()?.pid()?;
+        let dir = shell_word(&t.dir.0.display().to_string());
+        let model = shell_word(&t.spec.model.display().to_string());
+        let layout = shell_word(self.layout_arg.as_deref().unwrap_or(&self.layout.name));
+        Some(format!(
+            "detached: the run goes on without this dashboard\n\
+             \x20 worker pid {pid} · run directory {dir}\n\
+             \x20 follow it:  osdp-tui status {dir} --follow\n\
+             \x20 reattach:   osdp-tui {model} --layout {layout} --run-dir {dir}\n\
+             \x20 stop it:    kill {pid}   (it finishes its step and checkpoints first)\n"
+        ))
     }
 
     /// Budgets, split and batches from their keys. True when the request changed.
@@ -1006,26 +1117,188 @@ impl App {
         code: crossterm::event::KeyCode,
         modifiers: crossterm::event::KeyModifiers,
     ) {
-        use crossterm::event::KeyCode;
         let Some(line) = self.command.as_mut() else {
             if let Some(a) = super::keymap::action_for(code, modifiers) {
                 self.update(a);
             }
             return;
         };
-        match code {
-            KeyCode::Esc => self.command = None,
-            KeyCode::Enter => {
-                let line = self.command.take().unwrap_or_default();
-                self.run_command(&line);
+        let prompt = line.prompt;
+        match line.key(code, modifiers, &self.command_history) {
+            Edit::Cancel => {
+                self.command = None;
+                self.prompt_cancelled(prompt);
             }
-            // Past the first character, Backspace closes the line (as in vim).
-            KeyCode::Backspace => {
-                self.command = self.command.take().and_then(|mut l| l.pop().map(|_| l));
+            Edit::Submit => {
+                let text = self.command.take().map(|l| l.text()).unwrap_or_default();
+                self.prompt_submitted(prompt, &text);
             }
-            KeyCode::Char(c) if !c.is_control() && line.chars().count() < 200 => line.push(c),
-            _ => {}
+            Edit::Complete => {
+                let candidates = self.completions();
+                if let Some(line) = self.command.as_mut() {
+                    line.complete(&candidates);
+                }
+            }
+            Edit::Changed => {
+                let text = line.text();
+                self.prompt_changed(prompt, &text);
+            }
+            Edit::Ignored => {}
         }
+    }
+
+    /// Enter on a prompt: run the command (and keep it in the history).
+    fn prompt_submitted(&mut self, prompt: Prompt, text: &str) {
+        match prompt {
+            Prompt::Command => {
+                if !text.trim().is_empty()
+                    && self.command_history.last().map(String::as_str) != Some(text)
+                {
+                    if self.command_history.len() == super::cmdline::HISTORY {
+                        self.command_history.remove(0);
+                    }
+                    self.command_history.push(text.to_owned());
+                }
+                self.run_command(text);
+            }
+            Prompt::FindOps => {
+                self.prompt_changed(prompt, text);
+                if text.trim().is_empty() {
+                    self.drop_op_filter();
+                } else {
+                    self.last_find = Some(text.trim().to_owned());
+                    let n = self.rows().len();
+                    if n == 0 {
+                        self.message = Some(format!(
+                            "no operator's name or strategy contains {:?}",
+                            osdp_core::text::printable(text.trim())
+                        ));
+                        self.drop_op_filter();
+                    }
+                }
+            }
+            Prompt::FilterHelp => self.prompt_changed(prompt, text),
+        }
+    }
+
+    /// Esc (or Ctrl-C) on a prompt: it closes unrun; a search prompt drops its filter.
+    fn prompt_cancelled(&mut self, prompt: Prompt) {
+        match prompt {
+            Prompt::Command => {}
+            Prompt::FindOps => self.drop_op_filter(),
+            Prompt::FilterHelp => {
+                self.help_filter.clear();
+                self.help_scroll = 0;
+            }
+        }
+    }
+
+    /// A search prompt's text changed: what it filters follows as it is typed.
+    fn prompt_changed(&mut self, prompt: Prompt, text: &str) {
+        match prompt {
+            Prompt::Command => {}
+            Prompt::FindOps => {
+                let keep = self.selected_op();
+                self.op_filter = Some(text.trim().to_owned()).filter(|t| !t.is_empty());
+                let rows = self.rows();
+                self.selected_row = keep
+                    .and_then(|op| rows.iter().position(|r| *r == Row::Op(op)))
+                    .unwrap_or(0);
+            }
+            Prompt::FilterHelp => {
+                self.help_filter = text.to_owned();
+                self.help_scroll = 0;
+            }
+        }
+    }
+
+    /// The whole operator list again, the cursor on the operator it was on.
+    fn drop_op_filter(&mut self) {
+        let keep = self.selected_op();
+        self.op_filter = None;
+        match keep {
+            Some(op) => self.select_op(op),
+            None => self.selected_row = self.selected_row.min(self.rows().len().saturating_sub(1)),
+        }
+    }
+
+    /// The selected operator (a block row: its first operator).
+    pub fn selected_op(&self) -> Option<usize> {
+        match self.selected()? {
+            Row::Op(i) => Some(i),
+            Row::Block(b) => self.blocks.ops[b].first().copied(),
+        }
+    }
+
+    /// Whether operator `op` matches `query`: its name, or its strategy in the plan on screen.
+    pub fn op_matches(&self, op: usize, query: &str) -> bool {
+        let q = query.to_lowercase();
+        let name = self.model.ops[op].id.to_lowercase();
+        let strategy = self
+            .planned()
+            .map(|p| p.plan.choices[op])
+            .filter(|c| c.strategy != Strategy::None)
+            .map(|c| c.label())
+            .unwrap_or_default();
+        name.contains(&q) || strategy.contains(&q)
+    }
+
+    /// `n` / `N`: the next (`forward`) or previous operator the last find matches, round the
+    /// end of the list.
+    fn jump_to_match(&mut self, forward: bool) {
+        let Some(query) = self.last_find.clone().or_else(|| self.op_filter.clone()) else {
+            self.message = Some("nothing found yet: / finds operators by name or strategy".into());
+            return;
+        };
+        let matches: Vec<usize> = (0..self.model.ops.len())
+            .filter(|&i| self.op_matches(i, &query))
+            .collect();
+        if matches.is_empty() {
+            self.message = Some(format!(
+                "no operator matches {:?}",
+                osdp_core::text::printable(&query)
+            ));
+            return;
+        }
+        let at = self.selected_op();
+        let next = match (forward, at) {
+            (true, Some(op)) => matches.iter().find(|&&m| m > op).or(matches.first()),
+            (false, Some(op)) => matches.iter().rev().find(|&&m| m < op).or(matches.last()),
+            (true, None) => matches.first(),
+            (false, None) => matches.last(),
+        };
+        if let Some(&op) = next {
+            let k = matches.iter().position(|&m| m == op).unwrap_or(0);
+            self.select_op(op);
+            self.message = Some(format!(
+                "match {}/{} for {:?}",
+                k + 1,
+                matches.len(),
+                osdp_core::text::printable(&query)
+            ));
+        }
+    }
+
+    /// What Tab may put in the word before the cursor: a command's name, an operator's (after
+    /// `op`), or the word a command takes there.
+    fn completions(&self) -> Vec<String> {
+        let Some(line) = self.command.as_ref() else {
+            return Vec::new();
+        };
+        if line.prompt != Prompt::Command {
+            return Vec::new();
+        }
+        let (before, _) = line.word_at_cursor();
+        let words: Vec<&str> = before.iter().map(String::as_str).collect();
+        let list: &[&str] = match words.as_slice() {
+            [] => COMMAND_NAMES,
+            ["op"] => return self.model.ops.iter().map(|o| o.id.clone()).collect(),
+            ["batch"] => &["any"],
+            ["micro"] => &["auto"],
+            ["gpu", _] => &["budget"],
+            _ => &[],
+        };
+        list.iter().map(|w| (*w).to_owned()).collect()
     }
 
     /// A left click at (`column`, `row`): on an operator row, select it (and focus the table);
@@ -1074,7 +1347,14 @@ impl App {
     /// Run a typed command (`budget 40GiB`, `gpu 3 budget 20GiB`, `batch 512`, …); a mistake
     /// is said in the footer and changes nothing.
     pub fn run_command(&mut self, line: &str) {
-        let words: Vec<&str> = line.split_whitespace().collect();
+        let words = match super::cmdline::split_words(line) {
+            Ok(w) => w,
+            Err(why) => {
+                self.message = Some(why);
+                return;
+            }
+        };
+        let words: Vec<&str> = words.iter().map(String::as_str).collect();
         let before = self.settings();
         let ranks = u64::from(self.ranks());
         let result: Result<bool, String> = match words.as_slice() {
@@ -1150,9 +1430,10 @@ impl App {
                 Ok(false)
             }
             ["write" | "w", path] => {
-                self.write_plan(Some(std::path::PathBuf::from(path)));
+                self.write_plan(Some(super::cmdline::expand_home(path)));
                 Ok(false)
             }
+            ["op", name] => self.go_to_op(name).map(|()| false),
             _ => Err(format!(
                 "unknown command {:?}; commands: {COMMANDS}",
                 osdp_core::text::printable(line.trim())
@@ -1177,13 +1458,32 @@ impl App {
         ))
     }
 
-    /// Write the plan on screen (with its prediction) to `path`, or the default one.
+    /// Write the plan on screen (with its prediction) to `path`, or the default one; over a
+    /// file that exists only once the user says yes.
     fn write_plan(&mut self, path: Option<std::path::PathBuf>) {
+        if self.planned().is_none() {
+            self.message = Some("no plan on screen to write".into());
+            return;
+        }
+        let path = path.unwrap_or_else(|| self.default_plan_path());
+        if path.is_dir() {
+            let shown = path.display().to_string();
+            self.message = Some(format!(
+                "{} is a directory: :write DIR/NAME.json",
+                osdp_core::text::printable(&shown)
+            ));
+        } else if path.exists() {
+            self.confirm = Some(Confirm::Overwrite(path));
+        } else {
+            self.write_plan_to(&path);
+        }
+    }
+
+    fn write_plan_to(&mut self, path: &std::path::Path) {
         let Some(planned) = self.planned() else {
             self.message = Some("no plan on screen to write".into());
             return;
         };
-        let path = path.unwrap_or_else(|| self.default_plan_path());
         let file = osdp_core::plan::PlanFile::new(
             &self.model,
             &self.layout.name,
@@ -1192,16 +1492,42 @@ impl App {
         );
         let shown = path.display().to_string();
         let shown = osdp_core::text::printable(&shown);
-        self.message = Some(
-            match osdp_core::input::write_json_atomically(&path, &file) {
-                Ok(()) => {
-                    format!(
-                        "wrote the plan on screen to {shown} (osdp-tui evaluate … --plan reads it)"
-                    )
-                }
-                Err(e) => format!("cannot write {shown}: {e}"),
-            },
-        );
+        self.message = Some(match osdp_core::input::write_json_atomically(path, &file) {
+            Ok(()) => {
+                format!("wrote the plan on screen to {shown} (osdp-tui evaluate … --plan reads it)")
+            }
+            Err(e) => format!("cannot write {shown}: {e}"),
+        });
+    }
+
+    /// `:op NAME`: select the operator (its block opened), in the operators panel.
+    fn go_to_op(&mut self, name: &str) -> Result<(), String> {
+        let Some(op) = self.model.ops.iter().position(|o| o.id == name) else {
+            return Err(format!(
+                "no operator named {:?} (Tab completes names)",
+                osdp_core::text::printable(name)
+            ));
+        };
+        self.select_op(op);
+        Ok(())
+    }
+
+    /// Put the cursor on operator `op`, opening its block, with the operators panel focused.
+    pub fn select_op(&mut self, op: usize) {
+        if let Some(b) = self.blocks.of_op[op] {
+            self.expanded.insert(b);
+        }
+        if self
+            .op_filter
+            .as_ref()
+            .is_some_and(|q| !self.op_matches(op, q))
+        {
+            self.op_filter = None;
+        }
+        self.focus = Focus::Ops;
+        if let Some(row) = self.rows().iter().position(|r| *r == Row::Op(op)) {
+            self.selected_row = row;
+        }
     }
 
     /// The plan on screen against the running one: their figures, then each op whose choice
@@ -1287,6 +1613,7 @@ impl App {
             lines.extend(recompute);
         }
         self.compare = Some(lines);
+        self.compare_scroll = 0;
     }
 
     /// The worker's output, when there is a run.
@@ -1440,6 +1767,31 @@ impl App {
             .find(|(i, _)| *i == op)
             .map(|(_, c)| *c)
     }
+}
+
+/// `word` as a shell reads it back: as it is when it is plain, else in single quotes.
+fn shell_word(word: &str) -> String {
+    let plain = !word.is_empty()
+        && word
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_./=:+@%,".contains(c));
+    if plain {
+        word.to_owned()
+    } else {
+        format!("'{}'", word.replace('\'', r"'\''"))
+    }
+}
+
+/// A scroll position after one key: a line or a page of `page` up or down, within 0..=`last`.
+fn scrolled(top: usize, action: Action, page: usize, last: usize) -> usize {
+    let page = page.max(1);
+    match action {
+        Action::Up => top.saturating_sub(1),
+        Action::Down => top + 1,
+        Action::PageUp => top.saturating_sub(page),
+        _ => top + page,
+    }
+    .min(last)
 }
 
 /// The budget one press of + (`up`) or - moves to from `b`: 1 GiB steps down to 1 GiB, then

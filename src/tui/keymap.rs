@@ -32,82 +32,31 @@ const fn ctrl(c: char) -> Key {
     }
 }
 
-/// One line of help: the keys as the user reads them, what they do, the footer's word for them
-/// (if they are worth a place there), the log view's footer (its keys and word, if the entry
-/// means something there), and the bindings themselves.
+/// Which panel's footer names an entry: every footer, or only while that panel has the keys.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scope {
+    Any,
+    Ops,
+    Gpus,
+}
+
+/// One line of help: the keys as the user reads them, what they do, the footer's reminder
+/// (its keys, its word, and the panel it belongs to, if it is worth a place there), the log
+/// view's footer (its keys and word, if the entry means something there), and the bindings.
 pub struct Entry {
     pub keys: &'static str,
     pub help: &'static str,
-    pub footer: Option<&'static str>,
+    pub footer: Option<(&'static str, &'static str, Scope)>,
     pub log_footer: Option<(&'static str, &'static str)>,
     pub bindings: &'static [(Key, Action)],
 }
 
 pub const KEYMAP: &[Entry] = &[
     Entry {
-        keys: "+ / -",
-        help: "budget up / down (1 GiB steps; 16 MiB under 1 GiB); the selected GPU's when \
-               the GPU panel has focus",
-        footer: Some("budget"),
-        log_footer: None,
-        bindings: &[
-            (ch('+'), Action::RaiseBudget),
-            (ch('='), Action::RaiseBudget),
-            (ch('-'), Action::LowerBudget),
-            (ch('_'), Action::LowerBudget),
-        ],
-    },
-    Entry {
-        keys: "] / [",
-        help: "raise / lower the operator split limit",
-        footer: Some("split"),
-        log_footer: None,
-        bindings: &[(ch(']'), Action::SplitUp), (ch('['), Action::SplitDown)],
-    },
-    Entry {
-        keys: "b / B",
-        help: "micro-batch: auto, then 1, 2, 4, … fixed / global batch: any (highest \
-               samples/s), then GPUs × 1, 2, 4, …",
-        footer: Some("batch"),
-        log_footer: None,
-        bindings: &[
-            (ch('b'), Action::CycleBatch),
-            (ch('B'), Action::CycleGlobalBatch),
-        ],
-    },
-    Entry {
-        keys: "p",
-        help: "pin the selected op to the next strategy, in the legend's order, then unpinned",
-        footer: Some("pin"),
-        log_footer: None,
-        bindings: &[(ch('p'), Action::CyclePin)],
-    },
-    Entry {
-        keys: "R",
-        help: "recompute the selected block, or not, against the plan's choice (R again: the \
-               planner decides)",
-        footer: None,
-        log_footer: None,
-        bindings: &[(ch('R'), Action::ToggleRecompute)],
-    },
-    Entry {
-        keys: "g",
-        help: "show the selected block's graph / the frontier chart",
-        footer: Some("graph"),
-        log_footer: None,
-        bindings: &[(ch('g'), Action::ToggleGraph)],
-    },
-    Entry {
-        keys: "Tab",
-        help: "move focus between operators and GPUs",
-        footer: None,
-        log_footer: None,
-        bindings: &[(code(KeyCode::Tab), Action::FocusNext)],
-    },
-    Entry {
         keys: "↑ ↓ k j PgUp PgDn",
-        help: "move, or scroll the log (the mouse wheel scrolls too)",
-        footer: None,
+        help: "move; in the log, the help or the comparison, scroll (the mouse wheel scrolls \
+               too)",
+        footer: Some(("↑↓", "move", Scope::Any)),
         log_footer: Some(("↑↓ PgUp/PgDn", "scroll")),
         bindings: &[
             (code(KeyCode::Up), Action::Up),
@@ -131,7 +80,7 @@ pub const KEYMAP: &[Entry] = &[
     Entry {
         keys: "Enter Space",
         help: "expand / collapse a block, or open an operator's choices, priced (again: close)",
-        footer: None,
+        footer: Some(("Enter", "open", Scope::Ops)),
         log_footer: None,
         bindings: &[
             (code(KeyCode::Enter), Action::Toggle),
@@ -139,10 +88,84 @@ pub const KEYMAP: &[Entry] = &[
         ],
     },
     Entry {
+        keys: "/",
+        help: "find operators by name or strategy (Esc: all again); in help, filter it",
+        footer: Some(("/", "find", Scope::Ops)),
+        log_footer: None,
+        bindings: &[(ch('/'), Action::Find)],
+    },
+    Entry {
+        keys: "n / N",
+        help: "the next / previous operator the last / found",
+        footer: Some(("n/N", "next", Scope::Ops)),
+        log_footer: None,
+        bindings: &[(ch('n'), Action::NextMatch), (ch('N'), Action::PrevMatch)],
+    },
+    Entry {
+        keys: "p",
+        help: "pin the selected op to the next strategy, in the legend's order, then unpinned",
+        footer: Some(("p", "pin", Scope::Ops)),
+        log_footer: None,
+        bindings: &[(ch('p'), Action::CyclePin)],
+    },
+    Entry {
+        keys: "R",
+        help: "recompute the selected block, or not, against the plan's choice (R again: the \
+               planner decides)",
+        footer: Some(("R", "recompute", Scope::Ops)),
+        log_footer: None,
+        bindings: &[(ch('R'), Action::ToggleRecompute)],
+    },
+    Entry {
+        keys: "Tab",
+        help: "move focus between operators and GPUs",
+        footer: Some(("Tab", "focus", Scope::Any)),
+        log_footer: None,
+        bindings: &[(code(KeyCode::Tab), Action::FocusNext)],
+    },
+    Entry {
+        keys: "+ / -",
+        help: "budget up / down (1 GiB steps; 16 MiB under 1 GiB); the selected GPU's when \
+               the GPU panel has focus",
+        footer: Some(("+/-", "budget", Scope::Any)),
+        log_footer: None,
+        bindings: &[
+            (ch('+'), Action::RaiseBudget),
+            (ch('='), Action::RaiseBudget),
+            (ch('-'), Action::LowerBudget),
+            (ch('_'), Action::LowerBudget),
+        ],
+    },
+    Entry {
+        keys: "] / [",
+        help: "raise / lower the operator split limit",
+        footer: Some(("]/[", "split", Scope::Any)),
+        log_footer: None,
+        bindings: &[(ch(']'), Action::SplitUp), (ch('['), Action::SplitDown)],
+    },
+    Entry {
+        keys: "b / B",
+        help: "micro-batch: auto, then 1, 2, 4, … fixed / global batch: any (highest \
+               samples/s), then GPUs × 1, 2, 4, …",
+        footer: Some(("b/B", "batch", Scope::Any)),
+        log_footer: None,
+        bindings: &[
+            (ch('b'), Action::CycleBatch),
+            (ch('B'), Action::CycleGlobalBatch),
+        ],
+    },
+    Entry {
+        keys: "g",
+        help: "show the selected block's graph / the frontier chart",
+        footer: Some(("g", "graph", Scope::Ops)),
+        log_footer: None,
+        bindings: &[(ch('g'), Action::ToggleGraph)],
+    },
+    Entry {
         keys: "1-4 v",
         help: "views: 1 plan (operators, GPUs, chart), 2 graph and frontier, 3 GPUs, 4 \
                training; v the next",
-        footer: Some("views"),
+        footer: Some(("1-4", "views", Scope::Any)),
         log_footer: None,
         bindings: &[
             (ch('1'), Action::ShowView(View::Plan)),
@@ -154,67 +177,69 @@ pub const KEYMAP: &[Entry] = &[
     },
     Entry {
         keys: ":",
-        help: "command line: budget SIZE (20 is 20 GiB), gpu N budget SIZE, batch N|any \
-               (global), micro N|auto, split K, write [PATH], q; Enter runs it, Esc closes",
-        footer: Some("cmd"),
+        help: "command line: budget SIZE (20 = 20 GiB), gpu N budget SIZE, batch N|any, micro \
+               N|auto, split K, op NAME, write [PATH] (~, \"quoted paths\"), q; Tab completes, \
+               ↑↓ history, Esc closes",
+        footer: Some((":", "cmd", Scope::Any)),
         log_footer: None,
         bindings: &[(ch(':'), Action::OpenCommand)],
     },
     Entry {
         keys: "u",
         help: "undo the last change of budget, split, batch, pins or recomputation",
-        footer: Some("undo"),
+        footer: Some(("u", "undo", Scope::Any)),
         log_footer: None,
         bindings: &[(ch('u'), Action::Undo)],
     },
     Entry {
         keys: "w",
-        help: "write the plan on screen to MODEL.plan.json (:write PATH elsewhere)",
-        footer: None,
+        help: "write the plan on screen to MODEL.plan.json (:write PATH elsewhere; asks \
+               before overwriting)",
+        footer: Some(("w", "write", Scope::Any)),
         log_footer: None,
         bindings: &[(ch('w'), Action::WritePlan)],
     },
     Entry {
         keys: "c",
         help: "compare the plan on screen with the running one (c again: close)",
-        footer: None,
+        footer: Some(("c", "compare", Scope::Any)),
         log_footer: None,
         bindings: &[(ch('c'), Action::Compare)],
     },
     Entry {
         keys: "s",
         help: "start training with the plan on screen",
-        footer: Some("start"),
+        footer: Some(("s", "start", Scope::Any)),
         log_footer: None,
         bindings: &[(ch('s'), Action::StartRun)],
     },
     Entry {
         keys: "x",
         help: "stop the run (checkpoint first); x again: kill it",
-        footer: Some("stop"),
+        footer: Some(("x", "stop", Scope::Any)),
         log_footer: Some(("x", "stop")),
         bindings: &[(ch('x'), Action::StopRun)],
     },
     Entry {
         keys: "r",
         help: "restart the run from its checkpoint under the plan on screen",
-        footer: Some("restart"),
+        footer: Some(("r", "restart", Scope::Any)),
         log_footer: None,
         bindings: &[(ch('r'), Action::RestartRun)],
     },
     Entry {
         keys: "l",
         help: "the worker's log (its output and errors), following the tail; l again: close",
-        footer: Some("log"),
+        footer: Some(("l", "log", Scope::Any)),
         log_footer: None,
         bindings: &[(ch('l'), Action::ToggleLog)],
     },
     Entry {
-        keys: "y / n",
-        help: "answer the question in the footer",
+        keys: "y",
+        help: "yes to the question in the footer (any other key: no)",
         footer: None,
         log_footer: None,
-        bindings: &[(ch('y'), Action::Yes), (ch('n'), Action::No)],
+        bindings: &[(ch('y'), Action::Yes)],
     },
     Entry {
         keys: "d",
@@ -226,15 +251,15 @@ pub const KEYMAP: &[Entry] = &[
     },
     Entry {
         keys: "?",
-        help: "this help",
-        footer: Some("help"),
+        help: "this help: ↑↓ j k PgUp PgDn scroll it, / filters it",
+        footer: Some(("?", "help", Scope::Any)),
         log_footer: Some(("?", "help")),
         bindings: &[(ch('?'), Action::ToggleHelp)],
     },
     Entry {
         keys: "Esc",
         help: "close what is on top: help, a question, an operator's choices, the comparison, \
-               the log, the command line (never quits)",
+               the log, a filter, the command line (never quits)",
         footer: None,
         log_footer: None,
         bindings: &[(code(KeyCode::Esc), Action::Back)],
@@ -243,7 +268,7 @@ pub const KEYMAP: &[Entry] = &[
         keys: "q Ctrl-C :q",
         help: "quit (asks first while a run is going); close the log, help or an operator's \
                choices",
-        footer: Some("quit"),
+        footer: Some(("q", "quit", Scope::Any)),
         log_footer: Some(("q/Esc", "close the log")),
         bindings: &[(ch('q'), Action::Quit), (ctrl('c'), Action::Quit)],
     },
@@ -268,25 +293,15 @@ pub fn action_for(code: KeyCode, modifiers: KeyModifiers) -> Option<Action> {
     })
 }
 
-/// The footer's reminder, `+/- budget  ]/[ split  …  ? help  q quit`, as much of it as fits
-/// `width` columns: entries in table order, help and quit always.
-pub fn footer(width: usize) -> String {
+/// The footer's reminder for the panel with the keys (`focus`): `↑↓ move  Enter open  / find
+/// …  ? help  q quit`, as much of it as fits `width` columns: entries in table order, help and
+/// quit always.
+pub fn footer(width: usize, focus: Scope) -> String {
     let items: Vec<String> = KEYMAP
         .iter()
-        .filter_map(|e| {
-            let word = e.footer?;
-            // `+ / -` reads `+/-` there; of several names (`q Ctrl-C :q`) the first.
-            let keys = if e.keys.contains(" / ") {
-                e.keys.replace(" / ", "/")
-            } else {
-                e.keys
-                    .split_whitespace()
-                    .next()
-                    .unwrap_or(e.keys)
-                    .to_owned()
-            };
-            Some(format!(" {keys} {word} "))
-        })
+        .filter_map(|e| e.footer)
+        .filter(|&(_, _, scope)| scope == Scope::Any || scope == focus)
+        .map(|(keys, word, _)| format!(" {keys} {word} "))
         .collect();
     fit(&items, width)
 }
@@ -319,8 +334,14 @@ fn fit(items: &[String], width: usize) -> String {
     out.trim_end().to_owned()
 }
 
-/// The help overlay's lines: keys in a column, then what they do, wrapped to `width`.
-pub fn help_lines(width: usize) -> Vec<String> {
+/// Whether `text` mentions `filter` (case aside; an empty filter is in everything).
+pub fn mentions(text: &str, filter: &str) -> bool {
+    text.to_lowercase().contains(&filter.trim().to_lowercase())
+}
+
+/// The help overlay's lines: keys in a column, then what they do, wrapped to `width`; only the
+/// entries that mention `filter` (in their keys or their words).
+pub fn help_lines(width: usize, filter: &str) -> Vec<String> {
     let col = KEYMAP
         .iter()
         .map(|e| e.keys.chars().count())
@@ -329,7 +350,10 @@ pub fn help_lines(width: usize) -> Vec<String> {
         + 2;
     let text_width = width.saturating_sub(col).max(20);
     let mut out = Vec::new();
-    for e in KEYMAP {
+    for e in KEYMAP
+        .iter()
+        .filter(|e| mentions(e.keys, filter) || mentions(e.help, filter))
+    {
         let mut line = format!("{:<col$}", e.keys);
         let mut used = 0;
         for word in e.help.split_whitespace() {
@@ -395,11 +419,14 @@ mod tests {
     }
 
     #[test]
-    fn the_footer_names_the_main_keys_and_fits_the_terminal() {
-        let wide = footer(200);
+    fn the_footer_names_the_focused_panels_keys_and_fits_the_terminal() {
+        let wide = footer(300, Scope::Ops);
         for want in [
+            "↑↓ move",
+            "Enter open",
+            "/ find",
+            "p pin",
             "+/- budget",
-            "]/[ split",
             "s start",
             "x stop",
             "? help",
@@ -407,12 +434,30 @@ mod tests {
         ] {
             assert!(wide.contains(want), "{wide}");
         }
+        let gpus = footer(300, Scope::Gpus);
+        assert!(
+            !gpus.contains("p pin") && !gpus.contains("/ find"),
+            "{gpus}"
+        );
+        assert!(gpus.contains("+/- budget"), "{gpus}");
         for width in [80, 60, 30] {
-            let f = footer(width);
-            assert!(f.chars().count() <= width, "{f}");
-            assert!(f.ends_with("? help  q quit"), "{f}");
+            for scope in [Scope::Ops, Scope::Gpus] {
+                let f = footer(width, scope);
+                assert!(f.chars().count() <= width, "{f}");
+                assert!(f.ends_with("? help  q quit"), "{f}");
+            }
         }
-        assert!(footer(80).contains("+/- budget"));
+        // At 80 columns the operators' own keys come first.
+        let f = footer(80, Scope::Ops);
+        for want in ["Enter open", "/ find", "n/N next", "p pin", "R recompute"] {
+            assert!(f.contains(want), "{f}");
+        }
+        // Every key a footer names is bound.
+        for e in KEYMAP {
+            if let Some((keys, _, _)) = e.footer {
+                assert!(!e.bindings.is_empty(), "{keys}");
+            }
+        }
     }
 
     #[test]
@@ -438,10 +483,13 @@ mod tests {
 
     #[test]
     fn help_has_a_line_for_every_entry_within_its_width() {
-        let lines = help_lines(64);
+        let lines = help_lines(64, "");
         for e in KEYMAP {
             assert!(lines.iter().any(|l| l.starts_with(e.keys)), "{}", e.keys);
         }
         assert!(lines.iter().all(|l| l.chars().count() <= 64), "{lines:#?}");
+        let budget = help_lines(64, "BUDGET");
+        assert!(budget.iter().any(|l| l.starts_with("+ / -")), "{budget:#?}");
+        assert!(!budget.iter().any(|l| l.starts_with("g ")), "{budget:#?}");
     }
 }

@@ -74,12 +74,12 @@ pub fn draw(app: &App, f: &mut Frame) {
         .is_some_and(|t| t.supervisor.is_some());
     if app.view != View::Plan {
         draw_other_view(app, f, main, has_run);
-        draw_footer(app, f, footer, keymap::footer(usize::from(footer.width)));
+        draw_footer(app, f, footer, footer_keys(app, footer.width));
         if let Some(lines) = &app.compare {
-            draw_compare(lines, f, main);
+            draw_compare(lines, app.compare_scroll, f, main);
         }
         if app.show_help {
-            draw_help(f, area);
+            draw_help(app, f, area);
         }
         return;
     }
@@ -97,16 +97,38 @@ pub fn draw(app: &App, f: &mut Frame) {
         Split::horizontal([Constraint::Percentage(58), Constraint::Percentage(42)]).areas(main);
     draw_ops(app, f, ops);
     draw_plan_side(app, f, right);
-    draw_footer(app, f, footer, keymap::footer(usize::from(footer.width)));
+    draw_footer(app, f, footer, footer_keys(app, footer.width));
     if let Some(d) = &app.detail {
         draw_detail(app, d, f, main);
     }
     if let Some(lines) = &app.compare {
-        draw_compare(lines, f, main);
+        draw_compare(lines, app.compare_scroll, f, main);
     }
     if app.show_help {
-        draw_help(f, area);
+        draw_help(app, f, area);
     }
+}
+
+/// The footer's reminder of the keys that act now: those of what is on top (help, the
+/// comparison, an operator's choices), else the focused panel's; `?` always.
+fn footer_keys(app: &App, width: u16) -> String {
+    let on_top = if app.show_help {
+        Some(" ↑↓ j k scroll  PgUp/PgDn page  / filter  Esc or ? close")
+    } else if app.compare.is_some() {
+        Some(" ↑↓ PgUp/PgDn scroll  c or Esc close  ? help")
+    } else if app.detail.is_some() {
+        Some(" Enter or Esc close  ? help")
+    } else {
+        None
+    };
+    if let Some(keys) = on_top {
+        return keys.to_string();
+    }
+    let scope = match app.focus {
+        Focus::Ops => keymap::Scope::Ops,
+        Focus::Gpus => keymap::Scope::Gpus,
+    };
+    keymap::footer(usize::from(width), scope)
 }
 
 /// The worker's log over everything but the header's first line (the run's state) and the
@@ -127,7 +149,7 @@ fn draw_log_screen(app: &App, f: &mut Frame, area: Rect) {
         keymap::log_footer(usize::from(footer.width)),
     );
     if app.show_help {
-        draw_help(f, area);
+        draw_help(app, f, area);
     }
 }
 
@@ -179,25 +201,24 @@ fn draw_plan_side(app: &App, f: &mut Frame, right: Rect) {
 
 /// The footer: a question waiting for its answer, else the last message, else `keys`.
 fn draw_footer(app: &App, f: &mut Frame, area: Rect, keys: String) {
-    if let Some(typed) = &app.command {
-        let line = Line::from(vec![
-            Span::styled(format!(":{}", printable(typed)), theme::PROMPT),
-            Span::styled("█", theme::PROMPT),
-            Span::styled(
-                format!("   Enter runs · Esc closes · {}", super::app::COMMANDS),
-                theme::MUTED,
-            ),
-        ]);
-        f.render_widget(Paragraph::new(line), area);
+    if let Some(line) = &app.command {
+        draw_prompt(line, f, area);
         return;
     }
-    let footer_line = match (app.confirm, &app.message) {
+    let footer_line = match (&app.confirm, &app.message) {
         (Some(Confirm::StartUnpriced), _) => Line::from(Span::styled(
             " the plan on screen is still being priced: start with it anyway? y / n",
             theme::PROMPT,
         )),
         (Some(Confirm::QuitWhileRunning), _) => Line::from(Span::styled(
             " a run is going: d detach (the run keeps going) · s stop (checkpoint and stop) · esc cancel",
+            theme::PROMPT,
+        )),
+        (Some(Confirm::Overwrite(path)), _) => Line::from(Span::styled(
+            format!(
+                " {} exists: overwrite it with the plan on screen? y / n",
+                printable(&path.display().to_string())
+            ),
             theme::PROMPT,
         )),
         (Some(Confirm::RestartNewBatch { from, to }), _) => Line::from(Span::styled(
@@ -211,6 +232,45 @@ fn draw_footer(app: &App, f: &mut Frame, area: Rect, keys: String) {
         (None, None) => Line::from(Span::styled(keys, theme::MUTED)),
     };
     f.render_widget(Paragraph::new(footer_line), area);
+}
+
+/// The command line or a search prompt: the text with the cursor where it is, then what Tab
+/// offered, or a reminder of what the prompt takes.
+fn draw_prompt(line: &super::cmdline::CommandLine, f: &mut Frame, area: Rect) {
+    use super::cmdline::Prompt;
+    let text = line.text();
+    let at = line.cursor();
+    let before: String = text.chars().take(at).collect();
+    // At the end a block; on a character, that character in reverse video.
+    let (under, cursor) = match text.chars().nth(at) {
+        Some(c) => (
+            c.to_string(),
+            theme::PROMPT.add_modifier(Modifier::REVERSED),
+        ),
+        None => ("█".to_string(), theme::PROMPT),
+    };
+    let after: String = text.chars().skip(at + 1).collect();
+    let hint = match (&line.hint, line.prompt) {
+        (Some(h), _) => format!("   {}", printable(h)),
+        (None, Prompt::Command) => format!(
+            "   Enter runs · Tab completes · ↑↓ history · Esc closes · {}",
+            super::app::COMMANDS
+        ),
+        (None, Prompt::FindOps) => {
+            "   name or strategy · Enter keeps the filter · Esc drops it".into()
+        }
+        (None, Prompt::FilterHelp) => "   Enter keeps the filter · Esc drops it".into(),
+    };
+    let spans = vec![
+        Span::styled(
+            format!("{}{}", line.prompt.sigil(), printable(&before)),
+            theme::PROMPT,
+        ),
+        Span::styled(printable(&under).into_owned(), cursor),
+        Span::styled(printable(&after).into_owned(), theme::PROMPT),
+        Span::styled(hint, theme::MUTED),
+    ];
+    f.render_widget(Paragraph::new(Line::from(spans)), area);
 }
 
 /// Every choice the selected operator could have, priced as the whole plan with only that op
@@ -364,6 +424,20 @@ fn header_title(app: &App, width: u16) -> Line<'static> {
             printable(&m.name),
             printable(&app.layout.name)
         ));
+    }
+    // The worker's pid while it lives (this dashboard's, or the one it follows), where it fits
+    // whole.
+    let pid = app.run_control.as_ref().and_then(|t| {
+        t.supervisor
+            .as_ref()
+            .filter(|r| r.is_live())
+            .and_then(|r| r.pid())
+    });
+    if let Some(pid) = pid {
+        let words = format!(" · pid {pid}");
+        if Line::from(title.clone()).width() + words.chars().count() <= usize::from(width) {
+            title.push(Span::raw(words));
+        }
     }
     Line::from(title)
 }
@@ -736,7 +810,7 @@ fn draw_ops(app: &App, f: &mut Frame, area: Rect) {
         .header(TableRow::new(titles).style(Style::new().bold().underlined()))
         .block(
             Block::bordered()
-                .title(" operators ")
+                .title(ops_title(app, rows.len()))
                 .title_bottom(strategy_legend(false, app.machine.offers_offload()))
                 .border_style(border)
                 .border_type(theme::border_type(focused)),
@@ -749,6 +823,23 @@ fn draw_ops(app: &App, f: &mut Frame, area: Rect) {
     hit.ops = area;
     hit.ops_offset = state.offset();
     app.hit.set(hit);
+}
+
+/// The operator panel's title: where the cursor is among the operators (`123/486`), and the
+/// filter with its count while one is on (`/attn · 3/48 matches`).
+fn ops_title(app: &App, rows: usize) -> String {
+    let ops = app.model.ops.len();
+    match &app.op_filter {
+        Some(q) => format!(
+            " operators /{} · {}/{rows} matches ",
+            printable(q),
+            (app.selected_row + 1).min(rows)
+        ),
+        None => {
+            let at = app.selected_op().map_or(0, |op| op + 1);
+            format!(" operators · {at}/{ops} ")
+        }
+    }
 }
 
 /// The best throughput the frontier `curve` (memory, samples/s) offers within `budget`.
@@ -876,8 +967,23 @@ fn strategy_legend(long: bool, offload: bool) -> Line<'static> {
     Line::from(spans)
 }
 
-/// The plan on screen against the running one (`c`), over the main area.
-fn draw_compare(lines: &[String], f: &mut Frame, area: Rect) {
+/// Rows of the main area under the header at screen size `screen` (as [`draw`] splits it).
+fn main_rows(screen: (u16, u16)) -> u16 {
+    let header = if screen.1 >= SPLIT_BARS_MIN_HEIGHT {
+        6
+    } else {
+        4
+    };
+    screen.1.saturating_sub(header + 2)
+}
+
+/// Lines of the comparison on screen at once, at screen size `screen`.
+pub fn compare_rows(screen: (u16, u16)) -> usize {
+    usize::from(main_rows(screen).saturating_sub(2)).max(1)
+}
+
+/// The plan on screen against the running one (`c`), over the main area, from line `top`.
+fn draw_compare(lines: &[String], top: usize, f: &mut Frame, area: Rect) {
     let w = 100.min(area.width);
     let h = (lines.len() as u16 + 2).min(area.height);
     let r = Rect::new(
@@ -886,64 +992,101 @@ fn draw_compare(lines: &[String], f: &mut Frame, area: Rect) {
         w,
         h,
     );
-    let text: Vec<Line> = lines.iter().map(|l| Line::from(l.clone())).collect();
-    f.render_widget(Clear, r);
-    f.render_widget(
-        Paragraph::new(text).block(
-            Block::bordered().title(" the plan on screen vs the running one · c or Esc closes "),
-        ),
-        r,
-    );
-}
-
-fn draw_help(f: &mut Frame, area: Rect) {
-    // As narrow as reads well, wider where the terminal is too short for the wrapped lines.
-    let widest = area.width.min(116);
-    let mut w = 76.min(area.width);
-    let mut text = help_text(w);
-    while text.len() as u16 + 2 > area.height && w + 4 <= widest {
-        w += 4;
-        text = help_text(w);
-    }
-    let h = (text.len() as u16 + 2).min(area.height);
-    // Still too short: the last row says so rather than cutting silently.
     let room = usize::from(h.saturating_sub(2));
-    if text.len() > room && room > 0 {
-        let more = text.len() - room + 1;
-        text.truncate(room - 1);
-        text.push(Line::styled(
-            format!("… {more} more lines: a taller terminal shows them"),
-            theme::WARN,
+    let top = top.min(lines.len().saturating_sub(room));
+    let text: Vec<Line> = lines
+        .iter()
+        .skip(top)
+        .take(room)
+        .map(|l| Line::from(l.clone()))
+        .collect();
+    let mut block =
+        Block::bordered().title(" the plan on screen vs the running one · c or Esc closes ");
+    if lines.len() > room {
+        block = block.title_bottom(format!(
+            " lines {}–{} of {} · ↑↓ PgUp/PgDn scroll ",
+            top + 1,
+            top + text.len(),
+            lines.len()
         ));
     }
+    f.render_widget(Clear, r);
+    f.render_widget(Paragraph::new(text).block(block), r);
+}
+
+/// The help overlay's width, its lines and the rows it shows them in, in `area`: as narrow as
+/// reads well, wider where the terminal is too short for the wrapped lines, and scrolled
+/// where even the widest is too long.
+fn help_layout(app: &App, area: Rect) -> (u16, Vec<Line<'static>>, usize) {
+    // The footer's row stays: it names help's keys.
+    let area = Rect {
+        height: area.height.saturating_sub(1),
+        ..area
+    };
+    let widest = area.width.min(116);
+    let mut w = 76.min(area.width);
+    let mut text = help_text(w, &app.help_filter);
+    while text.len() as u16 + 2 > area.height && w + 4 <= widest {
+        w += 4;
+        text = help_text(w, &app.help_filter);
+    }
+    let rows = usize::from(area.height.saturating_sub(2)).max(1);
+    (w, text, rows)
+}
+
+/// Help's lines in all and the rows that show them, at the app's last screen size.
+pub fn help_rows(app: &App) -> (usize, usize) {
+    let area = Rect::new(0, 0, app.screen.0, app.screen.1);
+    let (_, text, rows) = help_layout(app, area);
+    (text.len(), rows)
+}
+
+fn draw_help(app: &App, f: &mut Frame, area: Rect) {
+    let (w, text, rows) = help_layout(app, area);
+    let area = Rect {
+        height: area.height.saturating_sub(1),
+        ..area
+    };
+    let total = text.len();
+    let h = (total.min(rows) as u16 + 2).min(area.height);
+    let top = app.help_scroll.min(total.saturating_sub(rows));
+    let shown: Vec<Line> = text.into_iter().skip(top).take(rows).collect();
     let r = Rect::new(
         area.x + (area.width - w) / 2,
         area.y + (area.height - h) / 2,
         w,
         h,
     );
+    let mut title = String::from(" help ");
+    if !app.help_filter.is_empty() {
+        title.push_str(&format!("· /{} ", printable(&app.help_filter)));
+    }
+    let mut block = Block::bordered().title(title);
+    // Where the view is, when it does not show everything.
+    if total > rows {
+        block = block.title_bottom(format!(
+            " lines {}–{} of {total} · ↑↓ j k PgUp PgDn scroll ",
+            top + 1,
+            top + shown.len()
+        ));
+    }
     f.render_widget(Clear, r);
-    f.render_widget(
-        Paragraph::new(text).block(Block::bordered().title(" help ")),
-        r,
-    );
+    f.render_widget(Paragraph::new(shown).block(block), r);
 }
 
-/// The help overlay's lines at width `w` (border included): the keys, then the legends.
-fn help_text(w: u16) -> Vec<Line<'static>> {
-    let mut text: Vec<Line> = keymap::help_lines(usize::from(w.saturating_sub(2)))
+/// The help overlay's lines at width `w` (border included): the keys, then the legends; only
+/// what mentions `filter`.
+fn help_text(w: u16, filter: &str) -> Vec<Line<'static>> {
+    let mut text: Vec<Line> = keymap::help_lines(usize::from(w.saturating_sub(2)), filter)
         .into_iter()
         .map(Line::from)
         .collect();
-    text.push(Line::from(""));
-    text.push(Line::from(
+    let calibration = [
         "uncalibrated: datasheet rates × efficiencies fitted to published runs;",
-    ));
-    text.push(Line::from(
         "              `osdp-tui calibrate` measures this machine instead",
-    ));
-    text.push(strategy_legend(true, false));
-    text.push(Line::from(vec![
+    ];
+    let legend = strategy_legend(true, false);
+    let offload = Line::from(vec![
         Span::styled(
             " +offload-opt, +offload-param",
             Style::new().fg(theme::strategy(
@@ -951,7 +1094,29 @@ fn help_text(w: u16) -> Vec<Line<'static>> {
             )),
         ),
         Span::raw(": state kept in host memory"),
-    ]));
+    ]);
+    let mut legends: Vec<Line> = Vec::new();
+    if keymap::mentions(&calibration.concat(), filter) {
+        legends.extend(calibration.map(Line::from));
+    }
+    for l in [legend, offload] {
+        if keymap::mentions(&l.to_string(), filter) {
+            legends.push(l);
+        }
+    }
+    if !legends.is_empty() {
+        text.push(Line::from(""));
+        text.extend(legends);
+    }
+    if text.is_empty() {
+        text.push(Line::styled(
+            format!(
+                "nothing in help mentions {:?} (Esc: all of it)",
+                printable(filter)
+            ),
+            theme::WARN,
+        ));
+    }
     text
 }
 

@@ -630,10 +630,32 @@ fn quitting_asks_and_a_detached_worker_runs_on_until_a_later_dashboard_stops_it(
     );
     key(&mut first, '\u{1b}');
     assert!(!first.quit && first.confirm.is_none(), "esc cancels");
+    // Issue 34, item 8: the owning dashboard names the worker's pid; detaching says where the
+    // run goes on and how to follow and reattach to it.
+    let header = render_text(&first, 180, 44);
+    assert!(
+        header.contains(&format!("run: running step 1 · pid {pid}")),
+        "{header}"
+    );
     key(&mut first, 'q');
     key(&mut first, 'd');
     assert!(first.quit, "d quits");
+    let words = first.farewell.clone().expect("words on detaching");
+    let dir_shown = run_dir.display().to_string();
+    for want in [
+        format!("worker pid {pid}"),
+        format!("run directory {dir_shown}"),
+        format!("osdp-tui status {dir_shown} --follow"),
+        format!("--layout cpu --run-dir {dir_shown}"),
+        format!("kill {pid}"),
+    ] {
+        assert!(words.contains(&want), "{want:?} not in:\n{words}");
+    }
     drop(first);
+    // The command it gives follows the run.
+    let out = crate::osdp().arg("status").arg(&run_dir).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains(&pid.to_string()), "{text}");
     assert!(alive(pid), "the detached worker outlives its dashboard");
 
     // The next dashboard finds it running and follows it; quitting it asks again, s stops it.
@@ -1575,9 +1597,11 @@ fn clicks_select_rows_and_focus_panels() {
 }
 
 /// The help overlay shows every key and its legends at 120×40; where no width makes it fit
-/// (80×24), its last row says how much is cut rather than cutting silently.
+/// (80×24) it scrolls (issue 34): j/k and PgUp/PgDn move it, its bottom edge says where it is,
+/// and `/` keeps only the lines that mention what is typed.
 #[test]
-fn help_fits_120x40_and_says_when_it_cannot() {
+fn help_fits_120x40_and_scrolls_and_filters_at_80x24() {
+    use crossterm::event::KeyCode;
     let mut a = app("gpt2-medium", "a100-80gb-8x-nvlink", 8 * GIB);
     a.update(Action::ToggleHelp);
     let big = render_text(&a, 120, 40);
@@ -1589,9 +1613,71 @@ fn help_fits_120x40_and_says_when_it_cannot() {
     ] {
         assert!(big.contains(want), "{want} missing:\n{big}");
     }
-    assert!(!big.contains("more lines"));
+    assert!(!big.contains("lines 1–"), "{big}");
+    a.screen = (80, 24);
     let small = render_text(&a, 80, 24);
-    assert!(small.contains("more lines: a taller terminal"), "{small}");
+    assert!(small.contains("lines 1–21 of"), "{small}");
+    assert!(
+        !small.contains("q Ctrl-C :q"),
+        "the last key is below:\n{small}"
+    );
+    press(&mut a, KeyCode::PageDown);
+    press(&mut a, KeyCode::PageDown);
+    for _ in 0..5 {
+        key(&mut a, 'j');
+    }
+    let end = render_text(&a, 80, 24);
+    assert!(end.contains("q Ctrl-C :q"), "{end}");
+    assert!(!end.contains("lines 1–"), "{end}");
+    key(&mut a, 'k');
+    press(&mut a, KeyCode::Home);
+    assert!(render_text(&a, 80, 24).contains("lines 1–21 of"));
+    // `/` filters the help as it is typed; keys typed there move nothing behind it.
+    let row = a.selected_row;
+    type_keys(&mut a, "/budget");
+    let filtered = render_text(&a, 80, 24);
+    assert!(
+        filtered.contains("+ / -") && filtered.contains("help · /budget"),
+        "{filtered}"
+    );
+    assert!(!filtered.contains("first / last row"), "{filtered}");
+    assert!(!filtered.contains("lines 1–"), "it fits now:\n{filtered}");
+    type_keys(&mut a, "\n");
+    assert!(a.show_help && a.command.is_none());
+    assert_eq!(a.selected_row, row);
+    // Esc closes the help and drops the filter; `?` opens it whole.
+    key(&mut a, '\u{1b}');
+    assert!(!a.show_help && !a.quit);
+    key(&mut a, '?');
+    assert!(render_text(&a, 120, 40).contains("first / last row"));
+    // While help is open the footer names help's keys, and `?` always.
+    let footer = render_text(&a, 80, 24);
+    assert!(
+        footer.lines().last().unwrap().contains("/ filter"),
+        "{footer}"
+    );
+}
+
+/// Issue 34: the footer names the focused panel's keys: the operators' (Enter, /, n/N, p, R)
+/// while they have the keys, not once Tab gives them to the GPUs; `? help` always.
+#[test]
+fn the_footer_follows_the_focused_panel() {
+    let mut a = app("gpt2-medium", "a100-80gb-8x-nvlink", 8 * GIB);
+    let last = |a: &App| render_text(a, 80, 24).lines().last().unwrap().to_string();
+    let ops = last(&a);
+    for want in ["Enter open", "/ find", "p pin", "? help", "q quit"] {
+        assert!(ops.contains(want), "{want}: {ops}");
+    }
+    a.update(Action::FocusNext);
+    let gpus = last(&a);
+    assert!(
+        !gpus.contains("p pin") && !gpus.contains("/ find"),
+        "{gpus}"
+    );
+    assert!(
+        gpus.contains("+/- budget") && gpus.ends_with("? help  q quit"),
+        "{gpus}"
+    );
 }
 
 /// Every op kind shows whole in the operator table (`positional_embedding` as
@@ -1715,4 +1801,216 @@ fn without_colour_the_selection_and_the_focus_still_show() {
     a.update(Action::FocusNext);
     let (_, tabbed) = plain(&a);
     assert_ne!(text, tabbed);
+}
+
+fn ctrl_key(a: &mut App, c: char) {
+    a.key(
+        crossterm::event::KeyCode::Char(c),
+        crossterm::event::KeyModifiers::CONTROL,
+    );
+}
+
+/// Issue 34, item 7: the command line edits as a shell's does (Left/Right, Home/End, Ctrl-U,
+/// Ctrl-W, Ctrl-C), keeps a history on Up/Down, completes command and operator names on Tab,
+/// and `:w` takes `~` and quoted paths with spaces, asking before it overwrites a file.
+#[test]
+fn the_command_line_edits_recalls_completes_and_asks_before_overwriting() {
+    use crossterm::event::{KeyCode, KeyModifiers};
+    let mut a = app("gpt2-medium", "a100-80gb-8x-nvlink", 8 * GIB);
+    let text = |a: &App| a.command.as_ref().map(|l| l.text()).unwrap_or_default();
+    // Typed wrong, mended in the middle: `budget 2GiB` → `budget 12GiB`.
+    type_keys(&mut a, ":budget 2GiB");
+    for _ in 0..4 {
+        press_in_line(&mut a, KeyCode::Left);
+    }
+    type_keys(&mut a, "1");
+    assert_eq!(text(&a), "budget 12GiB");
+    assert!(render_text(&a, 120, 40).contains(":budget 12GiB"));
+    type_keys(&mut a, "\n");
+    assert_eq!(a.request.budgets, vec![12 * GIB; 8]);
+    // Ctrl-W drops the last word, Ctrl-U all before the cursor, Ctrl-C closes the line without
+    // quitting.
+    type_keys(&mut a, ":split 2");
+    ctrl_key(&mut a, 'w');
+    assert_eq!(text(&a), "split ");
+    press_in_line(&mut a, KeyCode::Home);
+    type_keys(&mut a, "x");
+    press_in_line(&mut a, KeyCode::End);
+    type_keys(&mut a, "4");
+    assert_eq!(text(&a), "xsplit 4");
+    ctrl_key(&mut a, 'u');
+    assert_eq!(text(&a), "");
+    ctrl_key(&mut a, 'c');
+    assert!(a.command.is_none() && !a.quit);
+    assert_eq!(a.request.max_split, 8);
+    // History: Up brings back the last command; Enter runs it again.
+    type_keys(&mut a, ":split 2\n:budget 20\n");
+    type_keys(&mut a, ":");
+    press_in_line(&mut a, KeyCode::Up);
+    assert_eq!(text(&a), "budget 20");
+    press_in_line(&mut a, KeyCode::Up);
+    assert_eq!(text(&a), "split 2");
+    press_in_line(&mut a, KeyCode::Down);
+    press_in_line(&mut a, KeyCode::Down);
+    assert_eq!(text(&a), "");
+    press_in_line(&mut a, KeyCode::Up);
+    press_in_line(&mut a, KeyCode::Up);
+    a.key(KeyCode::Backspace, KeyModifiers::NONE);
+    type_keys(&mut a, "4\n");
+    assert_eq!(a.request.max_split, 4);
+    // Tab: a command's name, then an operator's.
+    type_keys(&mut a, ":mi");
+    press_in_line(&mut a, KeyCode::Tab);
+    assert_eq!(text(&a), "micro ");
+    ctrl_key(&mut a, 'u');
+    type_keys(&mut a, "op h11.attn.c_p");
+    press_in_line(&mut a, KeyCode::Tab);
+    assert_eq!(text(&a), "op h11.attn.c_proj ");
+    type_keys(&mut a, "\n");
+    let op = a
+        .model
+        .ops
+        .iter()
+        .position(|o| o.id == "h11.attn.c_proj")
+        .unwrap();
+    assert_eq!(a.selected(), Some(Row::Op(op)), ":op selects the operator");
+    // Several names: Tab lists them beside the line.
+    type_keys(&mut a, ":op h11.attn.c_");
+    press_in_line(&mut a, KeyCode::Tab);
+    let screen = render_text(&a, 200, 60);
+    assert!(
+        screen.contains("h11.attn.c_attn  h11.attn.c_proj"),
+        "{screen}"
+    );
+    ctrl_key(&mut a, 'c');
+    type_keys(&mut a, ":q\n");
+    assert!(a.quit);
+
+    // :w with a quoted path with a space, and with ~.
+    let dir = tempfile::tempdir().unwrap();
+    let mut a = app("gpt2", "a100-80gb-8x-nvlink", 4 * GIB);
+    let spaced = dir.path().join("my plans");
+    std::fs::create_dir(&spaced).unwrap();
+    let path = spaced.join("a b.json");
+    type_keys(&mut a, &format!(":w \"{}\"\n", path.display()));
+    assert!(path.is_file(), "{:?}", a.message);
+    // Again onto the same file: a question first; n leaves it as it was, y writes.
+    std::fs::write(&path, "mine").unwrap();
+    type_keys(&mut a, &format!(":w '{}'\n", path.display()));
+    let screen = render_text(&a, 120, 40);
+    assert!(screen.contains("exists: overwrite it"), "{screen}");
+    key(&mut a, 'n');
+    assert_eq!(std::fs::read_to_string(&path).unwrap(), "mine");
+    type_keys(&mut a, &format!(":w '{}'\n", path.display()));
+    key(&mut a, 'y');
+    assert!(std::fs::read_to_string(&path)
+        .unwrap()
+        .contains("model_fingerprint"));
+    let home = dir.path().join("home");
+    std::fs::create_dir(&home).unwrap();
+    // SAFETY: no other thread of this test reads HOME while it is set.
+    let old = std::env::var_os("HOME");
+    unsafe { std::env::set_var("HOME", &home) };
+    type_keys(&mut a, ":write ~/p.json\n");
+    match old {
+        Some(h) => unsafe { std::env::set_var("HOME", h) },
+        None => unsafe { std::env::remove_var("HOME") },
+    }
+    assert!(home.join("p.json").is_file(), "{:?}", a.message);
+}
+
+fn press_in_line(a: &mut App, code: crossterm::event::KeyCode) {
+    a.key(code, crossterm::event::KeyModifiers::NONE);
+}
+
+/// Issue 34, item 10: `/` filters the operator list by name or strategy as it is typed, the
+/// title says where the cursor is (`4/246`, `2/24 matches`), Esc gives the whole list back
+/// with the cursor kept, and `n`/`N` go to the next and previous match in it.
+#[test]
+fn slash_filters_the_operators_and_n_jumps_between_matches() {
+    let mut a = app("gpt2-medium", "a100-80gb-8x-nvlink", 8 * GIB);
+    let ops = a.model.ops.len();
+    let title = |a: &App| {
+        let screen = render_text(a, 120, 40);
+        screen
+            .lines()
+            .find(|l| l.contains(" operators "))
+            .unwrap_or_else(|| panic!("{screen}"))
+            .to_string()
+    };
+    assert!(title(&a).contains(&format!("/{ops} ")), "{}", title(&a));
+    type_keys(&mut a, "/c_proj");
+    let shown = a.rows();
+    assert_eq!(shown.len(), 48, "24 blocks × attn and mlp c_proj");
+    assert!(shown
+        .iter()
+        .all(|r| matches!(r, Row::Op(i) if a.model.ops[*i].id.contains("c_proj"))));
+    type_keys(&mut a, "\n");
+    assert!(
+        title(&a).contains("/c_proj · 1/48 matches"),
+        "{}",
+        title(&a)
+    );
+    key(&mut a, 'j');
+    key(&mut a, 'j');
+    assert!(title(&a).contains("3/48 matches"), "{}", title(&a));
+    let at = a.selected();
+    // Esc: the whole list, the same operator selected; n and N walk the matches in it.
+    key(&mut a, '\u{1b}');
+    assert!(a.op_filter.is_none());
+    assert_eq!(a.selected(), at);
+    assert!(a.rows().len() > 48);
+    key(&mut a, 'n');
+    let Some(Row::Op(next)) = a.selected() else {
+        panic!()
+    };
+    assert_eq!(a.model.ops[next].id, "h1.mlp.c_proj");
+    key(&mut a, 'N');
+    key(&mut a, 'N');
+    let Some(Row::Op(prev)) = a.selected() else {
+        panic!()
+    };
+    assert_eq!(a.model.ops[prev].id, "h0.mlp.c_proj");
+    assert!(render_text(&a, 120, 40).contains("match 2/48"));
+    // By strategy: every op the plan shards with zero3.
+    type_keys(&mut a, "/zero3\n");
+    let plan = a.planned().unwrap().plan.clone();
+    assert!(!a.rows().is_empty());
+    for r in a.rows() {
+        let Row::Op(i) = r else { panic!("{r:?}") };
+        assert!(plan.choices[i].label().contains("zero3"));
+    }
+    // Nothing matches: said, and the whole list stays.
+    key(&mut a, '\u{1b}');
+    type_keys(&mut a, "/no-such-op\n");
+    assert!(a.op_filter.is_none());
+    assert!(render_text(&a, 120, 40).contains("no operator's name or strategy contains"));
+}
+
+/// Issue 34, item 10: a comparison longer than the screen scrolls (↑↓, PgUp/PgDn, Home/End),
+/// its bottom edge saying which lines show; the keys do not move the operators beneath.
+#[test]
+fn a_long_comparison_scrolls() {
+    use crossterm::event::KeyCode;
+    let mut a = app("gpt2-medium", "a100-80gb-8x-nvlink", 8 * GIB);
+    a.screen = (80, 24);
+    a.compare = Some((0..60).map(|i| format!("compared line {i}")).collect());
+    let row = a.selected_row;
+    let screen = render_text(&a, 80, 24);
+    assert!(screen.contains("lines 1–16 of 60"), "{screen}");
+    assert!(!screen.contains("compared line 16"), "{screen}");
+    key(&mut a, 'j');
+    press(&mut a, KeyCode::PageDown);
+    let screen = render_text(&a, 80, 24);
+    assert!(
+        screen.contains("lines 18–33 of 60") && screen.contains("compared line 32"),
+        "{screen}"
+    );
+    press(&mut a, KeyCode::End);
+    assert!(render_text(&a, 80, 24).contains("compared line 59"));
+    press(&mut a, KeyCode::Home);
+    assert!(render_text(&a, 80, 24).contains("lines 1–16 of 60"));
+    assert_eq!(a.selected_row, row);
+    key(&mut a, '\u{1b}');
+    assert!(a.compare.is_none() && !a.quit);
 }

@@ -207,7 +207,7 @@ fn a_cpu_run_with_its_eta_and_each_ranks_memory() {
         assert!(screen.contains(want), "{want:?} not in\n{screen}");
     }
     for (w, h) in [(80, 24), (120, 40), (200, 60)] {
-        let screen = mask(&render_text(&a, w, h), "first step ", "│");
+        let screen = mask_pid(&mask(&render_text(&a, w, h), "first step ", "│"));
         insta::assert_snapshot!(format!("cpu_run_{w}x{h}"), screen);
     }
     // Issue 19: at 80×24 the run's panel has no room beside the plan; the views show each
@@ -226,7 +226,11 @@ fn a_cpu_run_with_its_eta_and_each_ranks_memory() {
             .unwrap(),
         );
         for (w, h) in [(80, 24), (120, 40), (200, 60)] {
-            let screen = mask_wrapped(&mask(&render_text(&a, w, h), "first step ", "│"));
+            let screen = mask_pid(&mask_wrapped(&mask(
+                &render_text(&a, w, h),
+                "first step ",
+                "│",
+            )));
             insta::assert_snapshot!(format!("view_{view}_{w}x{h}"), screen);
         }
     }
@@ -283,7 +287,7 @@ fn a_gpu_run_with_the_parts_of_each_gpus_memory() {
         assert!(screen.contains(want), "{want:?} not in\n{screen}");
     }
     for (w, h) in [(80, 24), (120, 40), (200, 60)] {
-        let screen = mask(&render_text(&a, w, h), "first step ", "│");
+        let screen = mask_pid(&mask(&render_text(&a, w, h), "first step ", "│"));
         insta::assert_snapshot!(format!("gpu_run_{w}x{h}"), screen);
     }
 }
@@ -312,7 +316,7 @@ fn the_workers_log_at_every_size() {
         let screen = render_text(&a, w, h);
         assert!(screen.contains("log line 70"), "{screen}");
         assert!(screen.contains("and its end"), "{screen}");
-        insta::assert_snapshot!(format!("log_view_{w}x{h}"), screen);
+        insta::assert_snapshot!(format!("log_view_{w}x{h}"), mask_pid(&screen));
     }
 }
 
@@ -332,4 +336,18 @@ fn mask_wrapped(screen: &str) -> String {
         }
     }
     out.join("\n") + "\n"
+}
+
+/// The worker's pid in the header (` · pid 12345`) as `pid #`: it differs on every run.
+fn mask_pid(screen: &str) -> String {
+    let mut out = String::new();
+    let mut rest = screen;
+    while let Some(i) = rest.find(" · pid ") {
+        let start = i + " · pid ".len();
+        out.push_str(&rest[..start]);
+        rest = rest[start..].trim_start_matches(|c: char| c.is_ascii_digit());
+        out.push('#');
+    }
+    out.push_str(rest);
+    out
 }
