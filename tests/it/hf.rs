@@ -157,7 +157,7 @@ print(sorted(a) == sorted(b) and all(a[k].dtype == b[k].dtype and a[k].shape == 
 #[test]
 fn issue_33_weights_loaded_and_exported_untrained_are_bit_exact() {
     let Some(dir) = tiny_models() else { return };
-    for family in ["gpt2", "opt", "llama"] {
+    for family in FAMILIES {
         let r = reference(dir, family);
         let model = imported(dir, family, r.seq);
         let a = dir.join(family);
