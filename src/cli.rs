@@ -267,6 +267,11 @@ struct PlanArgs {
     /// (repeatable).
     #[arg(long, value_name = "OP")]
     explain: Vec<String>,
+    /// What will run the plan: `osdp` (osdp-tui's trainer: every choice) or `fsdp2` (PyTorch
+    /// FSDP2 through `osdp_torch.apply_plan`: dp, zero2, zero3, hsdp per module, no operator
+    /// splitting, offload only as +offload-param; `export --to fsdp2` writes it out).
+    #[arg(long, default_value = "osdp", value_parser = parse_target, value_name = "osdp|fsdp2")]
+    target: osdp_core::plan::Target,
     /// Print JSON.
     #[arg(long)]
     json: bool,
@@ -318,6 +323,16 @@ pub(crate) fn parse_budget(s: &str) -> Result<u64, String> {
         ));
     }
     Ok(bytes)
+}
+
+fn parse_target(s: &str) -> Result<osdp_core::plan::Target, String> {
+    osdp_core::plan::Target::parse(s).ok_or_else(|| {
+        let names: Vec<&str> = osdp_core::plan::Target::ALL
+            .iter()
+            .map(|t| t.as_str())
+            .collect();
+        format!("expected {}, got {s:?}", names.join(" or "))
+    })
 }
 
 fn parse_split(s: &str) -> Result<u32, String> {
@@ -816,6 +831,7 @@ impl PlanArgs {
             resolution_bytes: self.resolution,
             host_budget: self.host_budget,
             explain: self.explain,
+            target: self.target,
             json: self.json,
             output: self.output,
         })

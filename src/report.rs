@@ -44,6 +44,8 @@ pub struct PlanCommand {
     pub host_budget: Option<u64>,
     /// Op ids whose every choice to list, priced in the plan.
     pub explain: Vec<String>,
+    /// `--target`: what will run the plan (the choices it can express).
+    pub target: plan::Target,
     pub json: bool,
     pub output: Option<PathBuf>,
 }
@@ -234,6 +236,7 @@ pub fn plan_report(req: &PlanCommand) -> Result<PlanReport, Failure> {
         pins,
         block_recompute,
         resolution_bytes: req.resolution_bytes,
+        target: req.target,
     };
     let options = request.options(&spec, &machine, layout.memory_bytes());
     let resolution_bytes = options.resolution_bytes;
@@ -245,7 +248,7 @@ pub fn plan_report(req: &PlanCommand) -> Result<PlanReport, Failure> {
     let explained: Vec<(usize, Vec<plan::explain::Alternative>)> = explain
         .iter()
         .map(|&op| {
-            let alts = plan::explain::alternatives(
+            let mut alts = plan::explain::alternatives(
                 &spec,
                 &machine,
                 &planned.plan,
@@ -253,6 +256,7 @@ pub fn plan_report(req: &PlanCommand) -> Result<PlanReport, Failure> {
                 req.max_split,
                 budget,
             );
+            alts.retain(|a| a.chosen || req.target.allows(a.choice).is_ok());
             (op, alts)
         })
         .collect();
@@ -287,8 +291,18 @@ fn pins_of(
     let pins = req
         .pins
         .iter()
-        .map(|p| parse_pin(spec, machine, p))
-        .collect::<Result<Vec<_>, _>>()
+        .map(|p| {
+            let (i, c) = parse_pin(spec, machine, p)?;
+            req.target.allows(c).map_err(|why| {
+                format!(
+                    "--pin {:?}: --target {} cannot run it: {why}",
+                    printable(p),
+                    req.target.as_str()
+                )
+            })?;
+            Ok((i, c))
+        })
+        .collect::<Result<Vec<_>, String>>()
         .map_err(Failure::input)?;
     // Two pins of one op: which should win is the user's call, not the order of flags.
     for (k, (i, _)) in pins.iter().enumerate() {

@@ -9,6 +9,8 @@ mod frontier;
 pub mod request;
 pub use request::Request;
 mod search;
+pub mod target;
+pub use target::Target;
 
 pub use baseline::plan_with_baselines;
 pub use file::{check_choice, fingerprint, read_plan, PlanFile, PlanFileOp, PLAN_FORMAT_VERSION};
