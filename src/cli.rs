@@ -144,6 +144,27 @@ enum Command {
         #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
         global_batch: Option<u64>,
     },
+    /// Write a plan out for another runtime: `--to fsdp2`, the input of
+    /// `osdp_torch.apply_plan` (per module path its sharding, reshard-after-forward, mesh and
+    /// offload; the recomputed blocks; precision, micro-batch, accumulation, global batch;
+    /// the prediction; the model's fingerprint). Refuses a plan FSDP2 cannot run (a split op,
+    /// zero1, +offload-opt), naming the op: plan with --target fsdp2.
+    Export {
+        /// Model description the plan was made for.
+        model: PathBuf,
+        /// Plan file written by `plan -o`.
+        #[arg(long)]
+        plan: PathBuf,
+        /// Cluster layout the plan runs on: a file, or a shipped layout's name.
+        #[arg(long, value_parser = layout_arg)]
+        layout: PathBuf,
+        /// The runtime to export for.
+        #[arg(long, value_parser = ["fsdp2"])]
+        to: String,
+        /// Where to write the export.
+        #[arg(short, long, value_name = "EXPORT.json")]
+        output: PathBuf,
+    },
     /// Train with a plan: libtorch executor, local ranks, checkpoints that survive a change
     /// of plan (needs the `train` build feature).
     ///
@@ -444,6 +465,7 @@ fn dispatch(cli: Cli, trainer: Option<&Trainer>) -> Result<(), Failure> {
             Command::Inspect { .. }
                 | Command::Plan(_)
                 | Command::Evaluate { .. }
+                | Command::Export { .. }
                 | Command::Layout { .. }
                 | Command::Status { .. }
                 | Command::Completions { .. }
@@ -539,6 +561,16 @@ fn dispatch(cli: Cli, trainer: Option<&Trainer>) -> Result<(), Failure> {
             }),
             _,
         ) => crate::report::evaluate(&model, &layout, &plan, budget, global_batch, json),
+        (
+            Some(Command::Export {
+                model,
+                plan,
+                layout,
+                to: _,
+                output,
+            }),
+            _,
+        ) => crate::report::export_fsdp2(&model, &layout, &plan, &output),
         (None, Some(model)) => dashboard(DashboardArgs {
             model,
             layout: cli.layout,

@@ -730,3 +730,38 @@ fn print_alternatives(spec: &ModelSpec, op: usize, alts: &[plan::explain::Altern
         );
     }
 }
+
+/// `export --to fsdp2`: the plan at `plan_path` written for `osdp_torch.apply_plan`.
+pub fn export_fsdp2(
+    model: &Path,
+    layout: &Path,
+    plan_path: &Path,
+    output: &Path,
+) -> Result<(), Failure> {
+    let (spec, layout) = load(model, layout)?;
+    let plan = plan::read_plan(plan_path, &spec).map_err(Failure::input)?;
+    let machine = Machine::new(&layout, &spec);
+    plan::check_machine(&spec, &plan, &machine).map_err(|e| {
+        Failure::input(format!(
+            "{} on layout {:?}: {e}",
+            plan_path.display(),
+            printable(&layout.name)
+        ))
+    })?;
+    let p = plan::evaluate(&spec, &machine, &plan);
+    let export = plan::export::fsdp2_export(&spec, &layout.name, &machine, &plan, &p)
+        .map_err(|e| Failure::input(format!("{}: {e}", plan_path.display())))?;
+    osdp_core::input::write_json_atomically(output, &export)
+        .map_err(|e| Failure::output(output, e))?;
+    println!(
+        "wrote {}: {} modules for FSDP2 on {} ranks, micro-batch {} × {} accumulated, {} \
+         parameter bytes per rank",
+        printable(&output.display().to_string()),
+        export.modules.len(),
+        export.world_size,
+        export.micro_batch,
+        export.accumulation,
+        export.predicted.param_bytes_per_rank
+    );
+    Ok(())
+}

@@ -92,3 +92,97 @@ proptest! {
         prop_assert_eq!(evaluate(&model, &m, &got.plan), got.prediction);
     }
 }
+
+/// `plan --target fsdp2 -o` then `export --to fsdp2`: one entry per module with parameters,
+/// named by its module path; a plan with a split op is refused in one line naming the op.
+#[test]
+fn export_writes_module_paths_and_refuses_a_split_plan() {
+    let dir = tempfile::tempdir().unwrap();
+    let (plan, export) = (dir.path().join("p.json"), dir.path().join("e.json"));
+    crate::osdp()
+        .args([
+            "plan",
+            "sample-models/tiny-gpt2.json",
+            "--layout",
+            "cpu",
+            "--target",
+            "fsdp2",
+        ])
+        .args([
+            "--global-batch",
+            "8",
+            "--pin",
+            "h0.mlp.c_fc=zero2",
+            "--pin",
+            "wpe=dp",
+        ])
+        .args(["--recompute-block", "1=on", "-o"])
+        .arg(&plan)
+        .assert()
+        .success();
+    crate::osdp()
+        .args([
+            "export",
+            "sample-models/tiny-gpt2.json",
+            "--layout",
+            "cpu",
+            "--to",
+            "fsdp2",
+        ])
+        .arg("--plan")
+        .arg(&plan)
+        .arg("-o")
+        .arg(&export)
+        .assert()
+        .success();
+    let e: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&export).unwrap()).unwrap();
+    assert_eq!(e["target"], "fsdp2");
+    assert_eq!(e["global_batch"], 8);
+    assert_eq!(e["checkpoint"], serde_json::json!(["transformer.h.1"]));
+    let modules = e["modules"].as_array().unwrap();
+    let find = |p: &str| modules.iter().find(|m| m["path"] == p).unwrap();
+    assert_eq!(find("transformer.h.0.mlp.c_fc")["sharding"], "zero2");
+    assert_eq!(
+        find("transformer.h.0.mlp.c_fc")["reshard_after_forward"],
+        false
+    );
+    assert_eq!(find("transformer.wpe")["mesh"], serde_json::json!([2, 1]));
+
+    let split = dir.path().join("split.json");
+    crate::osdp()
+        .args([
+            "plan",
+            "sample-models/tiny-gpt2.json",
+            "--layout",
+            "cpu",
+            "--global-batch",
+            "8",
+        ])
+        .args(["--pin", "h2.attn.c_attn=zero3/2:1", "-o"])
+        .arg(&split)
+        .assert()
+        .success();
+    let out = crate::osdp()
+        .args([
+            "export",
+            "sample-models/tiny-gpt2.json",
+            "--layout",
+            "cpu",
+            "--to",
+            "fsdp2",
+        ])
+        .arg("--plan")
+        .arg(&split)
+        .arg("-o")
+        .arg(dir.path().join("x.json"))
+        .assert()
+        .code(2)
+        .get_output()
+        .stderr
+        .clone();
+    let err = String::from_utf8(out).unwrap();
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("op \"h2.attn.c_attn\" is zero3/2:1"), "{err}");
+    assert!(!dir.path().join("x.json").exists());
+}

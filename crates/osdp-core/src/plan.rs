@@ -4,6 +4,7 @@
 
 pub mod baseline;
 pub mod explain;
+pub mod export;
 mod file;
 mod frontier;
 pub mod request;
