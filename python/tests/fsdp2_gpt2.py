@@ -122,14 +122,23 @@ def main():
 
 
 def refusal(config_path, bad_path):
-    """apply_plan on an export that does not fit: one clear error, before any collective."""
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    """apply_plan on an export that does not fit: one clear error, before any collective.
+    Refused twice: the bad export (a module path the model lacks) on this model, and the good
+    export on a wider GPT-2 (another model)."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
     try:
         osdp_torch.apply_plan(build(config_path), bad_path)
+        sys.exit("apply_plan took an export naming a module the model lacks")
     except osdp_torch.PlanError as e:
         print("refused:", e)
-        return
-    sys.exit("apply_plan took an export made for another model")
+    cfg = GPT2Config.from_json_file(config_path)
+    cfg.n_embd *= 2
+    try:
+        osdp_torch.apply_plan(GPT2LMHeadModel(cfg), sys.argv[2])
+        sys.exit("apply_plan took an export made for another model")
+    except osdp_torch.PlanError as e:
+        print("refused other model:", e)
 
 
 PORT = free_port()

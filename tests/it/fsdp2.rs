@@ -191,7 +191,8 @@ fn export_writes_module_paths_and_refuses_a_split_plan() {
 /// dp, a recomputed block and one `+offload-param` module, exported, and trained 5 steps in
 /// fp32 on 2 gloo ranks by `osdp_torch.apply_plan`: every loss equals one process training
 /// the same global batch without FSDP (1e-5 relative), each rank's local shards take the
-/// predicted parameter bytes, and an export naming a module the model lacks is refused.
+/// predicted parameter bytes, and an export naming a module the model lacks, or applied to
+/// another model, is refused naming the module.
 /// Needs OSDP_TEST_PYTHON (torch and transformers; scripts/test.sh sets it); skipped without.
 #[test]
 fn a_gpt2_export_trains_under_fsdp2_as_one_process_does() {
@@ -271,6 +272,10 @@ fn a_gpt2_export_trains_under_fsdp2_as_one_process_does() {
     assert!(stdout.contains("shard bytes ok"), "{stdout}");
     assert!(
         stdout.contains("refused: ") && stdout.contains("'transformer.h.0.attn.c_nope'"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("refused other model: module 'transformer.wte' has 32768 parameters"),
         "{stdout}"
     );
 }

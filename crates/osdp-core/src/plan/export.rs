@@ -256,4 +256,22 @@ mod tests {
             "{why}"
         );
     }
+
+    #[test]
+    fn an_hsdp_module_shards_within_a_node_on_a_2d_mesh() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+        let model = read_model(&root.join("sample-models/gpt2.json")).unwrap();
+        let layout = read_layout(&root.join("layouts/a100-80gb-2x8-ib-hdr.json")).unwrap();
+        let m = Machine::new(&layout, &model);
+        let plan = uniform_plan(&model, Strategy::Hsdp, 1);
+        let p = evaluate(&model, &m, &plan);
+        let e = fsdp2_export(&model, &layout.name, &m, &plan, &p).unwrap();
+        assert_eq!((e.world_size, e.ranks_per_node), (16, 8));
+        assert_eq!(e.precision.param_dtype, "bfloat16");
+        let c_fc = e.modules.iter().find(|x| x.op == "h0.mlp.c_fc").unwrap();
+        assert_eq!(c_fc.mesh, [2, 8]);
+        assert!(c_fc.reshard_after_forward);
+        // weight [3072, 768] and bias [3072], each 1/8 in fp32.
+        assert_eq!(c_fc.param_bytes_per_rank, (3072 / 8 * 768 + 3072 / 8) * 4);
+    }
 }
