@@ -13,5 +13,9 @@ if ! python -c "import sys, transformers; sys.exit(transformers.__version__ != '
   python -m pip install --quiet --disable-pip-version-check \
     "transformers==$transformers_version" "torch==2.11.0"
 fi
+# osdp_torch (python/), the FSDP2 side of `export --to fsdp2`, editable, once; torch is above.
+if ! python -c "import osdp_torch" 2>/dev/null; then
+  python -m pip install --quiet --disable-pip-version-check --no-deps -e python
+fi
 export OSDP_TEST_PYTHON="$VIRTUAL_ENV/bin/python"
 cargo test --workspace --features train,fault-injection "$@"

@@ -161,6 +161,27 @@ enum Command {
         #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
         global_batch: Option<u64>,
     },
+    /// Write a plan out for another runtime: `--to fsdp2`, the input of
+    /// `osdp_torch.apply_plan` (per module path its sharding, reshard-after-forward, mesh and
+    /// offload; the recomputed blocks; precision, micro-batch, accumulation, global batch;
+    /// the prediction; the model's fingerprint). Refuses a plan FSDP2 cannot run (a split op,
+    /// zero1, +offload-opt), naming the op: plan with --target fsdp2.
+    Export {
+        /// Model description the plan was made for.
+        model: PathBuf,
+        /// Plan file written by `plan -o`.
+        #[arg(long)]
+        plan: PathBuf,
+        /// Cluster layout the plan runs on: a file, or a shipped layout's name.
+        #[arg(long, value_parser = layout_arg)]
+        layout: PathBuf,
+        /// The runtime to export for.
+        #[arg(long, value_parser = ["fsdp2"])]
+        to: String,
+        /// Where to write the export.
+        #[arg(short, long, value_name = "EXPORT.json")]
+        output: PathBuf,
+    },
     /// Train with a plan: libtorch executor, local ranks, checkpoints that survive a change
     /// of plan (needs the `train` build feature).
     ///
@@ -300,6 +321,11 @@ struct PlanArgs {
     /// (repeatable).
     #[arg(long, value_name = "OP")]
     explain: Vec<String>,
+    /// What will run the plan: `osdp` (osdp-tui's trainer: every choice) or `fsdp2` (PyTorch
+    /// FSDP2 through `osdp_torch.apply_plan`: dp, zero2, zero3, hsdp per module, no operator
+    /// splitting, offload only as +offload-param; `export --to fsdp2` writes it out).
+    #[arg(long, default_value = "osdp", value_parser = parse_target, value_name = "osdp|fsdp2")]
+    target: osdp_core::plan::Target,
     /// Print JSON.
     #[arg(long)]
     json: bool,
@@ -351,6 +377,16 @@ pub(crate) fn parse_budget(s: &str) -> Result<u64, String> {
         ));
     }
     Ok(bytes)
+}
+
+fn parse_target(s: &str) -> Result<osdp_core::plan::Target, String> {
+    osdp_core::plan::Target::parse(s).ok_or_else(|| {
+        let names: Vec<&str> = osdp_core::plan::Target::ALL
+            .iter()
+            .map(|t| t.as_str())
+            .collect();
+        format!("expected {}, got {s:?}", names.join(" or "))
+    })
 }
 
 fn parse_split(s: &str) -> Result<u32, String> {
@@ -464,6 +500,7 @@ fn dispatch(cli: Cli, trainer: Option<&Trainer>) -> Result<(), Failure> {
             Command::Inspect { .. }
                 | Command::Plan(_)
                 | Command::Evaluate { .. }
+                | Command::Export { .. }
                 | Command::Layout { .. }
                 | Command::Status { .. }
                 | Command::Completions { .. }
@@ -569,6 +606,16 @@ fn dispatch(cli: Cli, trainer: Option<&Trainer>) -> Result<(), Failure> {
             }),
             _,
         ) => crate::report::evaluate(&model, &layout, &plan, budget, global_batch, json),
+        (
+            Some(Command::Export {
+                model,
+                plan,
+                layout,
+                to: _,
+                output,
+            }),
+            _,
+        ) => crate::report::export_fsdp2(&model, &layout, &plan, &output),
         (None, Some(model)) => dashboard(DashboardArgs {
             model,
             layout: cli.layout,
@@ -868,6 +915,7 @@ impl PlanArgs {
             resolution_bytes: self.resolution,
             host_budget: self.host_budget,
             explain: self.explain,
+            target: self.target,
             json: self.json,
             output: self.output,
         })

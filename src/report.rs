@@ -44,6 +44,8 @@ pub struct PlanCommand {
     pub host_budget: Option<u64>,
     /// Op ids whose every choice to list, priced in the plan.
     pub explain: Vec<String>,
+    /// `--target`: what will run the plan (the choices it can express).
+    pub target: plan::Target,
     pub json: bool,
     pub output: Option<PathBuf>,
 }
@@ -234,6 +236,7 @@ pub fn plan_report(req: &PlanCommand) -> Result<PlanReport, Failure> {
         pins,
         block_recompute,
         resolution_bytes: req.resolution_bytes,
+        target: req.target,
     };
     let options = request.options(&spec, &machine, layout.memory_bytes());
     let resolution_bytes = options.resolution_bytes;
@@ -245,7 +248,7 @@ pub fn plan_report(req: &PlanCommand) -> Result<PlanReport, Failure> {
     let explained: Vec<(usize, Vec<plan::explain::Alternative>)> = explain
         .iter()
         .map(|&op| {
-            let alts = plan::explain::alternatives(
+            let mut alts = plan::explain::alternatives(
                 &spec,
                 &machine,
                 &planned.plan,
@@ -253,6 +256,7 @@ pub fn plan_report(req: &PlanCommand) -> Result<PlanReport, Failure> {
                 req.max_split,
                 budget,
             );
+            alts.retain(|a| a.chosen || req.target.allows(a.choice).is_ok());
             (op, alts)
         })
         .collect();
@@ -287,8 +291,18 @@ fn pins_of(
     let pins = req
         .pins
         .iter()
-        .map(|p| parse_pin(spec, machine, p))
-        .collect::<Result<Vec<_>, _>>()
+        .map(|p| {
+            let (i, c) = parse_pin(spec, machine, p)?;
+            req.target.allows(c).map_err(|why| {
+                format!(
+                    "--pin {:?}: --target {} cannot run it: {why}",
+                    printable(p),
+                    req.target.as_str()
+                )
+            })?;
+            Ok((i, c))
+        })
+        .collect::<Result<Vec<_>, String>>()
         .map_err(Failure::input)?;
     // Two pins of one op: which should win is the user's call, not the order of flags.
     for (k, (i, _)) in pins.iter().enumerate() {
@@ -715,4 +729,39 @@ fn print_alternatives(spec: &ModelSpec, op: usize, alts: &[plan::explain::Altern
             a.verdict.text()
         );
     }
+}
+
+/// `export --to fsdp2`: the plan at `plan_path` written for `osdp_torch.apply_plan`.
+pub fn export_fsdp2(
+    model: &Path,
+    layout: &Path,
+    plan_path: &Path,
+    output: &Path,
+) -> Result<(), Failure> {
+    let (spec, layout) = load(model, layout)?;
+    let plan = plan::read_plan(plan_path, &spec).map_err(Failure::input)?;
+    let machine = Machine::new(&layout, &spec);
+    plan::check_machine(&spec, &plan, &machine).map_err(|e| {
+        Failure::input(format!(
+            "{} on layout {:?}: {e}",
+            plan_path.display(),
+            printable(&layout.name)
+        ))
+    })?;
+    let p = plan::evaluate(&spec, &machine, &plan);
+    let export = plan::export::fsdp2_export(&spec, &layout.name, &machine, &plan, &p)
+        .map_err(|e| Failure::input(format!("{}: {e}", plan_path.display())))?;
+    osdp_core::input::write_json_atomically(output, &export)
+        .map_err(|e| Failure::output(output, e))?;
+    println!(
+        "wrote {}: {} modules for FSDP2 on {} ranks, micro-batch {} × {} accumulated, {} \
+         parameter bytes per rank",
+        printable(&output.display().to_string()),
+        export.modules.len(),
+        export.world_size,
+        export.micro_batch,
+        export.accumulation,
+        export.predicted.param_bytes_per_rank
+    );
+    Ok(())
 }

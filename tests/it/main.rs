@@ -11,6 +11,7 @@ mod dashboard;
 #[cfg(feature = "train")]
 mod dashboard_train;
 mod follow;
+mod fsdp2;
 #[cfg(feature = "train")]
 mod gpu_check;
 #[cfg(feature = "train")]

@@ -10,7 +10,7 @@ use osdp_core::model::{
 use osdp_core::plan::{evaluate, Plan, PlanOptions, Planner};
 use proptest::prelude::*;
 
-fn small_model(hidden: u64, seq: u64, vocab: u64, blocks: u64, tied: bool) -> ModelSpec {
+pub(crate) fn small_model(hidden: u64, seq: u64, vocab: u64, blocks: u64, tied: bool) -> ModelSpec {
     let cfg = ModelConfig {
         vocab_size: vocab,
         seq_len: seq,
@@ -71,7 +71,7 @@ fn small_model(hidden: u64, seq: u64, vocab: u64, blocks: u64, tied: bool) -> Mo
 
 /// The machine of `layouts/{layout}.json`; `NAME+1nic`: that layout's nodes with one NIC
 /// each, where hybrid sharding's node-local gathers beat rings across the slow network.
-fn machine(layout: &str, model: &ModelSpec) -> Machine {
+pub(crate) fn machine(layout: &str, model: &ModelSpec) -> Machine {
     let (name, one_nic) = match layout.strip_suffix("+1nic") {
         Some(name) => (name, true),
         None => (layout, false),
@@ -89,7 +89,7 @@ fn machine(layout: &str, model: &ModelSpec) -> Machine {
 
 /// Layouts the exhaustive comparisons run on: one node (NVLink, PCIe, the CPU) and two nodes
 /// (with every NIC, and with one), where hsdp is a choice.
-const LAYOUTS: [&str; 5] = [
+pub(crate) const LAYOUTS: [&str; 5] = [
     "a100-80gb-8x-nvlink",
     "osdp-paper-8x-titan-rtx-pcie3",
     "cpu",
@@ -423,7 +423,7 @@ fn a_global_batch_the_ranks_cannot_share_is_refused_with_the_nearest_that_can() 
 }
 
 /// The `cpu` layout's two ranks with a host of `host_budget` bytes per rank to offload into.
-fn offload_machine(model: &ModelSpec, host_budget: u64) -> Machine {
+pub(crate) fn offload_machine(model: &ModelSpec, host_budget: u64) -> Machine {
     use osdp_core::cluster::{Figure, HostSpec};
     let mut l = read_layout(&crate::root().join("layouts/cpu.json")).unwrap();
     let fig = |value: f64| Figure {

@@ -4,11 +4,14 @@
 
 pub mod baseline;
 pub mod explain;
+pub mod export;
 mod file;
 mod frontier;
 pub mod request;
 pub use request::Request;
 mod search;
+pub mod target;
+pub use target::Target;
 
 pub use baseline::plan_with_baselines;
 pub use file::{check_choice, fingerprint, read_plan, PlanFile, PlanFileOp, PLAN_FORMAT_VERSION};

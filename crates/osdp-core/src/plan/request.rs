@@ -5,7 +5,7 @@
 use crate::cost::{Choice, Machine};
 use crate::model::ModelSpec;
 
-use super::PlanOptions;
+use super::{PlanOptions, Target};
 
 /// What to plan, besides the model and the machine: budgets, batch, split, pins and
 /// recomputation fixes, as the user set them.
@@ -27,6 +27,8 @@ pub struct Request {
     pub block_recompute: Vec<(usize, bool)>,
     /// Memory resolution of the search; `None`: [`search_resolution`]'s default.
     pub resolution_bytes: Option<u64>,
+    /// What will run the plan ([`Target`]): the choices it can express.
+    pub target: Target,
 }
 
 impl Request {
@@ -41,6 +43,7 @@ impl Request {
             pins: Vec::new(),
             block_recompute: Vec::new(),
             resolution_bytes: None,
+            target: Target::Osdp,
         }
     }
 
@@ -60,6 +63,7 @@ impl Request {
             pins: self.pins.clone(),
             resolution_bytes: search_resolution(self.resolution_bytes, model, m, device_bytes),
             block_recompute: self.block_recompute.clone(),
+            target: self.target,
         }
     }
 }

@@ -11,7 +11,7 @@
 use std::collections::HashMap;
 
 use super::frontier::{self, Arena, Frontier, Node, Point};
-use super::{evaluate_with, Blocks, Plan, Prediction};
+use super::{evaluate_with, Blocks, Plan, Prediction, Target};
 use crate::cost::{self, Choice, Machine, OpBase};
 use crate::model::ModelSpec;
 
@@ -35,6 +35,8 @@ pub struct PlanOptions {
     /// Blocks whose recomputation is fixed: (block index, recompute). The others are searched
     /// (when `recompute` allows it).
     pub block_recompute: Vec<(usize, bool)>,
+    /// What will run the plan: the choices it can express ([`Target::choices`]).
+    pub target: Target,
 }
 
 impl Default for PlanOptions {
@@ -47,6 +49,7 @@ impl Default for PlanOptions {
             pins: Vec::new(),
             resolution_bytes: 0,
             block_recompute: Vec::new(),
+            target: Target::Osdp,
         }
     }
 }
@@ -347,7 +350,8 @@ impl<'m> Planner<'m> {
         let bases_1 = graph.bases(model, &machine, 1);
         let forced: HashMap<usize, bool> = options.block_recompute.iter().copied().collect();
         let classes = classify(&bases_1, &blocks, &pins, &forced);
-        let host_can_bind = host_can_bind(&bases_1, &machine, &pins, options.max_split);
+        let host_can_bind =
+            host_can_bind(&bases_1, &machine, &pins, options.max_split, options.target);
         let mut planner = Planner {
             model,
             machine,
@@ -689,7 +693,7 @@ impl<'m> Planner<'m> {
                 let base = &bases[i];
                 let choices = match pins.get(&i) {
                     Some(c) => vec![*c],
-                    None => cost::choices(base, m, self.options.max_split),
+                    None => self.options.target.choices(base, m, self.options.max_split),
                 };
                 let mut v: Vec<Opt> = choices
                     .into_iter()
@@ -1201,6 +1205,7 @@ fn host_can_bind(
     m: &Machine,
     pins: &HashMap<usize, Choice>,
     max_split: u32,
+    target: Target,
 ) -> Option<u64> {
     if !m.prices_offload() {
         return None;
@@ -1211,7 +1216,7 @@ fn host_can_bind(
         .map(|(i, base)| {
             let choices = match pins.get(&i) {
                 Some(c) => vec![*c],
-                None => cost::choices(base, m, max_split),
+                None => target.choices(base, m, max_split),
             };
             choices
                 .into_iter()

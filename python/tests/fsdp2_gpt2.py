@@ -1,0 +1,147 @@
+"""Train a tiny random GPT-2 under an osdp-tui FSDP2 export on 2 gloo ranks (CPU), 5 steps in
+fp32, and compare every loss with one process training the same global batch without FSDP.
+
+usage: fsdp2_gpt2.py CONFIG.json EXPORT.json [BAD_EXPORT.json]
+Prints `losses ok`, `shard bytes ok` and, with BAD_EXPORT, `refused: <message>`.
+"""
+
+import json
+import os
+import socket
+import sys
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+import osdp_torch  # noqa: E402
+from osdp_torch.apply import local_param_bytes  # noqa: E402
+
+STEPS = 5
+
+
+def build(config_path):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    cfg = GPT2Config.from_json_file(config_path)
+    return GPT2LMHeadModel(cfg).float()
+
+
+def batches(export, vocab, seq):
+    g = torch.Generator().manual_seed(1)
+    n = export["global_batch"]
+    return [torch.randint(0, vocab, (n, seq), generator=g) for _ in range(STEPS)]
+
+
+def loss_of(model, ids):
+    return model(input_ids=ids, labels=ids).loss
+
+
+def reference(config_path, export):
+    model = build(config_path)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=False)
+    out = []
+    for ids in batches(export, model.config.vocab_size, model.config.n_positions):
+        loss = loss_of(model, ids)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        out.append(loss.item())
+    return out
+
+
+def rank_main(rank, world, port, config_path, export, queue):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        model = osdp_torch.apply_plan(build(config_path), export)
+        shard_bytes = local_param_bytes(model)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=False)
+        micro, acc = export["micro_batch"], export["accumulation"]
+        losses = []
+        for ids in batches(export, model.config.vocab_size, model.config.n_positions):
+            mine = ids.view(world, -1, ids.shape[1])[rank]
+            total = torch.zeros(())
+            for k in range(acc):
+                model.set_requires_gradient_sync(k == acc - 1)
+                loss = loss_of(model, mine[k * micro : (k + 1) * micro]) / acc
+                loss.backward()
+                total += loss.detach()
+            opt.step()
+            opt.zero_grad()
+            dist.all_reduce(total)
+            losses.append(total.item() / world)
+        queue.put((rank, losses, shard_bytes, None))
+    except Exception as e:  # reported by the parent
+        queue.put((rank, None, None, f"{type(e).__name__}: {e}"))
+    finally:
+        dist.destroy_process_group()
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def main():
+    config_path, export_path = sys.argv[1], sys.argv[2]
+    export = osdp_torch.load_export(export_path)
+    world = export["world_size"]
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    procs = [
+        ctx.Process(target=rank_main, args=(r, world, PORT, config_path, export, queue))
+        for r in range(world)
+    ]
+    for p in procs:
+        p.start()
+    results = sorted(queue.get(timeout=300) for _ in procs)
+    for p in procs:
+        p.join(60)
+    for rank, _, _, err in results:
+        if err:
+            sys.exit(f"rank {rank}: {err}")
+    want = reference(config_path, export)
+    for rank, losses, shard_bytes, _ in results:
+        for step, (a, b) in enumerate(zip(losses, want)):
+            if abs(a - b) > 1e-5 * abs(b):
+                sys.exit(f"rank {rank} step {step}: loss {a!r}, one process {b!r}")
+        if shard_bytes != export["predicted"]["param_bytes_per_rank"]:
+            sys.exit(
+                f"rank {rank}: local shards {shard_bytes} bytes, plan predicts "
+                f"{export['predicted']['param_bytes_per_rank']}"
+            )
+    print("losses ok:", " ".join(f"{x:.6f}" for x in want))
+    print("shard bytes ok:", results[0][2])
+    if len(sys.argv) > 3:
+        refusal(config_path, sys.argv[3])
+
+
+def refusal(config_path, bad_path):
+    """apply_plan on an export that does not fit: one clear error, before any collective.
+    Refused twice: the bad export (a module path the model lacks) on this model, and the good
+    export on a wider GPT-2 (another model)."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    try:
+        osdp_torch.apply_plan(build(config_path), bad_path)
+        sys.exit("apply_plan took an export naming a module the model lacks")
+    except osdp_torch.PlanError as e:
+        print("refused:", e)
+    cfg = GPT2Config.from_json_file(config_path)
+    cfg.n_embd *= 2
+    try:
+        osdp_torch.apply_plan(GPT2LMHeadModel(cfg), sys.argv[2])
+        sys.exit("apply_plan took an export made for another model")
+    except osdp_torch.PlanError as e:
+        print("refused other model:", e)
+
+
+PORT = free_port()
+
+if __name__ == "__main__":
+    main()
