@@ -351,3 +351,112 @@ fn mask_pid(screen: &str) -> String {
     out.push_str(rest);
     out
 }
+
+/// The screen as text, its colours stripped first when `no_color` (as `NO_COLOR` draws it),
+/// and the rows that carry reverse video (the selection).
+fn render(a: &App, w: u16, h: u16, no_color: bool) -> (String, usize) {
+    let mut t = ratatui::Terminal::new(ratatui::backend::TestBackend::new(w, h)).unwrap();
+    t.draw(|f| {
+        osdp_tui::tui::view::draw(a, f);
+        if no_color {
+            osdp_tui::tui::strip_colors(f.buffer_mut());
+        }
+    })
+    .unwrap();
+    let b = t.backend().buffer();
+    let reversed = b
+        .content
+        .iter()
+        .filter(|c| c.modifier.contains(ratatui::style::Modifier::REVERSED))
+        .count();
+    (render_text(a, w, h), reversed)
+}
+
+/// The header's fields: its lines under the title split at ` · ` and ` ■ `.
+fn fields(line: &str) -> Vec<String> {
+    line.split(" · ")
+        .flat_map(|f| f.split(" ■ "))
+        .map(|f| f.trim().to_string())
+        .filter(|f| !f.is_empty())
+        .collect()
+}
+
+/// Issue 34, item 5: at 80×24, 120×40 and 200×60, with and without colour, every field of the
+/// header is whole (one that does not fit is dropped, not cut), the long notice and the
+/// driver's message are cut only between words, and the selection shows.
+#[test]
+fn no_header_field_is_cut_at_any_size_with_or_without_colour() {
+    let mut a = app();
+    a.notice = Some(
+        "global batch 1024 (1.05 M tokens per step, as published runs of a model this size use); \
+         B changes it, --global-batch sets it, `any` for the most samples/s"
+            .into(),
+    );
+    a.apply_gpu(GpuEvent::Unavailable(
+        "no NVIDIA driver found (libnvidia-ml.so.1 could not be loaded: cannot open shared object file)"
+            .into(),
+    ));
+    for (w, h) in [(80, 24), (120, 40), (200, 60)] {
+        let (plain, marked) = render(&a, w, h, false);
+        let (stripped, marked_plain) = render(&a, w, h, true);
+        assert_eq!(plain, stripped, "NO_COLOR changes colours, not text");
+        assert!(marked > 0 && marked_plain == marked, "the selection shows");
+        let wide = render_text(&a, 400, h);
+        let header = if h >= 30 { 6 } else { 4 };
+        for (k, (line, full)) in plain.lines().zip(wide.lines()).take(header).enumerate() {
+            let whole = fields(full);
+            for (i, field) in fields(line).iter().enumerate() {
+                if k == 0 && i == 0 {
+                    // The title's description is shortened on purpose: whole names, closed
+                    // brackets.
+                    assert!(
+                        field.ends_with(')') || field.ends_with(a.layout.name.as_str()),
+                        "{w}×{h}: {field:?}"
+                    );
+                    continue;
+                }
+                // A bar is as wide as the screen allows.
+                if whole.contains(field)
+                    || (i == 0 && (line.starts_with("memory ") || line.starts_with("time ")))
+                {
+                    continue;
+                }
+                if let Some(short) = field
+                    .strip_prefix("global batch ")
+                    .filter(|_| !field.ends_with('…'))
+                {
+                    // The deliberate short form on narrow screens: `40 = 5×8` (micro-batch ×
+                    // ranks), the same global batch as the long one.
+                    let n = short.split(' ').next().unwrap();
+                    assert!(
+                        whole
+                            .iter()
+                            .any(|f| f.starts_with(&format!("global batch {n} ")))
+                            && short.ends_with(|c: char| c.is_ascii_digit()),
+                        "{w}×{h}: {field:?}"
+                    );
+                    continue;
+                }
+                if field.ends_with('…') {
+                    let kept = field.trim_end_matches('…');
+                    assert!(full.contains(kept), "{w}×{h}: {field:?} in {full:?}");
+                    let next = full[full.find(kept).unwrap() + kept.len()..].chars().next();
+                    assert!(
+                        next.is_none_or(|c| !c.is_alphanumeric()),
+                        "{w}×{h}: cut mid-word: {field:?}"
+                    );
+                    continue;
+                }
+                assert!(
+                    whole.contains(field),
+                    "{w}×{h}: {field:?} is cut; whole fields: {whole:?}\n{plain}"
+                );
+            }
+        }
+        // The driver's message wraps in the GPU panel: its last word shows.
+        if h >= 40 {
+            assert!(plain.contains("could not"), "{plain}");
+        }
+        assert!(!plain.contains("coul\u{2502}"), "{plain}");
+    }
+}
