@@ -781,7 +781,14 @@ fn draw_strip(app: &App, f: &mut Frame, area: Rect) {
     let spans: Vec<Span> = (0..width)
         .map(|x| {
             let i = owners[x * owners.len() / width];
-            Span::styled("▆", Style::new().fg(theme::strategy(p.plan.choices[i])))
+            let c = p.plan.choices[i];
+            // A letter on the strategy's colour: without colour the letters still read.
+            Span::styled(
+                theme::strategy_letter(c).to_string(),
+                Style::new()
+                    .fg(ratatui::style::Color::Black)
+                    .bg(theme::strategy(c)),
+            )
         })
         .collect();
     f.render_widget(Paragraph::new(Line::from(spans)), area);
@@ -1256,6 +1263,9 @@ fn help_text(w: u16, filter: &str) -> Vec<Line<'static>> {
         Span::raw(": state kept in host memory"),
     ]);
     let mut legends: Vec<Line> = Vec::new();
+    if keymap::mentions(theme::STRIP_LETTERS, filter) {
+        legends.push(Line::from(theme::STRIP_LETTERS));
+    }
     if keymap::mentions(&calibration.concat(), filter) {
         legends.extend(calibration.map(Line::from));
     }

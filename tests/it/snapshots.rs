@@ -460,3 +460,35 @@ fn no_header_field_is_cut_at_any_size_with_or_without_colour() {
         assert!(!plain.contains("coul\u{2502}"), "{plain}");
     }
 }
+
+/// Issue 34, item 2: the strip of the whole model reads without colour: a letter per strategy
+/// (`3` zero3, `D` dp, …), and pinning a block to dp puts `D`s in it.
+#[test]
+fn the_strategy_strip_reads_without_colour() {
+    let mut a = app();
+    let strip = |a: &App| {
+        let mut t = ratatui::Terminal::new(ratatui::backend::TestBackend::new(120, 40)).unwrap();
+        t.draw(|f| {
+            osdp_tui::tui::view::draw(a, f);
+            osdp_tui::tui::strip_colors(f.buffer_mut());
+        })
+        .unwrap();
+        let b = t.backend().buffer();
+        // The row under the six header lines.
+        (0..120u16)
+            .map(|x| b[(x, 6)].symbol().to_string())
+            .collect::<String>()
+    };
+    let before = strip(&a);
+    assert!(
+        before.chars().all(|c| "D123sHo".contains(c)) && before.len() == 120,
+        "{before:?}"
+    );
+    assert!(!before.contains('D'), "no op is dp at 8 GiB: {before:?}");
+    // Block 0 (expanded, the cursor on it) pinned to dp: its ops show as D.
+    a.update(Action::CyclePin);
+    let after = strip(&a);
+    assert!(after.contains('D'), "{after:?}");
+    a.update(Action::ToggleHelp);
+    assert!(render_text(&a, 120, 40).contains("D dp · 1 zero1"));
+}
