@@ -76,6 +76,8 @@ pub struct Launch<'a> {
     pub ranks_per_node: Option<usize>,
     /// Samples per step over all ranks.
     pub global_batch: u64,
+    /// The step the run ends after (`train --steps`); 0: until stopped.
+    pub steps: u64,
     pub predicted: Option<RunPrediction>,
 }
 
@@ -755,8 +757,8 @@ impl<'a> WorkerStart<'a> {
                 Ranks::CpuThreads => DeviceArg::Cpu,
                 Ranks::GpuProcesses => DeviceArg::Cuda,
             },
-            // Until stopped.
-            steps: 0,
+            // 0: until stopped.
+            steps: launch.steps,
             metrics: Some(dir.metrics()),
             checkpoint_dir: Some(dir.checkpoints()),
             checkpoint_every: spec.checkpoint_every.max(1),

@@ -577,6 +577,16 @@ fn header_settings(app: &App, width: usize) -> Line<'static> {
         fields.push((3, format!("{} rc fixed", app.request.block_recompute.len())));
     }
     fields.extend(versus_all.into_iter().map(|v| (1, v)));
+    // How long a run started here goes (`:steps N`), so its ETA can be read.
+    if app.run_control.is_some() {
+        fields.push((
+            3,
+            match app.run_steps {
+                0 => "s runs until stopped".into(),
+                n => format!("s runs {n} steps"),
+            },
+        ));
+    }
     if !replan.is_empty() {
         fields.push((4, replan));
     }
