@@ -228,7 +228,11 @@ fn draw_footer(app: &App, f: &mut Frame, area: Rect, keys: String) {
             ),
             theme::PROMPT,
         )),
-        (None, Some(m)) => Line::from(Span::styled(format!(" {}", printable(m)), theme::WARN)),
+        // A long message is cut after a whole word.
+        (None, Some(m)) => Line::from(Span::styled(
+            clip_words(&format!(" {}", printable(m)), usize::from(area.width)),
+            theme::WARN,
+        )),
         (None, None) => Line::from(Span::styled(keys, theme::MUTED)),
     };
     f.render_widget(Paragraph::new(footer_line), area);

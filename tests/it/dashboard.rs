@@ -1889,6 +1889,18 @@ fn the_command_line_edits_recalls_completes_and_asks_before_overwriting() {
     let path = spaced.join("a b.json");
     type_keys(&mut a, &format!(":w \"{}\"\n", path.display()));
     assert!(path.is_file(), "{:?}", a.message);
+    // At 80 columns the long message is cut after a whole word, not inside one.
+    let footer = render_text(&a, 80, 24).lines().last().unwrap().to_string();
+    let kept = footer.trim().trim_end_matches('…');
+    let message = a.message.clone().unwrap();
+    assert!(
+        footer.ends_with('…') && message.starts_with(kept),
+        "{footer}"
+    );
+    assert!(
+        message[kept.len()..].starts_with(' '),
+        "cut mid-word: {footer}"
+    );
     // Again onto the same file: a question first; n leaves it as it was, y writes.
     std::fs::write(&path, "mine").unwrap();
     type_keys(&mut a, &format!(":w '{}'\n", path.display()));
