@@ -502,14 +502,18 @@ impl Supervisor {
         for ev in self.tail.read_new() {
             self.status.apply(&ev);
             self.last_progress = Instant::now();
-            match ev {
+            match &ev {
                 WorkerEvent::Step { .. } => {
                     self.last_step_at = Some(Instant::now());
                     if self.first_step_after.is_none() {
                         self.first_step_after = self.started_at.map(|t| t.elapsed());
                     }
                 }
-                WorkerEvent::Checkpoint { .. } => self.last_checkpoint_at = Some(Instant::now()),
+                // Its age from the file itself: a dashboard that reads the events late (opening
+                // on a run, or after a slow frame) would otherwise make an old one new.
+                WorkerEvent::Checkpoint { path, .. } => {
+                    self.last_checkpoint_at = Some(written_at(&self.dir, path))
+                }
                 _ => {}
             }
             if self.is_live() && self.state != RunState::Stopping {
@@ -767,6 +771,19 @@ impl<'a> WorkerStart<'a> {
             ..TrainArgs::new(spec.model.clone(), dir.plan())
         }
     }
+}
+
+/// When the checkpoint at `path` (as the worker names it; a relative path from here or from
+/// the run directory) was written: its modification time on this clock, else now.
+fn written_at(dir: &RunDir, path: &str) -> Instant {
+    let p = std::path::Path::new(path);
+    let now = Instant::now();
+    [p.to_path_buf(), dir.0.join(p)]
+        .iter()
+        .find_map(|c| std::fs::metadata(c).and_then(|m| m.modified()).ok())
+        .and_then(|t| t.elapsed().ok())
+        .and_then(|age| now.checked_sub(age))
+        .unwrap_or(now)
 }
 
 /// Kill and reap the processes started so far, and fail with `e`.

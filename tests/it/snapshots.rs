@@ -492,3 +492,43 @@ fn the_strategy_strip_reads_without_colour() {
     a.update(Action::ToggleHelp);
     assert!(render_text(&a, 120, 40).contains("D dp · 1 zero1"));
 }
+
+/// Issue 34, item 9: "last checkpoint … 10 s ago" said of a checkpoint written 23 s before.
+/// The age comes from the checkpoint's file, not from when the dashboard read the event: a
+/// checkpoint written a minute before the dashboard saw it is a minute old.
+#[test]
+fn a_checkpoints_age_is_the_files_not_when_the_event_was_read() {
+    use crate::stand_in::*;
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = dir.path().join("step-5.ckpt");
+    let file = std::fs::File::create(&ckpt).unwrap();
+    file.set_modified(std::time::SystemTime::now() - std::time::Duration::from_secs(60))
+        .unwrap();
+    let mut metrics = vec![started(2, Some(100))];
+    metrics.extend((1..=5).map(|k| step(k, &[600 * MIB, 612 * MIB], None)));
+    metrics.push(format!(
+        r#"{{"event":"checkpoint","step":5,"path":"{}","write_time_s":0.1}}"#,
+        ckpt.display()
+    ));
+    let exe = worker(dir.path(), &metrics, 0, "");
+    let mut a = start(
+        app("tiny-gpt2", "cpu", GIB, None),
+        exe,
+        "target/snapshot-runs/checkpoint-age",
+    );
+    poll_until(&mut a, "the checkpoint", |a| {
+        a.run_control
+            .as_ref()
+            .and_then(|t| t.supervisor.as_ref())
+            .is_some_and(|r| r.status.last_checkpoint.is_some())
+    });
+    let screen = render_text(&a, 120, 40);
+    assert!(
+        ["59 s ago", "60 s ago", "61 s ago"]
+            .iter()
+            .any(|w| screen.contains(&format!("last checkpoint: step 5, {w}"))),
+        "{screen}"
+    );
+    a.update(Action::StopRun);
+    a.update(Action::StopRun);
+}
