@@ -528,7 +528,8 @@ impl Supervisor {
 
     /// The step the worker is finishing after `x`, and about how long that takes in whole
     /// seconds: the last step's time (else the predicted one) less the time since it ended,
-    /// at least 1 s. `None` before the first step.
+    /// at least 1 s; while it writes the last step's checkpoint, that step. `None` before the
+    /// first step.
     pub fn finishing(&self) -> Option<(u64, f64)> {
         let last = self.status.last()?;
         if Some(last.step) <= self.status.segments.last().copied() {
@@ -538,6 +539,11 @@ impl Supervisor {
             t if t.is_finite() && t > 0.0 => t,
             _ => self.status.predicted.map_or(0.0, |p| p.step_time_s),
         };
+        // Writing the last step's checkpoint: the worker looks for a stop before it starts the
+        // next step, so the last step it reported is its last.
+        if self.status.checkpointing == Some(last.step) {
+            return Some((last.step, 1.0));
+        }
         let since = self.last_step_at.map_or(0.0, |t| t.elapsed().as_secs_f64());
         Some((last.step + 1, (step_s - since).ceil().max(1.0)))
     }

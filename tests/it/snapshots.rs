@@ -532,3 +532,30 @@ fn a_checkpoints_age_is_the_files_not_when_the_event_was_read() {
     a.update(Action::StopRun);
     a.update(Action::StopRun);
 }
+
+/// Issue 34, item 9: "finishing step 22" for a run that stopped at 21. A worker writing step
+/// 21's checkpoint looks for the stop before it starts step 22: `x` then names step 21.
+#[test]
+fn x_during_a_checkpoint_names_the_step_the_run_ends_at() {
+    use crate::stand_in::*;
+    let dir = tempfile::tempdir().unwrap();
+    let mut metrics = vec![started(2, None)];
+    metrics.extend((1..=3).map(|k| step(k, &[600 * MIB, 612 * MIB], None)));
+    metrics.push(r#"{"event":"checkpointing","step":3}"#.to_string());
+    let exe = worker(dir.path(), &metrics, 0, "");
+    let mut a = start(
+        app("tiny-gpt2", "cpu", GIB, None),
+        exe,
+        "target/snapshot-runs/stop-while-checkpointing",
+    );
+    poll_until(&mut a, "the checkpoint", |a| {
+        a.run_control
+            .as_ref()
+            .and_then(|t| t.supervisor.as_ref())
+            .is_some_and(|r| r.status.checkpointing == Some(3))
+    });
+    a.update(Action::StopRun);
+    let said = a.message.clone().unwrap_or_default();
+    assert!(said.starts_with("finishing step 3 "), "{said}");
+    a.update(Action::StopRun);
+}
