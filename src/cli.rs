@@ -62,7 +62,8 @@ pub struct Cli {
     #[arg(long, value_name = "N", value_parser = parse_fixed_batch)]
     batch: Option<u64>,
     /// Samples per optimizer step over all GPUs: plan micro-batch × accumulation for it
-    /// (B cycles it). `any`: the highest samples/s at any batch. [default: as `plan`]
+    /// (B cycles it). `any`: the fastest micro-batch, one a step (no accumulation). [default:
+    /// as `plan`]
     #[arg(long, value_name = "N|any")]
     global_batch: Option<request::GlobalBatchArg>,
     /// The global batch in tokens (a multiple of the model's sequence length).
@@ -1012,7 +1013,7 @@ fn dashboard(args: DashboardArgs) -> Result<(), Failure> {
     let global_batch = chosen.samples();
     if let Some(why) = chosen.explain_default(&spec, cpu) {
         let note =
-            format!("{why}; B changes it, --global-batch sets it, `any` for the most samples/s");
+            format!("{why}; B changes it, --global-batch sets it (`any`: the fastest micro-batch, no accumulation)");
         notice = Some(match notice {
             Some(n) => format!("{n} · {note}"),
             None => note,

@@ -110,6 +110,8 @@ pub struct Launch<'a> {
     pub ranks_per_node: Option<usize>,
     /// Samples per step over all ranks.
     pub global_batch: u64,
+    /// The step the run ends after (`train --steps`); 0: until stopped.
+    pub steps: u64,
     pub predicted: Option<RunPrediction>,
 }
 
@@ -534,14 +536,18 @@ impl Supervisor {
         for ev in self.tail.read_new() {
             self.status.apply(&ev);
             self.last_progress = Instant::now();
-            match ev {
+            match &ev {
                 WorkerEvent::Step { .. } => {
                     self.last_step_at = Some(Instant::now());
                     if self.first_step_after.is_none() {
                         self.first_step_after = self.started_at.map(|t| t.elapsed());
                     }
                 }
-                WorkerEvent::Checkpoint { .. } => self.last_checkpoint_at = Some(Instant::now()),
+                // Its age from the file itself: a dashboard that reads the events late (opening
+                // on a run, or after a slow frame) would otherwise make an old one new.
+                WorkerEvent::Checkpoint { path, .. } => {
+                    self.last_checkpoint_at = Some(written_at(&self.dir, path))
+                }
                 _ => {}
             }
             if self.is_live() && self.state != RunState::Stopping {
@@ -556,7 +562,8 @@ impl Supervisor {
 
     /// The step the worker is finishing after `x`, and about how long that takes in whole
     /// seconds: the last step's time (else the predicted one) less the time since it ended,
-    /// at least 1 s. `None` before the first step.
+    /// at least 1 s; while it writes the last step's checkpoint, that step. `None` before the
+    /// first step.
     pub fn finishing(&self) -> Option<(u64, f64)> {
         let last = self.status.last()?;
         if Some(last.step) <= self.status.segments.last().copied() {
@@ -566,6 +573,11 @@ impl Supervisor {
             t if t.is_finite() && t > 0.0 => t,
             _ => self.status.predicted.map_or(0.0, |p| p.step_time_s),
         };
+        // Writing the last step's checkpoint: the worker looks for a stop before it starts the
+        // next step, so the last step it reported is its last.
+        if self.status.checkpointing == Some(last.step) {
+            return Some((last.step, 1.0));
+        }
         let since = self.last_step_at.map_or(0.0, |t| t.elapsed().as_secs_f64());
         Some((last.step + 1, (step_s - since).ceil().max(1.0)))
     }
@@ -789,8 +801,8 @@ impl<'a> WorkerStart<'a> {
                 Ranks::CpuThreads => DeviceArg::Cpu,
                 Ranks::GpuProcesses => DeviceArg::Cuda,
             },
-            // Until stopped.
-            steps: 0,
+            // 0: until stopped.
+            steps: launch.steps,
             metrics: Some(dir.metrics()),
             checkpoint_dir: Some(dir.checkpoints()),
             checkpoint_every: spec.checkpoint_every.max(1),
@@ -807,6 +819,19 @@ impl<'a> WorkerStart<'a> {
             ..TrainArgs::new(spec.model.clone(), dir.plan())
         }
     }
+}
+
+/// When the checkpoint at `path` (as the worker names it; a relative path from here or from
+/// the run directory) was written: its modification time on this clock, else now.
+fn written_at(dir: &RunDir, path: &str) -> Instant {
+    let p = std::path::Path::new(path);
+    let now = Instant::now();
+    [p.to_path_buf(), dir.0.join(p)]
+        .iter()
+        .find_map(|c| std::fs::metadata(c).and_then(|m| m.modified()).ok())
+        .and_then(|t| t.elapsed().ok())
+        .and_then(|age| now.checked_sub(age))
+        .unwrap_or(now)
 }
 
 /// Kill and reap the processes started so far, and fail with `e`.

@@ -123,12 +123,27 @@ const UNDO_DEPTH: usize = 100;
 
 /// The commands of the command line, for its help and its errors.
 pub const COMMANDS: &str = "budget [SIZE] · gpu N budget SIZE · batch N|any · micro N|auto · \
-                            split K · op NAME · write [PATH] · q (SIZE: 20GiB, 20 GiB, 1.5TiB; a bare number is GiB)";
+                            split K · steps N · op NAME · write [PATH] · q (SIZE: 20GiB, 20 GiB, 1.5TiB; a bare number is GiB)";
 
 /// The command names Tab completes.
 pub const COMMAND_NAMES: &[&str] = &[
-    "batch", "budget", "gpu", "micro", "op", "q", "quit", "split", "write",
+    "batch", "budget", "gpu", "micro", "op", "q", "quit", "split", "steps", "write",
 ];
+
+/// What `any` global batch means, said when it is chosen: the planner takes one micro-batch a
+/// step, so a fixed global batch (with accumulation, which spreads the optimizer step and the
+/// gradient sync over more samples) can be a little faster.
+pub const ANY_BATCH: &str = "global batch any: the fastest micro-batch, one a step (no \
+                             accumulation); a fixed global batch with accumulation can be a \
+                             little faster (B or :batch N)";
+
+/// The length of the next run in words.
+pub fn steps_words(steps: u64) -> String {
+    match steps {
+        0 => "next run: until stopped (:steps N ends it after step N)".into(),
+        n => format!("next run: {n} steps"),
+    }
+}
 
 /// The operator pane: every choice of one op, priced in the plan on screen.
 #[derive(Debug, Clone)]
@@ -279,6 +294,8 @@ pub struct App {
     pub farewell: Option<String>,
     /// The layout as the user named it (`--layout`), for the command that reattaches.
     pub layout_arg: Option<String>,
+    /// The step runs started here end after (`:steps N`, `--steps`); 0: until stopped.
+    pub run_steps: u64,
     /// A line about where the layout came from (e.g. "no NVIDIA driver found; planning for …").
     pub notice: Option<String>,
     /// RunControl from the dashboard, when the dashboard knows the model file.
@@ -337,6 +354,7 @@ impl App {
             quit: false,
             farewell: None,
             layout_arg: None,
+            run_steps: 0,
             notice: None,
             run_control: None,
             confirm: None,
@@ -606,6 +624,7 @@ impl App {
             world_size: world,
             ranks_per_node: (self.layout.nodes > 1).then_some(self.layout.gpus_per_node as usize),
             global_batch: planned.plan.batch * planned.plan.accumulation * world as u64,
+            steps: self.run_steps,
             predicted: Some(predicted),
         };
         match crate::supervisor::Supervisor::start(&t.spec, t.dir.clone(), &launch) {
@@ -1079,6 +1098,9 @@ impl App {
                     Some(_) => None,
                 };
                 self.request.global_batch = next;
+                if next.is_none() {
+                    self.message = Some(ANY_BATCH.into());
+                }
                 // A fixed micro-batch that no longer divides a rank's share goes back to auto.
                 if let (Some(g), Some(b)) = (self.request.global_batch, self.request.batch) {
                     if (g / ranks) % b != 0 {
@@ -1385,8 +1407,24 @@ impl App {
             },
             ["batch", "any"] => {
                 self.request.global_batch = None;
+                self.message = Some(ANY_BATCH.into());
                 Ok(true)
             }
+            ["steps"] => {
+                self.message = Some(steps_words(self.run_steps));
+                return;
+            }
+            ["steps", n] => match n.parse::<u64>() {
+                Ok(k) => {
+                    self.run_steps = k;
+                    self.message = Some(format!(
+                        "{} (s starts it; a run going keeps its own until r)",
+                        steps_words(k)
+                    ));
+                    Ok(false)
+                }
+                Err(_) => Err(format!("steps {n:?}: a number of steps (0: until stopped)")),
+            },
             ["batch", n] => match n.parse::<u64>() {
                 Ok(g) if g > 0 && g % ranks == 0 && g / ranks <= osdp_core::plan::MAX_BATCH => {
                     self.request.global_batch = Some(g);

@@ -145,8 +145,8 @@ pub const KEYMAP: &[Entry] = &[
     },
     Entry {
         keys: "b / B",
-        help: "micro-batch: auto, then 1, 2, 4, … fixed / global batch: any (highest \
-               samples/s), then GPUs × 1, 2, 4, …",
+        help: "micro-batch: auto, then 1, 2, 4, … fixed / global batch: any (the fastest \
+               micro-batch, no accumulation), then GPUs × 1, 2, 4, …",
         footer: Some(("b/B", "batch", Scope::Any)),
         log_footer: None,
         bindings: &[
@@ -178,7 +178,7 @@ pub const KEYMAP: &[Entry] = &[
     Entry {
         keys: ":",
         help: "command line: budget SIZE (20 = 20 GiB), gpu N budget SIZE, batch N|any, micro \
-               N|auto, split K, op NAME, write [PATH] (~, \"quoted paths\"), q; Tab completes, \
+               N|auto, split K, steps N (of runs s starts), op NAME, write [PATH] (~, \"quoted paths\"), q; Tab completes, \
                ↑↓ history, Esc closes",
         footer: Some((":", "cmd", Scope::Any)),
         log_footer: None,

@@ -72,6 +72,30 @@ pub const fn strategy(c: Choice) -> Color {
     colour(c.strategy.info().colour)
 }
 
+/// A strategy's letter in the strip of the whole model, which reads without colour too: `D`
+/// dp, `1` `2` `3` zero1–3, `s` split zero3, `H` hsdp, `o` offloaded state.
+pub const fn strategy_letter(c: Choice) -> char {
+    use osdp_core::cost::Strategy;
+    if !matches!(c.offload, osdp_core::cost::Offload::None) {
+        return 'o';
+    }
+    if c.split > 1 {
+        return 's';
+    }
+    match c.strategy {
+        Strategy::None => ' ',
+        Strategy::Dp => 'D',
+        Strategy::Zero1 => '1',
+        Strategy::Zero2 => '2',
+        Strategy::Zero3 => '3',
+        Strategy::Hsdp => 'H',
+    }
+}
+
+/// The strip's letters, for help.
+pub const STRIP_LETTERS: &str =
+    "strip of the model: D dp · 1 zero1 · 2 zero2 · 3 zero3 · s zero3/K:M · H hsdp · o offloaded";
+
 /// A colour the core names, in the terminal's terms.
 pub const fn colour(c: Colour) -> Color {
     match c {

@@ -228,7 +228,11 @@ fn draw_footer(app: &App, f: &mut Frame, area: Rect, keys: String) {
             ),
             theme::PROMPT,
         )),
-        (None, Some(m)) => Line::from(Span::styled(format!(" {}", printable(m)), theme::WARN)),
+        // A long message is cut after a whole word.
+        (None, Some(m)) => Line::from(Span::styled(
+            clip_words(&format!(" {}", printable(m)), usize::from(area.width)),
+            theme::WARN,
+        )),
         (None, None) => Line::from(Span::styled(keys, theme::MUTED)),
     };
     f.render_widget(Paragraph::new(footer_line), area);
@@ -278,7 +282,7 @@ fn draw_prompt(line: &super::cmdline::CommandLine, f: &mut Frame, area: Rect) {
 fn draw_detail(app: &App, detail: &super::app::OpDetail, f: &mut Frame, area: Rect) {
     let spec = &app.model.ops[detail.op];
     let alts = &detail.alternatives;
-    let w = 104.min(area.width);
+    let w = 112.min(area.width);
     let h = (alts.len() as u16 + 3).min(area.height);
     let r = Rect::new(
         area.x + (area.width - w) / 2,
@@ -326,10 +330,17 @@ fn draw_detail(app: &App, detail: &super::app::OpDetail, f: &mut Frame, area: Re
         spec.kind.as_str(),
         units::count(ModelSpec::op_param_count(spec))
     );
+    // The choice column as wide as its longest label (`zero3/4:4+offload-opt`): never cut.
+    let choice_width = alts
+        .iter()
+        .map(|a| a.choice.label().chars().count())
+        .max()
+        .unwrap_or(6)
+        .max(6) as u16;
     let table = Table::new(
         rows,
         [
-            Constraint::Length(12),
+            Constraint::Length(choice_width),
             Constraint::Length(12),
             Constraint::Length(12),
             Constraint::Length(11),
@@ -356,9 +367,12 @@ fn draw_detail(app: &App, detail: &super::app::OpDetail, f: &mut Frame, area: Re
 fn draw_header(app: &App, f: &mut Frame, area: Rect) {
     let mut lines = vec![header_title(app, area.width)];
     lines.extend(header_plan(app, area));
-    lines.push(header_settings(app));
+    lines.push(header_settings(app, usize::from(area.width)));
     if let Some(n) = &app.notice {
-        lines.push(Line::from(Span::styled(n.clone(), theme::WARN)));
+        lines.push(Line::from(Span::styled(
+            clip_words(n, usize::from(area.width)),
+            theme::WARN,
+        )));
     }
     f.render_widget(Paragraph::new(lines), area);
 }
@@ -462,41 +476,60 @@ fn header_plan(app: &App, area: Rect) -> Vec<Line<'static>> {
                 let wide = area.width >= 110;
                 let batch = if wide {
                     format!(
-                        "global batch {} = {} ({batch_mode}) · ",
+                        "global batch {} = {} ({batch_mode})",
                         pr.global_batch,
                         batch_breakdown(pr)
                     )
                 } else {
                     format!(
-                        "global batch {} = {}×{} · ",
+                        "global batch {} = {}×{}",
                         pr.global_batch,
                         pr.batch_label(),
                         pr.global_batch / (pr.batch_size * pr.accumulation).max(1)
                     )
                 };
-                let mut spans = vec![
-                    Span::raw(batch),
-                    Span::styled(
-                        format!("{:.1} samples/s", pr.throughput_samples_per_s),
-                        theme::GOOD_BOLD,
+                // Fields by priority (0 first to stay): what does not fit is dropped whole.
+                let mut fields = vec![
+                    (2, vec![Span::raw(batch)]),
+                    (
+                        0,
+                        vec![Span::styled(
+                            format!("{:.1} samples/s", pr.throughput_samples_per_s),
+                            theme::GOOD_BOLD,
+                        )],
                     ),
-                    Span::raw(" · peak "),
-                    Span::styled(
-                        format!(
-                            "{} / {}",
-                            units::bytes(pr.peak_memory_bytes),
-                            units::bytes(budget)
-                        ),
-                        if over { theme::LIMIT } else { Style::new() },
+                    (
+                        0,
+                        vec![
+                            Span::raw("peak "),
+                            Span::styled(
+                                format!(
+                                    "{} / {}",
+                                    units::bytes(pr.peak_memory_bytes),
+                                    units::bytes(budget)
+                                ),
+                                if over { theme::LIMIT } else { Style::new() },
+                            ),
+                        ],
                     ),
-                    Span::raw(format!(" · step {}", units::seconds(pr.step_time_s))),
+                    (
+                        1,
+                        vec![Span::raw(format!(
+                            "step {}",
+                            units::seconds(pr.step_time_s)
+                        ))],
+                    ),
                 ];
                 if wide {
-                    spans.push(Span::raw(format!(
-                        " · {}/s tokens",
-                        units::count(pr.tokens_per_s as u64)
-                    )));
+                    fields.push((
+                        3,
+                        vec![Span::raw(format!(
+                            "{}/s tokens",
+                            units::count(pr.tokens_per_s as u64)
+                        ))],
+                    ));
                 }
+                let spans = fit_fields(fields, usize::from(area.width));
                 lines.push(Line::from(spans));
                 if area.height >= 5 {
                     // Host memory once the plan offloads (a layout with a host that the plan
@@ -513,7 +546,7 @@ fn header_plan(app: &App, area: Rect) -> Vec<Line<'static>> {
 }
 
 /// What the plan was asked for (budgets, split, pins, fixes) and how it compares.
-fn header_settings(app: &App) -> Line<'static> {
+fn header_settings(app: &App, width: usize) -> Line<'static> {
     let replan = app
         .plan
         .as_ref()
@@ -527,25 +560,119 @@ fn header_settings(app: &App) -> Line<'static> {
         .unwrap_or_default();
     // Against the baselines a user would otherwise run, at the same budget and batch.
     let versus_all = match app.plan.as_ref().map(|r| (&r.result, &r.baselines)) {
-        Some((Ok(p), baselines)) => format!(
-            "vs DDP {} · vs FSDP {} · ",
-            versus(&p.prediction, baselines, osdp_core::cost::Strategy::Dp),
-            versus(&p.prediction, baselines, osdp_core::cost::Strategy::Zero3)
-        ),
-        _ => String::new(),
+        Some((Ok(p), baselines)) => vec![
+            format!(
+                "vs DDP {}",
+                versus(&p.prediction, baselines, osdp_core::cost::Strategy::Dp)
+            ),
+            format!(
+                "vs FSDP {}",
+                versus(&p.prediction, baselines, osdp_core::cost::Strategy::Zero3)
+            ),
+        ],
+        _ => Vec::new(),
     };
-    Line::from(format!(
-        "budget {} · split ≤ {} · {} pinned{} · {versus_all}{}{}",
-        app.budget_summary(),
-        app.request.max_split,
-        app.request.pins.len(),
-        match app.request.block_recompute.len() {
-            0 => String::new(),
-            n => format!(" · {n} rc fixed"),
-        },
-        replan,
-        if app.pending { " · planning…" } else { "" }
-    ))
+    let mut fields = vec![
+        (0, format!("budget {}", app.budget_summary())),
+        (2, format!("split ≤ {}", app.request.max_split)),
+        (3, format!("{} pinned", app.request.pins.len())),
+    ];
+    if !app.request.block_recompute.is_empty() {
+        fields.push((3, format!("{} rc fixed", app.request.block_recompute.len())));
+    }
+    fields.extend(versus_all.into_iter().map(|v| (1, v)));
+    // How long a run started here goes (`:steps N`), so its ETA can be read.
+    if app.run_control.is_some() {
+        fields.push((
+            3,
+            match app.run_steps {
+                0 => "s runs until stopped".into(),
+                n => format!("s runs {n} steps"),
+            },
+        ));
+    }
+    if !replan.is_empty() {
+        fields.push((4, replan));
+    }
+    if app.pending {
+        fields.push((0, "planning…".into()));
+    }
+    let fields = fields
+        .into_iter()
+        .map(|(p, f)| (p, vec![Span::raw(f)]))
+        .collect();
+    Line::from(fit_fields(fields, width))
+}
+
+/// `text` in lines of at most `width` columns, broken between words; at most `max` lines, the
+/// last ending `…` when there was more.
+pub(super) fn wrap_words(text: &str, width: usize, max: usize) -> Vec<String> {
+    let width = width.max(8);
+    let mut lines: Vec<String> = Vec::new();
+    let mut line = String::new();
+    for word in text.split_whitespace() {
+        let n = line.chars().count();
+        if n > 0 && n + 1 + word.chars().count() > width {
+            lines.push(std::mem::take(&mut line));
+        }
+        if !line.is_empty() {
+            line.push(' ');
+        }
+        line.push_str(word);
+    }
+    if !line.is_empty() {
+        lines.push(line);
+    }
+    if lines.len() > max {
+        let rest = lines[max - 1..].join(" ");
+        lines.truncate(max - 1);
+        lines.push(clip_words(&rest, width));
+    }
+    lines
+        .into_iter()
+        .map(|l| {
+            if l.chars().count() > width {
+                clip_words(&l, width)
+            } else {
+                l
+            }
+        })
+        .collect()
+}
+
+/// `text` within `width` columns, cut after a whole word with `…` when it is longer.
+fn clip_words(text: &str, width: usize) -> String {
+    if text.chars().count() <= width {
+        return text.to_owned();
+    }
+    let room: String = text.chars().take(width.saturating_sub(1)).collect();
+    let cut = room.rfind(' ').unwrap_or(room.len());
+    format!(
+        "{}…",
+        room[..cut].trim_end_matches([' ', '·', ',', ';', ':'])
+    )
+}
+
+/// Fields joined by ` · ` within `width` columns: while they do not fit, the field of lowest
+/// priority (highest number; the last of equals) goes, whole, so nothing is cut mid-word.
+fn fit_fields(mut fields: Vec<(u8, Vec<Span<'static>>)>, width: usize) -> Vec<Span<'static>> {
+    let len = |fields: &[(u8, Vec<Span>)]| {
+        let text: usize = fields.iter().flat_map(|(_, f)| f).map(|s| s.width()).sum();
+        text + 3 * fields.len().saturating_sub(1)
+    };
+    while fields.len() > 1 && len(&fields) > width {
+        let worst = fields.iter().map(|(p, _)| *p).max().unwrap_or(0);
+        let k = fields.iter().rposition(|(p, _)| *p == worst).unwrap_or(0);
+        fields.remove(k);
+    }
+    let mut spans = Vec::new();
+    for (k, (_, f)) in fields.into_iter().enumerate() {
+        if k > 0 {
+            spans.push(Span::raw(" · "));
+        }
+        spans.extend(f);
+    }
+    spans
 }
 
 /// The plan's memory against the budget and its step time, each a bar of coloured parts with
@@ -668,7 +795,14 @@ fn draw_strip(app: &App, f: &mut Frame, area: Rect) {
     let spans: Vec<Span> = (0..width)
         .map(|x| {
             let i = owners[x * owners.len() / width];
-            Span::styled("▆", Style::new().fg(theme::strategy(p.plan.choices[i])))
+            let c = p.plan.choices[i];
+            // A letter on the strategy's colour: without colour the letters still read.
+            Span::styled(
+                theme::strategy_letter(c).to_string(),
+                Style::new()
+                    .fg(ratatui::style::Color::Black)
+                    .bg(theme::strategy(c)),
+            )
         })
         .collect();
     f.render_widget(Paragraph::new(Line::from(spans)), area);
@@ -770,7 +904,12 @@ fn draw_ops(app: &App, f: &mut Frame, area: Rect) {
                 let (mem, time) = plan.map_or((0, 0.0), |p| {
                     (p.prediction.ops[i].memory_bytes, p.prediction.ops[i].time_s)
                 });
-                let indent = if op.block.is_some() { "   " } else { "" };
+                // Narrow: one column of indent, so that `h10.attn.c_proj` shows whole.
+                let indent = match (op.block.is_some(), narrow) {
+                    (false, _) => "",
+                    (true, true) => " ",
+                    (true, false) => "   ",
+                };
                 mk(vec![
                     Cell::from(format!("{indent}{}", printable(&op.id))),
                     Cell::from(kind_label(op.kind)),
@@ -803,7 +942,26 @@ fn draw_ops(app: &App, f: &mut Frame, area: Rect) {
     ];
     let mut titles = vec!["operator", "kind", "params", "strategy", "memory", "time"];
     if narrow {
-        widths.drain(1..3);
+        // `184.1 MiB` whole: the operator's name gives up columns first.
+        // The strategy column as wide as the plan's longest label (`zero3/4:4`, `zero2+ofl-opt`,
+        // and a pin's mark).
+        let label = plan
+            .map(|p| {
+                p.plan
+                    .choices
+                    .iter()
+                    .map(|c| c.short_label().chars().count())
+                    .max()
+                    .unwrap_or(8)
+            })
+            .unwrap_or(8);
+        let pin = if app.request.pins.is_empty() { 0 } else { 3 };
+        widths = vec![
+            Constraint::Min(16),
+            Constraint::Length((label + pin).clamp(8, 16) as u16),
+            Constraint::Length(9),
+            Constraint::Length(6),
+        ];
         titles.drain(1..3);
     }
     let table = Table::new(table_rows, widths)
@@ -811,7 +969,10 @@ fn draw_ops(app: &App, f: &mut Frame, area: Rect) {
         .block(
             Block::bordered()
                 .title(ops_title(app, rows.len()))
-                .title_bottom(strategy_legend(false, app.machine.offers_offload()))
+                .title_bottom(fit_legend(
+                    strategy_legend(false, app.machine.offers_offload()),
+                    usize::from(area.width.saturating_sub(2)),
+                ))
                 .border_style(border)
                 .border_type(theme::border_type(focused)),
         )
@@ -883,7 +1044,15 @@ fn draw_frontier(app: &App, f: &mut Frame, area: Rect) {
     };
     let mut block = Block::bordered().title(" samples/s vs budget (GiB) ");
     if let Some(t) = now {
-        block = block.title_bottom(format!(" {t:.1}/s · {} · {} ", delta(true), delta(false)));
+        // What − would cost goes first where the edge is short: nothing is cut.
+        let room = usize::from(area.width.saturating_sub(2));
+        let full = format!(" {t:.1}/s · {} · {} ", delta(true), delta(false));
+        let short = format!(" {t:.1}/s · {} ", delta(true));
+        block = block.title_bottom(if full.chars().count() <= room {
+            full
+        } else {
+            short
+        });
     }
     let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
     let pts: Vec<(f64, f64)> = ready.curve.iter().map(|&(m, t)| (gib(m), t)).collect();
@@ -980,6 +1149,18 @@ fn main_rows(screen: (u16, u16)) -> u16 {
 /// Lines of the comparison on screen at once, at screen size `screen`.
 pub fn compare_rows(screen: (u16, u16)) -> usize {
     usize::from(main_rows(screen).saturating_sub(2)).max(1)
+}
+
+/// The legend's entries that fit `width` columns, whole (the last ones go first).
+/// `zero3/K:M` goes first: the strategy column's own labels say it.
+fn fit_legend(mut legend: Line<'static>, width: usize) -> Line<'static> {
+    if legend.width() > width {
+        legend.spans.retain(|s| !s.content.starts_with("zero3/K:M"));
+    }
+    while legend.width() > width && legend.spans.len() > 1 {
+        legend.spans.pop();
+    }
+    legend
 }
 
 /// The plan on screen against the running one (`c`), over the main area, from line `top`.
@@ -1096,6 +1277,9 @@ fn help_text(w: u16, filter: &str) -> Vec<Line<'static>> {
         Span::raw(": state kept in host memory"),
     ]);
     let mut legends: Vec<Line> = Vec::new();
+    if keymap::mentions(theme::STRIP_LETTERS, filter) {
+        legends.push(Line::from(theme::STRIP_LETTERS));
+    }
     if keymap::mentions(&calibration.concat(), filter) {
         legends.extend(calibration.map(Line::from));
     }

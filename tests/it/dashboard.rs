@@ -317,6 +317,7 @@ fn gpu_ranks_are_one_process_each_and_one_failing_ends_the_run() {
         ranks: Ranks::GpuProcesses,
         world_size: 2,
         ranks_per_node: None,
+        steps: 0,
         global_batch: 8,
         predicted: None,
     };
@@ -1894,6 +1895,18 @@ fn the_command_line_edits_recalls_completes_and_asks_before_overwriting() {
     let path = spaced.join("a b.json");
     type_keys(&mut a, &format!(":w \"{}\"\n", path.display()));
     assert!(path.is_file(), "{:?}", a.message);
+    // At 80 columns the long message is cut after a whole word, not inside one.
+    let footer = render_text(&a, 80, 24).lines().last().unwrap().to_string();
+    let kept = footer.trim().trim_end_matches('…');
+    let message = a.message.clone().unwrap();
+    assert!(
+        footer.ends_with('…') && message.starts_with(kept),
+        "{footer}"
+    );
+    assert!(
+        message[kept.len()..].starts_with(' '),
+        "cut mid-word: {footer}"
+    );
     // Again onto the same file: a question first; n leaves it as it was, y writes.
     std::fs::write(&path, "mine").unwrap();
     type_keys(&mut a, &format!(":w '{}'\n", path.display()));
@@ -2013,4 +2026,51 @@ fn a_long_comparison_scrolls() {
     assert_eq!(a.selected_row, row);
     key(&mut a, '\u{1b}');
     assert!(a.compare.is_none() && !a.quit);
+}
+
+/// Issue 34, item 9: `:steps N` makes runs started here end after step N (the worker gets
+/// `--steps=N`, so the training panel has an ETA); the header says what `s` will run. And
+/// (the "Also" line) `:batch any` says what it is: one micro-batch a step, no accumulation,
+/// which is why a fixed global batch can beat it.
+#[test]
+fn steps_n_ends_runs_started_here_and_any_says_what_it_means() {
+    let dir = tempfile::tempdir().unwrap();
+    let args = dir.path().join("args");
+    let exe = dir.path().join("worker.sh");
+    std::fs::write(
+        &exe,
+        format!("#!/bin/sh\necho \"$@\" > {}\n", args.display()),
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let mut a = dashboard_with(&exe, &dir.path().join("run"), 60);
+    assert!(render_text(&a, 200, 60).contains("s runs until stopped"));
+    type_keys(&mut a, ":steps 40\n");
+    assert!(render_text(&a, 200, 60).contains("s runs 40 steps"));
+    type_keys(&mut a, ":steps\n");
+    assert_eq!(a.message.as_deref(), Some("next run: 40 steps"));
+    type_keys(&mut a, ":steps many\n");
+    assert!(a.message.as_deref().unwrap().contains("a number of steps"));
+    key(&mut a, 's');
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while !args.exists() {
+        a.poll_background();
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the worker never started"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    let given = std::fs::read_to_string(&args).unwrap();
+    assert!(given.contains("--steps=40"), "{given}");
+
+    type_keys(&mut a, ":batch any\n");
+    assert!(
+        a.message.as_deref().unwrap().contains("no accumulation"),
+        "{:?}",
+        a.message
+    );
+    assert_eq!(a.planned().unwrap().prediction.accumulation, 1);
 }

@@ -351,3 +351,211 @@ fn mask_pid(screen: &str) -> String {
     out.push_str(rest);
     out
 }
+
+/// The screen as text, its colours stripped first when `no_color` (as `NO_COLOR` draws it),
+/// and the rows that carry reverse video (the selection).
+fn render(a: &App, w: u16, h: u16, no_color: bool) -> (String, usize) {
+    let mut t = ratatui::Terminal::new(ratatui::backend::TestBackend::new(w, h)).unwrap();
+    t.draw(|f| {
+        osdp_tui::tui::view::draw(a, f);
+        if no_color {
+            osdp_tui::tui::strip_colors(f.buffer_mut());
+        }
+    })
+    .unwrap();
+    let b = t.backend().buffer();
+    let reversed = b
+        .content
+        .iter()
+        .filter(|c| c.modifier.contains(ratatui::style::Modifier::REVERSED))
+        .count();
+    (render_text(a, w, h), reversed)
+}
+
+/// The header's fields: its lines under the title split at ` · ` and ` ■ `.
+fn fields(line: &str) -> Vec<String> {
+    line.split(" · ")
+        .flat_map(|f| f.split(" ■ "))
+        .map(|f| f.trim().to_string())
+        .filter(|f| !f.is_empty())
+        .collect()
+}
+
+/// Issue 34, item 5: at 80×24, 120×40 and 200×60, with and without colour, every field of the
+/// header is whole (one that does not fit is dropped, not cut), the long notice and the
+/// driver's message are cut only between words, and the selection shows.
+#[test]
+fn no_header_field_is_cut_at_any_size_with_or_without_colour() {
+    let mut a = app();
+    a.notice = Some(
+        "global batch 1024 (1.05 M tokens per step, as published runs of a model this size use); \
+         B changes it, --global-batch sets it, `any` for the most samples/s"
+            .into(),
+    );
+    a.apply_gpu(GpuEvent::Unavailable(
+        "no NVIDIA driver found (libnvidia-ml.so.1 could not be loaded: cannot open shared object file)"
+            .into(),
+    ));
+    for (w, h) in [(80, 24), (120, 40), (200, 60)] {
+        let (plain, marked) = render(&a, w, h, false);
+        let (stripped, marked_plain) = render(&a, w, h, true);
+        assert_eq!(plain, stripped, "NO_COLOR changes colours, not text");
+        assert!(marked > 0 && marked_plain == marked, "the selection shows");
+        let wide = render_text(&a, 400, h);
+        let header = if h >= 30 { 6 } else { 4 };
+        for (k, (line, full)) in plain.lines().zip(wide.lines()).take(header).enumerate() {
+            let whole = fields(full);
+            for (i, field) in fields(line).iter().enumerate() {
+                if k == 0 && i == 0 {
+                    // The title's description is shortened on purpose: whole names, closed
+                    // brackets.
+                    assert!(
+                        field.ends_with(')') || field.ends_with(a.layout.name.as_str()),
+                        "{w}×{h}: {field:?}"
+                    );
+                    continue;
+                }
+                // A bar is as wide as the screen allows.
+                if whole.contains(field)
+                    || (i == 0 && (line.starts_with("memory ") || line.starts_with("time ")))
+                {
+                    continue;
+                }
+                if let Some(short) = field
+                    .strip_prefix("global batch ")
+                    .filter(|_| !field.ends_with('…'))
+                {
+                    // The deliberate short form on narrow screens: `40 = 5×8` (micro-batch ×
+                    // ranks), the same global batch as the long one.
+                    let n = short.split(' ').next().unwrap();
+                    assert!(
+                        whole
+                            .iter()
+                            .any(|f| f.starts_with(&format!("global batch {n} ")))
+                            && short.ends_with(|c: char| c.is_ascii_digit()),
+                        "{w}×{h}: {field:?}"
+                    );
+                    continue;
+                }
+                if field.ends_with('…') {
+                    let kept = field.trim_end_matches('…');
+                    assert!(full.contains(kept), "{w}×{h}: {field:?} in {full:?}");
+                    let next = full[full.find(kept).unwrap() + kept.len()..].chars().next();
+                    assert!(
+                        next.is_none_or(|c| !c.is_alphanumeric()),
+                        "{w}×{h}: cut mid-word: {field:?}"
+                    );
+                    continue;
+                }
+                assert!(
+                    whole.contains(field),
+                    "{w}×{h}: {field:?} is cut; whole fields: {whole:?}\n{plain}"
+                );
+            }
+        }
+        // The driver's message wraps in the GPU panel: its last word shows.
+        if h >= 40 {
+            assert!(plain.contains("could not"), "{plain}");
+        }
+        assert!(!plain.contains("coul\u{2502}"), "{plain}");
+    }
+}
+
+/// Issue 34, item 2: the strip of the whole model reads without colour: a letter per strategy
+/// (`3` zero3, `D` dp, …), and pinning a block to dp puts `D`s in it.
+#[test]
+fn the_strategy_strip_reads_without_colour() {
+    let mut a = app();
+    let strip = |a: &App| {
+        let mut t = ratatui::Terminal::new(ratatui::backend::TestBackend::new(120, 40)).unwrap();
+        t.draw(|f| {
+            osdp_tui::tui::view::draw(a, f);
+            osdp_tui::tui::strip_colors(f.buffer_mut());
+        })
+        .unwrap();
+        let b = t.backend().buffer();
+        // The row under the six header lines.
+        (0..120u16)
+            .map(|x| b[(x, 6)].symbol().to_string())
+            .collect::<String>()
+    };
+    let before = strip(&a);
+    assert!(
+        before.chars().all(|c| "D123sHo".contains(c)) && before.len() == 120,
+        "{before:?}"
+    );
+    assert!(!before.contains('D'), "no op is dp at 8 GiB: {before:?}");
+    // Block 0 (expanded, the cursor on it) pinned to dp: its ops show as D.
+    a.update(Action::CyclePin);
+    let after = strip(&a);
+    assert!(after.contains('D'), "{after:?}");
+    a.update(Action::ToggleHelp);
+    assert!(render_text(&a, 120, 40).contains("D dp · 1 zero1"));
+}
+
+/// Issue 34, item 9: "last checkpoint … 10 s ago" said of a checkpoint written 23 s before.
+/// The age comes from the checkpoint's file, not from when the dashboard read the event: a
+/// checkpoint written a minute before the dashboard saw it is a minute old.
+#[test]
+fn a_checkpoints_age_is_the_files_not_when_the_event_was_read() {
+    use crate::stand_in::*;
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = dir.path().join("step-5.ckpt");
+    let file = std::fs::File::create(&ckpt).unwrap();
+    file.set_modified(std::time::SystemTime::now() - std::time::Duration::from_secs(60))
+        .unwrap();
+    let mut metrics = vec![started(2, Some(100))];
+    metrics.extend((1..=5).map(|k| step(k, &[600 * MIB, 612 * MIB], None)));
+    metrics.push(format!(
+        r#"{{"event":"checkpoint","step":5,"path":"{}","write_time_s":0.1}}"#,
+        ckpt.display()
+    ));
+    let exe = worker(dir.path(), &metrics, 0, "");
+    let mut a = start(
+        app("tiny-gpt2", "cpu", GIB, None),
+        exe,
+        "target/snapshot-runs/checkpoint-age",
+    );
+    poll_until(&mut a, "the checkpoint", |a| {
+        a.run_control
+            .as_ref()
+            .and_then(|t| t.supervisor.as_ref())
+            .is_some_and(|r| r.status.last_checkpoint.is_some())
+    });
+    let screen = render_text(&a, 120, 40);
+    assert!(
+        ["59 s ago", "60 s ago", "61 s ago"]
+            .iter()
+            .any(|w| screen.contains(&format!("last checkpoint: step 5, {w}"))),
+        "{screen}"
+    );
+    a.update(Action::StopRun);
+    a.update(Action::StopRun);
+}
+
+/// Issue 34, item 9: "finishing step 22" for a run that stopped at 21. A worker writing step
+/// 21's checkpoint looks for the stop before it starts step 22: `x` then names step 21.
+#[test]
+fn x_during_a_checkpoint_names_the_step_the_run_ends_at() {
+    use crate::stand_in::*;
+    let dir = tempfile::tempdir().unwrap();
+    let mut metrics = vec![started(2, None)];
+    metrics.extend((1..=3).map(|k| step(k, &[600 * MIB, 612 * MIB], None)));
+    metrics.push(r#"{"event":"checkpointing","step":3}"#.to_string());
+    let exe = worker(dir.path(), &metrics, 0, "");
+    let mut a = start(
+        app("tiny-gpt2", "cpu", GIB, None),
+        exe,
+        "target/snapshot-runs/stop-while-checkpointing",
+    );
+    poll_until(&mut a, "the checkpoint", |a| {
+        a.run_control
+            .as_ref()
+            .and_then(|t| t.supervisor.as_ref())
+            .is_some_and(|r| r.status.checkpointing == Some(3))
+    });
+    a.update(Action::StopRun);
+    let said = a.message.clone().unwrap_or_default();
+    assert!(said.starts_with("finishing step 3 "), "{said}");
+    a.update(Action::StopRun);
+}

@@ -314,7 +314,10 @@ fn rank_lines(app: &App, inner: usize) -> (Vec<Line<'static>>, std::ops::Range<u
     if let GpuView::Unavailable(why) = &app.gpus {
         if !cpu {
             lines.push(Line::styled("live memory not available:", theme::WARN));
-            lines.push(Line::styled(format!("  {}", printable(why)), theme::WARN));
+            let width = inner.saturating_sub(2);
+            for l in super::wrap_words(&printable(why), width, 2) {
+                lines.push(Line::styled(format!("  {l}"), theme::WARN));
+            }
         }
     }
     lines.push(Line::styled(
