@@ -317,6 +317,12 @@ struct PlanArgs {
     /// offloading every op at about one rate makes the exact frontiers huge].
     #[arg(long, value_parser = parse_size, value_name = "SIZE")]
     resolution: Option<u64>,
+    /// Share of the budget plans leave free, in percent (0 to 50): plans peak within the
+    /// budget less this, for what the memory model does not see (allocator fragmentation,
+    /// the stack's own buffers). 0 packs plans to the budget.
+    #[arg(long, value_parser = osdp_core::plan::request::parse_headroom, default_value = "5",
+          value_name = "PERCENT", allow_hyphen_values = true)]
+    headroom: f64,
     /// Also list every choice this op could have (op ids as `inspect` lists them), each priced
     /// as the whole plan with only that op changed, and what stops the faster ones
     /// (repeatable).
@@ -914,6 +920,7 @@ impl PlanArgs {
             pins: self.pin,
             recompute_blocks: self.recompute_block,
             resolution_bytes: self.resolution,
+            headroom: self.headroom,
             host_budget: self.host_budget,
             explain: self.explain,
             target: self.target,

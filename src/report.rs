@@ -39,6 +39,8 @@ pub struct PlanCommand {
     pub recompute_blocks: Vec<String>,
     /// `--resolution`; absent: [`plan::request::search_resolution`]'s default.
     pub resolution_bytes: Option<u64>,
+    /// `--headroom`: share of the budget plans leave free (0.05 = 5 %).
+    pub headroom: f64,
     /// Host memory per GPU that offloaded state may take (0: no offload) [default: the
     /// layout's].
     pub host_budget: Option<u64>,
@@ -129,6 +131,15 @@ struct Headline {
     budget_bytes: u64,
 }
 
+/// The headroom `plan --json` reports beside the budget.
+#[derive(Serialize)]
+struct HeadroomOut {
+    /// `--headroom`, in percent of the budget.
+    headroom_percent: f64,
+    /// What plans may peak at: the budget less the headroom.
+    usable_budget_bytes: u64,
+}
+
 impl Headline {
     fn of(p: &Prediction, budget_bytes: u64) -> Headline {
         Headline {
@@ -151,6 +162,8 @@ struct PlanOut<'a> {
     ranks: u32,
     #[serde(flatten)]
     headline: Headline,
+    #[serde(flatten)]
+    headroom: HeadroomOut,
     binding_gpu: Option<usize>,
     /// Host memory per GPU offloaded state may take; absent where offload is not offered.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -188,6 +201,10 @@ pub struct PlanReport {
     pub spec: ModelSpec,
     pub layout: Layout,
     pub budget: u64,
+    /// Share of `budget` plans leave free ([`PlanCommand::headroom`]).
+    pub headroom: f64,
+    /// What plans may peak at: `budget` less the headroom.
+    pub usable: u64,
     /// Host memory per GPU offloaded state may take (0: offload not offered).
     pub host_budget: u64,
     /// The GPU whose budget binds, when budgets differ per GPU.
@@ -237,14 +254,23 @@ pub fn plan_report(req: &PlanCommand) -> Result<PlanReport, Failure> {
         block_recompute,
         resolution_bytes: req.resolution_bytes,
         target: req.target,
+        headroom: req.headroom,
     };
     let options = request.options(&spec, &machine, layout.memory_bytes());
     let resolution_bytes = options.resolution_bytes;
+    let (headroom, usable) = (request.headroom, request.usable_budget());
     let started = Instant::now();
-    let result = plan_with_baselines(&spec, &machine, options.clone(), budget);
+    let result = plan_with_baselines(&spec, &machine, options.clone(), usable);
     let search_ms = started.elapsed().as_secs_f64() * 1e3;
     let result = result.map_err(|nf| least_that_fits(&spec, &machine, &options, nf));
-    let (planned, baselines) = result.map_err(|nf| no_fit_failure(&spec, &layout, budget, &nf))?;
+    let (planned, mut baselines) =
+        result.map_err(|nf| no_fit_failure(&spec, &layout, budget, headroom, &nf))?;
+    // What a baseline needs, as a budget: its least peak plus the headroom.
+    for (_, o) in &mut baselines {
+        if let Outcome::Needs(Some(n)) = o {
+            *n = plan::request::budget_for(*n, headroom);
+        }
+    }
     let explained: Vec<(usize, Vec<plan::explain::Alternative>)> = explain
         .iter()
         .map(|&op| {
@@ -254,7 +280,7 @@ pub fn plan_report(req: &PlanCommand) -> Result<PlanReport, Failure> {
                 &planned.plan,
                 op,
                 req.max_split,
-                budget,
+                usable,
             );
             alts.retain(|a| a.chosen || req.target.allows(a.choice).is_ok());
             (op, alts)
@@ -266,6 +292,8 @@ pub fn plan_report(req: &PlanCommand) -> Result<PlanReport, Failure> {
         spec,
         layout,
         budget,
+        headroom,
+        usable,
         host_budget: if machine.offers_offload() {
             machine.host_budget_bytes
         } else {
@@ -353,10 +381,21 @@ fn explained_ops(req: &PlanCommand, spec: &ModelSpec) -> Result<Vec<usize>, Fail
 
 /// The failure of a search that found no plan within `budget`: what binds, and the least
 /// budget that fits when there is one.
-fn no_fit_failure(spec: &ModelSpec, layout: &Layout, budget: u64, nf: &NoFit) -> Failure {
+fn no_fit_failure(
+    spec: &ModelSpec,
+    layout: &Layout,
+    budget: u64,
+    headroom: f64,
+    nf: &NoFit,
+) -> Failure {
+    // The searches ran within the budget less the headroom: the least budget keeps it too.
+    let usable = plan::request::usable(budget, headroom);
     Failure {
         code: EXIT_NO_FIT,
-        message: match nf.min_budget_bytes {
+        message: match nf
+            .min_budget_bytes
+            .map(|n| plan::request::budget_for(n, headroom))
+        {
             Some(least) => format!(
                 "no plan of {} fits {} per GPU on {}; the smallest budget that fits is {} \
                  (--budget {least}B)",
@@ -369,7 +408,7 @@ fn no_fit_failure(spec: &ModelSpec, layout: &Layout, budget: u64, nf: &NoFit) ->
                 "no plan of {} on {}: {}",
                 spec.name,
                 layout.name,
-                nf.describe(budget)
+                nf.describe(usable)
             ),
         },
     }
@@ -440,6 +479,10 @@ impl PlanReport {
             layout: &layout.name,
             ranks: layout.world_size(),
             headline: Headline::of(prediction, budget),
+            headroom: HeadroomOut {
+                headroom_percent: self.headroom * 100.0,
+                usable_budget_bytes: self.usable,
+            },
             binding_gpu,
             host_budget_bytes: (self.host_budget > 0).then_some(self.host_budget),
             host_gap_s: self.planned.host_gap_s,
@@ -491,11 +534,12 @@ impl PlanReport {
         let (budget, binding_gpu, chosen, cpu) =
             (self.budget, self.binding_gpu, self.chosen, self.cpu);
         println!(
-            "{} on {} ({} ranks), budget {} per GPU{}",
+            "{} on {} ({} ranks), budget {} per GPU{}{}",
             printable(&spec.name),
             printable(&layout.name),
             layout.world_size(),
             units::bytes(budget),
+            headroom_words(self.headroom, self.usable),
             binding_gpu
                 .map(|g| format!(" (GPU {g} binds)"))
                 .unwrap_or_default()
@@ -764,4 +808,19 @@ pub fn export_fsdp2(
         export.predicted.param_bytes_per_rank
     );
     Ok(())
+}
+
+/// ", 5 % headroom (plans within 75.7 GiB)" beside the budget; ", no headroom" at 0.
+pub fn headroom_words(headroom: f64, usable: u64) -> String {
+    if headroom <= 0.0 {
+        ", no headroom (--headroom sets it)".to_string()
+    } else {
+        format!(
+            ", {} % headroom (plans within {})",
+            format!("{:.2}", headroom * 100.0)
+                .trim_end_matches('0')
+                .trim_end_matches('.'),
+            units::bytes(usable)
+        )
+    }
 }

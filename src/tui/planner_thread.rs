@@ -71,7 +71,8 @@ fn finish(
     started: Instant,
     reused: bool,
 ) -> PlanReady {
-    let budget = job.request.budget();
+    // Plans keep the request's headroom free under the budget.
+    let budget = job.request.usable_budget();
     let baselines = table.at(budget);
     let mut result = planner.best(budget);
     if let Ok(best) = &mut result {

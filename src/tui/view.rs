@@ -577,6 +577,16 @@ fn header_settings(app: &App, width: usize) -> Line<'static> {
         (2, format!("split ≤ {}", app.request.max_split)),
         (3, format!("{} pinned", app.request.pins.len())),
     ];
+    if app.request.headroom > 0.0 {
+        fields.push((
+            2,
+            format!(
+                "{:.0} % headroom: plans within {}",
+                app.request.headroom * 100.0,
+                units::bytes(app.request.usable_budget())
+            ),
+        ));
+    }
     if !app.request.block_recompute.is_empty() {
         fields.push((3, format!("{} rc fixed", app.request.block_recompute.len())));
     }

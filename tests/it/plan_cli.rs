@@ -346,6 +346,75 @@ fn per_gpu_budgets_bind_on_the_tightest_gpu() {
     assert!(p["peak_memory_bytes"].as_u64().unwrap() <= 6 << 30);
 }
 
+/// Issue 36: plans keep a visible headroom under the budget (5 % unless told), shown beside it;
+/// `--headroom 0` packs to the budget; bad values are refused in one line.
+#[test]
+fn plans_keep_the_headroom_under_the_budget_and_say_so() {
+    let at = |headroom: Option<&str>| {
+        let mut args = vec![
+            "plan",
+            "sample-models/llama-2-7b.json",
+            "--layout",
+            "layouts/h100-1x.json",
+            "--json",
+        ];
+        if let Some(h) = headroom {
+            args.extend(["--headroom", h]);
+        }
+        run_json(&args)
+    };
+    let budget = |p: &serde_json::Value| p["budget_bytes"].as_u64().unwrap();
+    let peak = |p: &serde_json::Value| p["peak_memory_bytes"].as_u64().unwrap();
+    let default = at(None);
+    assert_eq!(default["headroom_percent"].as_f64(), Some(5.0));
+    let usable = default["usable_budget_bytes"].as_u64().unwrap();
+    assert_eq!(usable, (budget(&default) as f64 * 0.95).floor() as u64);
+    assert!(peak(&default) <= usable, "{} > {usable}", peak(&default));
+    // Without headroom the plan packs closer to the budget than 5 % would let it.
+    let packed = at(Some("0"));
+    assert_eq!(
+        packed["usable_budget_bytes"].as_u64(),
+        Some(budget(&packed))
+    );
+    assert!(peak(&packed) > usable && peak(&packed) <= budget(&packed));
+    let ten = at(Some("10%"));
+    assert!(peak(&ten) as f64 <= budget(&ten) as f64 * 0.9);
+    // The text names it beside the budget.
+    let text = stdout_ok(osdp().args([
+        "plan",
+        "sample-models/gpt2.json",
+        "--layout",
+        "layouts/h100-1x.json",
+        "--budget",
+        "40GiB",
+    ]));
+    let first = text.lines().next().unwrap();
+    assert!(
+        first.contains("budget 40.0 GiB per GPU, 5 % headroom (plans within 38.0 GiB)"),
+        "{first}"
+    );
+    for bad in ["-1", "51", "lots", "5GiB"] {
+        let out = osdp()
+            .args([
+                "plan",
+                "sample-models/gpt2.json",
+                "--layout",
+                "h100-1x",
+                "--headroom",
+                bad,
+            ])
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{bad}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        let first = err.lines().next().unwrap_or_default();
+        assert!(
+            first.contains("--headroom") && first.contains("0 to 50"),
+            "{bad}: {err}"
+        );
+    }
+}
+
 /// Acceptance: every sample on 8×A100 and 8×H100, budgets from "just fits" to "everything fits":
 /// the plan beats every baseline that fits, fits its budget, and its plan file evaluates to the
 /// same figures.

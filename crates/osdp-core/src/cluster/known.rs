@@ -199,6 +199,38 @@ pub const KNOWN_GPUS: &[KnownGpu] = &[
         efficiency: &AMPERE,
         source: "NVIDIA A100 SXM datasheet",
     },
+    // The A800 is the A100's GA100 with NVLink cut from 600 to 400 GB/s (export-control
+    // variant, Nov 2022): A100 rates and Ampere efficiencies, two thirds of its NCCL bus
+    // bandwidth inside a node. Before this row "NVIDIA A800-SXM4-80GB" matched nothing and got
+    // the unknown-GPU guess (issue 36).
+    KnownGpu {
+        pattern: "A800-PCIE",
+        bf16_tflops: Some(312.0),
+        fp16_tflops: 312.0,
+        fp32_tflops: 19.5,
+        memory_gb_per_s: 1935.0,
+        link_gb_per_s: 12.0,
+        link: LinkKind::Pcie,
+        single_gpu_layout: None,
+        efficiency: &AMPERE,
+        source:
+            "NVIDIA A800 PCIe: A100 PCIe datasheet rates, the same GA100 part with a slower NVLink \
+                 (https://tweakers.net/nieuws/203182/, https://aiwiki.ai/wiki/nvidia_a800)",
+    },
+    KnownGpu {
+        pattern: "A800",
+        bf16_tflops: Some(312.0),
+        fp16_tflops: 312.0,
+        fp32_tflops: 19.5,
+        memory_gb_per_s: 2039.0,
+        link_gb_per_s: 133.0,
+        link: LinkKind::Nvlink,
+        single_gpu_layout: None,
+        efficiency: &AMPERE,
+        source: "NVIDIA A800 SXM: A100 SXM datasheet rates, NVLink 400 GB/s instead of 600 \
+                 (https://tweakers.net/nieuws/203182/, https://aiwiki.ai/wiki/nvidia_a800); \
+                 bus bandwidth estimated as 400/600 of the A100's 200 GB/s",
+    },
     KnownGpu {
         pattern: "L40S",
         bf16_tflops: Some(362.0),
@@ -378,6 +410,23 @@ mod tests {
             Some(Some(165.2))
         );
         assert!(lookup("Matrox G200").is_none());
+    }
+
+    #[test]
+    fn an_a800_is_an_a100_class_device_with_a_slower_nvlink() {
+        let a800 = lookup("NVIDIA A800-SXM4-80GB").expect("A800 known");
+        let a100 = lookup("NVIDIA A100-SXM4-80GB").unwrap();
+        assert_eq!(a800.efficiency.name, "Ampere");
+        assert_eq!(a800.bf16_tflops, a100.bf16_tflops);
+        assert_eq!(a800.memory_gb_per_s, a100.memory_gb_per_s);
+        assert!(a800.link_gb_per_s < a100.link_gb_per_s);
+        let pcie = lookup("NVIDIA A800-PCIE-40GB").unwrap();
+        assert_eq!(pcie.link, LinkKind::Pcie);
+        assert_eq!(pcie.efficiency.name, "Ampere");
+        let l = local_layout("NVIDIA A800-SXM4-80GB", 8, 80 << 30);
+        validate_layout(&l).unwrap();
+        let src = &l.device.dense_tflops.bf16.as_ref().unwrap().source;
+        assert!(!src.starts_with("guess") && src.contains("A800"), "{src}");
     }
 
     #[test]
