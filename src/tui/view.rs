@@ -572,21 +572,22 @@ fn header_settings(app: &App, width: usize) -> Line<'static> {
         ],
         _ => Vec::new(),
     };
+    // The headroom rides with the budget (never dropped apart from it): what plans fill.
+    let headroom = if app.request.headroom > 0.0 {
+        format!(
+            " ({:.0} % headroom: plans within {})",
+            app.request.headroom * 100.0,
+            units::bytes(app.request.usable_budget())
+        )
+    } else {
+        String::new()
+    };
     let mut fields = vec![
-        (0, format!("budget {}", app.budget_summary())),
+        (0, format!("budget {}{headroom}", app.budget_summary())),
         (2, format!("split ≤ {}", app.request.max_split)),
         (3, format!("{} pinned", app.request.pins.len())),
     ];
-    if app.request.headroom > 0.0 {
-        fields.push((
-            2,
-            format!(
-                "{:.0} % headroom: plans within {}",
-                app.request.headroom * 100.0,
-                units::bytes(app.request.usable_budget())
-            ),
-        ));
-    }
+
     if !app.request.block_recompute.is_empty() {
         fields.push((3, format!("{} rc fixed", app.request.block_recompute.len())));
     }
@@ -1040,10 +1041,17 @@ fn draw_frontier(app: &App, f: &mut Frame, area: Rect) {
         return;
     };
     let budget = app.budget();
-    let now = throughput_within(&ready.curve, budget);
+    // Plans keep the headroom free: what a budget buys is what fits within its usable part.
+    let within = |b: u64| {
+        throughput_within(
+            &ready.curve,
+            osdp_core::plan::request::usable(b, app.request.headroom),
+        )
+    };
+    let now = within(budget);
     let delta = |up: bool| {
         let b = super::app::budget_step(budget, up);
-        let t = throughput_within(&ready.curve, b);
+        let t = within(b);
         let step = units::bytes(b.abs_diff(budget));
         let sign = if up { '+' } else { '−' };
         match (now, t) {

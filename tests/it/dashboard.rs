@@ -1137,12 +1137,15 @@ fn the_gap_on_a_gpu_is_measured_or_named_an_estimate() {
         step(1, &[13 * GIB; 4], Some(vec![device; 4])),
         go = go.display()
     );
-    let idle = crate::stand_in::app(
+    let mut idle = crate::stand_in::app(
         "gpt2-medium",
         "rtx4090-4x-pcie",
         20 * GIB,
         Some(gpus(4, 17 * GIB)),
     );
+    // A plan that fills the budget (no headroom), so the gap is the runtime's.
+    idle.request.headroom = 0.0;
+    idle.replan();
     let screen = render_text(&idle, 200, 60);
     assert!(screen.contains("plan 19.9 GiB"), "{screen}");
     assert!(!screen.contains("not the plan's") && !screen.contains("tensors"));
