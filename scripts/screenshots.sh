@@ -11,8 +11,8 @@ for tool in tmux aha chromium; do
   command -v "$tool" >/dev/null || { echo "screenshots.sh needs $tool (apt-get install -y tmux aha chromium fonts-dejavu-core)" >&2; exit 2; }
 done
 . scripts/libtorch-env.sh
-# With the trainer, so the dashboard's `s` starts real runs.
-cargo build --release --quiet --features train --bin osdp-tui
+# With the trainer beside it, so the dashboard's `s` starts real runs.
+cargo build --release --quiet --features train --bin osdp-tui --bin osdp-tui-trainer
 bin=$PWD/target/release/osdp-tui
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"; tmux kill-session -t osdp-shot 2>/dev/null || true' EXIT
