@@ -704,14 +704,7 @@ pub fn evaluate(
             .map_err(|e| Failure::input(format!("--global-batch: {e}")))?;
         plan.accumulation = pairs.first().map_or(1, |&(_, a)| a);
     }
-    let machine = Machine::new(&layout, &spec);
-    plan::check_machine(&spec, &plan, &machine).map_err(|e| {
-        Failure::input(format!(
-            "{} on layout {:?}: {e}",
-            plan_path.display(),
-            printable(&layout.name)
-        ))
-    })?;
+    let machine = machine_for(&spec, &layout, &plan, plan_path)?;
     let p = plan::evaluate(&spec, &machine, &plan);
     let budget = budget.unwrap_or_else(|| layout.memory_bytes());
     let fits = p.peak_memory_bytes <= budget;
@@ -775,6 +768,24 @@ fn print_alternatives(spec: &ModelSpec, op: usize, alts: &[plan::explain::Altern
     }
 }
 
+/// The machine `layout` makes for `spec`, checked to run `plan` (read from `plan_path`).
+fn machine_for(
+    spec: &ModelSpec,
+    layout: &Layout,
+    plan: &plan::Plan,
+    plan_path: &Path,
+) -> Result<Machine, Failure> {
+    let machine = Machine::new(layout, spec);
+    plan::check_machine(spec, plan, &machine).map_err(|e| {
+        Failure::input(format!(
+            "{} on layout {:?}: {e}",
+            plan_path.display(),
+            printable(&layout.name)
+        ))
+    })?;
+    Ok(machine)
+}
+
 /// `export --to fsdp2`: the plan at `plan_path` written for `osdp_torch.apply_plan`.
 pub fn export_fsdp2(
     model: &Path,
@@ -784,14 +795,7 @@ pub fn export_fsdp2(
 ) -> Result<(), Failure> {
     let (spec, layout) = load(model, layout)?;
     let plan = plan::read_plan(plan_path, &spec).map_err(Failure::input)?;
-    let machine = Machine::new(&layout, &spec);
-    plan::check_machine(&spec, &plan, &machine).map_err(|e| {
-        Failure::input(format!(
-            "{} on layout {:?}: {e}",
-            plan_path.display(),
-            printable(&layout.name)
-        ))
-    })?;
+    let machine = machine_for(&spec, &layout, &plan, plan_path)?;
     let p = plan::evaluate(&spec, &machine, &plan);
     let export = plan::export::fsdp2_export(&spec, &layout.name, &machine, &plan, &p)
         .map_err(|e| Failure::input(format!("{}: {e}", plan_path.display())))?;

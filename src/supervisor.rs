@@ -785,7 +785,7 @@ impl<'a> WorkerStart<'a> {
     /// stopped, resuming when there is a checkpoint; `supervisor_fd`: the lifeline's end.
     fn args(&self, supervisor_fd: RawFd) -> TrainArgs {
         let (spec, dir, launch) = (self.spec, self.dir, self.launch);
-        TrainArgs {
+        let mut args = TrainArgs {
             model: spec.model.clone(),
             plan: dir.plan(),
             world_size: match launch.ranks {
@@ -812,12 +812,12 @@ impl<'a> WorkerStart<'a> {
             data: spec.data.data.clone(),
             tokenizer: spec.data.tokenizer.clone(),
             eval_data: spec.data.eval_data.clone(),
-            eval_every: spec
-                .data
-                .eval_every
-                .unwrap_or(TrainArgs::new(spec.model.clone(), dir.plan()).eval_every),
             ..TrainArgs::new(spec.model.clone(), dir.plan())
+        };
+        if let Some(k) = spec.data.eval_every {
+            args.eval_every = k;
         }
+        args
     }
 }
 

@@ -1,51 +1,19 @@
 //! Planning for PyTorch FSDP2 (`plan --target fsdp2`), exporting a plan for it (`export --to
 //! fsdp2`), and running the export with `osdp_torch` (the Python package in `python/`).
 
-use osdp_core::cost::{self, Choice, Machine, Offload, Strategy};
+use osdp_core::cost::{Choice, Machine, Offload, Strategy};
 use osdp_core::model::ModelSpec;
-use osdp_core::plan::{evaluate, Plan, PlanOptions, Planner, Target};
+use osdp_core::plan::{evaluate, PlanOptions, Planner, Target};
 use proptest::prelude::*;
 
-use crate::planner::{machine, offload_machine, small_model, LAYOUTS};
+use crate::planner::{all_plans_where, machine, offload_machine, small_model, LAYOUTS};
 
-/// Every plan at `batch` whose choices FSDP2 can run: (peak, samples/s).
+/// Every plan at `batch` whose choices FSDP2 can run (whole modules, no zero1, offload only of
+/// parameters): (peak, samples/s).
 fn all_fsdp2_plans(model: &ModelSpec, m: &Machine, batch: u64, max_split: u32) -> Vec<(u64, f64)> {
-    let bases = cost::op_bases(model, m, 1);
-    let options: Vec<Vec<Choice>> = bases
-        .iter()
-        .map(|b| {
-            cost::choices(b, m, max_split)
-                .into_iter()
-                .filter(|&c| {
-                    c.split == 1 && c.strategy != Strategy::Zero1 && c.offload != Offload::Opt
-                })
-                .collect()
-        })
-        .collect();
-    let layers = model.config.layers as usize;
-    let mut out = Vec::new();
-    let mut idx = vec![0usize; options.len()];
-    'plans: loop {
-        for flags in 0..(1u32 << layers) {
-            let plan = Plan {
-                batch,
-                accumulation: 1,
-                choices: idx.iter().zip(&options).map(|(&i, o)| o[i]).collect(),
-                recompute: (0..layers).map(|l| flags >> l & 1 == 1).collect(),
-            };
-            let p = evaluate(model, m, &plan);
-            out.push((p.peak_memory_bytes, p.throughput_samples_per_s));
-        }
-        for k in 0..idx.len() {
-            idx[k] += 1;
-            if idx[k] < options[k].len() {
-                continue 'plans;
-            }
-            idx[k] = 0;
-        }
-        break;
-    }
-    out
+    let fsdp2 =
+        |c: Choice| c.split == 1 && c.strategy != Strategy::Zero1 && c.offload != Offload::Opt;
+    all_plans_where(model, m, &[(batch, 1)], max_split, &|_| true, &fsdp2)
 }
 
 fn close(a: f64, b: f64) -> bool {

@@ -425,7 +425,7 @@ fn one_adamw_step(dir: &Path, family: &str) {
         checkpoint_dir: None,
         checkpoint_every: 0,
         resume_from: None,
-        init_from: Some(dir.join(family)),
+        init_from: Some(HfWeights::open(&dir.join(family), &model).unwrap()),
         eval: None,
         collect_params: true,
         membership: None,

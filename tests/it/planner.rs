@@ -231,21 +231,27 @@ fn all_plans_accumulated(
     batches: &[(u64, u64)],
     max_split: u32,
 ) -> Vec<(u64, f64)> {
-    all_plans_where(model, m, batches, max_split, &|_| true)
+    all_plans_where(model, m, batches, max_split, &|_| true, &|_| true)
 }
 
-/// [`all_plans_accumulated`] whose recompute flags pass `keep`.
-fn all_plans_where(
+/// [`all_plans_accumulated`] whose recompute flags pass `keep`, of the choices `allow` passes.
+pub(crate) fn all_plans_where(
     model: &ModelSpec,
     m: &Machine,
     batches: &[(u64, u64)],
     max_split: u32,
     keep: &dyn Fn(&[bool]) -> bool,
+    allow: &dyn Fn(Choice) -> bool,
 ) -> Vec<(u64, f64)> {
     let bases = cost::op_bases(model, m, 1);
     let options: Vec<Vec<Choice>> = bases
         .iter()
-        .map(|b| cost::choices(b, m, max_split))
+        .map(|b| {
+            cost::choices(b, m, max_split)
+                .into_iter()
+                .filter(|&c| allow(c))
+                .collect()
+        })
         .collect();
     let layers = model.config.layers as usize;
     let mut out = Vec::new();
@@ -550,7 +556,7 @@ proptest! {
                 None => recompute || !r[b],
             })
         };
-        let plans = all_plans_where(&model, &m, &[(batch, 1)], 1, &honours);
+        let plans = all_plans_where(&model, &m, &[(batch, 1)], 1, &honours, &|_| true);
         let lo = plans.iter().map(|p| p.0).min().unwrap();
         let hi = plans.iter().map(|p| p.0).max().unwrap();
         let budget = lo + ((hi - lo) as f64 * budget_frac) as u64;

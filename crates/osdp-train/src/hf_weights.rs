@@ -12,7 +12,7 @@
 //! GPT-2's block linears are `Conv1D` modules, stored `[in, out]`: they are transposed to the
 //! model's `[out, in]` on the way in and back on the way out.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 
 use memmap2::Mmap;
@@ -293,7 +293,7 @@ fn locate(
         }
     }
     let mut located = HashMap::new();
-    let mut used: Vec<&String> = Vec::new();
+    let mut used: HashSet<&String> = HashSet::new();
     for op in &model.ops {
         for p in &op.params {
             let full = hf_name(op, &p.name);
@@ -303,7 +303,7 @@ fn locate(
             if p.tied_to.is_some() {
                 // A tied head may be stored (an equal copy) or left out.
                 if let Some((k, _)) = found {
-                    used.push(k);
+                    used.insert(k);
                 }
                 continue;
             }
@@ -332,7 +332,7 @@ fn locate(
                     }
                 ));
             }
-            used.push(name);
+            used.insert(name);
             located.insert(
                 model::param_key(&op.id, &p.name),
                 Located {

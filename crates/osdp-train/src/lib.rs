@@ -92,9 +92,9 @@ pub struct TrainConfig {
     pub checkpoint_every: u64,
     /// Checkpoint directory (`step-…`) to resume from.
     pub resume_from: Option<PathBuf>,
-    /// A Hugging Face checkpoint directory to take the initial weights from (when not
-    /// resuming); `None`: weights from the seed.
-    pub init_from: Option<PathBuf>,
+    /// A Hugging Face checkpoint, opened and checked, to take the initial weights from (when
+    /// not resuming); `None`: weights from the seed.
+    pub init_from: Option<hf_weights::HfWeights>,
     /// Held-out loss every so many steps (`--eval-data`); `None`: none.
     pub eval: Option<EvalConfig>,
     /// Return every parameter's final value (tests and equivalence checks).
@@ -173,7 +173,7 @@ pub fn train(
     check_config(cfg)?;
     let start = start(cfg)?;
     let first_step = match &start {
-        Start::Resumed((m, _)) => m.step,
+        Start::Resumed(r) => r.0.step,
         _ => 0,
     };
     let last_step = last_step(first_step, cfg.steps).map_err(TrainError::Invalid)?;
@@ -322,28 +322,26 @@ type Restored = (
 );
 
 /// Where every rank's first values come from.
-enum Start {
+enum Start<'a> {
     /// Weights from the seed.
     Fresh,
     /// A checkpoint of this run (weights, moments, step).
-    Resumed(Restored),
+    Resumed(Box<Restored>),
     /// A Hugging Face checkpoint's weights, each rank reading its own shares.
-    Pretrained(hf_weights::HfWeights),
+    Pretrained(&'a hf_weights::HfWeights),
 }
 
 /// The checkpoint `cfg` resumes from, loaded and checked to be of this model; else the Hugging
-/// Face weights it starts from, opened and checked (names, shapes, dtypes); else fresh.
-fn start(cfg: &TrainConfig) -> Result<Start, TrainError> {
+/// Face weights it starts from; else fresh.
+fn start(cfg: &TrainConfig) -> Result<Start<'_>, TrainError> {
     if let Some(dir) = &cfg.resume_from {
         let (manifest, params) = checkpoint::load_for(dir, &cfg.model)?;
-        return Ok(Start::Resumed((manifest, params)));
+        return Ok(Start::Resumed(Box::new((manifest, params))));
     }
-    match &cfg.init_from {
-        Some(dir) => hf_weights::HfWeights::open(dir, &cfg.model)
-            .map(Start::Pretrained)
-            .map_err(TrainError::Invalid),
-        None => Ok(Start::Fresh),
-    }
+    Ok(cfg
+        .init_from
+        .as_ref()
+        .map_or(Start::Fresh, Start::Pretrained))
 }
 
 /// A rank this process runs: its collective handle and, for threads, a way to release the
@@ -602,15 +600,15 @@ fn rank_main(
     sampler: &data::Sampler,
     rows: usize,
     steps: std::ops::Range<u64>,
-    start: &Start,
+    start: &Start<'_>,
     tx: &mpsc::Sender<RankMsg>,
 ) -> Result<RankEnd, TrainError> {
     let rank = group.rank();
     let err = rank_err(rank);
     let init = match start {
-        Start::Resumed((m, params)) => Init::Restored {
-            params,
-            step: m.step,
+        Start::Resumed(r) => Init::Restored {
+            params: &r.1,
+            step: r.0.step,
         },
         Start::Pretrained(weights) => Init::Pretrained { weights },
         Start::Fresh => Init::Fresh { seed: cfg.seed },

@@ -132,11 +132,14 @@ fn setup(args: &TrainArgs) -> Result<Setup, Failure> {
     };
     osdp_train::last_step(resumed.as_ref().map_or(0, |m| m.step), args.steps)
         .map_err(Failure::input)?;
-    // The weights to start from, checked now (headers only: cheap) so that a wrong checkpoint
-    // is bad input, refused before any rank starts; a resumed run has its own.
-    if let (Some(dir), None) = (&args.init_from, &resume_from) {
-        osdp_train::hf_weights::HfWeights::open(dir, &model).map_err(Failure::input)?;
-    }
+    // The weights to start from, opened and checked now (headers only) so that a wrong
+    // checkpoint is bad input, refused before any rank starts; a resumed run has its own.
+    let init_from = match (&args.init_from, &resume_from) {
+        (Some(dir), None) => {
+            Some(osdp_train::hf_weights::HfWeights::open(dir, &model).map_err(Failure::input)?)
+        }
+        _ => None,
+    };
     // A resumed run continues the same run: the global batch, seed and data the checkpoint
     // was written with, unless the user says otherwise (then say so).
     let settled = Settled::of(
@@ -184,7 +187,7 @@ fn setup(args: &TrainArgs) -> Result<Setup, Failure> {
         checkpoint_dir: args.checkpoint_dir.clone(),
         checkpoint_every: args.checkpoint_every,
         resume_from,
-        init_from: args.init_from.clone(),
+        init_from,
         eval,
         collect_params: false,
         membership,
@@ -395,12 +398,13 @@ fn eval_config(
     };
     let seq = model.config.seq_len as usize;
     let source = osdp_train::data::load::open(
+        "--eval-data",
         spec,
         args.tokenizer.as_deref(),
         model.config.vocab_size,
         seq,
     )
-    .map_err(|e| Failure::input(e.replacen("--data", "--eval-data", 1)))?;
+    .map_err(Failure::input)?;
     let tokens = source
         .tokens()
         .ok_or_else(|| Failure::input("--eval-data random: held-out loss needs real data"))?;
@@ -427,6 +431,7 @@ fn data_source(
     use osdp_train::data::load;
     let (spec, tokenizer) = load::parse_label(label);
     load::open(
+        "--data",
         spec,
         tokenizer,
         model.config.vocab_size,

@@ -68,33 +68,20 @@ pub fn eval(args: EvalArgs) -> Result<(), Failure> {
 
 /// The data's tokens in order, each inside the model's vocabulary.
 fn tokens(data: &str, tokenizer: Option<&Path>, model: &ModelSpec) -> Result<Vec<i64>, Failure> {
-    let seq = model.config.seq_len as usize;
-    let source = match (data, tokenizer) {
-        // The built-in text byte by byte, checked like any other (training wraps it).
-        ("shakespeare", None) => osdp_train::data::Source::Tokens {
-            name: data.into(),
-            tokens: std::sync::Arc::new(
-                osdp_train::data::SHAKESPEARE
-                    .iter()
-                    .map(|&b| u32::from(b))
-                    .collect(),
-            ),
-        },
-        _ => osdp_train::data::load::open(data, tokenizer, model.config.vocab_size, seq)
-            .map_err(Failure::input)?,
-    };
-    let tokens = source
-        .tokens()
-        .ok_or_else(|| Failure::input("--data random: eval needs real data"))?;
-    let vocab = model.config.vocab_size as i64;
-    if let Some(at) = tokens.iter().position(|&t| t >= vocab) {
-        return Err(Failure::input(format!(
-            "--data {data}: token {} at position {at} is outside the model's vocabulary of \
-             {vocab}",
-            tokens[at]
-        )));
+    use osdp_train::data::{load, SHAKESPEARE};
+    let (vocab, seq) = (model.config.vocab_size, model.config.seq_len as usize);
+    match (data, tokenizer) {
+        // The built-in text byte by byte, checked as files are (training wraps it instead).
+        ("shakespeare", None) => {
+            let bytes: Vec<u32> = SHAKESPEARE.iter().map(|&b| u32::from(b)).collect();
+            load::check("--data shakespeare", &bytes, vocab, seq).map_err(Failure::input)?;
+            Ok(bytes.into_iter().map(i64::from).collect())
+        }
+        _ => load::open("--data", data, tokenizer, vocab, seq)
+            .map_err(Failure::input)?
+            .tokens()
+            .ok_or_else(|| Failure::input("--data random: eval needs real data")),
     }
-    Ok(tokens)
 }
 
 fn target(device: DeviceArg) -> Result<Target, Failure> {

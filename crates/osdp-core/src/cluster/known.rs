@@ -138,6 +138,32 @@ pub const OTHER: Generation = Generation {
 };
 
 /// Most specific names first.
+/// The A100s' rows, which the A800s (the same part, a slower NVLink) start from.
+const A100_PCIE: KnownGpu = KnownGpu {
+    pattern: "A100-PCIE",
+    bf16_tflops: Some(312.0),
+    fp16_tflops: 312.0,
+    fp32_tflops: 19.5,
+    memory_gb_per_s: 1935.0,
+    link_gb_per_s: 12.0,
+    link: LinkKind::Pcie,
+    single_gpu_layout: None,
+    efficiency: &AMPERE,
+    source: "NVIDIA A100 PCIe datasheet",
+};
+const A100_SXM: KnownGpu = KnownGpu {
+    pattern: "A100",
+    bf16_tflops: Some(312.0),
+    fp16_tflops: 312.0,
+    fp32_tflops: 19.5,
+    memory_gb_per_s: 2039.0,
+    link_gb_per_s: 200.0,
+    link: LinkKind::Nvlink,
+    single_gpu_layout: None,
+    efficiency: &AMPERE,
+    source: "NVIDIA A100 SXM datasheet",
+};
+
 pub const KNOWN_GPUS: &[KnownGpu] = &[
     KnownGpu {
         pattern: "H200",
@@ -175,61 +201,26 @@ pub const KNOWN_GPUS: &[KnownGpu] = &[
         efficiency: &HOPPER,
         source: "NVIDIA H100 SXM datasheet",
     },
-    KnownGpu {
-        pattern: "A100-PCIE",
-        bf16_tflops: Some(312.0),
-        fp16_tflops: 312.0,
-        fp32_tflops: 19.5,
-        memory_gb_per_s: 1935.0,
-        link_gb_per_s: 12.0,
-        link: LinkKind::Pcie,
-        single_gpu_layout: None,
-        efficiency: &AMPERE,
-        source: "NVIDIA A100 PCIe datasheet",
-    },
-    KnownGpu {
-        pattern: "A100",
-        bf16_tflops: Some(312.0),
-        fp16_tflops: 312.0,
-        fp32_tflops: 19.5,
-        memory_gb_per_s: 2039.0,
-        link_gb_per_s: 200.0,
-        link: LinkKind::Nvlink,
-        single_gpu_layout: None,
-        efficiency: &AMPERE,
-        source: "NVIDIA A100 SXM datasheet",
-    },
+    A100_PCIE,
+    A100_SXM,
     // The A800 is the A100's GA100 with NVLink cut from 600 to 400 GB/s (export-control
     // variant, Nov 2022): A100 rates and Ampere efficiencies, two thirds of its NCCL bus
     // bandwidth inside a node. Before this row "NVIDIA A800-SXM4-80GB" matched nothing and got
     // the unknown-GPU guess (issue 36).
     KnownGpu {
         pattern: "A800-PCIE",
-        bf16_tflops: Some(312.0),
-        fp16_tflops: 312.0,
-        fp32_tflops: 19.5,
-        memory_gb_per_s: 1935.0,
-        link_gb_per_s: 12.0,
-        link: LinkKind::Pcie,
-        single_gpu_layout: None,
-        efficiency: &AMPERE,
         source:
             "NVIDIA A800 PCIe: A100 PCIe datasheet rates, the same GA100 part with a slower NVLink \
                  (https://tweakers.net/nieuws/203182/, https://aiwiki.ai/wiki/nvidia_a800)",
+        ..A100_PCIE
     },
     KnownGpu {
         pattern: "A800",
-        bf16_tflops: Some(312.0),
-        fp16_tflops: 312.0,
-        fp32_tflops: 19.5,
-        memory_gb_per_s: 2039.0,
         link_gb_per_s: 133.0,
-        link: LinkKind::Nvlink,
-        single_gpu_layout: None,
-        efficiency: &AMPERE,
         source: "NVIDIA A800 SXM: A100 SXM datasheet rates, NVLink 400 GB/s instead of 600 \
                  (https://tweakers.net/nieuws/203182/, https://aiwiki.ai/wiki/nvidia_a800); \
                  bus bandwidth estimated as 400/600 of the A100's 200 GB/s",
+        ..A100_SXM
     },
     KnownGpu {
         pattern: "L40S",

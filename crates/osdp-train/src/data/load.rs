@@ -38,8 +38,9 @@ pub fn parse_label(label: &str) -> (&str, Option<&Path>) {
 }
 
 /// Read `spec` (`shakespeare`, `random`, or a path) for a model of `vocab` tokens, samples of
-/// `seq` + 1 tokens.
+/// `seq` + 1 tokens; `flag` (`--data`, `--eval-data`) names it in messages.
 pub fn open(
+    flag: &str,
     spec: &str,
     tokenizer: Option<&Path>,
     vocab: u64,
@@ -48,51 +49,51 @@ pub fn open(
     let name = label(spec, tokenizer);
     let tokens: Vec<u32> = match (spec, tokenizer) {
         ("random", None) => return Ok(Source::Random),
-        ("random", Some(_)) => return Err("--data random needs no --tokenizer".into()),
+        ("random", Some(_)) => return Err(format!("{flag} random needs no --tokenizer")),
         ("shakespeare", None) => return Ok(Source::shakespeare()),
         ("shakespeare", Some(t)) => {
             let text = String::from_utf8_lossy(super::SHAKESPEARE);
             encode_all(&load_tokenizer(t)?, [text.as_ref()].into_iter(), false)?
         }
-        (path, tok) => from_file(Path::new(path), tok)?,
+        (path, tok) => from_file(flag, Path::new(path), tok)?,
     };
-    check(spec, &tokens, vocab, seq)?;
+    check(&format!("{flag} {spec}"), &tokens, vocab, seq)?;
     Ok(Source::Tokens {
         name,
         tokens: Arc::new(tokens),
     })
 }
 
-fn from_file(path: &Path, tokenizer: Option<&Path>) -> Result<Vec<u32>, String> {
-    let shown = path.display();
-    let meta = std::fs::metadata(path).map_err(|e| format!("--data {shown}: {e}"))?;
+fn from_file(flag: &str, path: &Path, tokenizer: Option<&Path>) -> Result<Vec<u32>, String> {
+    let shown = format!("{flag} {}", path.display());
+    let meta = std::fs::metadata(path).map_err(|e| format!("{shown}: {e}"))?;
     if !meta.is_file() {
-        return Err(format!("--data {shown}: not a file"));
+        return Err(format!("{shown}: not a file"));
     }
     if meta.len() > MAX_DATA_BYTES {
         return Err(format!(
-            "--data {shown}: {} bytes is more than the {MAX_DATA_BYTES} read whole",
+            "{shown}: {} bytes is more than the {MAX_DATA_BYTES} read whole",
             meta.len()
         ));
     }
-    let bytes = std::fs::read(path).map_err(|e| format!("--data {shown}: {e}"))?;
+    let bytes = std::fs::read(path).map_err(|e| format!("{shown}: {e}"))?;
     let ext = path.extension().and_then(|e| e.to_str()).unwrap_or("");
     match (ext, tokenizer) {
         ("bin", Some(_)) => Err(format!(
-            "--data {shown}: a .bin file is already tokens; drop --tokenizer"
+            "{shown}: a .bin file is already tokens; drop --tokenizer"
         )),
-        ("bin", None) => binary_tokens(&bytes).map_err(|e| format!("--data {shown}: {e}")),
+        ("bin", None) => binary_tokens(&bytes).map_err(|e| format!("{shown}: {e}")),
         ("jsonl", Some(t)) => {
             let tok = load_tokenizer(t)?;
-            let docs = documents(&bytes).map_err(|e| format!("--data {shown}: {e}"))?;
+            let docs = documents(&bytes).map_err(|e| format!("{shown}: {e}"))?;
             encode_all(&tok, docs.iter().map(String::as_str), true)
         }
         ("jsonl", None) => Err(format!(
-            "--data {shown}: JSON-lines documents need --tokenizer tokenizer.json"
+            "{shown}: JSON-lines documents need --tokenizer tokenizer.json"
         )),
         (_, Some(t)) => {
-            let text = String::from_utf8(bytes)
-                .map_err(|e| format!("--data {shown}: not UTF-8 text ({e})"))?;
+            let text =
+                String::from_utf8(bytes).map_err(|e| format!("{shown}: not UTF-8 text ({e})"))?;
             encode_all(&load_tokenizer(t)?, [text.as_str()].into_iter(), false)
         }
         (_, None) => Ok(bytes.into_iter().map(u32::from).collect()),
@@ -200,18 +201,18 @@ fn encode_all<'a>(
     Ok(out)
 }
 
-/// At least one sample, every token inside the vocabulary.
-fn check(spec: &str, tokens: &[u32], vocab: u64, seq: usize) -> Result<(), String> {
+/// At least one sample, every token inside the vocabulary; `what` (`--data FILE`) names the
+/// data in messages.
+pub fn check(what: &str, tokens: &[u32], vocab: u64, seq: usize) -> Result<(), String> {
     if let Some(at) = tokens.iter().position(|&t| u64::from(t) >= vocab) {
         return Err(format!(
-            "--data {spec}: token {} at position {at} is outside the model's vocabulary of \
-             {vocab}",
+            "{what}: token {} at position {at} is outside the model's vocabulary of {vocab}",
             tokens[at]
         ));
     }
     if tokens.len() <= seq + 1 {
         return Err(format!(
-            "--data {spec}: {} tokens are fewer than one sample of {} tokens",
+            "{what}: {} tokens are fewer than one sample of {} tokens",
             tokens.len(),
             seq + 1
         ));
@@ -264,7 +265,7 @@ mod tests {
 
     #[test]
     fn a_token_outside_the_vocabulary_is_named_with_its_position() {
-        let err = check("d.bin", &[1, 2, 300, 4, 5], 256, 2).unwrap_err();
+        let err = check("--data d.bin", &[1, 2, 300, 4, 5], 256, 2).unwrap_err();
         assert!(err.contains("token 300 at position 2"), "{err}");
         assert!(check("d.bin", &[1, 2, 3], 256, 2)
             .unwrap_err()
