@@ -70,7 +70,7 @@ shoot llama-2-7b-h100-offload 160 48 "Down" \
   sample-models/llama-2-7b.json --layout layouts/h100-1x.json
 
 # Training from the dashboard: tiny GPT-2 on the CPU layout (2 ranks), micro-batch 4.
-train_args() { echo "sample-models/tiny-gpt2.json --layout layouts/cpu.json --budget 360MiB --batch 4 --checkpoint-every 10 --run-dir $tmp/run-$1"; }
+train_args() { echo "sample-models/tiny-gpt2.json --layout layouts/cpu.json --budget 380MiB --batch 4 --checkpoint-every 10 --run-dir $tmp/run-$1"; }
 # shellcheck disable=SC2046 # word splitting of the arguments is intended
 shoot tiny-gpt2-training-live 160 50 "s wait:20" $(train_args live)
 # shellcheck disable=SC2046
