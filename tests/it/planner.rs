@@ -142,8 +142,11 @@ proptest! {
         };
         let budget = min_fit + ((hi.saturating_sub(min_fit)) as f64 * budget_frac) as u64;
         let options = PlanOptions { batch: Some(batch), max_split, ..Default::default() };
-        let planner = Planner::new(&model, m.clone(), options, budget);
+        let planner = Planner::new(&model, m.clone(), options.clone(), budget);
         let got = planner.best(budget).expect("fits: budget is at least the minimum");
+        // `plan`'s search for this one budget finds the same.
+        let one = Planner::best_at(&model, m.clone(), options, budget).expect("fits");
+        prop_assert_eq!(&one.prediction, &got.prediction);
         prop_assert!(got.prediction.peak_memory_bytes <= budget);
         let want = exhaustive(&model, &m, &[batch], max_split, budget).expect("some plan fits");
         prop_assert!(close(got.prediction.throughput_samples_per_s, want),
@@ -397,7 +400,11 @@ proptest! {
         let most = plans.iter().map(|p| p.0).max().unwrap();
         let budget = least + ((most - least) as f64 * frac) as u64;
         let want = plans.iter().filter(|p| p.0 <= budget).map(|p| p.1).fold(0.0, f64::max);
-        let got = Planner::new(&model, m.clone(), options, budget).best(budget).expect("fits");
+        let got = Planner::new(&model, m.clone(), options.clone(), budget).best(budget).expect("fits");
+        let one = Planner::best_at(&model, m.clone(), options, budget).expect("fits");
+        prop_assert!(close(one.prediction.throughput_samples_per_s, want),
+            "budget {budget}: one-budget search {} vs exhaustive {want}", one.prediction.throughput_samples_per_s);
+        prop_assert!(one.prediction.peak_memory_bytes <= budget);
         prop_assert_eq!(got.prediction.global_batch, global);
         prop_assert_eq!(got.plan.batch * got.plan.accumulation * u64::from(m.ranks), global);
         prop_assert!(got.prediction.peak_memory_bytes <= budget);
@@ -509,7 +516,13 @@ proptest! {
             .map(|p| p.2)
             .reduce(f64::max);
         let options = PlanOptions { batch: Some(batch), max_split: 1, ..Default::default() };
-        let planner = Planner::new(&model, m.clone(), options, budget);
+        let planner = Planner::new(&model, m.clone(), options.clone(), budget);
+        let one = Planner::best_at(&model, m.clone(), options, budget);
+        prop_assert_eq!(
+            one.as_ref().map(|p| p.prediction.throughput_samples_per_s).ok(),
+            want.and(planner.best(budget).ok().map(|p| p.prediction.throughput_samples_per_s)),
+            "one-budget search against the whole one"
+        );
         match (planner.best(budget), want) {
             (Ok(got), Some(want)) => {
                 prop_assert!(got.prediction.peak_memory_bytes <= budget);
@@ -582,4 +595,63 @@ proptest! {
             prop_assert_eq!(nf.min_budget_bytes, Some(lo));
         }
     }
+}
+
+/// `plan` answers one budget (`Planner::best_at`): it leaves out every micro-batch and
+/// transient cap that a Lagrangian bound says cannot beat a plan already found. On the shipped
+/// models and layouts, at budgets from tight to roomy and at the default global batch, its
+/// plan is the one the whole frontiers give at that budget: the same throughput and peak.
+#[test]
+fn the_one_budget_search_finds_what_the_whole_search_finds_on_shipped_models() {
+    use osdp_core::model::read_model;
+    let cases = [
+        ("gpt2-xl", "a100-80gb-8x-nvlink"),
+        ("gpt2-xl", "h100-1x"),
+        ("small-gpt2", "h100-1x"),
+        ("bert-large-uncased", "rtx4090-1x"),
+        ("llama-2-7b", "h100-sxm-2x8-ib-ndr"),
+        ("opt-1.3b", "osdp-paper-8x-titan-rtx-pcie3"),
+        ("osdp-gpt-48x1536", "rtx4090-4x-pcie"),
+    ];
+    let mut compared = 0;
+    for (name, layout) in cases {
+        let model = read_model(&crate::root().join(format!("sample-models/{name}.json"))).unwrap();
+        let l = read_layout(&crate::root().join(format!("layouts/{layout}.json"))).unwrap();
+        let m = Machine::new(&l, &model);
+        let options = PlanOptions {
+            global_batch: Some(64 * u64::from(m.ranks)),
+            resolution_bytes: 1 << 20,
+            ..Default::default()
+        };
+        for frac in [0.35, 0.7, 0.95] {
+            let budget = (l.memory_bytes() as f64 * frac) as u64;
+            let whole = Planner::new(&model, m.clone(), options.clone(), budget).best(budget);
+            let one = Planner::best_at(&model, m.clone(), options.clone(), budget);
+            match (&whole, &one) {
+                (Ok(w), Ok(o)) => {
+                    assert!(
+                        close(
+                            w.prediction.throughput_samples_per_s,
+                            o.prediction.throughput_samples_per_s
+                        ),
+                        "{name} on {layout} at {frac}: whole {} vs one-budget {}",
+                        w.prediction.throughput_samples_per_s,
+                        o.prediction.throughput_samples_per_s
+                    );
+                    assert_eq!(
+                        w.prediction.peak_memory_bytes, o.prediction.peak_memory_bytes,
+                        "{name} on {layout} at {frac}"
+                    );
+                    compared += 1;
+                }
+                (Err(w), Err(o)) => assert_eq!(w, o, "{name} on {layout} at {frac}"),
+                _ => panic!(
+                    "{name} on {layout} at {frac}: whole {:?} vs one-budget {:?}",
+                    whole.map(|p| p.prediction.throughput_samples_per_s),
+                    one.map(|p| p.prediction.throughput_samples_per_s)
+                ),
+            }
+        }
+    }
+    assert!(compared >= 15, "only {compared} budgets fit");
 }

@@ -257,7 +257,7 @@ pub fn plan_with_baselines(
     budget: u64,
 ) -> Result<(Planned, Vec<(Baseline, Outcome)>), NoFit> {
     let results = baselines(model, machine, budget, &options);
-    let mut best = Planner::new(model, machine.clone(), options.clone(), budget).best(budget)?;
+    let mut best = Planner::best_at(model, machine.clone(), options.clone(), budget)?;
     adopt(&mut best, &results, &options);
     Ok((best, results))
 }

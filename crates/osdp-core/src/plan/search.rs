@@ -169,6 +169,9 @@ struct Prepared {
     steps: Vec<(u64, Vec<Vec<usize>>)>,
     /// The resolution caps were merged at to stay under [`MAX_CAP_SLOTS`]; 0 if they were not.
     coarsened: u64,
+    /// For [`Reach::Only`]: per step, the best throughput its plans could reach within the
+    /// budget ([`Planner::could_reach`]); empty otherwise.
+    reach: Vec<f64>,
 }
 
 /// Lines `time ≥ g − λ·(peak − fixed)`; see [`Planner::time_bound`].
@@ -212,6 +215,18 @@ pub struct Planner<'m> {
     host_price: f64,
     /// The three-dimensional planner, once a query needed it.
     exact_host: std::sync::OnceLock<Box<Planner<'m>>>,
+    /// What the tables answer: every budget up to `max_budget_bytes`, or that budget alone.
+    reach: Reach,
+}
+
+/// Which budgets a planner's tables answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Reach {
+    /// Every budget up to the largest: a budget change walks the frontiers (the dashboard).
+    Every,
+    /// The largest alone (`plan`): a micro-batch or a transient cap whose plans cannot beat
+    /// the best found so far at that budget (a Lagrangian bound says so) is never summed.
+    Only,
 }
 
 /// Why a global batch cannot be run on `ranks` ranks.
@@ -333,7 +348,42 @@ impl<'m> Planner<'m> {
         options: PlanOptions,
         max_budget_bytes: u64,
     ) -> Planner<'m> {
-        Planner::with_host_limit(model, machine, options, max_budget_bytes, None, 0.0)
+        Planner::with_host_limit(
+            model,
+            machine,
+            options,
+            max_budget_bytes,
+            None,
+            0.0,
+            Reach::Every,
+        )
+    }
+
+    /// The best plan within `budget_bytes` (and the host budget), searching only what can
+    /// answer that one budget: the same plan as `Planner::new(…, budget).best(budget)`, found
+    /// without the frontiers that only smaller budgets need.
+    pub fn best_at(
+        model: &'m ModelSpec,
+        machine: Machine,
+        options: PlanOptions,
+        budget_bytes: u64,
+    ) -> Result<Planned, NoFit> {
+        let only = Planner::with_host_limit(
+            model,
+            machine.clone(),
+            options.clone(),
+            budget_bytes,
+            None,
+            0.0,
+            Reach::Only,
+        )
+        .best(budget_bytes);
+        match only {
+            Ok(p) => Ok(p),
+            // Nothing fits: the smallest budget that would is read off the whole frontiers,
+            // which a search for one budget leaves out.
+            Err(_) => Planner::new(model, machine, options, budget_bytes).best(budget_bytes),
+        }
     }
 
     fn with_host_limit(
@@ -343,6 +393,7 @@ impl<'m> Planner<'m> {
         max_budget_bytes: u64,
         host_limit: Option<u64>,
         host_price: f64,
+        reach: Reach,
     ) -> Planner<'m> {
         let blocks = Blocks::of(model);
         let pins: HashMap<usize, Choice> = options.pins.iter().copied().collect();
@@ -366,6 +417,7 @@ impl<'m> Planner<'m> {
             max_budget_bytes,
             host_price,
             exact_host: std::sync::OnceLock::new(),
+            reach,
         };
         // A global batch the ranks cannot share leaves nothing to search (callers check it
         // first with [`batch_options`] to say why). Micro-batches past `max_batch` are never
@@ -391,15 +443,43 @@ impl<'m> Planner<'m> {
         // (micro-batch, accumulation, least peak): the facts of each are prepared again when
         // its table is built, so only one micro-batch's are held at a time.
         let mut prepared: Vec<(u64, u64, u64)> = Vec::new();
+        // For `Reach::Only`, each micro-batch's facts are kept, with the best throughput its
+        // plans could reach within the budget.
+        let mut kept: Vec<(f64, Prepared)> = Vec::new();
         for (batch, accumulation) in batches {
-            let min_peak = planner.min_peak(&planner.prepare(batch, accumulation, &pins));
+            let prep = planner.prepare(batch, accumulation, &pins);
+            let min_peak = planner.min_peak(&prep);
             let fits = min_peak <= max_budget_bytes;
             if fits || fixed || prepared.is_empty() {
                 prepared.push((batch, accumulation, min_peak));
+                if planner.reach == Reach::Only {
+                    let reach = planner.could_reach(&prep, max_budget_bytes);
+                    let best = reach.iter().copied().fold(0.0, f64::max);
+                    kept.push((best, Prepared { reach, ..prep }));
+                }
             }
             if !fits && !fixed {
                 break;
             }
+        }
+        if planner.reach == Reach::Only {
+            // The most promising micro-batch first (of equals, the largest): a plan found
+            // there leaves out every micro-batch and cap that cannot beat it.
+            kept.sort_by(|a, b| b.0.total_cmp(&a.0).then(b.1.batch.cmp(&a.1.batch)));
+            let mut incumbent = 0.0f64;
+            let mut tables: Vec<BatchTable> = Vec::new();
+            for (could_reach, prep) in kept {
+                if incumbent > 0.0 && could_reach < incumbent {
+                    break;
+                }
+                let table = planner.build(prep, max_budget_bytes, Some(&mut incumbent));
+                if !table.caps.is_empty() {
+                    tables.push(table);
+                }
+            }
+            planner.searched = prepared.iter().map(|p| p.0).collect();
+            planner.tables = tables;
+            return planner;
         }
         // Largest micro-batches first: their plans bound what a smaller one can still win. No
         // plan at batch `b` beats `b / (its fastest ops' times + step overhead)`, so a plan
@@ -437,7 +517,7 @@ impl<'m> Planner<'m> {
             if cover < max_budget_bytes && cover < min_peak {
                 continue;
             }
-            let table = planner.build(prep, cover);
+            let table = planner.build(prep, cover, None);
             let samples = table.samples();
             witnesses.extend(table.caps.iter().flat_map(|(cap, f)| {
                 f.iter().map(move |p| {
@@ -508,6 +588,7 @@ impl<'m> Planner<'m> {
                 self.max_budget_bytes,
                 None,
                 price,
+                self.reach,
             )
             .best_ignoring_host(budget)
         };
@@ -565,6 +646,7 @@ impl<'m> Planner<'m> {
                 self.max_budget_bytes,
                 self.host_can_bind,
                 0.0,
+                self.reach,
             ))
         })
     }
@@ -678,6 +760,7 @@ impl<'m> Planner<'m> {
             all_floor,
             steps,
             coarsened,
+            reach: Vec::new(),
         }
     }
 
@@ -961,9 +1044,132 @@ impl<'m> Planner<'m> {
         }
     }
 
+    /// Per step of `prep`, the most throughput (samples per second, with a margin for sums in
+    /// another order) a plan under that cap could reach within `budget`; 0 where none fits.
+    fn could_reach(&self, prep: &Prepared, budget: u64) -> Vec<f64> {
+        let room = budget.saturating_sub(self.machine.overhead_bytes);
+        let samples = (prep.batch * prep.accumulation) as f64;
+        let step_overhead = self.machine.step_overhead_s();
+        prep.steps
+            .iter()
+            .map(|(cap, keys)| {
+                let t = room.checked_sub(*cap).map_or(f64::INFINITY, |held| {
+                    self.cap_time_bound(&prep.opts, keys, prep.batch, held)
+                });
+                samples / (t + step_overhead) * (1.0 + 1e-7)
+            })
+            .collect()
+    }
+
+    /// A lower bound on the step time (without the step overhead) of every plan whose ops
+    /// keep to `keys` (what a cap admits, [`Planner::cap_keys`]) and hold at most `held`
+    /// bytes; infinite when none can.
+    ///
+    /// For any `λ ≥ 0`, every such plan has `time ≥ g(λ) − λ·held`, `g(λ)` the sum over
+    /// instances of their least `time + λ·held` (the Lagrangian dual of the knapsack: its
+    /// linear relaxation). The bound is concave in `λ` and peaks where the held memory of
+    /// the minimisers crosses `held`; that `λ` is bisected (every `λ` tried gives a valid
+    /// bound: the best is kept).
+    fn cap_time_bound(&self, opts: &[Vec<Opt>], keys: &[Vec<usize>], batch: u64, held: u64) -> f64 {
+        // (g(λ), the held bytes of the minimisers); None when some instance has no way.
+        let dual = |lambda: f64| -> Option<(f64, f64)> {
+            let (mut g, mut mem) = (0.0f64, 0.0f64);
+            for (class, key) in self.classes.iter().zip(keys) {
+                let rep = &class.instances[0];
+                let least =
+                    |counts: &[usize], pick: fn(&Opt) -> (u64, f64)| -> Option<(f64, f64)> {
+                        rep.iter()
+                            .zip(counts)
+                            .try_fold((0.0, 0.0), |(g, m), (&i, &k)| {
+                                let (v, h) = opts[i][..k]
+                                    .iter()
+                                    .map(|o| {
+                                        let (h, t) = pick(o);
+                                        (t + lambda * h as f64, h as f64)
+                                    })
+                                    .min_by(|a, b| a.0.total_cmp(&b.0).then(a.1.total_cmp(&b.1)))?;
+                                Some((g + v, m + h))
+                            })
+                    };
+                let plain = (class.forced != Some(true))
+                    .then(|| least(&key[..rep.len()], |o| (o.held, o.time)))
+                    .flatten();
+                let recomputed = self.kept_bytes(class, batch).and_then(|kept| {
+                    let (v, h) = least(key.get(rep.len()..)?, |o| (o.held_r, o.time_r))?;
+                    Some((v + lambda * kept as f64, h + kept as f64))
+                });
+                let (v, h) = match (plain, recomputed) {
+                    (Some(a), Some(b)) => {
+                        if b.0 < a.0 || (b.0 == a.0 && b.1 < a.1) {
+                            b
+                        } else {
+                            a
+                        }
+                    }
+                    (a, b) => a.or(b)?,
+                };
+                let n = class.instances.len() as f64;
+                g += n * v;
+                mem += n * h;
+            }
+            Some((g, mem))
+        };
+        let room = held as f64;
+        let Some((g0, m0)) = dual(0.0) else {
+            return f64::INFINITY;
+        };
+        if m0 <= room {
+            // The fastest choices fit: nothing better can be said.
+            return g0;
+        }
+        let mut best = g0;
+        // Bracket the crossing: raise λ until the minimisers fit (or their memory stops
+        // falling: then no plan fits).
+        let (mut lo, mut hi) = (0.0f64, 1e-12f64);
+        loop {
+            let (g, m) = dual(hi).expect("open at λ = 0");
+            best = best.max(g - hi * room);
+            if m <= room {
+                break;
+            }
+            lo = hi;
+            hi *= 4.0;
+            if hi > 1e6 {
+                return f64::INFINITY;
+            }
+        }
+        for _ in 0..40 {
+            let mid = if lo == 0.0 {
+                hi / 4.0
+            } else {
+                (lo * hi).sqrt()
+            };
+            let (g, m) = dual(mid).expect("open at λ = 0");
+            best = best.max(g - mid * room);
+            if m <= room {
+                hi = mid;
+            } else {
+                lo = mid;
+            }
+            if hi <= lo * (1.0 + 1e-9) {
+                break;
+            }
+        }
+        best
+    }
+
     /// Frontiers at one micro-batch, without the plans that cannot fit `max_budget` (each
     /// frontier keeps its smallest point, for [`NoFit`]).
-    fn build(&self, prep: Prepared, max_budget: u64) -> BatchTable {
+    ///
+    /// `incumbent` (for [`Reach::Only`]): the best throughput found within `max_budget` so far,
+    /// raised by what this micro-batch finds. A cap whose plans cannot beat it at `max_budget`
+    /// ([`Planner::cap_time_bound`]) is left out; caps are summed most promising first.
+    fn build(
+        &self,
+        prep: Prepared,
+        max_budget: u64,
+        mut incumbent: Option<&mut f64>,
+    ) -> BatchTable {
         let Prepared {
             batch,
             accumulation,
@@ -975,6 +1181,7 @@ impl<'m> Planner<'m> {
             all_floor,
             steps,
             coarsened,
+            reach,
         } = prep;
         let res = self.options.resolution_bytes;
         let room = max_budget.saturating_sub(self.machine.overhead_bytes);
@@ -982,23 +1189,50 @@ impl<'m> Planner<'m> {
             host_limit: self.host_limit,
             ..Arena::default()
         };
-        let mut cache: HashMap<(usize, Vec<usize>), Frontier> = HashMap::new();
+        // (class, key) → (the held-bytes limit it was summed under, its frontier).
+        let mut cache: HashMap<(usize, Vec<usize>), (u64, Frontier)> = HashMap::new();
         let mut table_caps = Vec::with_capacity(steps.len());
         let remat_of: Vec<Vec<u64>> = self
             .classes
             .iter()
             .map(|c| c.instances[0].iter().map(|&i| remat[i]).collect())
             .collect();
-        for (cap, keys) in steps {
+        let samples = (batch * accumulation) as f64;
+        let step_overhead = self.machine.step_overhead_s();
+        // With an incumbent, each cap with the best throughput its plans could reach: the
+        // most promising first, none that cannot fit.
+        let steps: Vec<(f64, u64, Vec<Vec<usize>>)> = match incumbent.as_deref() {
+            None => steps.into_iter().map(|(c, k)| (0.0, c, k)).collect(),
+            Some(_) => {
+                debug_assert_eq!(reach.len(), steps.len());
+                let mut v: Vec<_> = steps
+                    .into_iter()
+                    .zip(reach)
+                    .filter(|(_, r)| *r > 0.0)
+                    .map(|((cap, keys), r)| (r, cap, keys))
+                    .collect();
+                v.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+                v
+            }
+        };
+        for (could_reach, cap, keys) in steps {
+            if incumbent.as_deref().is_some_and(|&best| could_reach < best) {
+                // Sorted: no later cap can beat it either.
+                break;
+            }
             // Held memory any plan under this cap may use within `max_budget`.
             let limit = room.saturating_sub(cap);
             for (ci, (class, key)) in self.classes.iter().zip(&keys).enumerate() {
-                if cache.contains_key(&(ci, key.clone())) {
-                    continue;
-                }
                 let rep = &class.instances[0];
                 let others = all_floor.saturating_sub(class_floor[ci]);
-                // Caps rise, so a cached frontier was built under a looser limit: still whole.
+                let class_limit = limit.saturating_sub(others);
+                // A frontier summed under a looser limit is still whole under this one.
+                if cache
+                    .get(&(ci, key.clone()))
+                    .is_some_and(|(l, _)| *l >= class_limit)
+                {
+                    continue;
+                }
                 let f = class_total(
                     ci as u32,
                     rep,
@@ -1011,17 +1245,22 @@ impl<'m> Planner<'m> {
                         only: class.forced == Some(true),
                     }),
                     res,
-                    limit.saturating_sub(others),
+                    class_limit,
                     &mut arena,
                 );
-                cache.insert((ci, key.clone()), f);
+                cache.insert((ci, key.clone()), (class_limit, f));
             }
             let parts = keys
                 .iter()
                 .enumerate()
-                .map(|(ci, key)| (cache[&(ci, key.clone())].as_slice(), class_floor[ci]))
+                .map(|(ci, key)| (cache[&(ci, key.clone())].1.as_slice(), class_floor[ci]))
                 .collect();
             let total = sum_parts(parts, 0, res, limit, &mut arena);
+            if let Some(best) = incumbent.as_deref_mut() {
+                if let Some(p) = frontier::best_within(&total, limit, self.host_limit.is_some()) {
+                    *best = best.max(samples / (p.time + step_overhead));
+                }
+            }
             if !total.is_empty() {
                 table_caps.push((cap, total));
             }
