@@ -473,7 +473,7 @@ impl<'m> Planner<'m> {
                     break;
                 }
                 let table = planner.build(prep, max_budget_bytes, Some(&mut incumbent));
-                if !table.caps.is_empty() {
+                if !table.caps.is_empty() || table.overflow {
                     tables.push(table);
                 }
             }
