@@ -325,6 +325,8 @@ fn gallop(from: usize, len: usize, slower: impl Fn(usize) -> bool) -> usize {
 /// leaving out points above `limit` (the first is always kept). `floor`: a lower bound on the
 /// memory of one copy, so a partial sum of `t` copies may stop at `limit − (count − t)·floor`.
 /// Small frontiers are added one copy at a time (cheap merges); large ones by doubling.
+/// `cut`: partial sums that cannot lead to a plan faster than its `t_max` are left out
+/// ([`RepeatCut`]).
 pub fn repeat(
     f: &[Point],
     count: u64,
@@ -332,7 +334,12 @@ pub fn repeat(
     limit: u64,
     floor: u64,
     arena: &mut Arena,
+    cut: Option<&RepeatCut>,
 ) -> Frontier {
+    let trim = |f: Frontier, left: u64| match cut {
+        Some(c) => c.after(left).apply(f),
+        None => f,
+    };
     let empty = arena.push(Node::Empty);
     let mut acc: Frontier = vec![Point {
         mem: 0,
@@ -358,7 +365,7 @@ pub fn repeat(
     }
     if f.len() <= 64 {
         for t in 1..=count {
-            acc = sum(&acc, f, resolution, room(count - t), arena);
+            acc = trim(sum(&acc, f, resolution, room(count - t), arena), count - t);
         }
         return acc;
     }
@@ -367,13 +374,19 @@ pub fn repeat(
     while n > 0 {
         if n & 1 == 1 {
             done += size;
-            acc = sum(&acc, &power, resolution, room(count - done), arena);
+            acc = trim(
+                sum(&acc, &power, resolution, room(count - done), arena),
+                count - done,
+            );
         }
         n >>= 1;
         if n > 0 {
             size *= 2;
             // `power` (size copies) will be added at most once more together with the rest.
-            power = sum(&power, &power, resolution, room(count - size), arena);
+            power = trim(
+                sum(&power, &power, resolution, room(count - size), arena),
+                count - size,
+            );
         }
     }
     acc
@@ -390,6 +403,174 @@ pub fn best_within(f: &[Point], mem: u64, three_d: bool) -> Option<&Point> {
             .reduce(|best, p| if p.time < best.time { p } else { best })
     } else {
         idx.checked_sub(1).map(|i| &f[i])
+    }
+}
+
+/// A lower bound on the least time of a group by the memory it may hold: the linear relaxation
+/// of its choices (as if a plan could mix them fractionally), a convex, non-increasing
+/// function. `mem` and `time` are its least-memory point; `edges` (memory added, time saved)
+/// run steepest first to its fastest point. Below `mem` nothing fits.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Hull {
+    pub mem: f64,
+    pub time: f64,
+    /// (Δmemory > 0, Δtime < 0), by Δtime/Δmemory ascending.
+    pub edges: Vec<(f64, f64)>,
+}
+
+impl Hull {
+    /// The lower convex hull of `points` (memory, time), from the least memory (fastest of
+    /// those) to the fastest (least memory of those); `None` for no points.
+    pub fn of(points: impl IntoIterator<Item = (f64, f64)>) -> Option<Hull> {
+        let mut pts: Vec<(f64, f64)> = points.into_iter().collect();
+        pts.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.total_cmp(&b.1)));
+        let mut chain: Vec<(f64, f64)> = Vec::with_capacity(pts.len());
+        for q in pts {
+            // A point no faster than the last kept is never on the falling chain.
+            if chain.last().is_some_and(|l: &(f64, f64)| q.1 >= l.1) {
+                continue;
+            }
+            while let [.., a, b] = chain[..] {
+                // Drop `b` when it lies on or above the segment from `a` to `q`.
+                if (b.0 - a.0) * (q.1 - a.1) - (b.1 - a.1) * (q.0 - a.0) <= 0.0 {
+                    chain.pop();
+                } else {
+                    break;
+                }
+            }
+            chain.push(q);
+        }
+        let &(mem, time) = chain.first()?;
+        let edges = chain
+            .windows(2)
+            .map(|w| (w[1].0 - w[0].0, w[1].1 - w[0].1))
+            .collect();
+        Some(Hull { mem, time, edges })
+    }
+
+    /// `k` independent copies.
+    pub fn times(&self, k: f64) -> Hull {
+        Hull {
+            mem: self.mem * k,
+            time: self.time * k,
+            edges: self.edges.iter().map(|&(m, t)| (m * k, t * k)).collect(),
+        }
+    }
+
+    /// Both groups together (the Minkowski sum: edges merged by slope).
+    pub fn plus(&self, other: &Hull) -> Hull {
+        let mut edges = Vec::with_capacity(self.edges.len() + other.edges.len());
+        let (mut i, mut j) = (0, 0);
+        while i < self.edges.len() || j < other.edges.len() {
+            let take_self = match (self.edges.get(i), other.edges.get(j)) {
+                (Some(a), Some(b)) => a.1 * b.0 <= b.1 * a.0,
+                (a, _) => a.is_some(),
+            };
+            if take_self {
+                edges.push(self.edges[i]);
+                i += 1;
+            } else {
+                edges.push(other.edges[j]);
+                j += 1;
+            }
+        }
+        Hull {
+            mem: self.mem + other.mem,
+            time: self.time + other.time,
+            edges,
+        }
+    }
+
+    /// Its points, least memory first.
+    fn vertices(&self) -> impl Iterator<Item = (f64, f64)> + '_ {
+        std::iter::once((self.mem, self.time)).chain(self.edges.iter().scan(
+            (self.mem, self.time),
+            |p, &(m, t)| {
+                *p = (p.0 + m, p.1 + t);
+                Some(*p)
+            },
+        ))
+    }
+
+    /// The group one way or the other (the hull of both).
+    pub fn either(&self, other: &Hull) -> Hull {
+        Hull::of(self.vertices().chain(other.vertices())).expect("both have points")
+    }
+
+    /// Shifted by `mem` bytes and `time` seconds.
+    pub fn shifted(mut self, mem: f64, time: f64) -> Hull {
+        self.mem += mem;
+        self.time += time;
+        self
+    }
+}
+
+/// What [`repeat`] may leave out: partial sums that, with the copies still to add (each at
+/// least `one`) and what the rest of the plan adds (`outside`), cannot be faster than `t_max`
+/// within `limit` bytes held.
+#[derive(Debug, Clone)]
+pub struct RepeatCut {
+    pub one: Hull,
+    pub outside: Hull,
+    pub limit: u64,
+    pub t_max: f64,
+}
+
+impl RepeatCut {
+    /// The cut for a partial sum with `left` copies still to add.
+    fn after(&self, left: u64) -> Cut {
+        Cut {
+            rest: self.one.times(left as f64).plus(&self.outside),
+            limit: self.limit,
+            t_max: self.t_max,
+        }
+    }
+}
+
+/// A bound for leaving out partial sums that cannot lead to a plan faster than `t_max`: a point
+/// of memory `m` and time `t` goes when `t + rest(limit − m) > t_max`, `rest` a lower bound on
+/// what the parts still to add take (a [`Hull`]).
+#[derive(Debug, Clone)]
+pub struct Cut {
+    pub rest: Hull,
+    pub limit: u64,
+    pub t_max: f64,
+}
+
+impl Cut {
+    /// Keep only the points that may still lead to a plan faster than `t_max`.
+    pub fn apply(&self, f: Frontier) -> Frontier {
+        // Cumulative memory and time along the edges, for a binary search per point.
+        let mut cm = Vec::with_capacity(self.rest.edges.len() + 1);
+        let mut ct = Vec::with_capacity(self.rest.edges.len() + 1);
+        let (mut m, mut t) = (self.rest.mem, self.rest.time);
+        cm.push(m);
+        ct.push(t);
+        for &(dm, dt) in &self.rest.edges {
+            m += dm;
+            t += dt;
+            cm.push(m);
+            ct.push(t);
+        }
+        let rest_at = |room: f64| -> f64 {
+            if room < self.rest.mem {
+                return f64::INFINITY;
+            }
+            let k = cm.partition_point(|&x| x <= room);
+            if k >= cm.len() {
+                return ct[ct.len() - 1];
+            }
+            // Between vertices k − 1 and k.
+            let (m0, t0) = (cm[k - 1], ct[k - 1]);
+            let (dm, dt) = self.rest.edges[k - 1];
+            t0 + dt * ((room - m0) / dm)
+        };
+        f.into_iter()
+            .filter(|p| {
+                let room = self.limit as f64 - p.mem as f64;
+                p.time + rest_at(room) <= self.t_max
+            })
+            .collect()
     }
 }
 
@@ -423,7 +604,7 @@ mod tests {
     fn repeat_equals_brute_force_sums() {
         let mut a = Arena::default();
         let f = pts(&mut a, &[(1, 10.0), (4, 6.0), (9, 1.0)]);
-        let got = repeat(&f, 3, 0, u64::MAX, 0, &mut a);
+        let got = repeat(&f, 3, 0, u64::MAX, 0, &mut a, None);
         // Brute force over all 27 triples.
         let mut all = Vec::new();
         for x in &f {
@@ -443,7 +624,7 @@ mod tests {
         assert_eq!(got, want);
         // Within 11 bytes, 1 + 1 + 9 (time 10 + 10 + 1) beats 1 + 4 + 4 (time 22).
         assert_eq!(
-            best_within(&repeat(&f, 3, 0, u64::MAX, 0, &mut a), 11, false).map(|p| p.time),
+            best_within(&repeat(&f, 3, 0, u64::MAX, 0, &mut a, None), 11, false).map(|p| p.time),
             Some(21.0)
         );
         assert!(best_within(&f, 0, false).is_none());
@@ -492,6 +673,82 @@ mod tests {
                     .map(|(_, p)| *p)
                     .collect();
                 assert_eq!(got, cut, "limit {limit}");
+            }
+        }
+    }
+
+    /// The hull is a lower bound on every combination of the groups it stands for (summed,
+    /// repeated, one way or the other), and is met at its vertices; a cut keeps every point
+    /// that, with the best rest, reaches `t_max`.
+    #[test]
+    fn hulls_bound_every_combination_from_below() {
+        let mut seed = 11u64;
+        let mut rand = move || {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            seed >> 33
+        };
+        let at = |h: &Hull, x: f64| -> f64 {
+            let f = vec![Point {
+                mem: 0,
+                time: 0.0,
+                node: 0,
+                host: 0,
+            }];
+            // The least t_max that keeps a point of no memory and no time, with `h` as the rest.
+            let (mut lo, mut hi) = (-1.0, 1e6);
+            for _ in 0..200 {
+                let mid = 0.5 * (lo + hi);
+                let kept = Cut {
+                    rest: h.clone(),
+                    limit: x as u64,
+                    t_max: mid,
+                }
+                .apply(f.clone());
+                if kept.is_empty() {
+                    lo = mid;
+                } else {
+                    hi = mid;
+                }
+            }
+            hi
+        };
+        for _ in 0..30 {
+            let x: Vec<(f64, f64)> = (0..6)
+                .map(|_| ((rand() % 50) as f64, (rand() % 40) as f64))
+                .collect();
+            let y: Vec<(f64, f64)> = (0..5)
+                .map(|_| ((rand() % 30) as f64, (rand() % 25) as f64))
+                .collect();
+            let (hx, hy) = (Hull::of(x.clone()).unwrap(), Hull::of(y.clone()).unwrap());
+            let sum = hx.plus(&hy);
+            let twice = hx.times(2.0);
+            let either = hx.either(&hy);
+            for &(mx, tx) in &x {
+                assert!(at(&hx, mx) <= tx + 1e-6, "{x:?}: {mx} {tx}");
+                assert!(at(&either, mx) <= tx + 1e-6);
+                for &(my, ty) in &y {
+                    assert!(at(&sum, mx + my) <= tx + ty + 1e-6, "{x:?} {y:?}");
+                    assert!(at(&either, my) <= ty + 1e-6);
+                }
+                for &(mz, tz) in &x {
+                    assert!(at(&twice, mx + mz) <= tx + tz + 1e-6);
+                }
+            }
+            // Met at the vertices: the least-memory point and the fastest one.
+            let least = x.iter().map(|p| p.0).fold(f64::INFINITY, f64::min);
+            let fastest = x.iter().map(|p| p.1).fold(f64::INFINITY, f64::min);
+            let at_least = x
+                .iter()
+                .filter(|p| p.0 == least)
+                .map(|p| p.1)
+                .fold(f64::INFINITY, f64::min);
+            assert!((at(&hx, least) - at_least).abs() < 1e-6);
+            assert!((at(&hx, 1e9) - fastest).abs() < 1e-6);
+            // Nothing fits below the least memory.
+            if least >= 1.0 {
+                assert!(at(&hx, least - 1.0) > 1e5);
             }
         }
     }

@@ -10,7 +10,7 @@
 
 use std::collections::HashMap;
 
-use super::frontier::{self, Arena, Frontier, Node, Point};
+use super::frontier::{self, Arena, Cut, Frontier, Hull, Node, Point, RepeatCut};
 use super::{evaluate_with, Blocks, Plan, Prediction, Target};
 use crate::cost::{self, Choice, Machine, OpBase};
 use crate::model::ModelSpec;
@@ -1044,6 +1044,41 @@ impl<'m> Planner<'m> {
         }
     }
 
+    /// The linear relaxation of all `class`'s instances under what `key` admits (each
+    /// instance plain or recomputed, as open); `None` when no way is open.
+    fn class_hull(
+        &self,
+        class: &Class,
+        key: &[usize],
+        opts: &[Vec<Opt>],
+        batch: u64,
+    ) -> Option<Hull> {
+        let rep = &class.instances[0];
+        let way = |counts: &[usize], pick: fn(&Opt) -> (u64, f64)| -> Option<Hull> {
+            rep.iter()
+                .zip(counts)
+                .try_fold(Hull::default(), |acc, (&i, &k)| {
+                    let h = Hull::of(opts[i][..k].iter().map(|o| {
+                        let (m, t) = pick(o);
+                        (m as f64, t)
+                    }))?;
+                    Some(acc.plus(&h))
+                })
+        };
+        let plain = (class.forced != Some(true))
+            .then(|| way(&key[..rep.len()], |o| (o.held, o.time)))
+            .flatten();
+        let recomputed = self.kept_bytes(class, batch).and_then(|kept| {
+            let h = way(key.get(rep.len()..)?, |o| (o.held_r, o.time_r))?;
+            Some(h.shifted(kept as f64, 0.0))
+        });
+        let one = match (plain, recomputed) {
+            (Some(a), Some(b)) => a.either(&b),
+            (a, b) => a.or(b)?,
+        };
+        Some(one.times(class.instances.len() as f64))
+    }
+
     /// Per step of `prep`, the most throughput (samples per second, with a margin for sums in
     /// another order) a plan under that cap could reach within `budget`; 0 where none fits.
     fn could_reach(&self, prep: &Prepared, budget: u64) -> Vec<f64> {
@@ -1222,17 +1257,44 @@ impl<'m> Planner<'m> {
             }
             // Held memory any plan under this cap may use within `max_budget`.
             let limit = room.saturating_sub(cap);
+            // With a plan to beat: the time it takes, and each class's linear relaxation, so
+            // that partial sums that cannot beat it are left out (branch and bound). Such
+            // frontiers are cut for this cap alone and are not reused.
+            let bound: Option<(f64, Vec<Hull>)> = incumbent
+                .as_deref()
+                .filter(|&&best| best > 0.0)
+                .and_then(|&best| {
+                    let t_max = (samples / best - step_overhead) * (1.0 + 1e-7);
+                    let hulls = self
+                        .classes
+                        .iter()
+                        .zip(&keys)
+                        .map(|(class, key)| self.class_hull(class, key, &opts, batch))
+                        .collect::<Option<Vec<Hull>>>()?;
+                    Some((t_max, hulls))
+                });
             for (ci, (class, key)) in self.classes.iter().zip(&keys).enumerate() {
                 let rep = &class.instances[0];
                 let others = all_floor.saturating_sub(class_floor[ci]);
                 let class_limit = limit.saturating_sub(others);
-                // A frontier summed under a looser limit is still whole under this one.
-                if cache
-                    .get(&(ci, key.clone()))
-                    .is_some_and(|(l, _)| *l >= class_limit)
+                // A frontier summed under a looser limit, and not cut, is still whole under
+                // this one.
+                if bound.is_none()
+                    && cache
+                        .get(&(ci, key.clone()))
+                        .is_some_and(|(l, _)| *l >= class_limit)
                 {
                     continue;
                 }
+                let cut = bound.as_ref().map(|(t_max, hulls)| ClassCut {
+                    outside: hulls
+                        .iter()
+                        .enumerate()
+                        .filter(|&(j, _)| j != ci)
+                        .fold(Hull::default(), |acc, (_, h)| acc.plus(h)),
+                    limit,
+                    t_max: *t_max,
+                });
                 let f = class_total(
                     ci as u32,
                     rep,
@@ -1247,15 +1309,24 @@ impl<'m> Planner<'m> {
                     res,
                     class_limit,
                     &mut arena,
+                    cut,
                 );
-                cache.insert((ci, key.clone()), (class_limit, f));
+                // A cut frontier is marked as summed under no room, so no other cap reuses it.
+                let summed_under = if bound.is_some() { 0 } else { class_limit };
+                cache.insert((ci, key.clone()), (summed_under, f));
             }
             let parts = keys
                 .iter()
                 .enumerate()
                 .map(|(ci, key)| (cache[&(ci, key.clone())].1.as_slice(), class_floor[ci]))
                 .collect();
-            let total = sum_parts(parts, 0, res, limit, &mut arena);
+            let cut = bound.map(|(t_max, hulls)| PartsCut {
+                hulls,
+                outside: Hull::default(),
+                limit,
+                t_max,
+            });
+            let total = sum_parts(parts, 0, res, limit, &mut arena, cut);
             if let Some(best) = incumbent.as_deref_mut() {
                 if let Some(p) = frontier::best_within(&total, limit, self.host_limit.is_some()) {
                     *best = best.max(samples / (p.time + step_overhead));
@@ -1510,29 +1581,78 @@ fn slot_frontiers(
 /// The sum of `parts`, each with the least memory it adds, starting from `start` (memory
 /// already held): nothing above `limit` but the first point. Single points go first (they
 /// add up to one point; adding one to a large frontier would copy it).
+///
+/// `cut`: each part's [`Hull`] (in the order of `parts`) and what the rest of the plan adds;
+/// partial sums that cannot lead to a plan faster than the cut's `t_max` are left out.
 fn sum_parts(
-    mut parts: Vec<(&[Point], u64)>,
+    parts: Vec<(&[Point], u64)>,
     start: u64,
     resolution: u64,
     limit: u64,
     arena: &mut Arena,
+    cut: Option<PartsCut>,
 ) -> Frontier {
-    parts.sort_by_key(|(f, _)| f.len() > 1);
+    let mut order: Vec<usize> = (0..parts.len()).collect();
+    order.sort_by_key(|&k| parts[k].0.len() > 1);
     let mut later: u64 = parts.iter().fold(0, |a, p| a.saturating_add(p.1));
+    // What the parts after each position add, at the least: the rest of the plan, then each
+    // later part's hull, summed from the end.
+    let rests: Vec<Hull> = match &cut {
+        None => Vec::new(),
+        Some(c) => {
+            let mut rests = vec![c.outside.clone(); order.len()];
+            for pos in (0..order.len().saturating_sub(1)).rev() {
+                rests[pos] = rests[pos + 1].plus(&c.hulls[order[pos + 1]]);
+            }
+            rests
+        }
+    };
     let mut total: Frontier = vec![Point {
         mem: start,
         time: 0.0,
         node: arena.push(Node::Empty),
         host: 0,
     }];
-    for (f, floor) in parts {
+    for (pos, &k) in order.iter().enumerate() {
+        let (f, floor) = parts[k];
         later = later.saturating_sub(floor);
         total = frontier::sum(&total, f, resolution, limit.saturating_sub(later), arena);
+        if let Some(c) = &cut {
+            total = Cut {
+                rest: rests[pos].clone(),
+                limit: c.limit,
+                t_max: c.t_max,
+            }
+            .apply(total);
+        }
         if total.is_empty() {
             break;
         }
     }
     total
+}
+
+/// What [`sum_parts`] may leave out: each part's hull, what the rest of the plan adds at the
+/// least, and the held-bytes limit and the time a plan must beat.
+struct PartsCut {
+    hulls: Vec<Hull>,
+    outside: Hull,
+    limit: u64,
+    t_max: f64,
+}
+
+/// What a class's sum may leave out: what the rest of the plan adds at the least, the whole
+/// plan's held-bytes limit, and the time a plan must beat.
+#[derive(Clone)]
+struct ClassCut {
+    outside: Hull,
+    limit: u64,
+    t_max: f64,
+}
+
+/// The hull of a frontier's points.
+fn hull_of(f: &[Point]) -> Hull {
+    Hull::of(f.iter().map(|p| (p.mem as f64, p.time))).unwrap_or_default()
 }
 
 /// How a block instance may run: its ops' options under the cap, and what recomputing
@@ -1566,6 +1686,7 @@ fn class_total(
     resolution: u64,
     limit: u64,
     arena: &mut Arena,
+    cut: Option<ClassCut>,
 ) -> Frontier {
     let admitted = |extra: &dyn Fn(usize) -> u64| -> Vec<usize> {
         slots
@@ -1606,6 +1727,7 @@ fn class_total(
         cap,
         resolution,
         limit,
+        cut,
     };
     let remat = recompute.as_ref().map(|r| r.remat);
     if count > 1 && separable {
@@ -1625,6 +1747,7 @@ struct ClassSum<'a> {
     cap: u64,
     resolution: u64,
     limit: u64,
+    cut: Option<ClassCut>,
 }
 
 impl ClassSum<'_> {
@@ -1653,7 +1776,16 @@ impl ClassSum<'_> {
             return Vec::new();
         };
         let parts = repeated.iter().map(|f| (f.as_slice(), f[0].mem)).collect();
-        sum_parts(parts, 0, self.resolution, self.limit, arena)
+        let cut = self.cut.as_ref().map(|c| {
+            let hulls: Vec<Hull> = repeated.iter().map(|f| hull_of(f)).collect();
+            PartsCut {
+                hulls,
+                outside: c.outside.clone(),
+                limit: c.limit,
+                t_max: c.t_max,
+            }
+        });
+        sum_parts(parts, 0, self.resolution, self.limit, arena, cut)
             .into_iter()
             .map(|p| Point {
                 node: arena.push(Node::Dealt {
@@ -1695,10 +1827,31 @@ impl ClassSum<'_> {
     fn repeat_parts(&self, parts: &[Frontier], arena: &mut Arena) -> Option<Vec<Frontier>> {
         let count = self.count;
         let least: u64 = parts.iter().map(|f| f[0].mem * count).sum();
+        // With a cut: each part's hull, and all of them repeated.
+        let hulls: Vec<Hull> = match &self.cut {
+            Some(_) => parts.iter().map(|f| hull_of(f)).collect(),
+            None => Vec::new(),
+        };
         let repeated: Vec<Frontier> = parts
             .iter()
-            .map(|f| {
+            .enumerate()
+            .map(|(k, f)| {
                 let others = least - f[0].mem * count;
+                let cut = self.cut.as_ref().map(|c| {
+                    let outside = hulls
+                        .iter()
+                        .enumerate()
+                        .filter(|&(j, _)| j != k)
+                        .fold(c.outside.clone(), |acc, (_, h)| {
+                            acc.plus(&h.times(count as f64))
+                        });
+                    RepeatCut {
+                        one: hulls[k].clone(),
+                        outside,
+                        limit: c.limit,
+                        t_max: c.t_max,
+                    }
+                });
                 frontier::repeat(
                     f,
                     count,
@@ -1706,6 +1859,7 @@ impl ClassSum<'_> {
                     self.limit.saturating_sub(others),
                     f[0].mem,
                     arena,
+                    cut.as_ref(),
                 )
             })
             .collect();
@@ -1722,7 +1876,7 @@ impl ClassSum<'_> {
             };
             let parts = fs.iter().map(|f| (f.as_slice(), f[0].mem)).collect();
             let start = if r { kept } else { 0 };
-            for p in sum_parts(parts, start, self.resolution, u64::MAX, arena) {
+            for p in sum_parts(parts, start, self.resolution, u64::MAX, arena, None) {
                 all.push(Point {
                     node: arena.push(Node::Instance {
                         class: self.class,
@@ -1735,7 +1889,21 @@ impl ClassSum<'_> {
         }
         let one = frontier::prune(all);
         let floor = one.first().map_or(0, |p| p.mem);
-        frontier::repeat(&one, self.count, self.resolution, self.limit, floor, arena)
+        let cut = self.cut.as_ref().map(|c| RepeatCut {
+            one: hull_of(&one),
+            outside: c.outside.clone(),
+            limit: c.limit,
+            t_max: c.t_max,
+        });
+        frontier::repeat(
+            &one,
+            self.count,
+            self.resolution,
+            self.limit,
+            floor,
+            arena,
+            cut.as_ref(),
+        )
     }
 }
 
