@@ -54,11 +54,21 @@ fn plan_json_and_evaluate_agree() {
         "peak_memory_bytes",
         "budget_bytes",
         "search_time_ms",
+        "search_cpu_ms",
         "ops",
         "baselines",
     ] {
         assert!(!p[key].is_null(), "missing {key}");
     }
+    // The search's CPU time is part of its wall time.
+    let (wall, cpu) = (
+        p["search_time_ms"].as_f64().unwrap(),
+        p["search_cpu_ms"].as_f64().unwrap(),
+    );
+    assert!(
+        cpu > 0.0 && cpu <= wall * 1.05 + 0.05,
+        "cpu {cpu} ms, wall {wall} ms"
+    );
     assert_eq!(p["budget_bytes"].as_u64(), Some(8 << 30));
     assert!(p["peak_memory_bytes"].as_u64().unwrap() <= 8 << 30);
     let op = &p["ops"][5];
