@@ -5,11 +5,11 @@
 //! accumulation that goes with it) under the same budget. Comparing a plan that recomputes
 //! with a baseline that may not would flatter the plan.
 
-use crate::cost::{self, Choice, Machine, OpCost, Strategy};
+use crate::cost::{self, Choice, Machine, OpBase, OpCost, Strategy};
 use crate::model::ModelSpec;
 
 use super::search::{batch_ladder, batch_options};
-use super::{evaluate_priced, price_all, Blocks, NoFit, Plan, PlanOptions, Planned, Planner};
+use super::{evaluate_priced, Blocks, NoFit, Plan, PlanOptions, Planned, Planner};
 
 /// One baseline: a strategy everywhere, with or without full activation checkpointing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -138,12 +138,14 @@ impl BaselineTable {
             let mut bases = graph.bases(model, machine, batch);
             cost::set_accumulation(&mut bases, accumulation);
             let remat = blocks.remat_at(&bases);
+            let same = super::search::same_priced(&bases);
             let mut any_fits = false;
             let mut costs: Vec<Option<Vec<OpCost>>> = vec![None; templates.len()];
             for (k, template) in templates.iter().enumerate() {
                 let first = priced_as[k];
-                let priced = costs[first]
-                    .get_or_insert_with(|| price_all(machine, &template.choices, &bases));
+                let priced = costs[first].get_or_insert_with(|| {
+                    Self::price_shared(machine, &template.choices, &bases, &same)
+                });
                 let plan = Plan {
                     batch,
                     accumulation,
@@ -165,6 +167,27 @@ impl BaselineTable {
             }
         }
         BaselineTable { baselines, plans }
+    }
+
+    /// Every op's price under `choices` ([`super::price_all`]), pricing once each op that prices the same as an earlier one under the same
+    /// choice (`same`: [`super::search::same_priced`]).
+    fn price_shared(
+        m: &Machine,
+        choices: &[Choice],
+        bases: &[OpBase],
+        same: &[usize],
+    ) -> Vec<OpCost> {
+        let mut out: Vec<OpCost> = Vec::with_capacity(bases.len());
+        for (i, base) in bases.iter().enumerate() {
+            let j = same[i];
+            let c = if j < i && choices[j] == choices[i] && bases[j] == bases[i] {
+                out[j]
+            } else {
+                cost::price(base, choices[i], m)
+            };
+            out.push(c);
+        }
+        out
     }
 
     /// Each baseline under `budget`: its fastest plan that fits, or the least budget it needs.

@@ -401,8 +401,14 @@ impl<'m> Planner<'m> {
         let bases_1 = graph.bases(model, &machine, 1);
         let forced: HashMap<usize, bool> = options.block_recompute.iter().copied().collect();
         let classes = classify(&bases_1, &blocks, &pins, &forced);
-        let host_can_bind =
-            host_can_bind(&bases_1, &machine, &pins, options.max_split, options.target);
+        let host_can_bind = host_can_bind(
+            &bases_1,
+            &classes,
+            &machine,
+            &pins,
+            options.max_split,
+            options.target,
+        );
         let mut planner = Planner {
             model,
             machine,
@@ -1512,6 +1518,7 @@ fn option(base: &OpBase, choice: Choice, m: &Machine, host: bool, host_price: f6
 /// offload still takes host memory: that budget binds too.
 fn host_can_bind(
     bases: &[OpBase],
+    classes: &[Class],
     m: &Machine,
     pins: &HashMap<usize, Choice>,
     max_split: u32,
@@ -1520,10 +1527,15 @@ fn host_can_bind(
     if !m.prices_offload() {
         return None;
     }
-    let most = bases
+    // Each class's first instance, times its instances: they price the same.
+    let most = classes
         .iter()
-        .enumerate()
-        .map(|(i, base)| {
+        .flat_map(|class| {
+            let n = class.instances.len() as u64;
+            class.instances[0].iter().map(move |&i| (i, n))
+        })
+        .map(|(i, n)| {
+            let base = &bases[i];
             let choices = match pins.get(&i) {
                 Some(c) => vec![*c],
                 None => target.choices(base, m, max_split),
@@ -1533,9 +1545,43 @@ fn host_can_bind(
                 .map(|c| cost::price(base, c, m).host_bytes)
                 .max()
                 .unwrap_or(0)
+                .saturating_mul(n)
         })
         .fold(0u64, u64::saturating_add);
     (most > m.host_budget_bytes).then_some(m.host_budget_bytes)
+}
+
+/// What makes two ops price the same under the same choice: their facts (a key for finding
+/// equal ones; callers compare the facts themselves).
+fn op_signature(b: &OpBase) -> [u64; 15] {
+    [
+        u64::from(b.accumulation),
+        b.latency_share.to_bits(),
+        b.params,
+        u64::from(b.uses),
+        u64::from(b.splittable),
+        b.fwd_s.to_bits(),
+        b.bwd_s.to_bits(),
+        b.work.to_bits(),
+        b.saved_bytes,
+        b.working_bytes,
+        b.output_bytes,
+        b.tensors[0].numel,
+        u64::from(b.tensors[0].cut),
+        b.tensors[1].numel,
+        u64::from(b.tensors[1].cut),
+    ]
+}
+
+/// For each op, the first op with the same facts' key (itself if none before has it): where
+/// their facts are equal, it prices the same under the same choice.
+pub(crate) fn same_priced(bases: &[OpBase]) -> Vec<usize> {
+    let mut first: HashMap<[u64; 15], usize> = HashMap::new();
+    bases
+        .iter()
+        .enumerate()
+        .map(|(i, b)| *first.entry(op_signature(b)).or_insert(i))
+        .collect()
 }
 
 /// One instance of a class run one way (recomputed or not) under transient cap `cap`: the
@@ -1931,29 +1977,15 @@ fn classify(
     forced: &HashMap<usize, bool>,
 ) -> Vec<Class> {
     let sig = |i: usize| -> Vec<u64> {
-        let b = &bases[i];
         let pin = pins.get(&i).map_or(u64::MAX, |c| {
             (c.offload as u64) << 56
                 | (c.strategy as u64) << 40
                 | u64::from(c.split) << 20
                 | u64::from(c.sharded)
         });
-        vec![
-            b.params,
-            u64::from(b.uses),
-            u64::from(b.splittable),
-            b.fwd_s.to_bits(),
-            b.bwd_s.to_bits(),
-            b.work.to_bits(),
-            b.saved_bytes,
-            b.working_bytes,
-            b.output_bytes,
-            b.tensors[0].numel,
-            u64::from(b.tensors[0].cut),
-            b.tensors[1].numel,
-            u64::from(b.tensors[1].cut),
-            pin,
-        ]
+        let mut v = op_signature(&bases[i]).to_vec();
+        v.push(pin);
+        v
     };
     let mut classes: Vec<Class> = Vec::new();
     let mut by_sig: HashMap<Vec<u64>, usize> = HashMap::new();
