@@ -101,7 +101,9 @@ impl OpBase {
         config: &ModelConfig,
         owned: &Owned,
     ) -> OpBase {
-        let causal_fused = config.causal && config.attention == AttentionImpl::Flash;
+        // Fused causal attention skips the masked half, where the GPU has such kernels.
+        let causal_fused =
+            config.causal && config.attention == AttentionImpl::Flash && m.fused_attention;
         let b = batch as f64;
         let flops = op.fwd_flops_per_sample as f64 * b;
         let moved = (input_bytes_per_sample + op.output_bytes_per_sample) as f64 * b;
@@ -147,6 +149,13 @@ impl OpBase {
         // the loss's log-probabilities in their own dtypes whatever the precision.
         let fixed = saved::fixed_dtype_saved_bytes(op, config);
         let saved = m.activation_bytes(op.saved_bytes_per_sample - fixed) + fixed;
+        // Loss temporaries the executor adds in fp32 (Machine::loss_fp32_logit_copies).
+        let loss_copies = if op.kind == OpKind::CrossEntropy {
+            u64::from(m.loss_fp32_logit_copies) * 4 * input_bytes_per_sample
+                / m.model_activation_bytes.max(1)
+        } else {
+            0
+        };
         OpBase {
             params: owned.params,
             uses: owned.uses,
@@ -154,7 +163,9 @@ impl OpBase {
             fwd_s,
             bwd_s,
             saved_bytes: saved * batch,
-            working_bytes: m.activation_bytes(input_bytes_per_sample + op.output_bytes_per_sample)
+            working_bytes: (m
+                .activation_bytes(input_bytes_per_sample + op.output_bytes_per_sample)
+                + loss_copies)
                 * batch,
             output_bytes: m.activation_bytes(op.output_bytes_per_sample) * batch,
             work,
