@@ -338,6 +338,8 @@ fn layout_file(run: &PublishedRun) -> Result<&'static str, String> {
         (true, _, true) => "h100-sxm-2x8-ib-ndr.json",
         (_, true, false) => "a100-80gb-8x-nvlink.json",
         (_, true, true) => "a100-80gb-2x8-ib-hdr.json",
+        // A DGX-2's V100s: its 16 GPUs in one node.
+        _ if g.contains("V100") && !run.multi_node() => "v100-dgx2-1x.json",
         _ => return Err(format!("no layout for GPU {:?}", run.gpu)),
     })
 }
