@@ -101,39 +101,45 @@ fn print_runs(priced: &[(&PublishedRun, Priced)]) {
     }
 }
 
-/// The table of groups (fitted, held out, all): how close the ratios are to 1.
+/// The table of groups (fitted, held out, all; the new sources' held-out runs on their own):
+/// how close the ratios are to 1.
 fn print_groups(priced: &[(&PublishedRun, Priced)]) {
-    let mut groups: BTreeMap<(String, bool), Vec<f64>> = BTreeMap::new();
+    let mut groups: BTreeMap<(bool, String, &str), Vec<f64>> = BTreeMap::new();
     for (_, p) in priced {
-        groups
-            .entry((p.group.clone(), p.role == Role::Fit))
-            .or_default()
-            .push(p.ratio);
-        groups
-            .entry((p.group.clone() + " (all)", true))
-            .or_default()
-            .push(p.ratio);
-    }
-    println!("| group | runs | geometric mean | within ±15 % | range |");
-    println!("|---|---:|---:|---:|---|");
-    for ((group, fit), ratios) in &groups {
-        let label = if group.ends_with("(all)") {
-            group.clone()
-        } else if *fit {
-            format!("{group}, fitted")
-        } else {
-            format!("{group}, held out")
+        let kind = match (p.new_source, p.role) {
+            (true, _) => "new sources, held out",
+            (false, Role::Fit) => "fitted",
+            (false, _) => "held out",
         };
-        let within = ratios
-            .iter()
-            .filter(|r| (r.ln()).abs() <= 1.15f64.ln())
-            .count();
+        groups
+            .entry((p.new_source, p.group.clone(), kind))
+            .or_default()
+            .push(p.ratio);
+        if !p.new_source {
+            groups
+                .entry((false, p.group.clone(), "all"))
+                .or_default()
+                .push(p.ratio);
+        }
+    }
+    println!("| group | runs | geometric mean | within ±15 % | within ±20 % | range |");
+    println!("|---|---:|---:|---:|---:|---|");
+    for ((_, group, kind), ratios) in &groups {
+        let within = |band: f64| {
+            ratios
+                .iter()
+                .filter(|r| (r.ln()).abs() <= band.ln())
+                .count()
+        };
         let lo = ratios.iter().cloned().fold(f64::INFINITY, f64::min);
         let hi = ratios.iter().cloned().fold(0.0, f64::max);
         println!(
-            "| {label} | {} | {:.3} | {within} of {} | {lo:.2} … {hi:.2} |",
+            "| {group}, {kind} | {} | {:.3} | {} of {} | {} of {} | {lo:.2} … {hi:.2} |",
             ratios.len(),
             geometric_mean(ratios.iter().copied()),
+            within(1.15),
+            ratios.len(),
+            within(1.2),
             ratios.len()
         );
     }

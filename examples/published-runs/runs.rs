@@ -80,6 +80,44 @@ pub struct Published {
     pub memory_reserved_gib: Option<f64>,
     #[serde(default)]
     pub memory_allocated_gib: Option<f64>,
+    /// Samples per second over all GPUs, where the source gives that instead of tokens.
+    #[serde(default)]
+    pub samples_per_s_total: Option<f64>,
+    /// Achieved TFLOP/s per GPU, where the source gives only that; with
+    /// [`Published::flops_per_token`] naming the source's own FLOP count.
+    #[serde(default)]
+    pub tflops_per_gpu: Option<f64>,
+    /// The source's FLOPs-per-token formula behind `tflops_per_gpu`: `megatron-eq3`
+    /// (arXiv:2104.04473 Eq. 3, recomputation counted).
+    #[serde(default)]
+    pub flops_per_token: Option<String>,
+}
+
+/// The software a run was measured with, as data: where a stack is faster or slower, that is
+/// a property named here, not a constant fitted to the run.
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+pub struct Stack {
+    pub framework: String,
+    /// Year of the software the figures come from.
+    pub era: String,
+    pub compile: bool,
+    /// Whether its attention is a fused causal kernel (flash, memory-efficient) that skips the
+    /// masked half; false for materialised attention (Megatron-LM 2021's fused softmax).
+    #[serde(default = "yes")]
+    pub fused_attention: bool,
+    /// fp32 copies of the logits its loss code holds ([`Machine::loss_fp32_logit_copies`];
+    /// Hugging Face's 2023–24 `LlamaForCausalLM`: 2), with the code that says so in the notes.
+    #[serde(default)]
+    pub loss_fp32_logit_copies: u32,
+    /// Whether it issues each module's collectives on their own (DeepSpeed ZeRO-3's
+    /// per-submodule fetch) rather than one per transformer block (FSDP units): each op then
+    /// pays a whole collective latency ([`Machine::block_collectives`] off).
+    #[serde(default)]
+    pub per_module_collectives: bool,
+}
+
+fn yes() -> bool {
+    true
 }
 
 /// How a run takes part in the check.
@@ -134,6 +172,12 @@ pub struct PublishedRun {
     #[serde(default)]
     pub reduce_dtype: Option<String>,
     pub published: Published,
+    /// Framework, era and compile (the runs added for issue 36 record it).
+    #[serde(default)]
+    pub stack: Option<Stack>,
+    /// NICs per node where the source says (overrides the shipped layout's).
+    #[serde(default)]
+    pub nics_per_node: Option<u32>,
     #[serde(default)]
     pub notes: Option<String>,
     #[serde(default)]
@@ -156,30 +200,59 @@ impl PublishedRun {
         self.nodes.unwrap_or(1) > 1
     }
 
-    /// Published tokens/s per GPU (from the total when only that is given).
+    /// Published tokens/s per GPU: as given, else from the total, from samples/s × sequence
+    /// length, or from the stated TFLOP/s per GPU over the source's own FLOPs per token.
     pub fn tokens_per_s_per_gpu(&self) -> Option<f64> {
-        self.published.tokens_per_s_per_gpu.or_else(|| {
-            self.published
-                .tokens_per_s_total
-                .map(|t| t / f64::from(self.gpus().max(1)))
-        })
+        let gpus = f64::from(self.gpus().max(1));
+        let p = &self.published;
+        p.tokens_per_s_per_gpu
+            .or_else(|| p.tokens_per_s_total.map(|t| t / gpus))
+            .or_else(|| {
+                p.samples_per_s_total
+                    .map(|s| s * self.seq_len as f64 / gpus)
+            })
+            .or_else(|| {
+                let per_token = match p.flops_per_token.as_deref()? {
+                    "megatron-eq3" => megatron_eq3_flops_per_token(&self.model, self.seq_len),
+                    _ => return None,
+                };
+                p.tflops_per_gpu.map(|t| t * 1e12 / per_token)
+            })
     }
 
-    /// `8× A100`, `64× H100 (8 nodes)`: the group a run is reported in.
-    pub fn group(&self) -> String {
-        let gpu = if self.gpu.contains("H100") {
-            "H100"
-        } else if self.gpu.contains("A100") {
-            "A100"
-        } else {
-            self.gpu.as_str()
-        };
-        if self.multi_node() {
-            format!("{gpu}, 2+ nodes")
-        } else {
-            format!("{gpu}, 1 node")
-        }
+    /// The GPU generation a run is reported under (an A800 is an A100-class part).
+    pub fn generation(&self) -> &str {
+        let g = self.gpu.to_uppercase();
+        ["H200", "H100", "A100", "V100"]
+            .into_iter()
+            .find(|n| g.contains(n))
+            .or_else(|| g.contains("A800").then_some("A100"))
+            .unwrap_or(self.gpu.as_str())
     }
+
+    /// `A100, 1 node`, `H100, 2–32 nodes`, `A100, 33+ nodes`: the group a run is reported in.
+    pub fn group(&self) -> String {
+        let scale = match self.nodes.unwrap_or(1) {
+            0 | 1 => "1 node",
+            2..=32 => "2–32 nodes",
+            _ => "33+ nodes",
+        };
+        format!("{}, {scale}", self.generation())
+    }
+
+    /// Whether the run comes from the sources added for issue 36 (other frameworks, eras and
+    /// scales than the ones the constants were fitted near); reported on their own.
+    pub fn new_source(&self) -> bool {
+        self.stack.is_some()
+    }
+}
+
+/// FLOPs per token of arXiv:2104.04473's Eq. 3 (with activation recomputation):
+/// `96 l h² (1 + s/(6h) + V/(16 l h))`, the count behind that paper's TFLOP/s.
+pub fn megatron_eq3_flops_per_token(shape: &Shape, seq_len: u64) -> f64 {
+    let (l, h) = (shape.n_layers as f64, shape.d_model as f64);
+    let (s, v) = (seq_len as f64, shape.vocab as f64);
+    96.0 * l * h * h * (1.0 + s / (6.0 * h) + v / (16.0 * l * h))
 }
 
 /// A run priced.
@@ -188,6 +261,8 @@ pub struct Priced {
     pub id: String,
     pub group: String,
     pub role: Role,
+    /// From the sources added for issue 36 ([`PublishedRun::new_source`]).
+    pub new_source: bool,
     pub published_tokens_per_s_per_gpu: f64,
     pub predicted_tokens_per_s_per_gpu: f64,
     /// Predicted over published.
@@ -257,15 +332,16 @@ pub fn model_of(run: &PublishedRun) -> Result<ModelSpec, String> {
 /// The layout file a run's GPUs are described by, under `layouts`.
 fn layout_file(run: &PublishedRun) -> Result<&'static str, String> {
     let g = run.gpu.to_uppercase();
-    Ok(
-        match (g.contains("H100"), g.contains("A100"), run.multi_node()) {
-            (true, _, false) => "h100-sxm-8x-nvlink.json",
-            (true, _, true) => "h100-sxm-2x8-ib-ndr.json",
-            (_, true, false) => "a100-80gb-8x-nvlink.json",
-            (_, true, true) => "a100-80gb-2x8-ib-hdr.json",
-            _ => return Err(format!("no layout for GPU {:?}", run.gpu)),
-        },
-    )
+    let ampere = g.contains("A100") || g.contains("A800");
+    Ok(match (g.contains("H100"), ampere, run.multi_node()) {
+        (true, _, false) => "h100-sxm-8x-nvlink.json",
+        (true, _, true) => "h100-sxm-2x8-ib-ndr.json",
+        (_, true, false) => "a100-80gb-8x-nvlink.json",
+        (_, true, true) => "a100-80gb-2x8-ib-hdr.json",
+        // A DGX-2's V100s: its 16 GPUs in one node.
+        _ if g.contains("V100") && !run.multi_node() => "v100-dgx2-1x.json",
+        _ => return Err(format!("no layout for GPU {:?}", run.gpu)),
+    })
 }
 
 /// The run's cluster: the shipped layout of its GPUs with its node count, memory size and
@@ -292,6 +368,22 @@ pub fn layout_of(run: &PublishedRun, layouts: &Path) -> Result<Layout, String> {
             value: A100_40GB_MEMORY_GB_PER_S,
             source: "NVIDIA A100 datasheet: 1,555 GB/s HBM2 on the 40 GB SXM".into(),
         };
+    }
+    // An A800 is the A100 part with a slower NVLink: its own name and link (cluster::known).
+    if let Some(k) =
+        osdp_core::cluster::known::lookup(&run.gpu).filter(|_| run.gpu.contains("A800"))
+    {
+        l.device.model = format!("NVIDIA {}", run.gpu);
+        l.intra_node.bus_bandwidth_gb_per_s = Figure {
+            value: k.link_gb_per_s,
+            source: k.source.into(),
+        };
+    }
+    if let (Some(n), Some(inter)) = (run.nics_per_node, l.inter_node.as_mut()) {
+        inter.nics_per_node = Some(Figure {
+            value: f64::from(n),
+            source: "NICs per node as the run's source names them".into(),
+        });
     }
     l.gradient_reduce_dtype = match run.reduce_dtype.as_deref().unwrap_or("fp32") {
         "fp32" => Some(osdp_core::cluster::ReduceDType::Fp32),
@@ -353,6 +445,11 @@ pub fn price_run_tuned(
     let mut layout = layout_of(run, layouts)?;
     adjust(&mut layout);
     let mut m = Machine::new(&layout, &model);
+    if let Some(stack) = &run.stack {
+        m.fused_attention &= stack.fused_attention;
+        m.loss_fp32_logit_copies = stack.loss_fp32_logit_copies;
+        m.block_collectives &= !stack.per_module_collectives;
+    }
     tune(&mut m);
     let every = match (run.activation_checkpointing.as_str(), run.recompute_every) {
         ("full", _) => 1,
@@ -374,6 +471,7 @@ pub fn price_run_tuned(
         id: run.id.clone(),
         group: run.group(),
         role: run.role,
+        new_source: run.new_source(),
         published_tokens_per_s_per_gpu: published,
         predicted_tokens_per_s_per_gpu: predicted,
         ratio: predicted / published,

@@ -43,7 +43,20 @@ pub struct Generation {
     pub attention_forward: Sourced,
     pub attention_backward: Sourced,
     pub memory: Sourced,
+    /// Whether FlashAttention-2's fused kernels run on this generation. Without them an
+    /// executor falls back to materialised (or memory-efficient) attention, which computes the
+    /// masked half of a causal score matrix too: the cost model prices attention at its full
+    /// FLOPs there.
+    pub flash_attention: bool,
 }
+
+/// FlashAttention-2 runs on Ampere, Ada and Hopper only: "FlashAttention-2 currently supports:
+/// Ampere, Ada, or Hopper GPUs (e.g., A100, RTX 3090, RTX 4090, H100). Support for Turing GPUs
+/// (T4, RTX 2080) is coming soon, please use FlashAttention 1.x for Turing GPUs for now"
+/// (Dao-AILab/flash-attention README, v2.x); Volta (V100) has no FlashAttention at all.
+/// PyTorch's SDPA picks its memory-efficient kernel there, which skips no masked tiles' FLOPs.
+pub const FLASH_ATTENTION_SOURCE: &str =
+    "Dao-AILab/flash-attention README: FlashAttention-2 supports Ampere, Ada and Hopper GPUs";
 
 /// Where the fitted figures come from.
 const FIT: &str = "fitted 2026-11-25 to 24 published single-node llm-foundry FSDP runs on A100 \
@@ -86,6 +99,7 @@ pub const HOPPER: Generation = Generation {
         source: FIT_ATTENTION,
     },
     memory: FITTED_MEMORY,
+    flash_attention: true,
 };
 
 /// Ampere (A100, A10): GEMMs reach ~90 % of the A100's 312 TFLOP/s.
@@ -106,6 +120,7 @@ pub const AMPERE: Generation = Generation {
         source: FIT_ATTENTION,
     },
     memory: FITTED_MEMORY,
+    flash_attention: true,
 };
 
 const GENERIC: &str = "generic estimate, not fitted to this GPU (calibrate measures it)";
@@ -135,6 +150,16 @@ pub const OTHER: Generation = Generation {
         value: 0.80,
         source: GENERIC,
     },
+    flash_attention: true,
+};
+
+/// Volta (V100) and Turing (TITAN RTX, T4): the generic fractions, and no FlashAttention-2
+/// ([`FLASH_ATTENTION_SOURCE`]): causal attention is priced at its full FLOPs.
+pub const VOLTA_TURING: Generation = Generation {
+    name: "Volta/Turing",
+    summary: "generic efficiencies, no FlashAttention-2 on Volta/Turing (Dao-AILab/flash-attention README)",
+    flash_attention: false,
+    ..OTHER
 };
 
 /// Most specific names first.
@@ -267,7 +292,7 @@ pub const KNOWN_GPUS: &[KnownGpu] = &[
         link_gb_per_s: 130.0,
         link: LinkKind::Nvlink,
         single_gpu_layout: Some("v100-dgx2-1x"),
-        efficiency: &OTHER,
+        efficiency: &VOLTA_TURING,
         source: "NVIDIA V100 SXM2 datasheet",
     },
     KnownGpu {
@@ -279,7 +304,7 @@ pub const KNOWN_GPUS: &[KnownGpu] = &[
         link_gb_per_s: 10.0,
         link: LinkKind::Pcie,
         single_gpu_layout: None,
-        efficiency: &OTHER,
+        efficiency: &VOLTA_TURING,
         source: "NVIDIA TITAN RTX specifications",
     },
 ];

@@ -101,7 +101,9 @@ impl OpBase {
         config: &ModelConfig,
         owned: &Owned,
     ) -> OpBase {
-        let causal_fused = config.causal && config.attention == AttentionImpl::Flash;
+        // Fused causal attention skips the masked half, where the GPU has such kernels.
+        let causal_fused =
+            config.causal && config.attention == AttentionImpl::Flash && m.fused_attention;
         let b = batch as f64;
         let flops = op.fwd_flops_per_sample as f64 * b;
         let moved = (input_bytes_per_sample + op.output_bytes_per_sample) as f64 * b;
@@ -147,6 +149,13 @@ impl OpBase {
         // the loss's log-probabilities in their own dtypes whatever the precision.
         let fixed = saved::fixed_dtype_saved_bytes(op, config);
         let saved = m.activation_bytes(op.saved_bytes_per_sample - fixed) + fixed;
+        // Loss temporaries the executor adds in fp32 (Machine::loss_fp32_logit_copies).
+        let loss_copies = if op.kind == OpKind::CrossEntropy {
+            u64::from(m.loss_fp32_logit_copies) * 4 * input_bytes_per_sample
+                / m.model_activation_bytes.max(1)
+        } else {
+            0
+        };
         OpBase {
             params: owned.params,
             uses: owned.uses,
@@ -154,7 +163,9 @@ impl OpBase {
             fwd_s,
             bwd_s,
             saved_bytes: saved * batch,
-            working_bytes: m.activation_bytes(input_bytes_per_sample + op.output_bytes_per_sample)
+            working_bytes: (m
+                .activation_bytes(input_bytes_per_sample + op.output_bytes_per_sample)
+                + loss_copies)
                 * batch,
             output_bytes: m.activation_bytes(op.output_bytes_per_sample) * batch,
             work,
@@ -418,5 +429,54 @@ mod tests {
         let e = m.efficiency;
         let want = ATTENTION_BWD_FACTOR * e.attention_forward / e.attention_backward;
         assert!((c.1 / c.0 - want).abs() < 1e-9);
+    }
+
+    #[test]
+    fn without_flash_attention_kernels_a_causal_attention_costs_its_full_flops() {
+        let model = sample("gpt2");
+        let attention = |m: &Machine| {
+            let i = model
+                .ops
+                .iter()
+                .position(|o| o.kind == OpKind::Attention)
+                .unwrap();
+            op_bases(&model, m, 8)[i].fwd_s - m.launch_s
+        };
+        let fused = cluster(1, 8.0);
+        let mut volta = fused.clone();
+        volta.fused_attention = false;
+        assert!((attention(&volta) / attention(&fused) - 2.0).abs() < 1e-9);
+        // The shipped V100 and TITAN RTX layouts have no FlashAttention-2; the A100's has.
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../layouts");
+        for (file, flash) in [
+            ("v100-dgx2-1x.json", false),
+            ("osdp-paper-8x-titan-rtx-pcie3.json", false),
+            ("a100-80gb-8x-nvlink.json", true),
+            ("rtx4090-1x.json", true),
+        ] {
+            let layout = crate::cluster::read_layout(&root.join(file)).unwrap();
+            assert_eq!(
+                Machine::new(&layout, &model).fused_attention,
+                flash,
+                "{file}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_stacks_fp32_logit_copies_are_held_at_the_loss() {
+        let model = sample("gpt2");
+        let mut m = cluster(1, 8.0);
+        let i = model
+            .ops
+            .iter()
+            .position(|o| o.kind == OpKind::CrossEntropy)
+            .unwrap();
+        let before = op_bases(&model, &m, 4)[i].working_bytes;
+        m.loss_fp32_logit_copies = 3;
+        let after = op_bases(&model, &m, 4)[i].working_bytes;
+        // Three fp32 copies of the logits (batch × seq × vocab), nothing else.
+        let c = &model.config;
+        assert_eq!(after - before, 3 * 4 * 4 * c.seq_len * c.vocab_size);
     }
 }

@@ -82,6 +82,16 @@ pub struct Machine {
     /// Bytes moved per parameter every micro-batch outside the listed kernels
     /// ([`PARAM_PASS_BYTES`] on two GPUs or more, 0 on one GPU and on CPUs).
     pub param_pass_bytes: f64,
+    /// Whether the GPU runs fused (flash) attention kernels: false on Volta and Turing
+    /// ([`crate::cluster::known::FLASH_ATTENTION_SOURCE`]), where a causal attention is priced
+    /// at its full FLOPs whatever the model description asks for.
+    pub fused_attention: bool,
+    /// fp32 copies of the logits the executor holds around the loss beyond the graph's own
+    /// (0 for osdp-tui's trainer, whose loss the graph describes). Hugging Face's
+    /// `LlamaForCausalLM` of 2023–24 upcasts the logits (`logits.float()`) and copies them
+    /// shifted (`logits[..., :-1, :].contiguous()`): 2. Set for published runs that name
+    /// such a stack.
+    pub loss_fp32_logit_copies: u32,
     /// Fixed cost of launching one kernel, seconds.
     pub launch_s: f64,
     pub overhead_bytes: u64,
@@ -246,6 +256,11 @@ impl Machine {
             efficiency: Efficiencies::of(layout),
             block_collectives: layout.device.kind == DeviceKind::Gpu,
             param_pass_bytes: param_pass_bytes(layout),
+            // The CPU trainer's attention is what the model description says.
+            fused_attention: layout.device.kind == DeviceKind::Cpu
+                || crate::cluster::known::lookup(&layout.device.model)
+                    .is_none_or(|g| g.efficiency.flash_attention),
+            loss_fp32_logit_copies: 0,
             launch_s: match layout.device.kind {
                 DeviceKind::Gpu => 5e-6,
                 DeviceKind::Cpu => 10e-6,
