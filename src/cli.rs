@@ -569,6 +569,12 @@ fn dispatch(cli: Cli, trainer: Option<&Trainer>) -> Result<(), Failure> {
         }
         (Some(Command::Layout { layout, json }), _) => show_layout(&layout, json),
         (Some(Command::Train(args)), _) => match trainer {
+            _ if described_from_torch(&args.model) => Err(Failure::input(format!(
+                "{}: a model described from PyTorch (family torch) cannot be trained by \
+                 osdp-tui's own trainer; run its plan in your training loop: `osdp-tui export \
+                 MODEL --plan PLAN --layout L --to fsdp2 -o EXPORT` and osdp_torch.apply_plan",
+                printable(&args.model.display().to_string())
+            ))),
             Some(t) => (t.train)(args),
             None if cfg!(feature = "train") => Err(hand_over()),
             None => train::without_trainer(args),
@@ -664,6 +670,12 @@ fn hand_over() -> Failure {
         .args(std::env::args_os().skip(1))
         .exec();
     Failure::input(format!("cannot start the trainer {}: {err}", exe.display()))
+}
+
+/// Whether `path` reads as a model described from a live `nn.Module` (family `torch`); a
+/// file that does not read is left to the command's own reading to report.
+fn described_from_torch(path: &Path) -> bool {
+    model::read_model(path).is_ok_and(|m| m.family == model::Family::Torch)
 }
 
 /// The trainer binary beside this one, or why there is none.
