@@ -4,8 +4,11 @@ osdp-tui FSDP2 export of a plan for that description, trained 5 steps in fp32 on
 
 usage: fsdp2_mixer.py describe OUT.json
        fsdp2_mixer.py train EXPORT.json
+       fsdp2_mixer.py refuse EXPORT.json
 `describe` writes the description; `train` prints `losses ok`, `shard bytes ok` and exits
-non-zero naming the first step or rank that differs.
+non-zero naming the first step or rank that differs; `refuse` gives apply_plan three exports
+that do not fit (a module path the mixer lacks, the export on a wider mixer, a split op) and
+prints `refused <case>: <message>` for each.
 """
 
 import json
@@ -41,9 +44,9 @@ class MixerBlock(nn.Module):
 
 
 class Mixer(nn.Module):
-    def __init__(self):
+    def __init__(self, width=None):
         super().__init__()
-        self.stem = nn.Linear(PATCH_DIM, DIM)
+        self.stem = nn.Linear(PATCH_DIM, width or DIM)
         self.blocks = nn.Sequential(*[MixerBlock() for _ in range(DEPTH)])
         self.norm = nn.LayerNorm(DIM)
         self.head = nn.Linear(DIM, CLASSES)
@@ -145,12 +148,31 @@ def train(export_path):
     print("shard bytes ok:", results[0][2])
 
 
+def refuse(export_path):
+    """Each bad export raises PlanError, before any collective (no process group here)."""
+    good = osdp_torch.load_export(export_path)
+    missing = json.loads(json.dumps(good))
+    missing["modules"][1]["path"] = "blocks.0.token_mlp.9"
+    split = json.loads(json.dumps(good))
+    linear = next(m for m in split["modules"] if m["path"] == "blocks.0.token_mlp.0")
+    linear["sharding"] = "zero3/2:1"
+    cases = [("missing", build(), missing), ("other", Mixer(width=48), good), ("split", build(), split)]
+    for case, model, export in cases:
+        try:
+            osdp_torch.apply_plan(model, export)
+            sys.exit(f"apply_plan took the {case} export")
+        except osdp_torch.PlanError as e:
+            print(f"refused {case}: {e}")
+
+
 def main():
     if sys.argv[1] == "describe":
         x, y = batches(4)[0]
         spec = osdp_torch.describe(build(), (x,), name="mixer", loss_fn=lambda out: F.cross_entropy(out, y))
         with open(sys.argv[2], "w") as f:
             json.dump(spec, f, indent=1)
+    elif sys.argv[1] == "refuse":
+        refuse(sys.argv[2])
     else:
         train(sys.argv[2])
 
