@@ -712,11 +712,18 @@ fn inspect(path: &Path, json: bool) -> Result<(), Failure> {
         s.family,
         units::count(s.params)
     );
-    println!(
-        "  shape       {} layers, hidden {}, {} heads ({} kv, {} dims each), ffn {}, vocab {}",
-        c.layers, c.hidden, c.heads, c.kv_heads, c.head_dim, c.ffn_hidden, c.vocab_size
-    );
-    println!("  sequence    {} tokens per sample", c.seq_len);
+    let torch = spec.family == model::Family::Torch;
+    if torch {
+        // A described module has no transformer shape: its config holds neutral values.
+        println!("  shape       described from PyTorch, {} blocks", s.blocks);
+        println!("  sequence    {} items per sample", c.seq_len);
+    } else {
+        println!(
+            "  shape       {} layers, hidden {}, {} heads ({} kv, {} dims each), ffn {}, vocab {}",
+            c.layers, c.hidden, c.heads, c.kv_heads, c.head_dim, c.ffn_hidden, c.vocab_size
+        );
+        println!("  sequence    {} tokens per sample", c.seq_len);
+    }
     println!("  graph       {} ops in {} blocks", s.ops, s.blocks);
     println!(
         "  parameters  {}  (fp32 {}, bf16 {})",
@@ -730,9 +737,16 @@ fn inspect(path: &Path, json: bool) -> Result<(), Failure> {
         units::flops(s.fwd_flops_per_sample as f64)
     );
     println!(
-        "  activations {} kept for backward per sample ({} attention)",
+        "  activations {} kept for backward per sample{}",
         units::bytes(s.saved_activation_bytes_per_sample),
-        format!("{:?}", c.attention).to_lowercase()
+        if torch {
+            " (as measured)".to_string()
+        } else {
+            format!(
+                " ({} attention)",
+                format!("{:?}", c.attention).to_lowercase()
+            )
+        }
     );
     println!();
     println!("  {:<22}{:>6}{:>18}", "kind", "ops", "parameters");

@@ -183,6 +183,20 @@ fn a_described_mlp_mixer_trains_under_fsdp2_as_one_process_does() {
     let described = read_model(&at("m.json")).unwrap();
     assert_eq!(described.family, Family::Torch);
     assert_eq!(described.block_count(), 3);
+    // `inspect` shows no transformer shape for it (its config's are neutral values).
+    let shown = crate::osdp()
+        .arg("inspect")
+        .arg(at("m.json"))
+        .assert()
+        .success()
+        .get_output()
+        .stdout
+        .clone();
+    let shown = String::from_utf8(shown).unwrap();
+    assert!(
+        shown.contains("described from PyTorch, 3 blocks") && !shown.contains("heads"),
+        "{shown}"
+    );
     crate::osdp()
         .arg("plan")
         .arg(at("m.json"))
