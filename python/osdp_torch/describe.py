@@ -314,8 +314,9 @@ def describe(
 
         mode = FakeTensorMode(allow_non_fake_inputs=True)
         to = lambda t: mode.from_tensor(t) if isinstance(t, torch.Tensor) else t  # noqa: E731
-        for p in params:  # the fakes the forward meets in the parameters' place
-            param_storage.add(_storage_key(mode.from_tensor(p)))
+        for p in params:  # the fakes the forward meets in the parameters' place, kept alive
+            keep.append(mode.from_tensor(p))  # (so no other storage takes their address)
+            param_storage.add(_storage_key(keep[-1]))
     args = tuple(to(a) for a in args)
     kwargs = {k: to(v) for k, v in kwargs.items()}
     try:

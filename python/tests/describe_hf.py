@@ -1,7 +1,8 @@
 """Describe a Hugging Face causal LM built from its config on the meta device with
 osdp_torch.describe, for the Rust tests to compare with `osdp-tui import-hf` of the same config.
 
-usage: describe_hf.py CONFIG_DIR SEQ OUT.json
+usage: describe_hf.py CONFIG_DIR SEQ OUT.json [meta|cpu]
+(cpu: the model built with real weights, described on fake tensors.)
 """
 
 import json
@@ -19,7 +20,7 @@ def main():
 
     config_dir, seq, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
     cfg = AutoConfig.from_pretrained(config_dir)
-    with torch.device("meta"):
+    with torch.device(sys.argv[4] if len(sys.argv) > 4 else "meta"):
         model = AutoModelForCausalLM.from_config(cfg)
     model.train()
     ids = torch.zeros(2, seq, dtype=torch.long)

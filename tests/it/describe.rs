@@ -84,6 +84,25 @@ fn a_described_hf_model_matches_its_import_and_plans_for_fsdp2() {
         let s = saved_fp32(&described) as f64 / saved_fp32(&imported) as f64;
         eprintln!("{what}: FLOPs described/imported {f:.4}, saved bytes {s:.4}");
         assert!((1.0..=saved_over).contains(&s), "{what}: saved bytes {s}");
+        // The module built with real weights, described on fake tensors: the same figures.
+        let out = std::process::Command::new(&python)
+            .arg(crate::root().join("python/tests/describe_hf.py"))
+            .arg(dir.path())
+            .arg("16")
+            .arg(dir.path().join("real.json"))
+            .arg("cpu")
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let real = read_model(&dir.path().join("real.json")).unwrap();
+        assert_eq!(
+            real.ops, described.ops,
+            "{what}: fake and meta tensors disagree"
+        );
         // Each op named by its module path; tied weights once.
         assert!(described.ops.iter().any(|o| o.name == "lm_head"), "{what}");
 
