@@ -22,6 +22,14 @@ fn saved_fp32(m: &ModelSpec) -> u64 {
         .sum()
 }
 
+/// Module path of the list holding the blocks (`transformer.h`, `model.layers`): block 0's
+/// first op's path up to the block index.
+fn block_list(m: &ModelSpec) -> String {
+    let first = m.ops.iter().find(|o| o.block == Some(0)).unwrap();
+    let cut = first.name.find(".0.").unwrap();
+    first.name[..cut].to_string()
+}
+
 /// `import-hf` and `describe` of one Hugging Face config, at 16 tokens per sample.
 fn both(python: &std::ffi::OsStr, dir: &Path, config: &str) -> (ModelSpec, ModelSpec) {
     std::fs::write(dir.join("config.json"), config).unwrap();
@@ -55,7 +63,8 @@ fn both(python: &std::ffi::OsStr, dir: &Path, config: &str) -> (ModelSpec, Model
 /// more saved bytes than `import-hf`, which models osdp-tui's own fused kernels: eager PyTorch
 /// keeps norm statistics, a contiguous copy of the attention output, and (LLaMA) the RMSNorm's
 /// fp32 upcast and the gated MLP's product inputs besides. The description plans and exports
-/// for FSDP2 with module paths, and `train` refuses it in one line.
+/// for FSDP2 with module paths, its export trains transformers' module on 2 gloo ranks as one
+/// process does, and `train` refuses it in one line.
 /// Needs OSDP_TEST_PYTHON (torch and transformers; scripts/test.sh sets it); skipped without.
 #[test]
 fn a_described_hf_model_matches_its_import_and_plans_for_fsdp2() {
@@ -129,7 +138,8 @@ fn a_described_hf_model_matches_its_import_and_plans_for_fsdp2() {
                 "--global-batch",
                 "8",
             ])
-            .args(["--pin", &format!("{first_linear}=zero2"), "-o"])
+            .args(["--pin", &format!("{first_linear}=zero2")])
+            .args(["--recompute-block", "1=on", "-o"])
             .arg(&plan)
             .assert()
             .success();
@@ -152,6 +162,20 @@ fn a_described_hf_model_matches_its_import_and_plans_for_fsdp2() {
             .unwrap_or_else(|| panic!("{what}: no module {first_linear} in {e}"));
         assert_eq!(pinned["sharding"], "zero2");
         assert_eq!(e["param_count"], imported.param_count());
+        assert_eq!(e["checkpoint"][0], format!("{}.1", block_list(&described)));
+        // The export of the description runs on transformers' module: 2 gloo ranks train as
+        // one process does, shards as predicted (GPT-2's tied head wrapped with its embedding).
+        let out = std::process::Command::new(&python)
+            .arg(crate::root().join("python/tests/fsdp2_gpt2.py"))
+            .arg(dir.path().join("config.json"))
+            .arg(&export)
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{what}: {stdout}\n{stderr}");
+        assert!(stdout.contains("losses ok"), "{what}: {stdout}");
+        assert!(stdout.contains("shard bytes ok"), "{what}: {stdout}");
 
         let out = crate::osdp()
             .arg("train")
