@@ -198,7 +198,9 @@ def describe(
     output's ``loss`` (Hugging Face) or the output itself is the loss.
 
     Nothing of real size is allocated: a model on the meta device runs on meta tensors, any
-    other on fake ones (``FakeTensorMode``); the module is neither changed nor moved.
+    other on fake ones (``FakeTensorMode``); the module is neither changed nor moved. It runs
+    in training mode (what training keeps for backward: dropout masks included), and each
+    submodule's mode is restored afterwards.
     """
     if not name or not name.strip():
         raise DescribeError("describe needs a name for the model")
@@ -319,6 +321,8 @@ def describe(
             param_storage.add(_storage_key(keep[-1]))
     args = tuple(to(a) for a in args)
     kwargs = {k: to(v) for k, v in kwargs.items()}
+    modes = [(m, m.training) for m in model.modules()]
+    model.train()
     try:
         def charge_saved(n: int) -> None:
             current().saved += n
@@ -345,6 +349,8 @@ def describe(
     finally:
         for h in handles:
             h.remove()
+        for m, training in modes:
+            m.training = training
     if "loss" in ops and ops["loss"] in order:
         ops["loss"].output_bytes = loss.element_size()
         ops["loss"].output_shape = [1]
