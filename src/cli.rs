@@ -569,6 +569,12 @@ fn dispatch(cli: Cli, trainer: Option<&Trainer>) -> Result<(), Failure> {
         }
         (Some(Command::Layout { layout, json }), _) => show_layout(&layout, json),
         (Some(Command::Train(args)), _) => match trainer {
+            _ if described_from_torch(&args.model) => Err(Failure::input(format!(
+                "{}: a model described from PyTorch (family torch) cannot be trained by \
+                 osdp-tui's own trainer; run its plan in your training loop: `osdp-tui export \
+                 MODEL --plan PLAN --layout L --to fsdp2 -o EXPORT` and osdp_torch.apply_plan",
+                printable(&args.model.display().to_string())
+            ))),
             Some(t) => (t.train)(args),
             None if cfg!(feature = "train") => Err(hand_over()),
             None => train::without_trainer(args),
@@ -666,6 +672,12 @@ fn hand_over() -> Failure {
     Failure::input(format!("cannot start the trainer {}: {err}", exe.display()))
 }
 
+/// Whether `path` reads as a model described from a live `nn.Module` (family `torch`); a
+/// file that does not read is left to the command's own reading to report.
+fn described_from_torch(path: &Path) -> bool {
+    model::read_model(path).is_ok_and(|m| m.family == model::Family::Torch)
+}
+
 /// The trainer binary beside this one, or why there is none.
 pub fn trainer_exe() -> Result<PathBuf, Failure> {
     let me = std::env::current_exe().map_err(|e| {
@@ -700,11 +712,18 @@ fn inspect(path: &Path, json: bool) -> Result<(), Failure> {
         s.family,
         units::count(s.params)
     );
-    println!(
-        "  shape       {} layers, hidden {}, {} heads ({} kv, {} dims each), ffn {}, vocab {}",
-        c.layers, c.hidden, c.heads, c.kv_heads, c.head_dim, c.ffn_hidden, c.vocab_size
-    );
-    println!("  sequence    {} tokens per sample", c.seq_len);
+    let torch = spec.family == model::Family::Torch;
+    if torch {
+        // A described module has no transformer shape: its config holds neutral values.
+        println!("  shape       described from PyTorch, {} blocks", s.blocks);
+        println!("  sequence    {} items per sample", c.seq_len);
+    } else {
+        println!(
+            "  shape       {} layers, hidden {}, {} heads ({} kv, {} dims each), ffn {}, vocab {}",
+            c.layers, c.hidden, c.heads, c.kv_heads, c.head_dim, c.ffn_hidden, c.vocab_size
+        );
+        println!("  sequence    {} tokens per sample", c.seq_len);
+    }
     println!("  graph       {} ops in {} blocks", s.ops, s.blocks);
     println!(
         "  parameters  {}  (fp32 {}, bf16 {})",
@@ -718,9 +737,16 @@ fn inspect(path: &Path, json: bool) -> Result<(), Failure> {
         units::flops(s.fwd_flops_per_sample as f64)
     );
     println!(
-        "  activations {} kept for backward per sample ({} attention)",
+        "  activations {} kept for backward per sample{}",
         units::bytes(s.saved_activation_bytes_per_sample),
-        format!("{:?}", c.attention).to_lowercase()
+        if torch {
+            " (as measured)".to_string()
+        } else {
+            format!(
+                " ({} attention)",
+                format!("{:?}", c.attention).to_lowercase()
+            )
+        }
     );
     println!();
     println!("  {:<22}{:>6}{:>18}", "kind", "ops", "parameters");

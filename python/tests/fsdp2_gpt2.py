@@ -1,4 +1,4 @@
-"""Train a tiny random GPT-2 under an osdp-tui FSDP2 export on 2 gloo ranks (CPU), 5 steps in
+"""Train a tiny random GPT-2 (or any causal LM config transformers knows, e.g. LLaMA) under an osdp-tui FSDP2 export on 2 gloo ranks (CPU), 5 steps in
 fp32, and compare every loss with one process training the same global batch without FSDP.
 
 usage: fsdp2_gpt2.py CONFIG.json EXPORT.json [BAD_EXPORT.json]
@@ -21,12 +21,23 @@ from osdp_torch.apply import local_param_bytes  # noqa: E402
 STEPS = 5
 
 
-def build(config_path):
-    from transformers import GPT2Config, GPT2LMHeadModel
+def config_of(config_path):
+    from transformers import AutoConfig
+
+    with open(config_path) as f:
+        raw = json.load(f)
+    return AutoConfig.for_model(raw.pop("model_type"), **raw)
+
+
+def build(config_path, cfg=None):
+    from transformers import AutoModelForCausalLM
 
     torch.manual_seed(0)
-    cfg = GPT2Config.from_json_file(config_path)
-    return GPT2LMHeadModel(cfg).float()
+    return AutoModelForCausalLM.from_config(cfg or config_of(config_path)).float()
+
+
+def seq_of(model):
+    return getattr(model.config, "n_positions", None) or model.config.max_position_embeddings
 
 
 def batches(export, vocab, seq):
@@ -43,7 +54,7 @@ def reference(config_path, export):
     model = build(config_path)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=False)
     out = []
-    for ids in batches(export, model.config.vocab_size, model.config.n_positions):
+    for ids in batches(export, model.config.vocab_size, seq_of(model)):
         loss = loss_of(model, ids)
         loss.backward()
         opt.step()
@@ -62,7 +73,7 @@ def rank_main(rank, world, port, config_path, export, queue):
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=False)
         micro, acc = export["micro_batch"], export["accumulation"]
         losses = []
-        for ids in batches(export, model.config.vocab_size, model.config.n_positions):
+        for ids in batches(export, model.config.vocab_size, seq_of(model)):
             mine = ids.view(world, -1, ids.shape[1])[rank]
             total = torch.zeros(())
             for k in range(acc):
@@ -125,17 +136,15 @@ def refusal(config_path, bad_path):
     """apply_plan on an export that does not fit: one clear error, before any collective.
     Refused twice: the bad export (a module path the model lacks) on this model, and the good
     export on a wider GPT-2 (another model)."""
-    from transformers import GPT2Config, GPT2LMHeadModel
-
     try:
         osdp_torch.apply_plan(build(config_path), bad_path)
         sys.exit("apply_plan took an export naming a module the model lacks")
     except osdp_torch.PlanError as e:
         print("refused:", e)
-    cfg = GPT2Config.from_json_file(config_path)
-    cfg.n_embd *= 2
+    cfg = config_of(config_path)
+    cfg.hidden_size *= 2
     try:
-        osdp_torch.apply_plan(GPT2LMHeadModel(cfg), sys.argv[2])
+        osdp_torch.apply_plan(build(config_path, cfg), sys.argv[2])
         sys.exit("apply_plan took an export made for another model")
     except osdp_torch.PlanError as e:
         print("refused other model:", e)

@@ -10,6 +10,7 @@ mod checkpoints;
 mod dashboard;
 #[cfg(feature = "train")]
 mod dashboard_train;
+mod describe;
 mod follow;
 mod fsdp2;
 #[cfg(feature = "train")]

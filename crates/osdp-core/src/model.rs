@@ -62,6 +62,13 @@ pub enum Family {
     Opt,
     Llama,
     Bert,
+    /// Any PyTorch `nn.Module`, described from the live module by `osdp_torch.describe`: its
+    /// ops are `module` ops (one per module that owns parameters or computes outside its
+    /// children), priced from their measured figures. The planner reads only `config.seq_len`
+    /// (items per sample, for tokens/s), `config.layers` (the block count) and `config.dtype`;
+    /// the other config fields hold neutral values. `plan`, `evaluate` and `export --to fsdp2`
+    /// take it; osdp-tui's own trainer cannot build it and `train` says so.
+    Torch,
 }
 
 impl Family {
@@ -71,6 +78,7 @@ impl Family {
             Family::Opt => "opt",
             Family::Llama => "llama",
             Family::Bert => "bert",
+            Family::Torch => "torch",
         }
     }
 }
@@ -255,10 +263,14 @@ pub enum OpKind {
     Add,
     /// Softmax cross-entropy over the vocabulary: the loss head.
     CrossEntropy,
+    /// A PyTorch module described by `osdp_torch.describe` (family `torch`): parameters of any
+    /// shape, any inputs, and only its measured figures (forward FLOPs, saved and output
+    /// bytes), from which it is priced. osdp-tui's own trainer does not run it.
+    Module,
 }
 
 impl OpKind {
-    pub const ALL: [OpKind; 9] = [
+    pub const ALL: [OpKind; 10] = [
         OpKind::Embedding,
         OpKind::PositionalEmbedding,
         OpKind::LayerNorm,
@@ -268,6 +280,7 @@ impl OpKind {
         OpKind::Activation,
         OpKind::Add,
         OpKind::CrossEntropy,
+        OpKind::Module,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -281,6 +294,7 @@ impl OpKind {
             OpKind::Activation => "activation",
             OpKind::Add => "add",
             OpKind::CrossEntropy => "cross_entropy",
+            OpKind::Module => "module",
         }
     }
 }

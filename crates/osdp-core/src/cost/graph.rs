@@ -140,6 +140,18 @@ impl OpBase {
                     m.efficiency.attention_backward,
                 ),
             ),
+            // A described module: its FLOPs at the matmul rate of its widest weight's narrower
+            // side, or its bytes at memory speed, whichever takes longer; backward as a linear's.
+            OpKind::Module => {
+                let width = op
+                    .params
+                    .iter()
+                    .filter(|p| p.shape.len() >= 2)
+                    .map(|p| p.shape.iter().copied().min().unwrap_or(1).max(1) as f64)
+                    .fold(1.0, f64::max);
+                let fwd = m.matmul_s(flops, width, 1).max(m.memory_s(moved));
+                (fwd, LINEAR_BWD_FACTOR * fwd)
+            }
             _ => (
                 m.memory_s(moved),
                 ELEMENTWISE_BWD_FACTOR * m.memory_s(moved),
@@ -205,7 +217,9 @@ pub fn kernel_key(model: &ModelSpec, op: &OpSpec) -> &'static str {
 /// the memory-bound kinds.
 pub fn op_work(op: &OpSpec, input_bytes_per_sample: u64, m: &Machine, batch: u64) -> f64 {
     match op.kind {
-        OpKind::Linear | OpKind::Attention => op.fwd_flops_per_sample as f64 * batch as f64,
+        OpKind::Linear | OpKind::Attention | OpKind::Module => {
+            op.fwd_flops_per_sample as f64 * batch as f64
+        }
         _ => {
             m.activation_bytes(input_bytes_per_sample + op.output_bytes_per_sample) as f64
                 * batch as f64

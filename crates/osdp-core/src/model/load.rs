@@ -77,7 +77,8 @@ pub fn validate(m: &ModelSpec) -> Result<(), Problem> {
         .iter()
         .filter(|o| o.kind == OpKind::CrossEntropy)
         .count();
-    if losses != 1 {
+    // A described PyTorch module computes its loss inside a `module` op (or its `loss_fn`'s).
+    if losses != 1 && m.family != super::Family::Torch {
         return Err(Problem::field(
             "ops",
             format!(
@@ -399,6 +400,8 @@ fn check_shapes(
         OpKind::Attention => s.attention(),
         OpKind::Activation | OpKind::Add => s.elementwise(),
         OpKind::CrossEntropy => s.cross_entropy(),
+        // Measured from the live module: any parameters, inputs and output.
+        OpKind::Module => Ok(()),
     }
 }
 

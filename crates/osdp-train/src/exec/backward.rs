@@ -45,6 +45,9 @@ impl Executor {
             OpKind::Linear => self.backward_linear(i, g)?,
             OpKind::Attention => self.backward_attention(i, g)?,
             OpKind::Activation => self.backward_activation(i, g)?,
+            OpKind::Module => {
+                return Err(super::forward::unsupported_module(&self.model.ops[i].id))
+            }
         }
         Ok(())
     }

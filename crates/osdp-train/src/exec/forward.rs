@@ -123,6 +123,7 @@ impl Executor {
                 }
                 loss
             }
+            OpKind::Module => return Err(unsupported_module(&self.model.ops[i].id)),
         };
         Ok(out)
     }
@@ -262,4 +263,12 @@ impl Executor {
         }
         Ok(loss)
     }
+}
+
+/// A `module` op (a model described from PyTorch) has no kernel in this trainer.
+pub(super) fn unsupported_module(id: &str) -> ExecError {
+    ExecError::Unsupported(format!(
+        "op {id:?} is a described PyTorch module; run its plan with osdp_torch.apply_plan \
+         (`osdp-tui export --to fsdp2`)"
+    ))
 }

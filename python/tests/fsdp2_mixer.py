@@ -1,0 +1,181 @@
+"""A small MLP-mixer (no transformer in it): described by osdp_torch.describe, then, under an
+osdp-tui FSDP2 export of a plan for that description, trained 5 steps in fp32 on gloo ranks
+(CPU) and compared, loss by loss, with one process training the same global batch without FSDP.
+
+usage: fsdp2_mixer.py describe OUT.json
+       fsdp2_mixer.py train EXPORT.json
+       fsdp2_mixer.py refuse EXPORT.json
+`describe` writes the description; `train` prints `losses ok`, `shard bytes ok` and exits
+non-zero naming the first step or rank that differs; `refuse` gives apply_plan three exports
+that do not fit (a module path the mixer lacks, the export on a wider mixer, a split op) and
+prints `refused <case>: <message>` for each.
+"""
+
+import json
+import os
+import socket
+import sys
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn.functional as F
+from torch import nn
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+import osdp_torch  # noqa: E402
+from osdp_torch.apply import local_param_bytes  # noqa: E402
+
+STEPS = 5
+PATCHES, PATCH_DIM, DIM, HIDDEN, DEPTH, CLASSES = 16, 12, 32, 64, 3, 10
+
+
+class MixerBlock(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.norm1 = nn.LayerNorm(DIM)
+        self.token_mlp = nn.Sequential(nn.Linear(PATCHES, HIDDEN), nn.GELU(), nn.Linear(HIDDEN, PATCHES))
+        self.norm2 = nn.LayerNorm(DIM)
+        self.channel_mlp = nn.Sequential(nn.Linear(DIM, HIDDEN), nn.GELU(), nn.Linear(HIDDEN, DIM))
+
+    def forward(self, x):
+        x = x + self.token_mlp(self.norm1(x).transpose(1, 2)).transpose(1, 2)
+        return x + self.channel_mlp(self.norm2(x))
+
+
+class Mixer(nn.Module):
+    def __init__(self, width=None):
+        super().__init__()
+        self.stem = nn.Linear(PATCH_DIM, width or DIM)
+        self.blocks = nn.Sequential(*[MixerBlock() for _ in range(DEPTH)])
+        self.norm = nn.LayerNorm(DIM)
+        self.head = nn.Linear(DIM, CLASSES)
+
+    def forward(self, x):
+        return self.head(self.norm(self.blocks(self.stem(x))).mean(dim=1))
+
+
+def build():
+    torch.manual_seed(0)
+    return Mixer()
+
+
+def batches(n):
+    g = torch.Generator().manual_seed(1)
+    return [
+        (torch.randn(n, PATCHES, PATCH_DIM, generator=g), torch.randint(0, CLASSES, (n,), generator=g))
+        for _ in range(STEPS)
+    ]
+
+
+def reference(export):
+    model = build()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=False)
+    out = []
+    for x, y in batches(export["global_batch"]):
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        out.append(loss.item())
+    return out
+
+
+def rank_main(rank, world, port, export, queue):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        model = osdp_torch.apply_plan(build(), export)
+        shard_bytes = local_param_bytes(model)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=False)
+        micro, acc = export["micro_batch"], export["accumulation"]
+        losses = []
+        for x, y in batches(export["global_batch"]):
+            xs, ys = x.chunk(world)[rank], y.chunk(world)[rank]
+            total = torch.zeros(())
+            for k in range(acc):
+                model.set_requires_gradient_sync(k == acc - 1)
+                part = slice(k * micro, (k + 1) * micro)
+                loss = F.cross_entropy(model(xs[part]), ys[part]) / acc
+                loss.backward()
+                total += loss.detach()
+            opt.step()
+            opt.zero_grad()
+            dist.all_reduce(total)
+            losses.append(total.item() / world)
+        queue.put((rank, losses, shard_bytes, None))
+    except Exception as e:  # reported by the parent
+        queue.put((rank, None, None, f"{type(e).__name__}: {e}"))
+    finally:
+        dist.destroy_process_group()
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def train(export_path):
+    export = osdp_torch.load_export(export_path)
+    world = export["world_size"]
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=rank_main, args=(r, world, port, export, queue)) for r in range(world)]
+    for p in procs:
+        p.start()
+    results = sorted(queue.get(timeout=300) for _ in procs)
+    for p in procs:
+        p.join(60)
+    for rank, _, _, err in results:
+        if err:
+            sys.exit(f"rank {rank}: {err}")
+    want = reference(export)
+    worst = 0.0
+    for rank, losses, shard_bytes, _ in results:
+        for step, (a, b) in enumerate(zip(losses, want)):
+            worst = max(worst, abs(a - b) / abs(b))
+            if abs(a - b) > 1e-5 * abs(b):
+                sys.exit(f"rank {rank} step {step}: loss {a!r}, one process {b!r}")
+        if shard_bytes != export["predicted"]["param_bytes_per_rank"]:
+            sys.exit(
+                f"rank {rank}: local shards {shard_bytes} bytes, plan predicts "
+                f"{export['predicted']['param_bytes_per_rank']}"
+            )
+    print("losses ok:", " ".join(f"{x:.6f}" for x in want), f"(largest relative difference {worst:.2e})")
+    print("shard bytes ok:", results[0][2])
+
+
+def refuse(export_path):
+    """Each bad export raises PlanError, before any collective (no process group here)."""
+    good = osdp_torch.load_export(export_path)
+    missing = json.loads(json.dumps(good))
+    missing["modules"][1]["path"] = "blocks.0.token_mlp.9"
+    split = json.loads(json.dumps(good))
+    linear = next(m for m in split["modules"] if m["path"] == "blocks.0.token_mlp.0")
+    linear["sharding"] = "zero3/2:1"
+    cases = [("missing", build(), missing), ("other", Mixer(width=48), good), ("split", build(), split)]
+    for case, model, export in cases:
+        try:
+            osdp_torch.apply_plan(model, export)
+            sys.exit(f"apply_plan took the {case} export")
+        except osdp_torch.PlanError as e:
+            print(f"refused {case}: {e}")
+
+
+def main():
+    if sys.argv[1] == "describe":
+        x, y = batches(4)[0]
+        spec = osdp_torch.describe(build(), (x,), name="mixer", loss_fn=lambda out: F.cross_entropy(out, y))
+        with open(sys.argv[2], "w") as f:
+            json.dump(spec, f, indent=1)
+    elif sys.argv[1] == "refuse":
+        refuse(sys.argv[2])
+    else:
+        train(sys.argv[2])
+
+
+if __name__ == "__main__":
+    main()
