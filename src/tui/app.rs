@@ -482,7 +482,10 @@ impl App {
                 &p.plan,
                 op,
                 self.request.max_split,
-                self.budget(),
+                // What the planner planned within: the budget less its headroom (with the
+                // whole budget a faster choice that eats the headroom read "faster, but
+                // pinned" for an op nobody pinned).
+                self.request.usable_budget(),
             ),
         });
     }
