@@ -133,9 +133,9 @@ pub const COMMAND_NAMES: &[&str] = &[
 /// What `any` global batch means, said when it is chosen: the planner takes one micro-batch a
 /// step, so a fixed global batch (with accumulation, which spreads the optimizer step and the
 /// gradient sync over more samples) can be a little faster.
-pub const ANY_BATCH: &str = "global batch any: the fastest micro-batch, one a step (no \
-                             accumulation); a fixed global batch with accumulation can be a \
-                             little faster (B or :batch N)";
+pub const ANY_BATCH: &str = "global batch any: no accumulation, the fastest micro-batch that \
+                             fits; a fixed global batch with accumulation can be a little faster \
+                             (B or :batch N)";
 
 /// The length of the next run in words.
 pub fn steps_words(steps: u64) -> String {

@@ -2077,3 +2077,49 @@ fn steps_n_ends_runs_started_here_and_any_says_what_it_means() {
     );
     assert_eq!(a.planned().unwrap().prediction.accumulation, 1);
 }
+
+/// Issue 34: `any` global batch means one thing everywhere: `plan --help`, `plan`'s report
+/// (chosen, or offered beside the default), the dashboard's `--help`, its help and
+/// `:batch any` all say "no accumulation, the fastest micro-batch that fits";
+/// and the plan `plan --global-batch any` prints has no accumulation.
+#[test]
+fn any_global_batch_is_worded_alike_by_plan_and_the_dashboard() {
+    let means = "no accumulation, the fastest micro-batch that fits";
+    let one_line = |s: &str| s.split_whitespace().collect::<Vec<_>>().join(" ");
+    let plan_help = stdout_ok(osdp().args(["plan", "--help"]));
+    assert!(
+        one_line(&plan_help).contains(&format!("`any`: {means}")),
+        "{plan_help}"
+    );
+    let dash_help = stdout_ok(osdp().args(["--help"]));
+    assert!(
+        one_line(&dash_help).contains(&format!("`any`: {means}")),
+        "{dash_help}"
+    );
+    let model = "sample-models/gpt2.json";
+    let layout = "layouts/a100-80gb-8x-nvlink.json";
+    let any = stdout_ok(osdp().args(["plan", model, "--layout", layout, "--global-batch", "any"]));
+    assert!(
+        any.contains(&format!("global batch: any ({means})")),
+        "{any}"
+    );
+    let plan_line = any
+        .lines()
+        .find(|l| l.contains("plan: global batch"))
+        .unwrap();
+    assert!(!plan_line.contains("accumulated"), "{plan_line}");
+    let default = stdout_ok(osdp().args(["plan", model, "--layout", layout]));
+    assert!(default.contains(&format!("(`any`: {means})")), "{default}");
+    let help = osdp_tui::tui::keymap::help_lines(200, "").join(" ");
+    assert!(
+        one_line(&help).contains(&format!("any ({means})")),
+        "{help}"
+    );
+    let mut a = app("gpt2", "a100-80gb-8x-nvlink", 80 * GIB);
+    type_keys(&mut a, ":batch any\n");
+    assert!(
+        a.message.as_deref().unwrap_or_default().contains(means),
+        "{:?}",
+        a.message
+    );
+}

@@ -386,7 +386,7 @@ fn fields(line: &str) -> Vec<String> {
 fn as_a_new_user_meets_it(a: &mut App) {
     a.notice = Some(
         "global batch 1024 (1.05 M tokens per step, as published runs of a model this size use); \
-         B changes it, --global-batch sets it (`any`: the fastest micro-batch, no accumulation)"
+         B changes it, --global-batch sets it (`any`: no accumulation, the fastest micro-batch that fits)"
             .into(),
     );
     if !matches!(a.gpus, osdp_tui::tui::app::GpuView::Live(_)) {
