@@ -560,6 +560,11 @@ impl Supervisor {
         }
     }
 
+    /// When this dashboard read the last step.
+    pub fn last_step_at(&self) -> Option<Instant> {
+        self.last_step_at
+    }
+
     /// The step the worker is finishing after `x`, and about how long that takes in whole
     /// seconds: the last step's time (else the predicted one) less the time since it ended,
     /// at least 1 s; while it writes the last step's checkpoint, that step. `None` before the

@@ -438,16 +438,50 @@ fn header_title(app: &App, width: u16) -> Line<'static> {
             format!("{}{step}", state.label()),
             Style::new().bold().fg(theme::run_state(&state)),
         ));
+        // The worker's pid while it lives (this dashboard's, or the one it follows); before
+        // `s`, how long the run it starts goes (`:steps N`), so that its ETA is no surprise.
+        // Either stays when the description's short forms make room, else goes whole.
+        if let Some(pid) = t
+            .supervisor
+            .as_ref()
+            .filter(|r| r.is_live())
+            .and_then(|r| r.pid())
+        {
+            title.push(Span::raw(format!(" · pid {pid}")));
+        } else if !t.is_live() {
+            title.push(Span::styled(
+                match app.run_steps {
+                    0 => " · next: until stopped".to_string(),
+                    1 => " · next: 1 step".to_string(),
+                    n => format!(" · next: {n} steps"),
+                },
+                theme::MUTED,
+            ));
+        }
     }
+    let extra = title
+        .last()
+        .filter(|s| s.content.starts_with(" · next: ") || s.content.starts_with(" · pid "))
+        .map(|_| title.len() - 1);
     // The state of the run and the pricing source matter more than the device's full name: on
     // a narrow terminal the description shortens before they are cut.
     if Line::from(title.clone()).width() > usize::from(width) {
         title[1] = Span::raw(format!(
-            "{} ({}) on {} ({} ranks)",
+            "{} ({} params, {} ops) on {} ({})",
+            printable(&m.name),
+            units::count(m.param_count()),
+            m.ops.len(),
+            printable(&app.layout.name),
+            ranks_words(app.layout.world_size()),
+        ));
+    }
+    if Line::from(title.clone()).width() > usize::from(width) {
+        title[1] = Span::raw(format!(
+            "{} ({}) on {} ({})",
             printable(&m.name),
             units::count(m.param_count()),
             printable(&app.layout.name),
-            app.layout.world_size(),
+            ranks_words(app.layout.world_size()),
         ));
     }
     // Narrower still (80 columns with a run's step): the model and the layout by name alone.
@@ -458,21 +492,22 @@ fn header_title(app: &App, width: u16) -> Line<'static> {
             printable(&app.layout.name)
         ));
     }
-    // The worker's pid while it lives (this dashboard's, or the one it follows), where it fits
-    // whole.
-    let pid = app.run_control.as_ref().and_then(|t| {
-        t.supervisor
-            .as_ref()
-            .filter(|r| r.is_live())
-            .and_then(|r| r.pid())
-    });
-    if let Some(pid) = pid {
-        let words = format!(" · pid {pid}");
-        if Line::from(title.clone()).width() + words.chars().count() <= usize::from(width) {
-            title.push(Span::raw(words));
+    // The pid or the next run's length gives way before anything else.
+    if let Some(k) = extra {
+        if Line::from(title.clone()).width() > usize::from(width) {
+            title.remove(k);
         }
     }
     Line::from(title)
+}
+
+/// `1 rank`, `8 ranks`.
+fn ranks_words(n: u32) -> String {
+    if n == 1 {
+        "1 rank".into()
+    } else {
+        format!("{n} ranks")
+    }
 }
 
 /// The plan's figures (batch, speed, peak, step) and its memory and time bars, or why there is
@@ -611,16 +646,6 @@ fn header_settings(app: &App, width: usize) -> Line<'static> {
         fields.push((3, format!("{} rc fixed", app.request.block_recompute.len())));
     }
     fields.extend(versus_all.into_iter().map(|v| (1, v)));
-    // How long a run started here goes (`:steps N`), so its ETA can be read.
-    if app.run_control.is_some() {
-        fields.push((
-            3,
-            match app.run_steps {
-                0 => "s runs until stopped".into(),
-                n => format!("s runs {n} steps"),
-            },
-        ));
-    }
     if !replan.is_empty() {
         fields.push((4, replan));
     }

@@ -47,7 +47,8 @@ fn once_prints_the_screen_without_a_terminal() {
         "--once",
     ]));
     for needle in [
-        "gpt2 (124.4 M params, 126 ops) on a100-80gb-8x-nvlink",
+        // 120 columns: the description shortens so that the next run's length shows.
+        "gpt2 (124.4 M) on a100-80gb-8x-nvlink (8 ranks) · uncalibrated · run: idle · next: until stopped",
         "samples/s",
         "peak",
         "vs FSDP",
@@ -2048,9 +2049,30 @@ fn steps_n_ends_runs_started_here_and_any_says_what_it_means() {
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o755)).unwrap();
     let mut a = dashboard_with(&exe, &dir.path().join("run"), 60);
-    assert!(render_text(&a, 200, 60).contains("s runs until stopped"));
+    // The next run's length is in the title at every size.
+    for (w, h) in [(80, 24), (120, 40), (200, 60)] {
+        let screen = render_text(&a, w, h);
+        assert!(
+            screen
+                .lines()
+                .next()
+                .unwrap()
+                .ends_with("run: idle · next: until stopped"),
+            "{screen}"
+        );
+    }
     type_keys(&mut a, ":steps 40\n");
-    assert!(render_text(&a, 200, 60).contains("s runs 40 steps"));
+    for (w, h) in [(80, 24), (120, 40), (200, 60)] {
+        let screen = render_text(&a, w, h);
+        assert!(
+            screen
+                .lines()
+                .next()
+                .unwrap()
+                .ends_with("run: idle · next: 40 steps"),
+            "{screen}"
+        );
+    }
     type_keys(&mut a, ":steps\n");
     assert_eq!(a.message.as_deref(), Some("next run: 40 steps"));
     type_keys(&mut a, ":steps many\n");

@@ -789,3 +789,52 @@ fn an_unpinned_operators_faster_choices_are_over_budget_not_pinned() {
     assert!(screen.contains("over budget"), "{screen}");
     assert!(!screen.contains("pinned"), "{screen}");
 }
+
+/// Issue 34, item 9: the ETA counts down while a step runs (it held "34 s" for a whole 5 s
+/// step of a real CPU run), never below the steps after the one running; one step left reads
+/// "1 step".
+#[test]
+fn the_eta_counts_down_between_steps() {
+    use crate::stand_in::*;
+    let dir = tempfile::tempdir().unwrap();
+    let slow = |k: u64| {
+        step(k, &[600 * MIB, 612 * MIB], None)
+            .replace("\"step_time_s\":0.2", "\"step_time_s\":10.0")
+    };
+    let mut metrics = vec![started(2, Some(10))];
+    metrics.extend((1..=5).map(slow));
+    let exe = worker(dir.path(), &metrics, 0, "");
+    let mut a = start(
+        crate::stand_in::app("tiny-gpt2", "cpu", GIB, None),
+        exe,
+        "target/snapshot-runs/eta-countdown",
+    );
+    poll_until(&mut a, "step 5", |a| last_step(a) == 5);
+    let read = a
+        .run_control
+        .as_ref()
+        .and_then(|t| t.supervisor.as_ref())
+        .and_then(|r| r.last_step_at())
+        .expect("step 5 was read");
+    let eta = |a: &App| {
+        let screen = render_text(a, 120, 40);
+        let line = screen
+            .lines()
+            .find(|l| l.contains("ETA "))
+            .unwrap_or_else(|| panic!("no ETA:\n{screen}"))
+            .to_string();
+        line[line.find("ETA ").unwrap()..].to_string()
+    };
+    a.now = read;
+    assert!(
+        eta(&a).starts_with("ETA 50 s (5 steps × 10.00 s measured)"),
+        "{}",
+        eta(&a)
+    );
+    a.now = read + std::time::Duration::from_secs(4);
+    assert!(eta(&a).starts_with("ETA 46 s (5 steps"), "{}", eta(&a));
+    a.now = read + std::time::Duration::from_secs(30);
+    assert!(eta(&a).starts_with("ETA 40 s (5 steps"), "{}", eta(&a));
+    a.update(Action::StopRun);
+    a.update(Action::StopRun);
+}

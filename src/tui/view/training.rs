@@ -101,13 +101,23 @@ pub fn time_line(app: &App, run: &Supervisor) -> Option<String> {
             steps,
             step_time_s,
             measured,
-        } => Some(format!(
-            "ETA {}{} ({steps} steps × {} {})",
-            if measured { "" } else { "~" },
-            units::duration(r.seconds().unwrap_or(0.0)),
-            units::seconds(step_time_s),
-            if measured { "measured" } else { "predicted" }
-        )),
+        } => {
+            // Counted down while a step runs: less the time since the last step ended, but
+            // never below the steps after this one.
+            let since = run
+                .last_step_at()
+                .map_or(0.0, |t| app.now.saturating_duration_since(t).as_secs_f64());
+            let full = r.seconds().unwrap_or(0.0);
+            let left = (full - since).max(full - step_time_s).max(0.0);
+            Some(format!(
+                "ETA {}{} ({steps} step{} × {} {})",
+                if measured { "" } else { "~" },
+                units::duration(left),
+                if steps == 1 { "" } else { "s" },
+                units::seconds(step_time_s),
+                if measured { "measured" } else { "predicted" }
+            ))
+        }
         Remaining::Unknown => None,
     };
     match (elapsed, left) {
