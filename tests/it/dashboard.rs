@@ -2145,3 +2145,18 @@ fn any_global_batch_is_worded_alike_by_plan_and_the_dashboard() {
         a.message
     );
 }
+
+/// Issue 34: `:steps 20` and Enter typed while the dashboard starts reach it with the Enter as
+/// a newline (the terminal was not raw yet), which the terminal library reads as Ctrl-J: the
+/// line stayed open and the next key (`s`) was typed into it. Ctrl-J and Ctrl-M end a line.
+#[test]
+fn a_command_ended_by_a_newline_runs() {
+    let mut a = app("gpt2", "a100-80gb-8x-nvlink", 80 * GIB);
+    type_keys(&mut a, ":budget 20");
+    ctrl_key(&mut a, 'j');
+    assert!(a.command.is_none(), "the line is closed");
+    assert_eq!(a.budget(), 20 * GIB);
+    type_keys(&mut a, ":budget 21");
+    ctrl_key(&mut a, 'm');
+    assert_eq!(a.budget(), 21 * GIB);
+}
