@@ -166,9 +166,17 @@ fn draw_other_view(app: &App, f: &mut Frame, main: Rect, has_run: bool) {
         View::Gpus => devices::draw_devices(app, f, main),
         View::Training if has_run => training::draw_training(app, f, main),
         View::Training | View::Plan => f.render_widget(
-            Paragraph::new(" no run here yet: s starts one with the plan on screen")
-                .style(theme::MUTED)
-                .block(Block::bordered().title(" training ")),
+            Paragraph::new(format!(
+                " no run here yet: s starts one with the plan on screen, {} (:steps N sets it)",
+                match app.run_steps {
+                    0 => "to run until stopped".to_string(),
+                    1 => "to run 1 step".to_string(),
+                    n => format!("to run {n} steps"),
+                }
+            ))
+            .wrap(Wrap { trim: true })
+            .style(theme::MUTED)
+            .block(Block::bordered().title(" training ")),
             main,
         ),
     }
