@@ -62,7 +62,7 @@ pub struct Cli {
     #[arg(long, value_name = "N", value_parser = parse_fixed_batch)]
     batch: Option<u64>,
     /// Samples per optimizer step over all GPUs: plan micro-batch × accumulation for it
-    /// (B cycles it). `any`: the fastest micro-batch, one a step (no accumulation). [default:
+    /// (B cycles it). `any`: no accumulation, the fastest micro-batch that fits. [default:
     /// as `plan`]
     #[arg(long, value_name = "N|any")]
     global_batch: Option<request::GlobalBatchArg>,
@@ -283,8 +283,9 @@ struct PlanArgs {
     batch: BatchArg,
     /// Samples per optimizer step over all GPUs, as the training recipe fixes it: the planner
     /// picks the micro-batch and gradient accumulation (micro-batch × accumulation × GPUs =
-    /// N) that run it fastest. `any`: the highest samples/s at any batch, one micro-batch a
-    /// step. [default: GPU layouts, the tokens per step published runs use for the model's
+    /// N) that run it fastest. `any`: no accumulation, the fastest micro-batch that fits; a
+    /// fixed N with accumulation can be a little faster. [default: GPU
+    /// layouts, the tokens per step published runs use for the model's
     /// size (GPT-3, Llama 2); the cpu layout, a step of about 2 s; with --batch alone, any]
     #[arg(long, value_name = "N|any")]
     global_batch: Option<request::GlobalBatchArg>,
@@ -1045,8 +1046,10 @@ fn dashboard(args: DashboardArgs) -> Result<(), Failure> {
     .map_err(Failure::input)?;
     let global_batch = chosen.samples();
     if let Some(why) = chosen.explain_default(&spec, cpu) {
-        let note =
-            format!("{why}; B changes it, --global-batch sets it (`any`: the fastest micro-batch, no accumulation)");
+        let note = format!(
+            "{why}; B changes it, --global-batch sets it (`any`: {})",
+            request::ANY_MEANS
+        );
         notice = Some(match notice {
             Some(n) => format!("{n} · {note}"),
             None => note,

@@ -183,7 +183,7 @@ struct PlanOut<'a> {
     prediction: &'a Prediction,
     ops: Vec<OpOut<'a>>,
     /// `given` (--global-batch, --tokens-per-step), `default` (chosen for the model and
-    /// layout) or `any` (the most samples/s at any batch).
+    /// layout) or `any` (no accumulation, the fastest micro-batch that fits).
     global_batch_source: &'static str,
     /// By name: ddp, ddp+ckpt, zero2, zero2+ckpt, fsdp, fsdp+ckpt.
     baselines: std::collections::BTreeMap<&'static str, BaselineOut>,
@@ -570,10 +570,14 @@ impl PlanReport {
         print_prediction("plan", prediction);
         match chosen {
             plan::GlobalBatch::Default(_) => println!(
-                "  {} is the default; --global-batch N sets it, `any` plans for the most samples/s",
-                chosen.explain_default(spec, cpu).unwrap_or_default()
+                "  {} is the default; --global-batch N sets it (`any`: {})",
+                chosen.explain_default(spec, cpu).unwrap_or_default(),
+                crate::cli::request::ANY_MEANS
             ),
-            plan::GlobalBatch::Any => println!("  global batch: any (the most samples/s)"),
+            plan::GlobalBatch::Any => println!(
+                "  global batch: any ({}); a fixed --global-batch N with accumulation can be a little faster",
+                crate::cli::request::ANY_MEANS
+            ),
             plan::GlobalBatch::Given(_) => {}
         }
         println!("  prices: {}", printable(&self.timing_source));

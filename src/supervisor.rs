@@ -188,6 +188,9 @@ impl Supervisor {
     /// run's latest checkpoint when it has one. Fails when another live process holds the run
     /// directory.
     pub fn start(spec: &LaunchSpec, dir: RunDir, launch: &Launch) -> std::io::Result<Supervisor> {
+        // Before the spawn: a loaded machine may run the worker a while before this process
+        // gets back (the first step's time read 273 ms for a worker that slept 300 ms).
+        let started = Instant::now();
         std::fs::create_dir_all(&dir.0)?;
         // A lock taken over from a worker that is gone needs no note: the run on screen says
         // how that worker ended.
@@ -223,8 +226,8 @@ impl Supervisor {
             },
             last_progress: Instant::now(),
             last_step_at: None,
-            started_at: Some(Instant::now()),
-            began_at: Some(Instant::now()),
+            started_at: Some(started),
+            began_at: Some(started),
             ended_at: None,
             log: LogTail::new(log_path),
             first_step_after: None,
@@ -558,6 +561,11 @@ impl Supervisor {
                 };
             }
         }
+    }
+
+    /// When this dashboard read the last step.
+    pub fn last_step_at(&self) -> Option<Instant> {
+        self.last_step_at
     }
 
     /// The step the worker is finishing after `x`, and about how long that takes in whole

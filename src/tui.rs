@@ -35,7 +35,8 @@ pub fn render_text(app: &App, width: u16, height: u16) -> String {
     for y in 0..buf.area.height {
         let mut line = String::new();
         for x in 0..buf.area.width {
-            line.push_str(buf[(x, y)].symbol());
+            // A no-break space (a figure and its unit kept together) reads as a space.
+            line.push_str(&buf[(x, y)].symbol().replace(view::NBSP, " "));
         }
         out.push_str(line.trim_end());
         out.push('\n');

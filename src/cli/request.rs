@@ -140,7 +140,10 @@ pub fn set_host_budget(
     }
 }
 
-/// `--global-batch`: a number of samples, or `any` for the highest samples/s at any batch.
+/// What a global batch of `any` means, in the words `plan`, its `--help` and the dashboard use.
+pub const ANY_MEANS: &str = "no accumulation, the fastest micro-batch that fits";
+
+/// `--global-batch`: a number of samples, or `any`: [`ANY_MEANS`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum GlobalBatchArg {
     Samples(u64),

@@ -133,9 +133,9 @@ pub const COMMAND_NAMES: &[&str] = &[
 /// What `any` global batch means, said when it is chosen: the planner takes one micro-batch a
 /// step, so a fixed global batch (with accumulation, which spreads the optimizer step and the
 /// gradient sync over more samples) can be a little faster.
-pub const ANY_BATCH: &str = "global batch any: the fastest micro-batch, one a step (no \
-                             accumulation); a fixed global batch with accumulation can be a \
-                             little faster (B or :batch N)";
+pub const ANY_BATCH: &str = "global batch any: no accumulation, the fastest micro-batch that \
+                             fits; a fixed global batch with accumulation can be a little faster \
+                             (B or :batch N)";
 
 /// The length of the next run in words.
 pub fn steps_words(steps: u64) -> String {
@@ -422,11 +422,17 @@ impl App {
     pub fn budget_summary(&self) -> String {
         let lo = self.request.budgets.iter().copied().min().unwrap_or(0);
         let hi = self.request.budgets.iter().copied().max().unwrap_or(0);
+        // The CPU layout's ranks are processes, not GPUs.
+        let each = if self.layout.device.kind == osdp_core::cluster::DeviceKind::Cpu {
+            "per rank"
+        } else {
+            "per GPU"
+        };
         if lo == hi {
-            format!("{} per GPU", osdp_core::units::bytes(lo))
+            format!("{} {each}", osdp_core::units::bytes(lo))
         } else {
             format!(
-                "{}–{} per GPU",
+                "{}–{} {each}",
                 osdp_core::units::bytes(lo),
                 osdp_core::units::bytes(hi)
             )
@@ -482,7 +488,10 @@ impl App {
                 &p.plan,
                 op,
                 self.request.max_split,
-                self.budget(),
+                // What the planner planned within: the budget less its headroom (with the
+                // whole budget a faster choice that eats the headroom read "faster, but
+                // pinned" for an op nobody pinned).
+                self.request.usable_budget(),
             ),
         });
     }

@@ -92,7 +92,9 @@ impl CommandLine {
         }
         match (code, ctrl) {
             (KeyCode::Esc, _) | (KeyCode::Char('c'), true) => Edit::Cancel,
-            (KeyCode::Enter, _) => Edit::Submit,
+            // Ctrl-J and Ctrl-M end a line as in readline; and a line typed before the
+            // dashboard took the terminal arrives with its Enter as a newline (Ctrl-J).
+            (KeyCode::Enter, _) | (KeyCode::Char('j' | 'm'), true) => Edit::Submit,
             (KeyCode::Tab, _) => Edit::Complete,
             (KeyCode::Char('u'), true) => {
                 self.chars.drain(..self.cursor);

@@ -145,8 +145,8 @@ pub const KEYMAP: &[Entry] = &[
     },
     Entry {
         keys: "b / B",
-        help: "micro-batch: auto, then 1, 2, 4, … fixed / global batch: any (the fastest \
-               micro-batch, no accumulation), then GPUs × 1, 2, 4, …",
+        help: "micro-batch: auto, then 1, 2, 4, … fixed / global batch: any (no \
+               accumulation, the fastest micro-batch that fits), then GPUs × 1, 2, 4, …",
         footer: Some(("b/B", "batch", Scope::Any)),
         log_footer: None,
         bindings: &[

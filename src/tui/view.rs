@@ -17,7 +17,7 @@ mod log;
 mod training;
 
 pub use devices::sparkline;
-pub use training::{fit, Rank};
+pub use training::{fit, Rank, NBSP};
 
 use super::app::{App, Confirm, Focus, Row, View};
 use super::{keymap, theme};
@@ -166,9 +166,17 @@ fn draw_other_view(app: &App, f: &mut Frame, main: Rect, has_run: bool) {
         View::Gpus => devices::draw_devices(app, f, main),
         View::Training if has_run => training::draw_training(app, f, main),
         View::Training | View::Plan => f.render_widget(
-            Paragraph::new(" no run here yet: s starts one with the plan on screen")
-                .style(theme::MUTED)
-                .block(Block::bordered().title(" training ")),
+            Paragraph::new(format!(
+                " no run here yet: s starts one with the plan on screen, {} (:steps N sets it)",
+                match app.run_steps {
+                    0 => "to run until stopped".to_string(),
+                    1 => "to run 1 step".to_string(),
+                    n => format!("to run {n} steps"),
+                }
+            ))
+            .wrap(Wrap { trim: true })
+            .style(theme::MUTED)
+            .block(Block::bordered().title(" training ")),
             main,
         ),
     }
@@ -290,12 +298,20 @@ fn draw_detail(app: &App, detail: &super::app::OpDetail, f: &mut Frame, area: Re
         w,
         h,
     );
-    let signed_ms = |s: f64| {
-        if s == 0.0 {
-            "±0".to_string()
+    // Narrow screens give up the `held` column and the long offload labels, so that the
+    // reason (`transient peak over budget`) shows whole.
+    let narrow = w < 100;
+    let label = |c: Choice| {
+        if narrow {
+            c.short_label()
         } else {
-            format!("{:+.2} ms", s * 1e3)
+            c.label()
         }
+    };
+    let signed_ms = |s: f64| match s {
+        0.0 => "±0".to_string(),
+        s if s.abs() >= 1.0 => format!("{s:+.2} s"),
+        s => format!("{:+.2} ms", s * 1e3),
     };
     let signed_bytes = |b: i64| match b {
         0 => "±0".to_string(),
@@ -310,9 +326,9 @@ fn draw_detail(app: &App, detail: &super::app::OpDetail, f: &mut Frame, area: Re
             } else {
                 Style::new()
             };
-            TableRow::new(vec![
+            let mut cells = vec![
                 Cell::from(Span::styled(
-                    a.choice.label(),
+                    label(a.choice),
                     Style::new().fg(theme::strategy(a.choice)),
                 )),
                 Cell::from(signed_ms(a.delta_step_s)),
@@ -320,46 +336,57 @@ fn draw_detail(app: &App, detail: &super::app::OpDetail, f: &mut Frame, area: Re
                 Cell::from(units::bytes(a.persistent_bytes)),
                 Cell::from(units::bytes(a.transient_bytes)),
                 Cell::from(a.verdict.text()),
-            ])
-            .style(style)
+            ];
+            if narrow {
+                cells.remove(3);
+            }
+            TableRow::new(cells).style(style)
         })
         .collect();
-    let title = format!(
-        " {} · {} · {} params · each choice priced in the plan · Enter closes ",
-        printable(&spec.id),
-        spec.kind.as_str(),
-        units::count(ModelSpec::op_param_count(spec))
-    );
+    // The title's parts, the last dropped first while they do not fit.
+    let mut parts = vec![
+        printable(&spec.id).into_owned(),
+        spec.kind.as_str().to_string(),
+        format!("{} params", units::count(ModelSpec::op_param_count(spec))),
+        "each choice priced in the plan".to_string(),
+        "Enter closes".to_string(),
+    ];
+    let title = loop {
+        let t = format!(" {} ", parts.join(" · "));
+        if t.chars().count() + 2 <= usize::from(w) || parts.len() == 1 {
+            break t;
+        }
+        parts.remove(parts.len() - if parts.len() > 3 { 2 } else { 1 });
+    };
     // The choice column as wide as its longest label (`zero3/4:4+offload-opt`): never cut.
     let choice_width = alts
         .iter()
-        .map(|a| a.choice.label().chars().count())
+        .map(|a| label(a.choice).chars().count())
         .max()
         .unwrap_or(6)
         .max(6) as u16;
-    let table = Table::new(
-        rows,
-        [
+    let mut widths = vec![
+        Constraint::Length(choice_width),
+        Constraint::Length(12),
+        Constraint::Length(12),
+        Constraint::Length(11),
+        Constraint::Length(11),
+        Constraint::Min(10),
+    ];
+    let mut titles = vec!["choice", "Δ step", "Δ peak", "held", "transient", "why not"];
+    if narrow {
+        widths = vec![
             Constraint::Length(choice_width),
-            Constraint::Length(12),
-            Constraint::Length(12),
+            Constraint::Length(10),
             Constraint::Length(11),
-            Constraint::Length(11),
+            Constraint::Length(10),
             Constraint::Min(10),
-        ],
-    )
-    .header(
-        TableRow::new(vec![
-            "choice",
-            "Δ step",
-            "Δ peak",
-            "held",
-            "transient",
-            "why not",
-        ])
-        .style(theme::MUTED),
-    )
-    .block(Block::bordered().title(title));
+        ];
+        titles.remove(3);
+    }
+    let table = Table::new(rows, widths)
+        .header(TableRow::new(titles).style(theme::MUTED))
+        .block(Block::bordered().title(title));
     f.render_widget(Clear, r);
     f.render_widget(table, r);
 }
@@ -419,16 +446,50 @@ fn header_title(app: &App, width: u16) -> Line<'static> {
             format!("{}{step}", state.label()),
             Style::new().bold().fg(theme::run_state(&state)),
         ));
+        // The worker's pid while it lives (this dashboard's, or the one it follows); before
+        // `s`, how long the run it starts goes (`:steps N`), so that its ETA is no surprise.
+        // Either stays when the description's short forms make room, else goes whole.
+        if let Some(pid) = t
+            .supervisor
+            .as_ref()
+            .filter(|r| r.is_live())
+            .and_then(|r| r.pid())
+        {
+            title.push(Span::raw(format!(" · pid {pid}")));
+        } else if !t.is_live() {
+            title.push(Span::styled(
+                match app.run_steps {
+                    0 => " · next: until stopped".to_string(),
+                    1 => " · next: 1 step".to_string(),
+                    n => format!(" · next: {n} steps"),
+                },
+                theme::MUTED,
+            ));
+        }
     }
+    let extra = title
+        .last()
+        .filter(|s| s.content.starts_with(" · next: ") || s.content.starts_with(" · pid "))
+        .map(|_| title.len() - 1);
     // The state of the run and the pricing source matter more than the device's full name: on
     // a narrow terminal the description shortens before they are cut.
     if Line::from(title.clone()).width() > usize::from(width) {
         title[1] = Span::raw(format!(
-            "{} ({}) on {} ({} ranks)",
+            "{} ({} params, {} ops) on {} ({})",
+            printable(&m.name),
+            units::count(m.param_count()),
+            m.ops.len(),
+            printable(&app.layout.name),
+            ranks_words(app.layout.world_size()),
+        ));
+    }
+    if Line::from(title.clone()).width() > usize::from(width) {
+        title[1] = Span::raw(format!(
+            "{} ({}) on {} ({})",
             printable(&m.name),
             units::count(m.param_count()),
             printable(&app.layout.name),
-            app.layout.world_size(),
+            ranks_words(app.layout.world_size()),
         ));
     }
     // Narrower still (80 columns with a run's step): the model and the layout by name alone.
@@ -439,21 +500,22 @@ fn header_title(app: &App, width: u16) -> Line<'static> {
             printable(&app.layout.name)
         ));
     }
-    // The worker's pid while it lives (this dashboard's, or the one it follows), where it fits
-    // whole.
-    let pid = app.run_control.as_ref().and_then(|t| {
-        t.supervisor
-            .as_ref()
-            .filter(|r| r.is_live())
-            .and_then(|r| r.pid())
-    });
-    if let Some(pid) = pid {
-        let words = format!(" · pid {pid}");
-        if Line::from(title.clone()).width() + words.chars().count() <= usize::from(width) {
-            title.push(Span::raw(words));
+    // The pid or the next run's length gives way before anything else.
+    if let Some(k) = extra {
+        if Line::from(title.clone()).width() > usize::from(width) {
+            title.remove(k);
         }
     }
     Line::from(title)
+}
+
+/// `1 rank`, `8 ranks`.
+fn ranks_words(n: u32) -> String {
+    if n == 1 {
+        "1 rank".into()
+    } else {
+        format!("{n} ranks")
+    }
 }
 
 /// The plan's figures (batch, speed, peak, step) and its memory and time bars, or why there is
@@ -592,16 +654,6 @@ fn header_settings(app: &App, width: usize) -> Line<'static> {
         fields.push((3, format!("{} rc fixed", app.request.block_recompute.len())));
     }
     fields.extend(versus_all.into_iter().map(|v| (1, v)));
-    // How long a run started here goes (`:steps N`), so its ETA can be read.
-    if app.run_control.is_some() {
-        fields.push((
-            3,
-            match app.run_steps {
-                0 => "s runs until stopped".into(),
-                n => format!("s runs {n} steps"),
-            },
-        ));
-    }
     if !replan.is_empty() {
         fields.push((4, replan));
     }
@@ -753,8 +805,19 @@ fn split_bars(
         }
         Line::from(spans)
     };
+    // A part's name and size that do not fit are dropped whole, the last part first (its
+    // colour stays in the bar): never `■ transient 2.` or a `■` with no name. `keep`: the
+    // spans before the names (the title, the bar, and the host's figures).
+    let fit = |mut line: Line<'static>, keep: usize| {
+        while line.width() > width && line.spans.len() >= keep + 2 {
+            let n = line.spans.len();
+            line.spans.truncate(n - 2);
+        }
+        line
+    };
     let whole = (budget.max(pr.peak_memory_bytes) as f64).max(1.0);
     let mut memory_line = line("memory ", &memory, &theme::MEMORY_PARTS, whole);
+    let mut memory_keep = 1 + MEMORY_PARTS_SPANS;
     // Right after the bar: the parts' names are what a narrow terminal cuts.
     if let Some(host) = host_budget {
         let offloaded = Choice::DP.offloaded(osdp_core::cost::Offload::Opt);
@@ -769,10 +832,14 @@ fn split_bars(
                 Style::new().fg(theme::strategy(offloaded)),
             ),
         );
+        memory_keep += 1;
     }
     [
-        memory_line,
-        line("time   ", &time, &theme::TIME_PARTS, step),
+        fit(memory_line, memory_keep),
+        fit(
+            line("time   ", &time, &theme::TIME_PARTS, step),
+            2 + time.len(),
+        ),
     ]
 }
 
@@ -868,8 +935,65 @@ fn draw_ops(app: &App, f: &mut Frame, area: Rect) {
     let plan = app.planned();
     let total_time = plan.map_or(1.0, |p| p.prediction.step_time_s);
     let rows = app.rows();
-    // Narrow screens drop the kind and parameter columns.
+    // Narrow screens drop the kind and parameter columns; the narrowest give sizes as `386M`.
     let narrow = area.width < 90;
+    let compact = area.width < 60;
+    let size = |b: u64| {
+        if compact {
+            short_bytes(b)
+        } else {
+            units::bytes(b)
+        }
+    };
+    let focused = app.focus == Focus::Ops;
+    let border = theme::border(focused);
+    let mut widths = vec![
+        Constraint::Min(18),
+        Constraint::Length(13),
+        Constraint::Length(9),
+        Constraint::Length(13),
+        Constraint::Length(11),
+        Constraint::Length(6),
+    ];
+    let mut titles = vec!["operator", "kind", "params", "strategy", "memory", "time"];
+    if narrow {
+        // The strategy column as wide as the plan's longest label (`zero3/4:4`,
+        // `zero2+ofl-opt`, and a pin's mark); the operator's name gets the rest.
+        let label = plan
+            .map(|p| {
+                p.plan
+                    .choices
+                    .iter()
+                    .map(|c| c.short_label().chars().count())
+                    .max()
+                    .unwrap_or(8)
+            })
+            .unwrap_or(8);
+        let pin = if app.request.pins.is_empty() { 0 } else { 3 };
+        widths = vec![
+            Constraint::Min(12),
+            Constraint::Length((label + pin).clamp(8, 16) as u16),
+            Constraint::Length(if compact { 5 } else { 9 }),
+            Constraint::Length(if compact { 5 } else { 6 }),
+        ];
+        titles = vec![
+            "operator",
+            "strategy",
+            if compact { "mem" } else { "memory" },
+            "time",
+        ];
+    }
+    // What the name column gets: the panel less its borders, the other columns and the
+    // spaces between them.
+    let fixed: u16 = widths
+        .iter()
+        .skip(1)
+        .map(|c| match c {
+            Constraint::Length(n) => *n + 1,
+            _ => 1,
+        })
+        .sum();
+    let name_width = usize::from(area.width.saturating_sub(2 + fixed));
     let mk = |mut cells: Vec<Cell<'static>>| -> TableRow<'static> {
         if narrow {
             cells.drain(1..3);
@@ -904,8 +1028,8 @@ fn draw_ops(app: &App, f: &mut Frame, area: Rect) {
                     Cell::from(format!("{} ops", ops.len())),
                     Cell::from(units::count(params)),
                     Cell::from(block_badge(app, b, recompute)),
-                    Cell::from(units::bytes(mem)),
-                    Cell::from(format!("{:.1}%", 100.0 * time / total_time)),
+                    Cell::from(size(mem)),
+                    Cell::from(percent(time / total_time)),
                 ])
             }
             Row::Op(i) => {
@@ -921,8 +1045,9 @@ fn draw_ops(app: &App, f: &mut Frame, area: Rect) {
                     (true, true) => " ",
                     (true, false) => "   ",
                 };
+                let room = name_width.saturating_sub(indent.len());
                 mk(vec![
-                    Cell::from(format!("{indent}{}", printable(&op.id))),
+                    Cell::from(format!("{indent}{}", fit_name(&printable(&op.id), room))),
                     Cell::from(kind_label(op.kind)),
                     Cell::from(units::count(ModelSpec::op_param_count(op))),
                     Cell::from(format!(
@@ -935,46 +1060,12 @@ fn draw_ops(app: &App, f: &mut Frame, area: Rect) {
                             .fg(theme::strategy(choice))
                             .add_modifier(Modifier::BOLD),
                     ),
-                    Cell::from(units::bytes(mem)),
-                    Cell::from(format!("{:.1}%", 100.0 * time / total_time)),
+                    Cell::from(size(mem)),
+                    Cell::from(percent(time / total_time)),
                 ])
             }
         })
         .collect();
-    let focused = app.focus == Focus::Ops;
-    let border = theme::border(focused);
-    let mut widths = vec![
-        Constraint::Min(18),
-        Constraint::Length(13),
-        Constraint::Length(9),
-        Constraint::Length(13),
-        Constraint::Length(11),
-        Constraint::Length(6),
-    ];
-    let mut titles = vec!["operator", "kind", "params", "strategy", "memory", "time"];
-    if narrow {
-        // `184.1 MiB` whole: the operator's name gives up columns first.
-        // The strategy column as wide as the plan's longest label (`zero3/4:4`, `zero2+ofl-opt`,
-        // and a pin's mark).
-        let label = plan
-            .map(|p| {
-                p.plan
-                    .choices
-                    .iter()
-                    .map(|c| c.short_label().chars().count())
-                    .max()
-                    .unwrap_or(8)
-            })
-            .unwrap_or(8);
-        let pin = if app.request.pins.is_empty() { 0 } else { 3 };
-        widths = vec![
-            Constraint::Min(16),
-            Constraint::Length((label + pin).clamp(8, 16) as u16),
-            Constraint::Length(9),
-            Constraint::Length(6),
-        ];
-        titles.drain(1..3);
-    }
     let table = Table::new(table_rows, widths)
         .header(TableRow::new(titles).style(Style::new().bold().underlined()))
         .block(
@@ -995,6 +1086,71 @@ fn draw_ops(app: &App, f: &mut Frame, area: Rect) {
     hit.ops = area;
     hit.ops_offset = state.offset();
     app.hit.set(hit);
+}
+
+/// A size in at most five columns for the narrow operator table: `386M`, `1.6G`, `64K`, `0B`.
+fn short_bytes(b: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "K", "M", "G", "T"];
+    let mut v = b as f64;
+    let mut u = 0;
+    while v >= 1000.0 && u + 1 < UNITS.len() {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{b}B")
+    } else if v < 10.0 {
+        format!("{v:.1}{}", UNITS[u])
+    } else {
+        format!("{v:.0}{}", UNITS[u])
+    }
+}
+
+/// An operator's name in `width` columns: whole when it fits, else its last parts (between
+/// dots) after `…` (`…self_attn.q_proj`: the block's prefix goes first, and the row sits under
+/// its block), else the last part cut between words (`…post_attention…`).
+fn fit_name(name: &str, width: usize) -> String {
+    let len = |s: &str| s.chars().count();
+    if len(name) <= width {
+        return name.to_string();
+    }
+    let mut tail = String::new();
+    for part in name.rsplit('.') {
+        let longer = if tail.is_empty() {
+            part.to_string()
+        } else {
+            format!("{part}.{tail}")
+        };
+        if len(&longer) + 1 > width {
+            break;
+        }
+        tail = longer;
+    }
+    if !tail.is_empty() {
+        return format!("…{tail}");
+    }
+    let last = name.rsplit('.').next().unwrap_or(name);
+    let keep = width.saturating_sub(2);
+    let room: String = last.chars().take(keep).collect();
+    // Cut where a word of the name ends (`post_attention` of `post_attention_layernorm`).
+    let cut = match last.chars().nth(keep) {
+        None | Some('_') => room.len(),
+        Some(_) => room
+            .rfind('_')
+            .filter(|&k| k >= room.len() / 2)
+            .unwrap_or(room.len()),
+    };
+    format!("…{}…", &room[..cut])
+}
+
+/// A share in at most five columns: `3.1%`, `100%`.
+fn percent(share: f64) -> String {
+    let p = 100.0 * share;
+    if p >= 99.95 {
+        format!("{p:.0}%")
+    } else {
+        format!("{p:.1}%")
+    }
 }
 
 /// The operator panel's title: where the cursor is among the operators (`123/486`), and the

@@ -47,7 +47,8 @@ fn once_prints_the_screen_without_a_terminal() {
         "--once",
     ]));
     for needle in [
-        "gpt2 (124.4 M params, 126 ops) on a100-80gb-8x-nvlink",
+        // 120 columns: the description shortens so that the next run's length shows.
+        "gpt2 (124.4 M) on a100-80gb-8x-nvlink (8 ranks) · uncalibrated · run: idle · next: until stopped",
         "samples/s",
         "peak",
         "vs FSDP",
@@ -2048,9 +2049,30 @@ fn steps_n_ends_runs_started_here_and_any_says_what_it_means() {
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o755)).unwrap();
     let mut a = dashboard_with(&exe, &dir.path().join("run"), 60);
-    assert!(render_text(&a, 200, 60).contains("s runs until stopped"));
+    // The next run's length is in the title at every size.
+    for (w, h) in [(80, 24), (120, 40), (200, 60)] {
+        let screen = render_text(&a, w, h);
+        assert!(
+            screen
+                .lines()
+                .next()
+                .unwrap()
+                .ends_with("run: idle · next: until stopped"),
+            "{screen}"
+        );
+    }
     type_keys(&mut a, ":steps 40\n");
-    assert!(render_text(&a, 200, 60).contains("s runs 40 steps"));
+    for (w, h) in [(80, 24), (120, 40), (200, 60)] {
+        let screen = render_text(&a, w, h);
+        assert!(
+            screen
+                .lines()
+                .next()
+                .unwrap()
+                .ends_with("run: idle · next: 40 steps"),
+            "{screen}"
+        );
+    }
     type_keys(&mut a, ":steps\n");
     assert_eq!(a.message.as_deref(), Some("next run: 40 steps"));
     type_keys(&mut a, ":steps many\n");
@@ -2076,4 +2098,65 @@ fn steps_n_ends_runs_started_here_and_any_says_what_it_means() {
         a.message
     );
     assert_eq!(a.planned().unwrap().prediction.accumulation, 1);
+}
+
+/// Issue 34: `any` global batch means one thing everywhere: `plan --help`, `plan`'s report
+/// (chosen, or offered beside the default), the dashboard's `--help`, its help and
+/// `:batch any` all say "no accumulation, the fastest micro-batch that fits";
+/// and the plan `plan --global-batch any` prints has no accumulation.
+#[test]
+fn any_global_batch_is_worded_alike_by_plan_and_the_dashboard() {
+    let means = "no accumulation, the fastest micro-batch that fits";
+    let one_line = |s: &str| s.split_whitespace().collect::<Vec<_>>().join(" ");
+    let plan_help = stdout_ok(osdp().args(["plan", "--help"]));
+    assert!(
+        one_line(&plan_help).contains(&format!("`any`: {means}")),
+        "{plan_help}"
+    );
+    let dash_help = stdout_ok(osdp().args(["--help"]));
+    assert!(
+        one_line(&dash_help).contains(&format!("`any`: {means}")),
+        "{dash_help}"
+    );
+    let model = "sample-models/gpt2.json";
+    let layout = "layouts/a100-80gb-8x-nvlink.json";
+    let any = stdout_ok(osdp().args(["plan", model, "--layout", layout, "--global-batch", "any"]));
+    assert!(
+        any.contains(&format!("global batch: any ({means})")),
+        "{any}"
+    );
+    let plan_line = any
+        .lines()
+        .find(|l| l.contains("plan: global batch"))
+        .unwrap();
+    assert!(!plan_line.contains("accumulated"), "{plan_line}");
+    let default = stdout_ok(osdp().args(["plan", model, "--layout", layout]));
+    assert!(default.contains(&format!("(`any`: {means})")), "{default}");
+    let help = osdp_tui::tui::keymap::help_lines(200, "").join(" ");
+    assert!(
+        one_line(&help).contains(&format!("any ({means})")),
+        "{help}"
+    );
+    let mut a = app("gpt2", "a100-80gb-8x-nvlink", 80 * GIB);
+    type_keys(&mut a, ":batch any\n");
+    assert!(
+        a.message.as_deref().unwrap_or_default().contains(means),
+        "{:?}",
+        a.message
+    );
+}
+
+/// Issue 34: `:steps 20` and Enter typed while the dashboard starts reach it with the Enter as
+/// a newline (the terminal was not raw yet), which the terminal library reads as Ctrl-J: the
+/// line stayed open and the next key (`s`) was typed into it. Ctrl-J and Ctrl-M end a line.
+#[test]
+fn a_command_ended_by_a_newline_runs() {
+    let mut a = app("gpt2", "a100-80gb-8x-nvlink", 80 * GIB);
+    type_keys(&mut a, ":budget 20");
+    ctrl_key(&mut a, 'j');
+    assert!(a.command.is_none(), "the line is closed");
+    assert_eq!(a.budget(), 20 * GIB);
+    type_keys(&mut a, ":budget 21");
+    ctrl_key(&mut a, 'm');
+    assert_eq!(a.budget(), 21 * GIB);
 }

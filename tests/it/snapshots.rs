@@ -381,84 +381,295 @@ fn fields(line: &str) -> Vec<String> {
         .collect()
 }
 
-/// Issue 34, item 5: at 80×24, 120×40 and 200×60, with and without colour, every field of the
-/// header is whole (one that does not fit is dropped, not cut), the long notice and the
-/// driver's message are cut only between words, and the selection shows.
-#[test]
-fn no_header_field_is_cut_at_any_size_with_or_without_colour() {
-    let mut a = app();
+/// The notice the dashboard opens with when it chose the global batch (the longest header
+/// line a new user meets), and the driver's message on a machine without NVIDIA's driver.
+fn as_a_new_user_meets_it(a: &mut App) {
     a.notice = Some(
         "global batch 1024 (1.05 M tokens per step, as published runs of a model this size use); \
-         B changes it, --global-batch sets it, `any` for the most samples/s"
+         B changes it, --global-batch sets it (`any`: no accumulation, the fastest micro-batch that fits)"
             .into(),
     );
-    a.apply_gpu(GpuEvent::Unavailable(
-        "no NVIDIA driver found (libnvidia-ml.so.1 could not be loaded: cannot open shared object file)"
-            .into(),
-    ));
-    for (w, h) in [(80, 24), (120, 40), (200, 60)] {
-        let (plain, marked) = render(&a, w, h, false);
-        let (stripped, marked_plain) = render(&a, w, h, true);
-        assert_eq!(plain, stripped, "NO_COLOR changes colours, not text");
-        assert!(marked > 0 && marked_plain == marked, "the selection shows");
-        let wide = render_text(&a, 400, h);
-        let header = if h >= 30 { 6 } else { 4 };
-        for (k, (line, full)) in plain.lines().zip(wide.lines()).take(header).enumerate() {
-            let whole = fields(full);
-            for (i, field) in fields(line).iter().enumerate() {
-                if k == 0 && i == 0 {
-                    // The title's description is shortened on purpose: whole names, closed
-                    // brackets.
-                    assert!(
-                        field.ends_with(')') || field.ends_with(a.layout.name.as_str()),
-                        "{w}×{h}: {field:?}"
-                    );
-                    continue;
-                }
-                // A bar is as wide as the screen allows.
-                if whole.contains(field)
-                    || (i == 0 && (line.starts_with("memory ") || line.starts_with("time ")))
-                {
-                    continue;
-                }
-                if let Some(short) = field
-                    .strip_prefix("global batch ")
-                    .filter(|_| !field.ends_with('…'))
-                {
-                    // The deliberate short form on narrow screens: `40 = 5×8` (micro-batch ×
-                    // ranks), the same global batch as the long one.
-                    let n = short.split(' ').next().unwrap();
-                    assert!(
-                        whole
-                            .iter()
-                            .any(|f| f.starts_with(&format!("global batch {n} ")))
-                            && short.ends_with(|c: char| c.is_ascii_digit()),
-                        "{w}×{h}: {field:?}"
-                    );
-                    continue;
-                }
-                if field.ends_with('…') {
-                    let kept = field.trim_end_matches('…');
-                    assert!(full.contains(kept), "{w}×{h}: {field:?} in {full:?}");
-                    let next = full[full.find(kept).unwrap() + kept.len()..].chars().next();
-                    assert!(
-                        next.is_none_or(|c| !c.is_alphanumeric()),
-                        "{w}×{h}: cut mid-word: {field:?}"
-                    );
-                    continue;
-                }
+    if !matches!(a.gpus, osdp_tui::tui::app::GpuView::Live(_)) {
+        a.apply_gpu(GpuEvent::Unavailable(
+            "no NVIDIA driver found (libnvidia-ml.so.1 could not be loaded: cannot open shared object file)"
+                .into(),
+        ));
+    }
+}
+
+/// The model on the layout at the layout's memory per GPU (as `osdp-tui MODEL --layout L`
+/// opens), as a new user meets it.
+fn opened(model: &str, layout: &str) -> App {
+    let l = read_layout(&root().join(format!("layouts/{layout}.json"))).unwrap();
+    let mut a = crate::stand_in::app(model, layout, l.memory_bytes(), None);
+    as_a_new_user_meets_it(&mut a);
+    a
+}
+
+/// Issue 34, item 5: what `screen` (`w`×`h`) shows is whole. The header's fields (split at
+/// ` · ` and ` ■ `) are those of the same screen 400 columns wide, or dropped (one that does
+/// not fit goes whole), or cut after a whole word with `…`; no text runs into a panel's
+/// border; and every operator's row names an operator and gives its memory with a unit.
+fn assert_nothing_cut(a: &App, screen: &str, w: u16, h: u16, what: &str) {
+    let wide = render_text(a, 400, h);
+    let header = if a.show_help {
+        // Help is drawn over the header.
+        0
+    } else if a.log_view.is_some() {
+        1
+    } else if h >= 30 {
+        6
+    } else {
+        4
+    };
+    for (k, (line, full)) in screen.lines().zip(wide.lines()).take(header).enumerate() {
+        let whole = fields(full);
+        for (i, field) in fields(line).iter().enumerate() {
+            if k == 0 && i == 0 {
+                // The title's description is shortened on purpose: whole names, closed
+                // brackets.
                 assert!(
-                    whole.contains(field),
-                    "{w}×{h}: {field:?} is cut; whole fields: {whole:?}\n{plain}"
+                    field.ends_with(')') || field.ends_with(a.layout.name.as_str()),
+                    "{what} {w}×{h}: {field:?}"
                 );
+                continue;
+            }
+            // A bar is as wide as the screen allows.
+            if whole.contains(field)
+                || (i == 0 && (line.starts_with("memory ") || line.starts_with("time ")))
+            {
+                continue;
+            }
+            if let Some(short) = field
+                .strip_prefix("global batch ")
+                .filter(|_| !field.ends_with('…'))
+            {
+                // The deliberate short form on narrow screens: `40 = 5×8` (micro-batch ×
+                // ranks), the same global batch as the long one.
+                let n = short.split(' ').next().unwrap();
+                assert!(
+                    whole
+                        .iter()
+                        .any(|f| f.starts_with(&format!("global batch {n} ")))
+                        && short.ends_with(|c: char| c.is_ascii_digit()),
+                    "{what} {w}×{h}: {field:?}"
+                );
+                continue;
+            }
+            if field.ends_with('…') {
+                let kept = field.trim_end_matches('…');
+                assert!(full.contains(kept), "{what} {w}×{h}: {field:?} in {full:?}");
+                let next = full[full.find(kept).unwrap() + kept.len()..].chars().next();
+                assert!(
+                    next.is_none_or(|c| !c.is_alphanumeric()),
+                    "{what} {w}×{h}: cut mid-word: {field:?}"
+                );
+                continue;
+            }
+            panic!("{what} {w}×{h}: {field:?} is cut; whole fields: {whole:?}\n{screen}");
+        }
+    }
+    // Text that runs into a border was cut there (a chart's axis labels stand against their
+    // axis and its right edge: `0.46│`, `│ 0.0   4.0   8.0│`).
+    let grid: Vec<Vec<char>> = screen.lines().map(|l| l.chars().collect()).collect();
+    // A popup's left edge stands over what it hides (`║ h0│choice`): a vertical edge whose
+    // top corner is `┌` or `╔` is a left one.
+    let left_edge = |y: usize, x: usize| {
+        (0..y)
+            .rev()
+            .map(|y| grid[y].get(x).copied().unwrap_or(' '))
+            .find(|c| !"│║".contains(*c))
+            .is_some_and(|c| "┌╔".contains(c))
+    };
+    for (y, chars) in grid.iter().enumerate().skip(header) {
+        for (x, pair) in chars.windows(2).enumerate() {
+            if !(pair[0].is_alphanumeric() && "│║┐╗┘╝".contains(pair[1])) || left_edge(y, x + 1)
+            {
+                continue;
+            }
+            let start = chars[..x]
+                .iter()
+                .rposition(|c| "│║".contains(*c))
+                .map_or(0, |p| p + 1);
+            let text: String = chars[start..=x].iter().collect();
+            // A line that fills its panel exactly ends with a word the wide screen has
+            // whole too.
+            let last = text.rsplit(' ').next().unwrap_or_default();
+            let whole_word = wide.match_indices(last).any(|(k, _)| {
+                let before = wide[..k].chars().next_back();
+                let after = wide[k + last.len()..].chars().next();
+                before.is_none_or(|c| !c.is_alphanumeric())
+                    && after.is_none_or(|c| !c.is_alphanumeric())
+            });
+            assert!(
+                whole_word
+                    || text
+                        .chars()
+                        .all(|c| c.is_ascii_digit() || c == '.' || c == ' '),
+                "{what} {w}×{h}: {text:?} runs into the border:\n{screen}"
+            );
+        }
+    }
+    // The operators' table: each name is an operator's (whole, or its end after `…`), each
+    // size has its unit.
+    let lines: Vec<&str> = screen.lines().collect();
+    let Some(top) = lines
+        .iter()
+        .position(|l| l.contains("operator ") && l.contains("strategy"))
+    else {
+        return;
+    };
+    if a.detail.is_some() || a.show_help {
+        // A popup hides part of every row.
+        return;
+    }
+    let head: Vec<char> = lines[top].chars().collect();
+    let col = |name: &str| {
+        let text: String = head.iter().collect();
+        text.find(name).map(|b| text[..b].chars().count())
+    };
+    let (strategy, memory) = (
+        col("strategy").unwrap(),
+        col("mem").unwrap_or_else(|| panic!("{what} {w}×{h}: no memory column")),
+    );
+    for line in &lines[top + 1..] {
+        let chars: Vec<char> = line.chars().collect();
+        if chars.first() != Some(&'║') && chars.first() != Some(&'│') {
+            break;
+        }
+        let cell = |from: usize, to: usize| -> String {
+            chars[from.min(chars.len())..to.min(chars.len())]
+                .iter()
+                .collect::<String>()
+                .trim()
+                .to_string()
+        };
+        let name = cell(1, col("kind").unwrap_or(strategy));
+        if name.is_empty() || name.starts_with(['▾', '▸']) {
+            continue;
+        }
+        let known = a.model.ops.iter().any(|o| {
+            o.id == name
+                || name.strip_prefix('…').is_some_and(|tail| {
+                    o.id.ends_with(tail)
+                        || tail
+                            .strip_suffix('…')
+                            .is_some_and(|mid| o.id.contains(&format!(".{mid}_")))
+                })
+        });
+        assert!(
+            known,
+            "{what} {w}×{h}: {name:?} names no operator\n{screen}"
+        );
+        let size = cell(memory, memory + 11);
+        let words: Vec<&str> = size.split_whitespace().collect();
+        let size = match words.as_slice() {
+            [n, unit, ..] if ["B", "KiB", "MiB", "GiB", "TiB"].contains(unit) => {
+                format!("{n} {unit}")
+            }
+            [n, ..] => n.to_string(),
+            [] => String::new(),
+        };
+        assert!(
+            size.ends_with('B') || size.ends_with(['K', 'M', 'G', 'T']),
+            "{what} {w}×{h}: {size:?} has no unit\n{screen}"
+        );
+    }
+}
+
+/// The screen and the cells in reverse video (the selection), with and without colour; the
+/// text is the same either way.
+fn check_screen(a: &App, w: u16, h: u16, what: &str) {
+    let (plain, marked) = render(a, w, h, false);
+    let (stripped, marked_plain) = render(a, w, h, true);
+    assert_eq!(plain, stripped, "NO_COLOR changes colours, not text");
+    // Help covers the screen and has no cursor of its own.
+    assert!(
+        (marked > 0 || a.show_help) && marked_plain == marked,
+        "{what} {w}×{h}: the selection shows"
+    );
+    assert_nothing_cut(a, &plain, w, h, what);
+}
+
+/// Issue 34, item 5: at 80×24, 120×40 and 200×60, with and without colour, in every view and
+/// with help or an operator's choices open, for the models and layouts a new user starts
+/// with: every field of the header is whole (one that does not fit is dropped, not cut), the
+/// long notice and the driver's message are cut only between words, nothing runs into a
+/// panel's edge, and the selection shows.
+#[test]
+fn nothing_is_cut_at_any_size_in_any_view_with_or_without_colour() {
+    let mut live = app();
+    as_a_new_user_meets_it(&mut live);
+    let apps = [
+        ("gpt2-medium on 8×A100, live GPUs", live),
+        (
+            "gpt2-xl on a100-80gb-8x-nvlink",
+            opened("gpt2-xl", "a100-80gb-8x-nvlink"),
+        ),
+        (
+            "llama-2-7b on rtx4090-1x",
+            opened("llama-2-7b", "rtx4090-1x"),
+        ),
+        (
+            "llama-2-13b on h100-sxm-2x8-ib-ndr",
+            opened("llama-2-13b", "h100-sxm-2x8-ib-ndr"),
+        ),
+    ];
+    for (what, mut a) in apps {
+        for view in osdp_tui::tui::app::View::ALL {
+            a.update(Action::ShowView(view));
+            for (w, h) in [(80, 24), (120, 40), (200, 60)] {
+                a.screen = (w, h);
+                check_screen(&a, w, h, &format!("{what}, view {}", view.name()));
             }
         }
-        // The driver's message wraps in the GPU panel: its last word shows.
-        if h >= 40 {
-            assert!(plain.contains("could not"), "{plain}");
+        a.update(Action::ShowView(osdp_tui::tui::app::View::Plan));
+        // An operator inside block 0: its choices, priced.
+        a.update(Action::Down);
+        a.update(Action::Down);
+        a.update(Action::Toggle);
+        assert!(a.detail.is_some(), "{what}");
+        for (w, h) in [(80, 24), (120, 40), (200, 60)] {
+            a.screen = (w, h);
+            check_screen(&a, w, h, &format!("{what}, an operator's choices"));
         }
-        assert!(!plain.contains("coul\u{2502}"), "{plain}");
+        a.update(Action::Back);
+        a.update(Action::ToggleHelp);
+        for (w, h) in [(80, 24), (120, 40), (200, 60)] {
+            a.screen = (w, h);
+            check_screen(&a, w, h, &format!("{what}, help"));
+        }
     }
+}
+
+/// Issue 34, item 5: a CPU training run (as `s` starts one) in every view and in its log.
+#[test]
+fn nothing_is_cut_in_a_cpu_runs_views() {
+    use crate::stand_in::*;
+    let dir = tempfile::tempdir().unwrap();
+    let mut metrics = vec![started(2, Some(100))];
+    metrics.extend((1..=5).map(|k| step(k, &[600 * MIB, 612 * MIB], None)));
+    let exe = worker(dir.path(), &metrics, 30, "");
+    let mut a = crate::stand_in::app("tiny-gpt2", "cpu", GIB, None);
+    as_a_new_user_meets_it(&mut a);
+    let mut a = start(a, exe, "target/snapshot-runs/nothing-cut-cpu");
+    poll_until(&mut a, "step 5", |a| last_step(a) == 5);
+    at(&mut a, 75);
+    for view in osdp_tui::tui::app::View::ALL {
+        a.update(Action::ShowView(view));
+        for (w, h) in [(80, 24), (120, 40), (200, 60)] {
+            a.screen = (w, h);
+            check_screen(&a, w, h, &format!("a CPU run, view {}", view.name()));
+        }
+    }
+    a.update(Action::ToggleLog);
+    for (w, h) in [(80, 24), (120, 40), (200, 60)] {
+        a.screen = (w, h);
+        assert_nothing_cut(&a, &render_text(&a, w, h), w, h, "a CPU run's log");
+    }
+    a.update(Action::ToggleLog);
+    a.update(Action::StopRun);
+    a.update(Action::StopRun);
 }
 
 /// Issue 34, item 2: the strip of the whole model reads without colour: a letter per strategy
@@ -557,5 +768,73 @@ fn x_during_a_checkpoint_names_the_step_the_run_ends_at() {
     a.update(Action::StopRun);
     let said = a.message.clone().unwrap_or_default();
     assert!(said.starts_with("finishing step 3 "), "{said}");
+    a.update(Action::StopRun);
+}
+
+/// An operator's choices are judged against the budget the plan was made within (the budget
+/// less its headroom): on llama-2-7b at 24 GiB a faster choice that would eat the headroom
+/// said "faster, but pinned" of an operator nobody pinned.
+#[test]
+fn an_unpinned_operators_faster_choices_are_over_budget_not_pinned() {
+    let mut a = opened("llama-2-7b", "rtx4090-1x");
+    assert!(a.request.pins.is_empty());
+    // Block 0's first projection.
+    for _ in 0..2 {
+        a.update(Action::Down);
+    }
+    a.update(Action::Toggle);
+    let d = a.detail.as_ref().expect("its choices");
+    assert_eq!(a.model.ops[d.op].id, "layers0.self_attn.q_proj");
+    let screen = render_text(&a, 120, 40);
+    assert!(screen.contains("over budget"), "{screen}");
+    assert!(!screen.contains("pinned"), "{screen}");
+}
+
+/// Issue 34, item 9: the ETA counts down while a step runs (it held "34 s" for a whole 5 s
+/// step of a real CPU run), never below the steps after the one running; one step left reads
+/// "1 step".
+#[test]
+fn the_eta_counts_down_between_steps() {
+    use crate::stand_in::*;
+    let dir = tempfile::tempdir().unwrap();
+    let slow = |k: u64| {
+        step(k, &[600 * MIB, 612 * MIB], None)
+            .replace("\"step_time_s\":0.2", "\"step_time_s\":10.0")
+    };
+    let mut metrics = vec![started(2, Some(10))];
+    metrics.extend((1..=5).map(slow));
+    let exe = worker(dir.path(), &metrics, 0, "");
+    let mut a = start(
+        crate::stand_in::app("tiny-gpt2", "cpu", GIB, None),
+        exe,
+        "target/snapshot-runs/eta-countdown",
+    );
+    poll_until(&mut a, "step 5", |a| last_step(a) == 5);
+    let read = a
+        .run_control
+        .as_ref()
+        .and_then(|t| t.supervisor.as_ref())
+        .and_then(|r| r.last_step_at())
+        .expect("step 5 was read");
+    let eta = |a: &App| {
+        let screen = render_text(a, 120, 40);
+        let line = screen
+            .lines()
+            .find(|l| l.contains("ETA "))
+            .unwrap_or_else(|| panic!("no ETA:\n{screen}"))
+            .to_string();
+        line[line.find("ETA ").unwrap()..].to_string()
+    };
+    a.now = read;
+    assert!(
+        eta(&a).starts_with("ETA 50 s (5 steps × 10.00 s measured)"),
+        "{}",
+        eta(&a)
+    );
+    a.now = read + std::time::Duration::from_secs(4);
+    assert!(eta(&a).starts_with("ETA 46 s (5 steps"), "{}", eta(&a));
+    a.now = read + std::time::Duration::from_secs(30);
+    assert!(eta(&a).starts_with("ETA 40 s (5 steps"), "{}", eta(&a));
+    a.update(Action::StopRun);
     a.update(Action::StopRun);
 }

@@ -107,14 +107,31 @@ pub fn draw_devices(app: &App, f: &mut Frame, area: Rect) {
 }
 
 /// `items` on lines of `width` columns, ` · ` between them, as many on a line as fit; lines
-/// after the first start with two spaces. An item wider than a line has one to itself (and is
-/// cut there).
+/// after the first start with two spaces. An item wider than a line is broken between words
+/// onto lines of its own (in its first span's style).
 fn pack(items: Vec<Vec<Span<'static>>>, width: usize) -> Vec<Line<'static>> {
     let mut lines: Vec<Line> = Vec::new();
     let mut line: Vec<Span> = Vec::new();
     let (mut used, mut items_on_line) = (0, 0);
     for item in items {
         let n: usize = item.iter().map(Span::width).sum();
+        if n + 2 > width && item.len() == 1 {
+            if items_on_line > 0 {
+                lines.push(Line::from(std::mem::take(&mut line)));
+            }
+            let style = item[0].style;
+            let text: String = item.iter().map(|s| s.content.as_ref()).collect();
+            for (k, l) in super::wrap_words(text.trim_start(), width.saturating_sub(2), 4)
+                .into_iter()
+                .enumerate()
+            {
+                let lead = if k == 0 && lines.is_empty() { "" } else { "  " };
+                lines.push(Line::from(Span::styled(format!("{lead}{l}"), style)));
+            }
+            line.push(Span::raw("  "));
+            (used, items_on_line) = (2, 0);
+            continue;
+        }
         if items_on_line > 0 && used + 3 + n > width {
             lines.push(Line::from(std::mem::take(&mut line)));
             line.push(Span::raw("  "));

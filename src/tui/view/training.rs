@@ -37,6 +37,7 @@ pub enum Rank {
 /// Rows `line` takes wrapped at word boundaries to `width` columns (as the panel wraps it).
 fn rows_of(line: &Line, width: usize) -> usize {
     let width = width.max(1);
+    // A no-break space joins its words (as the panel's wrapping keeps them together).
     let text = line.to_string();
     let (mut rows, mut used) = (1, 0);
     for word in text.split(' ') {
@@ -100,13 +101,23 @@ pub fn time_line(app: &App, run: &Supervisor) -> Option<String> {
             steps,
             step_time_s,
             measured,
-        } => Some(format!(
-            "ETA {}{} ({steps} steps × {} {})",
-            if measured { "" } else { "~" },
-            units::duration(r.seconds().unwrap_or(0.0)),
-            units::seconds(step_time_s),
-            if measured { "measured" } else { "predicted" }
-        )),
+        } => {
+            // Counted down while a step runs: less the time since the last step ended, but
+            // never below the steps after this one.
+            let since = run
+                .last_step_at()
+                .map_or(0.0, |t| app.now.saturating_duration_since(t).as_secs_f64());
+            let full = r.seconds().unwrap_or(0.0);
+            let left = (full - since).max(full - step_time_s).max(0.0);
+            Some(format!(
+                "ETA {}{} ({steps} step{} × {} {})",
+                if measured { "" } else { "~" },
+                units::duration(left),
+                if steps == 1 { "" } else { "s" },
+                units::seconds(step_time_s),
+                if measured { "measured" } else { "predicted" }
+            ))
+        }
         Remaining::Unknown => None,
     };
     match (elapsed, left) {
@@ -325,24 +336,85 @@ pub fn draw_training(app: &App, f: &mut Frame, area: Rect) {
     let state = t.state();
     let [text_area, chart_area] =
         Split::horizontal([Constraint::Percentage(60), Constraint::Percentage(40)]).areas(area);
+    let width = usize::from(text_area.width.saturating_sub(2));
     let title = format!(
         " training: {} · {} ",
         state.label(),
-        printable(&t.dir.0.display().to_string())
+        fit_path(
+            &printable(&t.dir.0.display().to_string()),
+            width.saturating_sub(14 + state.label().chars().count())
+        )
     );
     let block = Block::bordered()
         .title(title)
         .border_style(Style::new().fg(theme::run_state(&state)));
-    let width = usize::from(text_area.width.saturating_sub(2));
     let rows = usize::from(text_area.height.saturating_sub(2));
+    let lines = lines(app, run, &state)
+        .into_iter()
+        .map(|(rank, line)| (rank, keep_units(line)))
+        .collect();
     f.render_widget(
-        Paragraph::new(fit(lines(app, run, &state), width, rows))
+        Paragraph::new(fit(lines, width, rows))
             .block(block)
             .wrap(Wrap { trim: false }),
         text_area,
     );
     draw_loss(&run.status, f, chart_area);
 }
+
+/// `path` in `width` columns: whole, else its last parts after `…/` (the run directory's own
+/// name is what tells runs apart).
+fn fit_path(path: &str, width: usize) -> String {
+    if path.chars().count() <= width {
+        return path.to_string();
+    }
+    let mut tail = String::new();
+    for part in path.rsplit('/') {
+        let longer = if tail.is_empty() {
+            part.to_string()
+        } else {
+            format!("{part}/{tail}")
+        };
+        if longer.chars().count() + 2 > width {
+            break;
+        }
+        tail = longer;
+    }
+    format!("…/{tail}")
+}
+
+/// Units that stay with their figure when a line wraps.
+const UNITS: [&str; 14] = [
+    "B", "KiB", "MiB", "GiB", "TiB", "k", "M", "T", "ms", "µs", "s", "min", "h", "steps",
+];
+
+/// `line` with a no-break space between each figure and its unit, so that wrapping never
+/// leaves `5.12` at a line's end and `k tokens` on the next (drawn as a space).
+fn keep_units(line: Line<'static>) -> Line<'static> {
+    let spans = line
+        .spans
+        .into_iter()
+        .map(|span| {
+            let text = span.content.as_ref();
+            let words: Vec<&str> = text.split(' ').collect();
+            let mut out = String::with_capacity(text.len());
+            for (k, word) in words.iter().enumerate() {
+                if k > 0 {
+                    let glue = words[k - 1].ends_with(|c: char| c.is_ascii_digit())
+                        && UNITS.contains(&word.trim_end_matches([',', ')', ';']));
+                    out.push(if glue { NBSP } else { ' ' });
+                }
+                out.push_str(word);
+            }
+            Span::styled(out, span.style)
+        })
+        .collect::<Vec<_>>();
+    Line::from(spans).style(line.style)
+}
+
+/// The no-break space [`keep_units`] puts between a figure and its unit; `render_text` and
+/// the terminal show it as a space.
+pub const NBSP: char = '\u{a0}';
 
 fn draw_loss(status: &crate::run::RunStatus, f: &mut Frame, area: Rect) {
     let block = Block::bordered().title(" loss by step ");
