@@ -108,6 +108,8 @@ pub enum Action {
     Undo,
     /// Write the plan on screen to a file.
     WritePlan,
+    /// Write the plan on screen for PyTorch FSDP2 (`osdp_torch.apply_plan`).
+    ExportPlan,
     /// Compare the plan on screen with the running one (again: close).
     Compare,
     /// `/`: find operators (the list shows only those); in help, filter it.
@@ -123,11 +125,13 @@ const UNDO_DEPTH: usize = 100;
 
 /// The commands of the command line, for its help and its errors.
 pub const COMMANDS: &str = "budget [SIZE] · gpu N budget SIZE · batch N|any · micro N|auto · \
-                            split K · steps N · op NAME · write [PATH] · q (SIZE: 20GiB, 20 GiB, 1.5TiB; a bare number is GiB)";
+                            split K · steps N · target osdp|fsdp2 · op NAME · write [PATH] · \
+                            export [PATH] · q (SIZE: 20GiB, 20 GiB, 1.5TiB; a bare number is GiB)";
 
 /// The command names Tab completes.
 pub const COMMAND_NAMES: &[&str] = &[
-    "batch", "budget", "gpu", "micro", "op", "q", "quit", "split", "steps", "write",
+    "batch", "budget", "export", "gpu", "micro", "op", "q", "quit", "split", "steps", "target",
+    "write",
 ];
 
 /// What `any` global batch means, said when it is chosen: the planner takes one micro-batch a
@@ -157,6 +161,8 @@ pub struct OpDetail {
 pub enum Confirm {
     /// `w` or `:write PATH` onto a file that exists.
     Overwrite(std::path::PathBuf),
+    /// `e` or `:export PATH` onto a file that exists.
+    OverwriteExport(std::path::PathBuf),
     /// The plan on screen is still being priced.
     StartUnpriced,
     /// A run is going: detach (it keeps going), stop it and quit, or stay.
@@ -835,6 +841,10 @@ impl App {
                 self.write_plan(None);
                 false
             }
+            Action::ExportPlan => {
+                self.export_plan(None);
+                false
+            }
             Action::Compare => {
                 self.open_compare();
                 false
@@ -1014,6 +1024,8 @@ impl App {
         match (question, action) {
             (Confirm::Overwrite(path), Action::Yes) => self.write_plan_to(&path),
             (Confirm::Overwrite(_), _) => self.message = Some("not written".into()),
+            (Confirm::OverwriteExport(path), Action::Yes) => self.export_plan_to(&path),
+            (Confirm::OverwriteExport(_), _) => self.message = Some("not written".into()),
             (Confirm::StartUnpriced, Action::Yes) => self.start_run(true),
             (Confirm::RestartNewBatch { .. }, Action::Yes) => self.restart_confirmed(),
             (Confirm::QuitWhileRunning, Action::Detach) => {
@@ -1476,6 +1488,30 @@ impl App {
                 self.write_plan(None);
                 Ok(false)
             }
+            ["export" | "e"] => {
+                self.export_plan(None);
+                Ok(false)
+            }
+            ["export" | "e", path] => {
+                self.export_plan(Some(super::cmdline::expand_home(path)));
+                Ok(false)
+            }
+            ["target"] => {
+                self.message = Some(target_words(self.request.target));
+                return;
+            }
+            ["target", name] => match osdp_core::plan::Target::parse(name) {
+                Some(t) => {
+                    self.request.target = t;
+                    self.message = Some(target_words(t));
+                    Ok(true)
+                }
+                None => Err(format!(
+                    "target {:?}: osdp (osdp-tui's trainer, every choice) or fsdp2 (PyTorch \
+                     FSDP2's fully_shard: what it can express)",
+                    osdp_core::text::printable(name)
+                )),
+            },
             ["write" | "w", path] => {
                 self.write_plan(Some(super::cmdline::expand_home(path)));
                 Ok(false)
@@ -1544,6 +1580,61 @@ impl App {
                 format!("wrote the plan on screen to {shown} (osdp-tui evaluate … --plan reads it)")
             }
             Err(e) => format!("cannot write {shown}: {e}"),
+        });
+    }
+
+    /// Where `e` writes when no path is given: `MODEL.fsdp2.json` here, beside `w`'s plan.
+    pub fn default_export_path(&self) -> std::path::PathBuf {
+        std::path::PathBuf::from(format!(
+            "{}.fsdp2.json",
+            osdp_core::text::file_component(&self.model.name)
+        ))
+    }
+
+    /// Write the plan on screen as `osdp_torch.apply_plan` reads it (`osdp-tui export --to
+    /// fsdp2`), to `path` or the default one; over a file that exists only once the user says
+    /// yes. A plan FSDP2 cannot run is refused with what to do.
+    fn export_plan(&mut self, path: Option<std::path::PathBuf>) {
+        if self.planned().is_none() {
+            self.message = Some("no plan on screen to export".into());
+            return;
+        }
+        let path = path.unwrap_or_else(|| self.default_export_path());
+        if path.is_dir() {
+            let shown = path.display().to_string();
+            self.message = Some(format!(
+                "{} is a directory: :export DIR/NAME.json",
+                osdp_core::text::printable(&shown)
+            ));
+        } else if path.exists() {
+            self.confirm = Some(Confirm::OverwriteExport(path));
+        } else {
+            self.export_plan_to(&path);
+        }
+    }
+
+    fn export_plan_to(&mut self, path: &std::path::Path) {
+        let Some(planned) = self.planned() else {
+            self.message = Some("no plan on screen to export".into());
+            return;
+        };
+        let export = osdp_core::plan::export::fsdp2_export(
+            &self.model,
+            &self.layout.name,
+            &self.machine,
+            &planned.plan,
+            &planned.prediction,
+        );
+        let shown = path.display().to_string();
+        let shown = osdp_core::text::printable(&shown);
+        self.message = Some(match export {
+            Err(why) => format!("FSDP2 cannot run the plan on screen: {why} (:target fsdp2 plans what it can)"),
+            Ok(export) => match osdp_core::input::write_json_atomically(path, &export) {
+                Ok(()) => format!(
+                    "wrote the plan on screen for FSDP2 to {shown} (osdp_torch.apply_plan(model, \"{shown}\"))"
+                ),
+                Err(e) => format!("cannot write {shown}: {e}"),
+            },
         });
     }
 
@@ -1851,5 +1942,18 @@ pub fn budget_step(b: u64, up: bool) -> u64 {
         (false, true) => b.saturating_sub(FINE).max(FINE),
         (false, false) if b == GIB => GIB - FINE,
         (false, false) => b.saturating_sub(GIB).max(GIB),
+    }
+}
+
+/// What `:target` says: what will run the plans the dashboard makes.
+fn target_words(t: osdp_core::plan::Target) -> String {
+    match t {
+        osdp_core::plan::Target::Osdp => {
+            "target osdp: plans for osdp-tui's own trainer (every choice; s runs them)".into()
+        }
+        osdp_core::plan::Target::Fsdp2 => "target fsdp2: plans what PyTorch FSDP2 runs (no zero1, \
+                                           no split, offload as +offload-param); e writes one for \
+                                           osdp_torch.apply_plan"
+            .into(),
     }
 }

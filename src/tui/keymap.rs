@@ -178,7 +178,7 @@ pub const KEYMAP: &[Entry] = &[
     Entry {
         keys: ":",
         help: "command line: budget SIZE (20 = 20 GiB), gpu N budget SIZE, batch N|any, micro \
-               N|auto, split K, steps N (of runs s starts), op NAME, write [PATH] (~, \"quoted paths\"), q; Tab completes, \
+               N|auto, split K, steps N (of runs s starts), target osdp|fsdp2, op NAME, write|export [PATH] (~, \"quoted paths\"), q; Tab completes, \
                ↑↓ history, Esc closes",
         footer: Some((":", "cmd", Scope::Any)),
         log_footer: None,
@@ -192,12 +192,12 @@ pub const KEYMAP: &[Entry] = &[
         bindings: &[(ch('u'), Action::Undo)],
     },
     Entry {
-        keys: "w",
-        help: "write the plan on screen to MODEL.plan.json (:write PATH elsewhere; asks \
-               before overwriting)",
+        keys: "w e",
+        help: "write the plan to MODEL.plan.json; e: for FSDP2, MODEL.fsdp2.json (:write/:export \
+               PATH)",
         footer: Some(("w", "write", Scope::Any)),
         log_footer: None,
-        bindings: &[(ch('w'), Action::WritePlan)],
+        bindings: &[(ch('w'), Action::WritePlan), (ch('e'), Action::ExportPlan)],
     },
     Entry {
         keys: "c",

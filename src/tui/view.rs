@@ -229,6 +229,13 @@ fn draw_footer(app: &App, f: &mut Frame, area: Rect, keys: String) {
             ),
             theme::PROMPT,
         )),
+        (Some(Confirm::OverwriteExport(path)), _) => Line::from(Span::styled(
+            format!(
+                " {} exists: overwrite it with the plan on screen for FSDP2? y / n",
+                printable(&path.display().to_string())
+            ),
+            theme::PROMPT,
+        )),
         (Some(Confirm::RestartNewBatch { from, to }), _) => Line::from(Span::styled(
             format!(
                 " restarting changes the global batch from {from} to {to} samples per step \

@@ -1372,6 +1372,97 @@ fn w_writes_the_plan_on_screen_for_evaluate() {
     );
 }
 
+/// Issue 35: `:target fsdp2` plans what FSDP2 can run, and `e` (or `:export PATH`) writes the
+/// plan on screen as `osdp-tui export --to fsdp2` writes it from `w`'s file: the same export. A
+/// plan FSDP2 cannot run (zero1 pinned under the default target) is refused with what to do.
+#[test]
+fn target_fsdp2_and_e_write_what_apply_plan_reads() {
+    use osdp_core::cost::{Choice, Strategy};
+    use osdp_core::plan::Target;
+    let dir = tempfile::tempdir().unwrap();
+    let mut a = app("gpt2", "a100-80gb-8x-nvlink", 4 * GIB);
+    // Under the default target, an op pinned to zero1 makes a plan FSDP2 cannot run.
+    a.request.pins = vec![(4, Choice::plain(Strategy::Zero1))];
+    a.replan();
+    let refused = dir.path().join("refused.json");
+    type_keys(&mut a, &format!(":export {}\n", refused.display()));
+    assert!(
+        a.message
+            .as_deref()
+            .is_some_and(|m| m.starts_with("FSDP2 cannot run the plan on screen")
+                && m.contains("zero1")
+                && m.contains(":target fsdp2")),
+        "{:?}",
+        a.message
+    );
+    assert!(!refused.exists());
+    a.request.pins.clear();
+    type_keys(&mut a, ":target fsdp2\n");
+    assert_eq!(a.request.target, Target::Fsdp2);
+    assert!(
+        a.message
+            .as_deref()
+            .is_some_and(|m| m.starts_with("target fsdp2")),
+        "{:?}",
+        a.message
+    );
+    let p = a.planned().expect("fits").clone();
+    assert!(p
+        .plan
+        .choices
+        .iter()
+        .all(|c| Target::Fsdp2.allows(*c).is_ok()));
+    let plan = dir.path().join("gpt2.plan.json");
+    let mine = dir.path().join("gpt2.fsdp2.json");
+    type_keys(
+        &mut a,
+        &format!(":write {}\n:export {}\n", plan.display(), mine.display()),
+    );
+    assert!(
+        a.message
+            .as_deref()
+            .is_some_and(|m| m.contains("for FSDP2 to")),
+        "{:?}",
+        a.message
+    );
+    let cli = dir.path().join("cli.fsdp2.json");
+    let out = osdp()
+        .args([
+            "export",
+            "sample-models/gpt2.json",
+            "--layout",
+            "layouts/a100-80gb-8x-nvlink.json",
+            "--plan",
+        ])
+        .arg(&plan)
+        .args(["--to", "fsdp2", "-o"])
+        .arg(&cli)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let read = |p: &std::path::Path| -> serde_json::Value {
+        serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
+    };
+    assert_eq!(read(&mine), read(&cli));
+    // e over a file that exists asks first; n keeps it.
+    assert_eq!(
+        a.default_export_path(),
+        std::path::PathBuf::from("gpt2.fsdp2.json")
+    );
+    type_keys(&mut a, &format!(":export {}\nn", mine.display()));
+    assert_eq!(a.message.as_deref(), Some("not written"));
+    type_keys(&mut a, ":target nope\n");
+    assert!(a
+        .message
+        .as_deref()
+        .is_some_and(|m| m.contains("osdp") && m.contains("fsdp2")));
+    assert_eq!(a.request.target, Target::Fsdp2);
+}
+
 /// Issue 19: `c` compares the plan on screen with the running one: both runs' figures and
 /// each operator whose choice differs; with no run it says so.
 #[test]
