@@ -1426,7 +1426,7 @@ fn target_fsdp2_and_e_write_what_apply_plan_reads() {
         a.message
     );
     let cli = dir.path().join("cli.fsdp2.json");
-    let out = osdp()
+    osdp()
         .args([
             "export",
             "sample-models/gpt2.json",
@@ -1437,13 +1437,8 @@ fn target_fsdp2_and_e_write_what_apply_plan_reads() {
         .arg(&plan)
         .args(["--to", "fsdp2", "-o"])
         .arg(&cli)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+        .assert()
+        .success();
     let read = |p: &std::path::Path| -> serde_json::Value {
         serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
     };

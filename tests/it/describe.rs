@@ -3,6 +3,7 @@
 
 use std::path::Path;
 
+use crate::fsdp2::{plan_and_export, test_python};
 use osdp_core::model::{read_model, saved::fixed_dtype_saved_bytes, Family, ModelSpec};
 
 /// Forward FLOPs per sample.
@@ -68,8 +69,7 @@ fn both(python: &std::ffi::OsStr, dir: &Path, config: &str) -> (ModelSpec, Model
 /// Needs OSDP_TEST_PYTHON (torch and transformers; scripts/test.sh sets it); skipped without.
 #[test]
 fn a_described_hf_model_matches_its_import_and_plans_for_fsdp2() {
-    let Some(python) = std::env::var_os("OSDP_TEST_PYTHON") else {
-        eprintln!("skipped: OSDP_TEST_PYTHON is not set (scripts/test.sh sets it)");
+    let Some(python) = test_python() else {
         return;
     };
     let gpt2 = r#"{"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "vocab_size": 96,
@@ -127,33 +127,20 @@ fn a_described_hf_model_matches_its_import_and_plans_for_fsdp2() {
             .unwrap()
             .id
             .clone();
-        crate::osdp()
-            .arg("plan")
-            .arg(&model)
-            .args([
-                "--layout",
-                "cpu",
-                "--target",
-                "fsdp2",
+        let pin = format!("{first_linear}=zero2");
+        let e = plan_and_export(
+            dir.path(),
+            &model,
+            "cpu",
+            &[
                 "--global-batch",
                 "8",
-            ])
-            .args(["--pin", &format!("{first_linear}=zero2")])
-            .args(["--recompute-block", "1=on", "-o"])
-            .arg(&plan)
-            .assert()
-            .success();
-        crate::osdp()
-            .arg("export")
-            .arg(&model)
-            .arg("--plan")
-            .arg(&plan)
-            .args(["--layout", "cpu", "--to", "fsdp2", "-o"])
-            .arg(&export)
-            .assert()
-            .success();
-        let e: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(&export).unwrap()).unwrap();
+                "--pin",
+                &pin,
+                "--recompute-block",
+                "1=on",
+            ],
+        );
         let pinned = e["modules"]
             .as_array()
             .unwrap()
@@ -205,8 +192,7 @@ fn a_described_hf_model_matches_its_import_and_plans_for_fsdp2() {
 /// Needs OSDP_TEST_PYTHON (torch; scripts/test.sh sets it); skipped without.
 #[test]
 fn a_described_mlp_mixer_trains_under_fsdp2_as_one_process_does() {
-    let Some(python) = std::env::var_os("OSDP_TEST_PYTHON") else {
-        eprintln!("skipped: OSDP_TEST_PYTHON is not set (scripts/test.sh sets it)");
+    let Some(python) = test_python() else {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
@@ -240,30 +226,27 @@ fn a_described_mlp_mixer_trains_under_fsdp2_as_one_process_does() {
         shown.contains("described from PyTorch, 3 blocks") && !shown.contains("heads"),
         "{shown}"
     );
-    crate::osdp()
-        .arg("plan")
-        .arg(at("m.json"))
-        .args(["--layout", "cpu", "--target", "fsdp2"])
-        .args(["--global-batch", "8", "--batch", "2"])
-        .args(["--pin", "blocks.0.token_mlp.0=zero3"])
-        .args(["--pin", "blocks.0.channel_mlp.0=zero2"])
-        .args(["--pin", "stem=dp"])
-        .args(["--pin", "blocks.2.channel_mlp.2=zero3+offload-param"])
-        .args(["--recompute-block", "1=on", "-o"])
-        .arg(at("p.json"))
-        .assert()
-        .success();
-    crate::osdp()
-        .arg("export")
-        .arg(at("m.json"))
-        .arg("--plan")
-        .arg(at("p.json"))
-        .args(["--layout", "cpu", "--to", "fsdp2", "-o"])
-        .arg(at("e.json"))
-        .assert()
-        .success();
-    let e: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(at("e.json")).unwrap()).unwrap();
+    let e = plan_and_export(
+        dir.path(),
+        &at("m.json"),
+        "cpu",
+        &[
+            "--global-batch",
+            "8",
+            "--batch",
+            "2",
+            "--pin",
+            "blocks.0.token_mlp.0=zero3",
+            "--pin",
+            "blocks.0.channel_mlp.0=zero2",
+            "--pin",
+            "stem=dp",
+            "--pin",
+            "blocks.2.channel_mlp.2=zero3+offload-param",
+            "--recompute-block",
+            "1=on",
+        ],
+    );
     assert_eq!(e["checkpoint"], serde_json::json!(["blocks.1"]));
     let modules = e["modules"].as_array().unwrap();
     let find = |p: &str| modules.iter().find(|m| m["path"] == p).unwrap();
@@ -324,8 +307,7 @@ fn a_described_mlp_mixer_trains_under_fsdp2_as_one_process_does() {
 /// Needs OSDP_TEST_PYTHON (torch; scripts/test.sh sets it); skipped without.
 #[test]
 fn an_hsdp_plan_trains_on_four_ranks_as_two_by_two() {
-    let Some(python) = std::env::var_os("OSDP_TEST_PYTHON") else {
-        eprintln!("skipped: OSDP_TEST_PYTHON is not set (scripts/test.sh sets it)");
+    let Some(python) = test_python() else {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
@@ -355,32 +337,25 @@ fn an_hsdp_plan_trains_on_four_ranks_as_two_by_two() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    crate::osdp()
-        .arg("plan")
-        .arg(at("m.json"))
-        .arg("--layout")
-        .arg(at("cpu-2x2.json"))
-        .args(["--target", "fsdp2", "--global-batch", "8", "--batch", "2"])
-        .args(["--pin", "blocks.0.token_mlp.0=hsdp"])
-        .args(["--pin", "blocks.1.channel_mlp.0=hsdp"])
-        .args(["--pin", "blocks.0.channel_mlp.0=zero3"])
-        .args(["--pin", "stem=dp", "-o"])
-        .arg(at("p.json"))
-        .assert()
-        .success();
-    crate::osdp()
-        .arg("export")
-        .arg(at("m.json"))
-        .arg("--plan")
-        .arg(at("p.json"))
-        .arg("--layout")
-        .arg(at("cpu-2x2.json"))
-        .args(["--to", "fsdp2", "-o"])
-        .arg(at("e.json"))
-        .assert()
-        .success();
-    let e: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(at("e.json")).unwrap()).unwrap();
+    let e = plan_and_export(
+        dir.path(),
+        &at("m.json"),
+        at("cpu-2x2.json"),
+        &[
+            "--global-batch",
+            "8",
+            "--batch",
+            "2",
+            "--pin",
+            "blocks.0.token_mlp.0=hsdp",
+            "--pin",
+            "blocks.1.channel_mlp.0=hsdp",
+            "--pin",
+            "blocks.0.channel_mlp.0=zero3",
+            "--pin",
+            "stem=dp",
+        ],
+    );
     assert_eq!(e["world_size"], 4);
     assert_eq!(e["ranks_per_node"], 2);
     let modules = e["modules"].as_array().unwrap();

@@ -20,6 +20,50 @@ fn close(a: f64, b: f64) -> bool {
     (a - b).abs() <= 1e-9 * a.abs().max(b.abs())
 }
 
+/// The Python `OSDP_TEST_PYTHON` names (scripts/test.sh sets it, with torch and transformers);
+/// `None`, with a note that the test is skipped, where it is unset.
+pub(crate) fn test_python() -> Option<std::ffi::OsString> {
+    let python = std::env::var_os("OSDP_TEST_PYTHON");
+    if python.is_none() {
+        eprintln!("skipped: OSDP_TEST_PYTHON is not set (scripts/test.sh sets it)");
+    }
+    python
+}
+
+/// `plan MODEL --layout LAYOUT --target fsdp2 FLAGS… -o DIR/p.json`, then `export` of that plan
+/// `--to fsdp2 -o DIR/e.json`: the export, parsed.
+pub(crate) fn plan_and_export(
+    dir: &std::path::Path,
+    model: &std::path::Path,
+    layout: impl AsRef<std::ffi::OsStr>,
+    flags: &[&str],
+) -> serde_json::Value {
+    let (plan, export) = (dir.join("p.json"), dir.join("e.json"));
+    crate::osdp()
+        .arg("plan")
+        .arg(model)
+        .arg("--layout")
+        .arg(layout.as_ref())
+        .args(["--target", "fsdp2"])
+        .args(flags)
+        .arg("-o")
+        .arg(&plan)
+        .assert()
+        .success();
+    crate::osdp()
+        .arg("export")
+        .arg(model)
+        .arg("--plan")
+        .arg(&plan)
+        .arg("--layout")
+        .arg(layout.as_ref())
+        .args(["--to", "fsdp2", "-o"])
+        .arg(&export)
+        .assert()
+        .success();
+    serde_json::from_str(&std::fs::read_to_string(&export).unwrap()).unwrap()
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(16))]
 
@@ -164,8 +208,7 @@ fn export_writes_module_paths_and_refuses_a_split_plan() {
 /// Needs OSDP_TEST_PYTHON (torch and transformers; scripts/test.sh sets it); skipped without.
 #[test]
 fn a_gpt2_export_trains_under_fsdp2_as_one_process_does() {
-    let Some(python) = std::env::var_os("OSDP_TEST_PYTHON") else {
-        eprintln!("skipped: OSDP_TEST_PYTHON is not set (scripts/test.sh sets it)");
+    let Some(python) = test_python() else {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
@@ -186,46 +229,27 @@ fn a_gpt2_export_trains_under_fsdp2_as_one_process_does() {
         .arg(at("m.json"))
         .assert()
         .success();
-    crate::osdp()
-        .arg("plan")
-        .arg(at("m.json"))
-        .args([
-            "--layout",
-            "cpu",
-            "--target",
-            "fsdp2",
+    let mut bad = plan_and_export(
+        dir.path(),
+        &at("m.json"),
+        "cpu",
+        &[
             "--global-batch",
             "8",
             "--batch",
             "2",
-        ])
-        .args([
             "--pin",
             "h0.attn.c_attn=zero3",
             "--pin",
             "h0.mlp.c_fc=zero2",
-        ])
-        .args([
             "--pin",
             "wpe=dp",
             "--pin",
             "h1.mlp.c_proj=zero3+offload-param",
-        ])
-        .args(["--recompute-block", "1=on", "-o"])
-        .arg(at("p.json"))
-        .assert()
-        .success();
-    crate::osdp()
-        .arg("export")
-        .arg(at("m.json"))
-        .arg("--plan")
-        .arg(at("p.json"))
-        .args(["--layout", "cpu", "--to", "fsdp2", "-o"])
-        .arg(at("e.json"))
-        .assert()
-        .success();
-    let text = std::fs::read_to_string(at("e.json")).unwrap();
-    let mut bad: serde_json::Value = serde_json::from_str(&text).unwrap();
+            "--recompute-block",
+            "1=on",
+        ],
+    );
     bad["modules"][3]["path"] = "transformer.h.0.attn.c_nope".into();
     std::fs::write(at("bad.json"), bad.to_string()).unwrap();
     let out = std::process::Command::new(python)
@@ -256,8 +280,7 @@ fn a_gpt2_export_trains_under_fsdp2_as_one_process_does() {
 /// Needs OSDP_TEST_PYTHON (torch and transformers; scripts/test.sh sets it); skipped without.
 #[test]
 fn a_llama_export_trains_under_fsdp2_as_one_process_does() {
-    let Some(python) = std::env::var_os("OSDP_TEST_PYTHON") else {
-        eprintln!("skipped: OSDP_TEST_PYTHON is not set (scripts/test.sh sets it)");
+    let Some(python) = test_python() else {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
@@ -278,30 +301,27 @@ fn a_llama_export_trains_under_fsdp2_as_one_process_does() {
         .arg(at("m.json"))
         .assert()
         .success();
-    crate::osdp()
-        .arg("plan")
-        .arg(at("m.json"))
-        .args(["--layout", "cpu", "--target", "fsdp2"])
-        .args(["--global-batch", "8", "--batch", "2"])
-        .args(["--pin", "layers0.self_attn.q_proj=zero3"])
-        .args(["--pin", "layers0.mlp.up_proj=zero2"])
-        .args(["--pin", "embed_tokens=dp"])
-        .args(["--pin", "layers1.mlp.down_proj=zero3+offload-param"])
-        .args(["--recompute-block", "1=on", "-o"])
-        .arg(at("p.json"))
-        .assert()
-        .success();
-    crate::osdp()
-        .arg("export")
-        .arg(at("m.json"))
-        .arg("--plan")
-        .arg(at("p.json"))
-        .args(["--layout", "cpu", "--to", "fsdp2", "-o"])
-        .arg(at("e.json"))
-        .assert()
-        .success();
-    let e: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(at("e.json")).unwrap()).unwrap();
+    let e = plan_and_export(
+        dir.path(),
+        &at("m.json"),
+        "cpu",
+        &[
+            "--global-batch",
+            "8",
+            "--batch",
+            "2",
+            "--pin",
+            "layers0.self_attn.q_proj=zero3",
+            "--pin",
+            "layers0.mlp.up_proj=zero2",
+            "--pin",
+            "embed_tokens=dp",
+            "--pin",
+            "layers1.mlp.down_proj=zero3+offload-param",
+            "--recompute-block",
+            "1=on",
+        ],
+    );
     assert_eq!(e["checkpoint"], serde_json::json!(["model.layers.1"]));
     let out = std::process::Command::new(python)
         .arg(crate::root().join("python/tests/fsdp2_gpt2.py"))

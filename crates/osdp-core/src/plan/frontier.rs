@@ -497,6 +497,29 @@ impl Hull {
         Hull::of(self.vertices().chain(other.vertices())).expect("both have points")
     }
 
+    /// The least time within a memory: infinite below `mem`, then along the edges, then flat at
+    /// the fastest point (a binary search per call).
+    pub fn least_time(&self) -> impl Fn(f64) -> f64 + '_ {
+        let mut cm = Vec::with_capacity(self.edges.len() + 1);
+        let mut ct = Vec::with_capacity(self.edges.len() + 1);
+        for (m, t) in self.vertices() {
+            cm.push(m);
+            ct.push(t);
+        }
+        move |room: f64| {
+            if room < self.mem {
+                return f64::INFINITY;
+            }
+            let k = cm.partition_point(|&x| x <= room);
+            if k >= cm.len() {
+                return ct[ct.len() - 1];
+            }
+            // Between vertices k − 1 and k.
+            let (dm, dt) = self.edges[k - 1];
+            ct[k - 1] + dt * ((room - cm[k - 1]) / dm)
+        }
+    }
+
     /// Shifted by `mem` bytes and `time` seconds.
     pub fn shifted(mut self, mem: f64, time: f64) -> Hull {
         self.mem += mem;
@@ -540,31 +563,7 @@ pub struct Cut {
 impl Cut {
     /// Keep only the points that may still lead to a plan faster than `t_max`.
     pub fn apply(&self, f: Frontier) -> Frontier {
-        // Cumulative memory and time along the edges, for a binary search per point.
-        let mut cm = Vec::with_capacity(self.rest.edges.len() + 1);
-        let mut ct = Vec::with_capacity(self.rest.edges.len() + 1);
-        let (mut m, mut t) = (self.rest.mem, self.rest.time);
-        cm.push(m);
-        ct.push(t);
-        for &(dm, dt) in &self.rest.edges {
-            m += dm;
-            t += dt;
-            cm.push(m);
-            ct.push(t);
-        }
-        let rest_at = |room: f64| -> f64 {
-            if room < self.rest.mem {
-                return f64::INFINITY;
-            }
-            let k = cm.partition_point(|&x| x <= room);
-            if k >= cm.len() {
-                return ct[ct.len() - 1];
-            }
-            // Between vertices k − 1 and k.
-            let (m0, t0) = (cm[k - 1], ct[k - 1]);
-            let (dm, dt) = self.rest.edges[k - 1];
-            t0 + dt * ((room - m0) / dm)
-        };
+        let rest_at = self.rest.least_time();
         f.into_iter()
             .filter(|p| {
                 let room = self.limit as f64 - p.mem as f64;
@@ -689,31 +688,26 @@ mod tests {
                 .wrapping_add(1442695040888963407);
             seed >> 33
         };
-        let at = |h: &Hull, x: f64| -> f64 {
-            let f = vec![Point {
-                mem: 0,
-                time: 0.0,
-                node: 0,
-                host: 0,
-            }];
-            // The least t_max that keeps a point of no memory and no time, with `h` as the rest.
-            let (mut lo, mut hi) = (-1.0, 1e6);
-            for _ in 0..200 {
-                let mid = 0.5 * (lo + hi);
-                let kept = Cut {
-                    rest: h.clone(),
-                    limit: x as u64,
-                    t_max: mid,
-                }
-                .apply(f.clone());
-                if kept.is_empty() {
-                    lo = mid;
-                } else {
-                    hi = mid;
-                }
-            }
-            hi
+        let at = |h: &Hull, x: f64| -> f64 { h.least_time()(x) };
+        // A cut keeps a point exactly when its time and the rest's least time fit `t_max`.
+        let rest = Hull::of([(10.0, 5.0), (20.0, 1.0)]).unwrap();
+        let p = |mem, time| Point {
+            mem,
+            time,
+            node: 0,
+            host: 0,
         };
+        let cut = |t_max| {
+            Cut {
+                rest: rest.clone(),
+                limit: 30,
+                t_max,
+            }
+            .apply(vec![p(5, 2.0), p(15, 1.0), p(25, 0.0)])
+            .len()
+        };
+        // Rooms 25, 15, 5: the rest takes 1, 3, nothing fits; totals 3, 4, ∞.
+        assert_eq!((cut(2.9), cut(3.0), cut(4.0), cut(1e9)), (0, 1, 2, 2));
         for _ in 0..30 {
             let x: Vec<(f64, f64)> = (0..6)
                 .map(|_| ((rand() % 50) as f64, (rand() % 40) as f64))
