@@ -674,7 +674,16 @@ impl<'m> Planner<'m> {
                     let peak = p.mem + cap;
                     let better = match &best {
                         None => true,
-                        Some((bt, bpeak, _, _)) => tput > *bt || (tput == *bt && peak < *bpeak),
+                        // Throughputs equal but for rounding (the same plan summed in
+                        // another order differs in the last bits): the smaller peak.
+                        Some((bt, bpeak, _, _)) => {
+                            let tie = (tput - *bt).abs() <= 1e-12 * bt.abs();
+                            if tie {
+                                peak < *bpeak
+                            } else {
+                                tput > *bt
+                            }
+                        }
                     };
                     if better {
                         best = Some((tput, peak, ti, *p));
