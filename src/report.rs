@@ -231,6 +231,7 @@ pub struct PlanReport {
 pub fn plan_report(req: &PlanCommand) -> Result<PlanReport, Failure> {
     let (spec, layout) = load(&req.model, &req.layout)?;
     let mut machine = Machine::new(&layout, &spec);
+    machine.target = req.target;
     set_host_budget(&mut machine, &layout, req.host_budget).map_err(Failure::input)?;
     let budgets =
         per_gpu_budgets(&layout, req.budget, &req.budget_per_gpu, None).map_err(Failure::input)?;
@@ -465,12 +466,15 @@ fn thread_cpu_s() -> f64 {
 pub fn plan(req: PlanCommand) -> Result<(), Failure> {
     let r = plan_report(&req)?;
     if let Some(path) = &req.output {
-        let file = PlanFile::new(
-            &r.spec,
-            &r.layout.name,
-            &r.planned.plan,
-            Some(&r.planned.prediction),
-        );
+        let file = PlanFile {
+            target: req.target,
+            ..PlanFile::new(
+                &r.spec,
+                &r.layout.name,
+                &r.planned.plan,
+                Some(&r.planned.prediction),
+            )
+        };
         osdp_core::input::write_json_atomically(path, &file)
             .map_err(|e| Failure::output(path, e))?;
     }
@@ -720,7 +724,7 @@ pub fn evaluate(
     json: bool,
 ) -> Result<(), Failure> {
     let (spec, layout) = load(model, layout)?;
-    let mut plan = plan::read_plan(plan_path, &spec).map_err(Failure::input)?;
+    let (mut plan, target) = plan::read_plan_for(plan_path, &spec).map_err(Failure::input)?;
     if let Some(g) = global_batch {
         let options = PlanOptions {
             batch: Some(plan.batch),
@@ -731,7 +735,9 @@ pub fn evaluate(
             .map_err(|e| Failure::input(format!("--global-batch: {e}")))?;
         plan.accumulation = pairs.first().map_or(1, |&(_, a)| a);
     }
-    let machine = machine_for(&spec, &layout, &plan, plan_path)?;
+    let mut machine = machine_for(&spec, &layout, &plan, plan_path)?;
+    // Priced as what the plan was made for runs it.
+    machine.target = target;
     let p = plan::evaluate(&spec, &machine, &plan);
     let budget = budget.unwrap_or_else(|| layout.memory_bytes());
     let fits = p.peak_memory_bytes <= budget;
@@ -823,8 +829,7 @@ pub fn export_fsdp2(
     let (spec, layout) = load(model, layout)?;
     let plan = plan::read_plan(plan_path, &spec).map_err(Failure::input)?;
     let machine = machine_for(&spec, &layout, &plan, plan_path)?;
-    let p = plan::evaluate(&spec, &machine, &plan);
-    let export = plan::export::fsdp2_export(&spec, &layout.name, &machine, &plan, &p)
+    let export = plan::export::fsdp2_export(&spec, &layout.name, &machine, &plan)
         .map_err(|e| Failure::input(format!("{}: {e}", plan_path.display())))?;
     osdp_core::input::write_json_atomically(output, &export)
         .map_err(|e| Failure::output(output, e))?;

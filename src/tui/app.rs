@@ -490,7 +490,11 @@ impl App {
             op,
             alternatives: osdp_core::plan::explain::alternatives(
                 &self.model,
-                &self.machine,
+                // Priced as the plan's target runs it.
+                &osdp_core::cost::Machine {
+                    target: self.request.target,
+                    ..self.machine.clone()
+                },
                 &p.plan,
                 op,
                 self.request.max_split,
@@ -1567,12 +1571,15 @@ impl App {
             self.message = Some("no plan on screen to write".into());
             return;
         };
-        let file = osdp_core::plan::PlanFile::new(
-            &self.model,
-            &self.layout.name,
-            &planned.plan,
-            Some(&planned.prediction),
-        );
+        let file = osdp_core::plan::PlanFile {
+            target: self.request.target,
+            ..osdp_core::plan::PlanFile::new(
+                &self.model,
+                &self.layout.name,
+                &planned.plan,
+                Some(&planned.prediction),
+            )
+        };
         let shown = path.display().to_string();
         let shown = osdp_core::text::printable(&shown);
         self.message = Some(match osdp_core::input::write_json_atomically(path, &file) {
@@ -1623,7 +1630,6 @@ impl App {
             &self.layout.name,
             &self.machine,
             &planned.plan,
-            &planned.prediction,
         );
         let shown = path.display().to_string();
         let shown = osdp_core::text::printable(&shown);

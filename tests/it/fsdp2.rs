@@ -10,10 +10,22 @@ use crate::planner::{all_plans_where, machine, offload_machine, small_model, LAY
 
 /// Every plan at `batch` whose choices FSDP2 can run (whole modules, no zero1, offload only of
 /// parameters): (peak, samples/s).
-fn all_fsdp2_plans(model: &ModelSpec, m: &Machine, batch: u64, max_split: u32) -> Vec<(u64, f64)> {
+fn all_fsdp2_plans(
+    model: &ModelSpec,
+    m: &Machine,
+    (batch, accumulation): (u64, u64),
+    max_split: u32,
+) -> Vec<(u64, f64)> {
     let fsdp2 =
         |c: Choice| c.split == 1 && c.strategy != Strategy::Zero1 && c.offload != Offload::Opt;
-    all_plans_where(model, m, &[(batch, 1)], max_split, &|_| true, &fsdp2)
+    all_plans_where(
+        model,
+        m,
+        &[(batch, accumulation)],
+        max_split,
+        &|_| true,
+        &fsdp2,
+    )
 }
 
 fn close(a: f64, b: f64) -> bool {
@@ -67,9 +79,9 @@ pub(crate) fn plan_and_export(
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(16))]
 
-    /// Under `--target fsdp2` the planner is exact over the plans FSDP2 can run (with splitting
-    /// allowed, on one and two nodes, with and without a host to offload to), and never
-    /// chooses one it cannot.
+    /// Under `--target fsdp2` the planner is exact over the plans FSDP2 can run, priced as
+    /// FSDP2 runs them (with splitting allowed, on one and two nodes, with and without a host
+    /// to offload to, with and without accumulation), and never chooses one it cannot.
     #[test]
     fn fsdp2_planner_matches_exhaustive_search_over_what_fsdp2_runs(
         hidden in prop::sample::select(vec![64u64, 256, 1024]),
@@ -77,19 +89,22 @@ proptest! {
         (blocks, tied) in prop::sample::select(vec![(1u64, false), (1, true), (2, true)]),
         layout in prop::sample::select(LAYOUTS.iter().copied().chain(["host"]).collect::<Vec<_>>()),
         batch in 1u64..=2,
+        accumulation in 1u64..=2,
         budget_frac in 0.0f64..1.0,
     ) {
         let model = small_model(hidden, seq, 64, blocks, tied);
-        let m = match layout {
+        let mut m = match layout {
             "host" => offload_machine(&model, u64::MAX / 4),
             name => machine(name, &model),
         };
-        let plans = all_fsdp2_plans(&model, &m, batch, 4);
+        m.target = Target::Fsdp2;
+        let plans = all_fsdp2_plans(&model, &m, (batch, accumulation), 4);
         let (lo, hi) = plans.iter().fold((u64::MAX, 0), |(lo, hi), p| (lo.min(p.0), hi.max(p.0)));
         let budget = lo + ((hi - lo) as f64 * budget_frac) as u64;
         let want = plans.iter().filter(|p| p.0 <= budget).map(|p| p.1).reduce(f64::max).unwrap();
         let options = PlanOptions {
             batch: Some(batch),
+            global_batch: Some(batch * accumulation * u64::from(m.ranks)),
             max_split: 4,
             target: Target::Fsdp2,
             ..Default::default()
@@ -197,6 +212,108 @@ fn export_writes_module_paths_and_refuses_a_split_plan() {
     assert_eq!(err.lines().count(), 1, "{err}");
     assert!(err.contains("op \"h2.attn.c_attn\" is zero3/2:1"), "{err}");
     assert!(!dir.path().join("x.json").exists());
+}
+
+/// A plan made for FSDP2 is priced as FSDP2 runs it everywhere: `plan --target fsdp2`,
+/// `evaluate` of its file (which records the target) and the export's predicted figures agree.
+/// Under accumulation FSDP2 keeps every module's unsharded gradient between micro-batches, so
+/// the same choices priced for osdp-tui's trainer peak lower; and a plan file for FSDP2 with a
+/// choice FSDP2 cannot run is refused, naming the op.
+#[test]
+fn plan_evaluate_and_export_price_an_fsdp2_plan_alike() {
+    let dir = tempfile::tempdir().unwrap();
+    let (plan, export) = (dir.path().join("p.json"), dir.path().join("e.json"));
+    let model = "sample-models/gpt2-xl.json";
+    let layout = ["--layout", "a100-80gb-8x-nvlink"];
+    let json = |out: std::process::Output| -> serde_json::Value {
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let planned = json(
+        crate::osdp()
+            .args(["plan", model])
+            .args(layout)
+            .args(["--target", "fsdp2", "--global-batch", "512", "--json", "-o"])
+            .arg(&plan)
+            .output()
+            .unwrap(),
+    );
+    assert!(planned["accumulation"].as_u64().unwrap() > 1, "{planned}");
+    let file: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&plan).unwrap()).unwrap();
+    assert_eq!(file["target"], "fsdp2");
+    let evaluate = |path: &std::path::Path| {
+        json(
+            crate::osdp()
+                .args(["evaluate", model])
+                .args(layout)
+                .arg("--plan")
+                .arg(path)
+                .arg("--json")
+                .output()
+                .unwrap(),
+        )
+    };
+    let evaluated = evaluate(&plan);
+    for field in [
+        "peak_memory_bytes",
+        "throughput_samples_per_s",
+        "step_time_s",
+    ] {
+        assert_eq!(evaluated[field], planned[field], "{field}");
+    }
+    crate::osdp()
+        .args(["export", model])
+        .args(layout)
+        .arg("--plan")
+        .arg(&plan)
+        .args(["--to", "fsdp2", "-o"])
+        .arg(&export)
+        .assert()
+        .success();
+    let e: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&export).unwrap()).unwrap();
+    assert_eq!(
+        e["predicted"]["peak_memory_bytes"],
+        planned["peak_memory_bytes"]
+    );
+    assert_eq!(e["predicted"]["step_time_s"], planned["step_time_s"]);
+
+    // The same choices for osdp-tui's trainer: no unsharded gradients held across micro-batches.
+    let mut mine = file.clone();
+    mine.as_object_mut().unwrap().remove("target");
+    let osdp = dir.path().join("osdp.json");
+    std::fs::write(&osdp, mine.to_string()).unwrap();
+    let trainer = evaluate(&osdp);
+    assert!(
+        trainer["peak_memory_bytes"].as_u64() < planned["peak_memory_bytes"].as_u64(),
+        "trainer {} vs fsdp2 {}",
+        trainer["peak_memory_bytes"],
+        planned["peak_memory_bytes"]
+    );
+
+    let mut forged = file;
+    forged["ops"][0]["strategy"] = "zero1".into();
+    let bad = dir.path().join("bad.json");
+    std::fs::write(&bad, forged.to_string()).unwrap();
+    let out = crate::osdp()
+        .args(["evaluate", model])
+        .args(layout)
+        .arg("--plan")
+        .arg(&bad)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8(out.stderr).unwrap();
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.contains("ops[0]") && err.contains("zero1") && err.contains("fsdp2"),
+        "{err}"
+    );
 }
 
 /// A tiny random GPT-2 (transformers' own), planned for FSDP2 with pins forcing zero3, zero2,

@@ -13,13 +13,15 @@
 //! running an op is: [`Strategy`], [`Offload`], [`Choice`], the [`Unit`]s it holds parameters
 //! as, the [`choices`] offered), `machine` (a layout's rates: [`Machine`], [`Efficiencies`],
 //! kernel and collective times), `graph` (what the model says of each op: [`OpBase`],
-//! [`OpGraph`]) and `price` (what an op costs under a choice: [`price()`], [`OpCost`]).
+//! [`OpGraph`]) `price` (what an op costs under a choice: [`price()`], [`OpCost`]) and `target` (what
+//! runs the plan, [`Target`]: the choices it can express and how it runs them).
 
 mod graph;
 mod machine;
 mod precision;
 mod price;
 mod strategy;
+mod target;
 
 #[cfg(test)]
 mod fixtures;
@@ -40,3 +42,4 @@ pub use strategy::{
     choices, cut_by_split, offload_applies, Choice, Colour, Holding, Needs, Offload, Placed,
     Strategy, StrategyInfo, Unit,
 };
+pub use target::Target;

@@ -10,11 +10,12 @@ mod frontier;
 pub mod request;
 pub use request::Request;
 mod search;
-pub mod target;
-pub use target::Target;
+pub use crate::cost::Target;
 
 pub use baseline::plan_with_baselines;
-pub use file::{check_choice, fingerprint, read_plan, PlanFile, PlanFileOp, PLAN_FORMAT_VERSION};
+pub use file::{
+    check_choice, fingerprint, read_plan, read_plan_for, PlanFile, PlanFileOp, PLAN_FORMAT_VERSION,
+};
 pub use search::{
     batch_options, max_global_batch, BatchError, NoFit, PlanOptions, Planned, Planner,
 };

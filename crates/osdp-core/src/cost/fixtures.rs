@@ -35,6 +35,7 @@ pub(super) fn machine(ranks: u32) -> Machine {
         precision: Precision::MIXED_BF16,
         model_activation_bytes: 2,
         overlap: true,
+        target: super::Target::Osdp,
         calibration: None,
         host_link_bytes_per_s: 0.0,
         cpu_adam_params_per_s: 0.0,

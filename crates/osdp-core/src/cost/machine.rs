@@ -7,7 +7,7 @@ use std::sync::Arc;
 use crate::cluster::{Calibration, DeviceKind, Layout};
 use crate::model::ModelSpec;
 
-use super::{Choice, Needs, Precision, Strategy};
+use super::{Choice, Needs, Precision, Strategy, Target};
 
 /// Fraction of the dense peak a large matmul reaches where neither the layout nor the GPU's
 /// generation says (the CPU layout, unknown GPUs).
@@ -103,6 +103,9 @@ pub struct Machine {
     /// Whether collectives run on their own stream beside compute (GPUs); the CPU trainer
     /// runs them in line, so all of their time is exposed.
     pub overlap: bool,
+    /// What runs the plan: the choices it can express and how it runs them ([`Target`]), which
+    /// [`price`](super::price()) follows. The planner sets it from its options.
+    pub target: Target,
     /// Measured kernel curves and fixed costs (`osdp-tui calibrate`), preferred to the rates.
     pub calibration: Option<Arc<Calibration>>,
     /// Copy bandwidth between one device and host memory, each way, bytes/s; 0 where the
@@ -270,6 +273,7 @@ impl Machine {
             precision,
             model_activation_bytes: model.config.dtype.bytes(),
             overlap: layout.device.kind == DeviceKind::Gpu,
+            target: Target::Osdp,
             calibration: layout.calibration.clone().map(Arc::new),
             host_link_bytes_per_s: layout
                 .host

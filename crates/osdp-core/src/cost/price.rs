@@ -6,7 +6,7 @@
 use crate::cluster::Calibration;
 
 use super::{
-    Choice, Holding, Machine, Offload, OpBase, Strategy, LINEAR_BWD_FACTOR,
+    Choice, Holding, Machine, Offload, OpBase, Strategy, Target, LINEAR_BWD_FACTOR,
     OPTIMIZER_BYTES_PER_PARAM,
 };
 
@@ -39,8 +39,11 @@ fn ceil_div(a: u64, b: u64) -> u64 {
     a.div_ceil(b)
 }
 
-/// Price `choice` for an op described by `base` on machine `m`.
+/// Price `choice` for an op described by `base` on machine `m`, as `m`'s [`Target`] runs it.
 pub fn price(base: &OpBase, choice: Choice, m: &Machine) -> OpCost {
+    if m.target == Target::Fsdp2 && choice.strategy != Strategy::None {
+        return fsdp2_price(base, choice, m);
+    }
     let held = Held::of(base, choice, m);
     let (param_transient, comm) = collectives(base, choice, m, held.replicated);
     let (fetched, host_micro_s) = host_copies(base, choice, m, &held);
@@ -54,6 +57,101 @@ pub fn price(base: &OpBase, choice: Choice, m: &Machine) -> OpCost {
         comm_s: comm.total(a) + a * host_micro_s,
         exposed_comm_s: exposed + a * host_micro_s,
         optimizer_s: optimizer_s(base, choice, m, &held),
+    }
+}
+
+/// `choice` as PyTorch FSDP2 runs it: `fully_shard` per module as `osdp_torch.apply_plan` wraps
+/// it, micro-batches accumulated as `examples/fsdp2/train.py` does (gradient sync on the last
+/// one only). Where that differs from the trainer (read from PyTorch 2.11's `_fully_shard`):
+///
+/// - **State**: every module keeps its parameters sharded between steps, zero2
+///   (`reshard_after_forward=False`) too, and dp on a mesh whose shard dimension is 1: the
+///   state is zero3's, hsdp's, or whole for dp.
+/// - **Gathered parameters**: each micro-batch's forward all-gathers them (every backward
+///   reshards), zero3 and hsdp again in the backward. zero2 and dp keep the gathered copy (a
+///   separate buffer even on a one-rank shard group) from the forward to the end of the
+///   backward, across the step's peak: held bytes. FSDP2 issues the next unit's all-gather
+///   while the current one computes, so two units' buffers are live at once; a unit's buffer is
+///   priced twice — a bound on any two neighbours' sum that keeps each op's price its own.
+/// - **Gradients**: the backward's unsharded gradient is copied, in the reduce dtype, into the
+///   collective's buffer. With accumulation, the micro-batches before the last one skip the
+///   sync (`set_requires_gradient_sync(False)`) and the module keeps its unsharded gradient,
+///   in the reduce dtype, from the first backward to the last: held bytes, one
+///   reduce-scatter (dp: all-reduce; hsdp: both) a step.
+/// - **`CPUOffloadPolicy`**: the sharded parameter is copied to the device before each
+///   all-gather; the gradient shard goes to the host once a step, where the optimizer steps.
+fn fsdp2_price(base: &OpBase, choice: Choice, m: &Machine) -> OpCost {
+    let p = base.params;
+    let a = f64::from(base.accumulation.max(1));
+    let (pb, gb, rb) = (
+        m.precision.param_bytes,
+        m.precision.grad_bytes,
+        m.reduce_bytes,
+    );
+    let share = base.latency_share;
+    let uses = f64::from(base.uses.max(1));
+    // zero2 holds its state as zero3 does; the gathered copy is what differs.
+    let sharded = match choice.strategy {
+        Strategy::Zero2 => Choice {
+            offload: choice.offload,
+            ..Choice::plain(Strategy::Zero3)
+        },
+        _ => choice,
+    };
+    let held = Held::of(base, sharded, m);
+    let gathered = pb * p;
+    let regathers = matches!(choice.strategy, Strategy::Zero3 | Strategy::Hsdp);
+    let (gathered_held, gathered_transient) = if regathers {
+        (0, 2 * gathered)
+    } else {
+        (gathered, 0)
+    };
+    let accumulated = if base.accumulation > 1 { rb * p } else { 0 };
+    let grad = (rb * p) as f64;
+    let (micro_fwd, micro_bwd, sync) = match choice.strategy {
+        Strategy::Dp => (0.0, 0.0, 2.0 * m.ring_s(grad, share)),
+        Strategy::Zero2 => (m.ring_s(gathered as f64, share), 0.0, m.ring_s(grad, share)),
+        Strategy::Hsdp => {
+            let node = m.node_ring_s(gathered as f64, share);
+            let per_node = m.ranks_per_node.clamp(1, m.ranks.max(1));
+            let across = 2.0 * m.replica_ring_s(grad / f64::from(per_node), share);
+            (
+                uses * node,
+                uses * node,
+                m.node_ring_s(grad, share) + across,
+            )
+        }
+        _ => {
+            let g = m.ring_s(gathered as f64, share);
+            (uses * g, uses * g, m.ring_s(grad, share))
+        }
+    };
+    let comm = Comm {
+        micro_fwd,
+        micro_bwd,
+        step_fwd: 0.0,
+        step_bwd: sync,
+    };
+    // Offloaded: the shard fetched before every all-gather, a sharded gradient sent once a
+    // step (a replicated one is the optimizer step's copy); in line, like the trainer's copies.
+    let (fetched, host_s) = if choice.offload == Offload::Param {
+        let gathers = if regathers { 2.0 * uses } else { 1.0 };
+        let shard = (pb * held.params) as f64;
+        (
+            pb * held.params,
+            a * gathers * m.host_copy_s(shard) + m.host_copy_s((gb * held.streamed) as f64),
+        )
+    } else {
+        (0, 0.0)
+    };
+    OpCost {
+        persistent_bytes: held.device + gathered_held + accumulated,
+        transient_bytes: gathered_transient + (gb + rb) * p + fetched + base.working_bytes,
+        host_bytes: held.host,
+        compute_s: compute_s(base, choice, m, a),
+        comm_s: comm.total(a) + host_s,
+        exposed_comm_s: comm.exposed_s(base, m, a) + host_s,
+        optimizer_s: optimizer_s(base, sharded, m, &held),
     }
 }
 
@@ -330,6 +428,68 @@ mod tests {
     use super::*;
     use crate::cost::fixtures::{calibrated, cluster, linear_base, machine, with_host};
     use crate::cost::{choices, ParamTensor, NCCL_BASE_LATENCY_S, PARAM_PASS_BYTES};
+
+    /// `--target fsdp2` prices what `fully_shard` holds and sends: zero2 keeps its state sharded
+    /// and the gathered copy through the step, zero3 holds two units' gathered buffers (the
+    /// prefetched one), every micro-batch re-gathers, and with accumulation each module keeps
+    /// its unsharded gradient and reduces it once a step.
+    #[test]
+    fn fsdp2_prices_what_fully_shard_holds_and_sends() {
+        let osdp = machine(8);
+        let fsdp2 = Machine {
+            target: Target::Fsdp2,
+            ..machine(8)
+        };
+        let p = 1u64 << 20;
+        let (pb, gb, rb) = (2, 2, osdp.reduce_bytes);
+        let at = |accumulation: u32| OpBase {
+            accumulation,
+            ..linear_base(p)
+        };
+        let base = at(1);
+        let (z2, z3) = (
+            Choice::plain(Strategy::Zero2),
+            Choice::plain(Strategy::Zero3),
+        );
+        // State: zero3's sharded 16 bytes per parameter under both; FSDP2's zero2 is zero3's
+        // plus the gathered copy, where the trainer keeps the whole compute copy instead.
+        let shard = 16 * p / 8;
+        assert_eq!(price(&base, z3, &osdp).persistent_bytes, shard);
+        assert_eq!(price(&base, z3, &fsdp2).persistent_bytes, shard);
+        assert_eq!(price(&base, z2, &fsdp2).persistent_bytes, shard + pb * p);
+        assert_eq!(
+            price(&base, z2, &osdp).persistent_bytes,
+            pb * p + 14 * p / 8
+        );
+        // While it runs, zero3 holds its gathered buffer and the prefetched unit's, the
+        // unsharded gradient and the reduce dtype's copy of it.
+        let w = base.working_bytes;
+        assert_eq!(
+            price(&base, z3, &fsdp2).transient_bytes,
+            2 * pb * p + (gb + rb) * p + w
+        );
+        assert_eq!(price(&base, z3, &osdp).transient_bytes, (pb + gb) * p + w);
+        // Four micro-batches: FSDP2's zero2 gathers in each, the trainer's once a step.
+        let acc = at(4);
+        let more = |c: Choice, m: &Machine| price(&acc, c, m).comm_s - price(&base, c, m).comm_s;
+        let gather = fsdp2.ring_s((pb * p) as f64, base.latency_share);
+        let reduce = fsdp2.ring_s((rb * p) as f64, base.latency_share);
+        assert!((more(z2, &fsdp2) - 3.0 * gather).abs() < 1e-12);
+        assert!((more(z2, &osdp) - 3.0 * reduce).abs() < 1e-12);
+        // FSDP2's zero3 gathers twice a micro-batch and reduces once a step.
+        assert!((more(z3, &fsdp2) - 6.0 * gather).abs() < 1e-12);
+        assert!((more(z3, &osdp) - 3.0 * (2.0 * gather + reduce)).abs() < 1e-12);
+        // ... and every module holds its unsharded gradient, in the reduce dtype, meanwhile.
+        for c in [Choice::DP, z2, z3] {
+            let held =
+                price(&acc, c, &fsdp2).persistent_bytes - price(&base, c, &fsdp2).persistent_bytes;
+            assert_eq!(held, rb * p, "{}", c.label());
+            assert_eq!(
+                price(&acc, c, &osdp).persistent_bytes,
+                price(&base, c, &osdp).persistent_bytes
+            );
+        }
+    }
 
     /// On a calibrated layout a tiny tensor's host AdamW step pays the curve's fixed cost, as
     /// its device step does: offloading a LayerNorm never looks like it saves time.

@@ -104,6 +104,10 @@ impl BaselineTable {
         options: &PlanOptions,
         max_budget: u64,
     ) -> BaselineTable {
+        // Baselines are priced as the plan's target runs them.
+        let mut machine = machine.clone();
+        machine.target = options.target;
+        let machine = &machine;
         // Micro-batches past `max_batch` are never priced (their figures would overflow).
         let most = super::max_batch(model);
         let listed = batch_options(options, machine.ranks).unwrap_or_default();

@@ -4,7 +4,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{fingerprint, Blocks, Plan, Prediction, Target};
+use super::{fingerprint, Blocks, Plan, Target};
 use crate::cost::{self, Machine, Offload, Precision, Strategy};
 use crate::model::ModelSpec;
 
@@ -84,14 +84,13 @@ pub struct Fsdp2Module {
     pub param_bytes_per_rank: u64,
 }
 
-/// Write `plan` for FSDP2; refuses, naming the op, a choice FSDP2 cannot run (a split op,
-/// zero1, `+offload-opt`).
+/// Write `plan` for FSDP2, its figures priced as FSDP2 runs it ([`Target::Fsdp2`] on `m`);
+/// refuses, naming the op, a choice FSDP2 cannot run (a split op, zero1, `+offload-opt`).
 pub fn fsdp2_export(
     model: &ModelSpec,
     layout: &str,
     m: &Machine,
     plan: &Plan,
-    prediction: &Prediction,
 ) -> Result<Fsdp2Export, String> {
     for (op, c) in model.ops.iter().zip(&plan.choices) {
         Target::Fsdp2.allows(*c).map_err(|why| {
@@ -102,6 +101,9 @@ pub fn fsdp2_export(
             )
         })?;
     }
+    let mut m = m.clone();
+    m.target = Target::Fsdp2;
+    let (m, prediction) = (&m, super::evaluate(model, &m, plan));
     let (world, per_node) = (m.ranks.max(1), m.ranks_per_node.clamp(1, m.ranks.max(1)));
     let mut modules = Vec::new();
     for (i, op) in model.ops.iter().enumerate() {
@@ -217,7 +219,7 @@ mod tests {
     use crate::cluster::read_layout;
     use crate::cost::Choice;
     use crate::model::read_model;
-    use crate::plan::{evaluate, uniform_plan};
+    use crate::plan::uniform_plan;
     use std::path::Path;
 
     #[test]
@@ -231,8 +233,7 @@ mod tests {
         let at = |id: &str| model.ops.iter().position(|o| o.id == id).unwrap();
         plan.choices[at("h0.mlp.c_fc")] = Choice::plain(Strategy::Zero2);
         plan.choices[at("wpe")] = Choice::DP;
-        let p = evaluate(&model, &m, &plan);
-        let e = fsdp2_export(&model, "cpu", &m, &plan, &p).unwrap();
+        let e = fsdp2_export(&model, "cpu", &m, &plan).unwrap();
         assert_eq!(e.checkpoint, ["transformer.h.1"]);
         let module = |path: &str| e.modules.iter().find(|x| x.path == path).unwrap();
         assert_eq!(module("transformer.wte").tied, ["lm_head"]);
@@ -250,7 +251,7 @@ mod tests {
         assert!(e.modules.iter().all(|x| x.path != "lm_head"));
         assert_eq!(e.precision.param_dtype, "float32");
         plan.choices[at("h2.attn.c_attn")] = Choice::zero3(2, 1);
-        let why = fsdp2_export(&model, "cpu", &m, &plan, &p).unwrap_err();
+        let why = fsdp2_export(&model, "cpu", &m, &plan).unwrap_err();
         assert!(
             why.starts_with("op \"h2.attn.c_attn\" is zero3/2:1"),
             "{why}"
@@ -264,8 +265,7 @@ mod tests {
         let layout = read_layout(&root.join("layouts/a100-80gb-2x8-ib-hdr.json")).unwrap();
         let m = Machine::new(&layout, &model);
         let plan = uniform_plan(&model, Strategy::Hsdp, 1);
-        let p = evaluate(&model, &m, &plan);
-        let e = fsdp2_export(&model, &layout.name, &m, &plan, &p).unwrap();
+        let e = fsdp2_export(&model, &layout.name, &m, &plan).unwrap();
         assert_eq!((e.world_size, e.ranks_per_node), (16, 8));
         assert_eq!(e.precision.param_dtype, "bfloat16");
         let c_fc = e.modules.iter().find(|x| x.op == "h0.mlp.c_fc").unwrap();

@@ -4,7 +4,7 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use super::{Blocks, Plan, Prediction};
+use super::{Blocks, Plan, Prediction, Target};
 use crate::cost::{self, Choice, Offload, Strategy};
 use crate::input::{self, InputError, Problem};
 use crate::model::{ModelSpec, OpKind};
@@ -30,6 +30,10 @@ pub struct PlanFile {
     /// Micro-batches per optimizer step (gradient accumulation); absent means 1.
     #[serde(default = "one", skip_serializing_if = "is_one")]
     pub accumulation: u64,
+    /// What the plan was made to run on (`plan --target`); `evaluate` prices it as that runs
+    /// it. Absent: osdp-tui's trainer.
+    #[serde(default, skip_serializing_if = "Target::is_osdp")]
+    pub target: Target,
     pub ops: Vec<PlanFileOp>,
 }
 
@@ -98,6 +102,7 @@ impl PlanFile {
             layout: layout.to_string(),
             batch_size: plan.batch,
             accumulation: plan.accumulation,
+            target: Target::Osdp,
             ops: model
                 .ops
                 .iter()
@@ -171,6 +176,9 @@ impl PlanFile {
                 offload: entry.offload,
             };
             check_choice(model, i, choice).map_err(|m| Problem::field(&at, m))?;
+            self.target.allows(choice).map_err(|why| {
+                Problem::field(&at, format!("target {}: {why}", self.target.as_str()))
+            })?;
             choices[i] = Some(choice);
             match (blocks.of_op[i], entry.recompute) {
                 (None, true) => {
@@ -303,9 +311,15 @@ pub fn check_choice(model: &ModelSpec, i: usize, c: Choice) -> Result<(), String
 
 /// Read a plan file and check it against `model`.
 pub fn read_plan(path: &Path, model: &ModelSpec) -> Result<Plan, InputError> {
+    read_plan_for(path, model).map(|(plan, _)| plan)
+}
+
+/// [`read_plan`], with the target the plan was made for.
+pub fn read_plan_for(path: &Path, model: &ModelSpec) -> Result<(Plan, Target), InputError> {
     let file: PlanFile = input::read_strict(path, PLAN_FORMAT_VERSION)?;
-    file.to_plan(model).map_err(|problem| InputError::Invalid {
+    let plan = file.to_plan(model).map_err(|problem| InputError::Invalid {
         path: path.to_path_buf(),
         problem,
-    })
+    })?;
+    Ok((plan, file.target))
 }

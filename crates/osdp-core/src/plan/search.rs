@@ -395,6 +395,9 @@ impl<'m> Planner<'m> {
         host_price: f64,
         reach: Reach,
     ) -> Planner<'m> {
+        // Prices follow what runs the plan.
+        let mut machine = machine;
+        machine.target = options.target;
         let blocks = Blocks::of(model);
         let pins: HashMap<usize, Choice> = options.pins.iter().copied().collect();
         let graph = cost::OpGraph::of(model);

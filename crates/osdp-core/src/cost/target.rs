@@ -3,10 +3,13 @@
 //! expresses fewer. A [`Target`] restricts the planner's choices to what it can run; within
 //! them the planner stays exact.
 
-use crate::cost::{self, Choice, Machine, Offload, OpBase, Strategy};
+use serde::{Deserialize, Serialize};
+
+use super::{self as cost, Choice, Machine, Offload, OpBase, Strategy};
 
 /// What will run the plan.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Target {
     /// osdp-tui's trainer (`osdp-tui train`): every choice.
     #[default]
@@ -29,6 +32,11 @@ impl Target {
             Target::Osdp => "osdp",
             Target::Fsdp2 => "fsdp2",
         }
+    }
+
+    /// Whether this is osdp-tui's own trainer (plan files leave that target out).
+    pub fn is_osdp(&self) -> bool {
+        *self == Target::Osdp
     }
 
     pub fn parse(s: &str) -> Option<Target> {
