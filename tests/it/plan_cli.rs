@@ -1145,3 +1145,48 @@ fn recompute_block_fixes_the_named_blocks() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("fixed twice"));
 }
+
+/// Where the host budget binds and counting host memory exactly is too large a search
+/// (tinyllama-1.1b on the `cpu` layout), the plan prices host memory: every plan keeps within
+/// its host budget, a larger host budget never plans slower, the plan says how much faster the
+/// best could at most be (`host_gap_s`), and a host budget the plan does not need changes
+/// nothing.
+#[test]
+fn a_priced_host_budget_is_kept_and_more_of_it_never_plans_slower() {
+    let plan = |host: &str| {
+        run_json(&[
+            "plan",
+            "sample-models/tinyllama-1.1b.json",
+            "--layout",
+            "cpu",
+            "--host-budget",
+            host,
+            "--json",
+        ])
+    };
+    let gib = (1u64 << 30) as f64;
+    let mut last = 0.0;
+    for host in [3.0, 4.0, 5.0, 6.0] {
+        let p = plan(&format!("{host}GiB"));
+        let used = p["prediction"]["host_bytes"].as_u64().unwrap() as f64;
+        assert!(
+            used <= host * gib,
+            "{host} GiB: {used} bytes of host memory"
+        );
+        let tput = p["throughput_samples_per_s"].as_f64().unwrap();
+        assert!(tput >= last * (1.0 - 1e-9), "{host} GiB: {tput} < {last}");
+        last = tput;
+        let gap = p["host_gap_s"]
+            .as_f64()
+            .expect("a priced plan states its gap");
+        let step = p["step_time_s"].as_f64().unwrap();
+        assert!(
+            (0.0..step).contains(&gap),
+            "{host} GiB: gap {gap} s of a {step} s step"
+        );
+    }
+    // The plan ignoring the host budget uses less than 12 GiB: such a budget binds nothing.
+    let free = plan("12GiB");
+    assert!(free["host_gap_s"].is_null(), "{free}");
+    assert!(free["throughput_samples_per_s"].as_f64().unwrap() >= last);
+}

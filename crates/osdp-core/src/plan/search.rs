@@ -572,7 +572,7 @@ impl<'m> Planner<'m> {
                 if !exact.overflowed() {
                     return exact.best_ignoring_host(budget_bytes);
                 }
-                self.priced_host(budget_bytes, host, over.prediction.step_time_s)
+                self.priced_host(budget_bytes, host, over)
             }
         }
     }
@@ -585,10 +585,14 @@ impl<'m> Planner<'m> {
     /// The best plan within the host budget `host` found by pricing host memory: a plan that
     /// minimises step time + λ · host bytes within the device budget is the best of all plans
     /// of its host memory or less. λ rises from a step's time over the whole host budget until
-    /// the plan fits the host, then is bisected down to the least that does. With a fixed
+    /// the plan fits the host; then each next λ is the one at which the fastest plan over the
+    /// host budget and the fastest within it found so far cost the same (the breakpoint of
+    /// the Lagrangian between them). A search at that λ finds either a plan between them, which
+    /// replaces one, or none cheaper, and then the one within is the best within the budget the
+    /// pricing can reach — in a few searches where bisecting λ took a dozen. With a fixed
     /// global batch every plan runs the same samples, so any plan's step time is at least
     /// `T(p) + λ·(host(p) − host)`: the gap to the best is at most `λ·(host − host(p))`.
-    fn priced_host(&self, budget: u64, host: u64, relaxed_step_s: f64) -> Result<Planned, NoFit> {
+    fn priced_host(&self, budget: u64, host: u64, relaxed: &Planned) -> Result<Planned, NoFit> {
         let at = |price: f64| -> Result<Planned, NoFit> {
             Planner::with_host_limit(
                 self.model,
@@ -602,8 +606,11 @@ impl<'m> Planner<'m> {
             .best_ignoring_host(budget)
         };
         let fits = |p: &Planned| p.prediction.host_bytes <= host;
-        let mut price = relaxed_step_s / host.max(1) as f64;
-        let mut low = 0.0;
+        let figures = |p: &Planned| (p.prediction.step_time_s, p.prediction.host_bytes as f64);
+        // (price, step time, host bytes) of the fastest plan over the host budget so far.
+        let (t0, h0) = figures(relaxed);
+        let mut over = (0.0, t0, h0);
+        let mut price = t0 / host.max(1) as f64;
         let mut found: Option<(f64, Planned)> = None;
         for _ in 0..24 {
             let p = at(price)?;
@@ -611,33 +618,45 @@ impl<'m> Planner<'m> {
                 found = Some((price, p));
                 break;
             }
-            low = price;
+            let (t, h) = figures(&p);
+            over = (price, t, h);
             price *= 8.0;
         }
-        let Some((mut high, mut best)) = found else {
+        let Some((mut within_price, mut best)) = found else {
             return Err(NoFit {
                 min_budget_bytes: None,
                 host_budget_bytes: Some(host),
             });
         };
-        let mut best_price = high;
+        // The price at which `best` is known to be the cheapest plan.
+        let mut proven = within_price;
         for _ in 0..10 {
-            let mid = 0.5 * (low + high);
-            let p = at(mid)?;
-            if fits(&p) {
-                high = mid;
-                if p.prediction.step_time_s <= best.prediction.step_time_s {
-                    best = p;
-                    best_price = mid;
-                }
+            let (t, h) = figures(&best);
+            let tie = (t - over.1) / (over.2 - h);
+            // Off the bracket (micro-batches of other sizes weigh time differently): halve it.
+            let price = if tie > over.0 && tie < within_price {
+                tie
             } else {
-                low = mid;
+                0.5 * (over.0 + within_price)
+            };
+            let p = at(price)?;
+            let (pt, ph) = figures(&p);
+            if pt + price * ph >= (t + price * h) * (1.0 - 1e-9) {
+                // Nothing cheaper than `best` at this price.
+                proven = price;
+                break;
+            }
+            if fits(&p) {
+                within_price = price;
+                proven = price;
+                best = p;
+            } else {
+                over = (price, pt, ph);
             }
         }
-        // The bound holds for a plan at the price it was found at.
         let fixed_batch = self.options.global_batch.is_some();
-        best.host_gap_s = fixed_batch
-            .then(|| best_price * host.saturating_sub(best.prediction.host_bytes) as f64);
+        best.host_gap_s =
+            fixed_batch.then(|| proven * host.saturating_sub(best.prediction.host_bytes) as f64);
         Ok(best)
     }
 
