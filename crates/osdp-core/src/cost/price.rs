@@ -259,10 +259,10 @@ fn collectives(base: &OpBase, choice: Choice, m: &Machine, replicated: u64) -> (
             let reduce = slices * gather(grad_slice);
             let comm = if m.serial_gathers {
                 // Tensor by tensor after a synchronisation (`Machine::serial_gathers`): each
-                // tensor pays its own latency and its host time, forward and backward, while
-                // no kernel runs.
+                // tensor pays a whole collective's latency (whatever the block would share) and
+                // its host time, forward and backward, while no kernel runs.
                 let tensors = base.tensors.iter().filter(|t| t.numel > 0).count().max(1) as f64;
-                let one = m.ring_s(slice, share * tensors) + tensors * m.serial_gather_host_s();
+                let one = m.ring_s(slice, tensors) + tensors * m.serial_gather_host_s();
                 Comm {
                     micro_bwd: reduce,
                     micro_serial: 2.0 * gathers * one,
@@ -540,6 +540,15 @@ mod tests {
         let gather = serial.ring_s((2 * p) as f64, 2.0) + 2.0 * DS_2021_GATHER_HOST_S;
         let one = price(&base, z3, &serial);
         assert!((one.exposed_comm_s - 2.0 * gather).abs() < 1e-12);
+        // A block sharing its latency does not help: each tensor is a collective of its own.
+        let shared = OpBase {
+            latency_share: 0.25,
+            ..base.clone()
+        };
+        assert_eq!(
+            price(&shared, z3, &serial).exposed_comm_s,
+            one.exposed_comm_s
+        );
         // Every micro-batch gathers again; the reduce-scatter still hides behind the backward.
         let four = OpBase {
             accumulation: 4,
