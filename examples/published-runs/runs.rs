@@ -115,7 +115,7 @@ pub struct Stack {
     #[serde(default)]
     pub per_module_collectives: bool,
     /// Whether it gathers parameters tensor by tensor after a device synchronisation
-    /// (DeepSpeed ZeRO-3 before its PR #1188, Sept. 2021; [`Machine::serial_gathers`]): the
+    /// (DeepSpeed ZeRO-3 before its PR #1188 of mid-2021; [`Machine::serial_gathers`]): the
     /// gathers and their host time hide behind no compute.
     #[serde(default)]
     pub serial_gathers: bool,

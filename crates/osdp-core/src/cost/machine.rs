@@ -38,8 +38,9 @@ pub fn param_pass_bytes(layout: &Layout) -> f64 {
     }
 }
 /// Host time of one parameter tensor's all-gather under DeepSpeed ZeRO-3 as of mid-2021 (0.3.x,
-/// PyTorch 1.8), measured on one node of 8 A100s: 130 µs preparing it ("pre_launch") and 250 µs
-/// launching it, between a `torch.cuda.synchronize()` and the next gather
+/// PyTorch 1.8), measured on one node of 8 A100s (the commenter's p4d setup, stated in #1174):
+/// 130 µs preparing it ("pre_launch") and 250 µs launching it, between a
+/// `torch.cuda.synchronize()` and the next gather
 /// (<https://github.com/deepspeedai/DeepSpeed/issues/1069>, comment of 2021-06-21: "all_gathers
 /// for one parameter takes about 0.5ms to finish ... pre_launch typically takes 130us, the
 /// launch takes 250us about"). Over more ranks, see [`Machine::serial_gather_host_s`].
@@ -102,7 +103,7 @@ pub struct Machine {
     /// such a stack.
     pub loss_fp32_logit_copies: u32,
     /// Parameter all-gathers are issued tensor by tensor, each after a device-wide
-    /// synchronisation, as DeepSpeed ZeRO-3 did before its PR #1188 (Sept. 2021: "the async
+    /// synchronisation, as DeepSpeed ZeRO-3 did before its PR #1188 (opened June 2021: "the async
     /// version is not async at all, because each all_gather calls torch.cuda.synchronize()"):
     /// they and their host time ([`Machine::serial_gather_host_s`]) run between the kernels,
     /// none hidden behind compute. False for FSDP and osdp-tui's trainer.
