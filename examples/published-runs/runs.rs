@@ -114,6 +114,11 @@ pub struct Stack {
     /// pays a whole collective latency ([`Machine::block_collectives`] off).
     #[serde(default)]
     pub per_module_collectives: bool,
+    /// Whether it gathers parameters tensor by tensor after a device synchronisation
+    /// (DeepSpeed ZeRO-3 before its PR #1188 of mid-2021; [`Machine::serial_gathers`]): the
+    /// gathers and their host time hide behind no compute.
+    #[serde(default)]
+    pub serial_gathers: bool,
 }
 
 fn yes() -> bool {
@@ -449,6 +454,7 @@ pub fn price_run_tuned(
         m.fused_attention &= stack.fused_attention;
         m.loss_fp32_logit_copies = stack.loss_fp32_logit_copies;
         m.block_collectives &= !stack.per_module_collectives;
+        m.serial_gathers = stack.serial_gathers;
     }
     tune(&mut m);
     let every = match (run.activation_checkpointing.as_str(), run.recompute_every) {

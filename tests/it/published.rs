@@ -149,6 +149,40 @@ fn tokens_per_gpu_stay_flat_from_one_node_to_many_where_published_runs_do() {
     }
 }
 
+/// DeepSpeed ZeRO-3 of 2021 at 384 to 2,240 A100s (arXiv:2104.04473 Table 2): as the GPUs
+/// double and the micro-batch halves, published tokens/s per GPU fall to 0.49–0.71×, because
+/// the step stops shrinking: its parameter gathers, tensor by tensor with the device
+/// synchronised, cost the same or more over more ranks. The predicted fall follows within 15 %
+/// (with the gathers overlapped it was 1.2–1.5× too shallow).
+#[test]
+fn tokens_per_gpu_fall_with_scale_where_deepspeed_2021_runs_do() {
+    let all = priced();
+    let by_id = |id: &str| {
+        all.iter()
+            .find(|(r, _)| r.id == format!("megatron-zero3-a100-gpt-{id}"))
+            .map(|(_, p)| p.clone())
+            .unwrap_or_else(|| panic!("{id} is in the data file"))
+    };
+    for (fewer, more) in [
+        ("175b-s2048-g384-mb4", "175b-s2048-g768-mb2"),
+        ("175b-s2048-g768-mb2", "175b-s2048-g1536-mb1"),
+        ("530b-s2048-g640-mb4", "530b-s2048-g1120-mb2"),
+        ("530b-s2048-g1120-mb2", "530b-s2048-g2240-mb1"),
+    ] {
+        let (a, b) = (by_id(fewer), by_id(more));
+        let published = b.published_tokens_per_s_per_gpu / a.published_tokens_per_s_per_gpu;
+        let predicted = b.predicted_tokens_per_s_per_gpu / a.predicted_tokens_per_s_per_gpu;
+        assert!(
+            published < 0.75,
+            "{fewer} → {more}: published runs do not fall ({published:.2})"
+        );
+        assert!(
+            (0.85..=1.15).contains(&(predicted / published)),
+            "{fewer} → {more}: predicted tokens/s per GPU change by {predicted:.2}×, published by {published:.2}×"
+        );
+    }
+}
+
 /// The runs from the sources added for issue 36 (DeepSpeed ZeRO-3 at 384–2,240 A100s,
 /// Colossal-AI on 32 A800s, Hugging Face GPT-2 with DDP and DeepSpeed ZeRO-1 on 16 V100s): each
 /// records its stack, and none was used to fit anything.

@@ -29,6 +29,7 @@ pub(super) fn machine(ranks: u32) -> Machine {
         param_pass_bytes: 0.0,
         fused_attention: true,
         loss_fp32_logit_copies: 0,
+        serial_gathers: false,
         launch_s: 5e-6,
         overhead_bytes: 0,
         compute_dtype: "bf16",

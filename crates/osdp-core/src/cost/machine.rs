@@ -37,6 +37,16 @@ pub fn param_pass_bytes(layout: &Layout) -> f64 {
         _ => 0.0,
     }
 }
+/// Host time of one parameter tensor's all-gather under DeepSpeed ZeRO-3 as of mid-2021 (0.3.x,
+/// PyTorch 1.8), measured on one node of 8 A100s (the commenter's p4d setup, stated in #1174):
+/// 130 µs preparing it ("pre_launch") and 250 µs launching it, between a
+/// `torch.cuda.synchronize()` and the next gather
+/// (<https://github.com/deepspeedai/DeepSpeed/issues/1069>, comment of 2021-06-21: "all_gathers
+/// for one parameter takes about 0.5ms to finish ... pre_launch typically takes 130us, the
+/// launch takes 250us about"). Over more ranks, see [`Machine::serial_gather_host_s`].
+pub const DS_2021_GATHER_HOST_S: f64 = 380e-6;
+/// The rank count [`DS_2021_GATHER_HOST_S`] was measured at.
+pub const DS_2021_GATHER_HOST_RANKS: u32 = 8;
 /// Backward of a matmul is two matmuls (input and weight gradients).
 pub const LINEAR_BWD_FACTOR: f64 = 2.0;
 /// Fused attention backward recomputes the scores: about 2.5× its forward.
@@ -92,6 +102,12 @@ pub struct Machine {
     /// shifted (`logits[..., :-1, :].contiguous()`): 2. Set for published runs that name
     /// such a stack.
     pub loss_fp32_logit_copies: u32,
+    /// Parameter all-gathers are issued tensor by tensor, each after a device-wide
+    /// synchronisation, as DeepSpeed ZeRO-3 did before its PR #1188 (opened June 2021: "the async
+    /// version is not async at all, because each all_gather calls torch.cuda.synchronize()"):
+    /// they and their host time ([`Machine::serial_gather_host_s`]) run between the kernels,
+    /// none hidden behind compute. False for FSDP and osdp-tui's trainer.
+    pub serial_gathers: bool,
     /// Fixed cost of launching one kernel, seconds.
     pub launch_s: f64,
     pub overhead_bytes: u64,
@@ -264,6 +280,7 @@ impl Machine {
                 || crate::cluster::known::lookup(&layout.device.model)
                     .is_none_or(|g| g.efficiency.flash_attention),
             loss_fp32_logit_copies: 0,
+            serial_gathers: false,
             launch_s: match layout.device.kind {
                 DeviceKind::Gpu => 5e-6,
                 DeviceKind::Cpu => 10e-6,
@@ -411,6 +428,18 @@ impl Machine {
         }
         latency_share * (self.collective_base_s + (n - 1.0) * self.cross_node_latency_s)
             + (n - 1.0) / n * bytes / self.replica_link_bytes_per_s
+    }
+
+    /// Host time of one tensor's all-gather where gathers are serial ([`Machine::serial_gathers`]):
+    /// [`DS_2021_GATHER_HOST_S`] as measured on 8 ranks, plus one copy launch per further rank.
+    /// The gather's output is a list of one view per rank, which PyTorch's list `all_gather`
+    /// (before `_all_gather_base`, PyTorch 1.10) gathers into a flat buffer of its own and copies
+    /// back view by view, one `copy_` per rank (PR #1188: "the existing _allgather_params has
+    /// explicit memcpy after the all-gather op"); the Python loop that builds the views costs
+    /// more per rank, with no published figure, so it is left out.
+    pub fn serial_gather_host_s(&self) -> f64 {
+        let more = self.ranks.saturating_sub(DS_2021_GATHER_HOST_RANKS);
+        DS_2021_GATHER_HOST_S + f64::from(more) * self.launch_s
     }
 
     /// Ring all-reduce = reduce-scatter + all-gather.

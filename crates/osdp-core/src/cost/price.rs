@@ -131,6 +131,7 @@ fn fsdp2_price(base: &OpBase, choice: Choice, m: &Machine) -> OpCost {
         micro_bwd,
         step_fwd: 0.0,
         step_bwd: sync,
+        micro_serial: 0.0,
     };
     // Offloaded: the shard fetched before every all-gather, a sharded gradient sent once a
     // step (a replicated one is the optimizer step's copy); in line, like the trainer's copies.
@@ -254,16 +255,30 @@ fn collectives(base: &OpBase, choice: Choice, m: &Machine, replicated: u64) -> (
             } else {
                 0.0
             };
-            (
-                // One slice's gathered parameters and its full gradient.
-                ceil_div((pb + gb) * p, k),
+            let gathers = extra_gathers * slices;
+            let reduce = slices * gather(grad_slice);
+            let comm = if m.serial_gathers {
+                // Tensor by tensor after a synchronisation (`Machine::serial_gathers`): each
+                // tensor pays a whole collective's latency (whatever the block would share) and
+                // its host time, forward and backward, while no kernel runs.
+                let tensors = base.tensors.iter().filter(|t| t.numel > 0).count().max(1) as f64;
+                let one = m.ring_s(slice, tensors) + tensors * m.serial_gather_host_s();
                 Comm {
-                    micro_fwd: extra_gathers * slices * gather(slice),
-                    micro_bwd: slices * (extra_gathers * gather(slice) + gather(grad_slice)),
+                    micro_bwd: reduce,
+                    micro_serial: 2.0 * gathers * one,
                     step_bwd,
                     ..none
-                },
-            )
+                }
+            } else {
+                Comm {
+                    micro_fwd: gathers * gather(slice),
+                    micro_bwd: gathers * gather(slice) + reduce,
+                    step_bwd,
+                    ..none
+                }
+            };
+            // One slice's gathered parameters and its full gradient.
+            (ceil_div((pb + gb) * p, k), comm)
         }
         // ZeRO-3 inside the node for every micro-batch; the node's gradient shards summed
         // across nodes once a step (a rank's 1/ranks-per-node share, over its NICs' share).
@@ -369,11 +384,16 @@ struct Comm {
     /// Once a step: before the first forward / after the last backward.
     step_fwd: f64,
     step_bwd: f64,
+    /// Per micro-batch, between kernels: collectives and their host time that a stack runs
+    /// with the device synchronised ([`Machine::serial_gathers`]), hidden behind nothing.
+    micro_serial: f64,
 }
 
 impl Comm {
     fn total(&self, accumulation: f64) -> f64 {
-        accumulation * (self.micro_fwd + self.micro_bwd) + self.step_fwd + self.step_bwd
+        accumulation * (self.micro_fwd + self.micro_bwd + self.micro_serial)
+            + self.step_fwd
+            + self.step_bwd
     }
 
     /// The part of this communication the op's compute does not hide, over `accumulation`
@@ -388,6 +408,7 @@ impl Comm {
             (a - 1.0) * (hidden(comm.micro_fwd, base.fwd_s) + hidden(comm.micro_bwd, base.bwd_s))
                 + hidden(comm.micro_fwd + comm.step_fwd, base.fwd_s)
                 + hidden(comm.micro_bwd + comm.step_bwd, base.bwd_s)
+                + a * comm.micro_serial
         } else {
             comm.total(a)
         }
@@ -427,7 +448,9 @@ fn calibrated_optimizer_s(cal: &Calibration, base: &OpBase, choice: Choice, m: &
 mod tests {
     use super::*;
     use crate::cost::fixtures::{calibrated, cluster, linear_base, machine, with_host};
-    use crate::cost::{choices, ParamTensor, NCCL_BASE_LATENCY_S, PARAM_PASS_BYTES};
+    use crate::cost::{
+        choices, ParamTensor, DS_2021_GATHER_HOST_S, NCCL_BASE_LATENCY_S, PARAM_PASS_BYTES,
+    };
 
     /// `--target fsdp2` prices what `fully_shard` holds and sends: zero2 keeps its state sharded
     /// and the gathered copy through the step, zero3 holds two units' gathered buffers (the
@@ -489,6 +512,58 @@ mod tests {
                 price(&base, c, &osdp).persistent_bytes
             );
         }
+    }
+
+    /// A stack that gathers tensor by tensor after a device synchronisation (DeepSpeed ZeRO-3 of
+    /// 2021) hides none of its gathers behind compute, however long the op computes: each
+    /// tensor pays its own collective latency and its host time, forward and backward, every
+    /// micro-batch; and that host time grows with the ranks (one copy per rank).
+    #[test]
+    fn serial_gathers_hide_behind_no_compute_and_cost_more_with_more_ranks() {
+        let p = 1u64 << 20;
+        let mut base = OpBase {
+            fwd_s: 1.0,
+            bwd_s: 2.0,
+            ..linear_base(p)
+        };
+        base.tensors[1] = ParamTensor {
+            numel: 1024,
+            cut: false,
+        };
+        let z3 = Choice::plain(Strategy::Zero3);
+        // Overlapped, a second of compute hides the gathers and the reduce-scatter.
+        assert_eq!(price(&base, z3, &machine(8)).exposed_comm_s, 0.0);
+        let serial = Machine {
+            serial_gathers: true,
+            ..machine(8)
+        };
+        let gather = serial.ring_s((2 * p) as f64, 2.0) + 2.0 * DS_2021_GATHER_HOST_S;
+        let one = price(&base, z3, &serial);
+        assert!((one.exposed_comm_s - 2.0 * gather).abs() < 1e-12);
+        // A block sharing its latency does not help: each tensor is a collective of its own.
+        let shared = OpBase {
+            latency_share: 0.25,
+            ..base.clone()
+        };
+        assert_eq!(
+            price(&shared, z3, &serial).exposed_comm_s,
+            one.exposed_comm_s
+        );
+        // Every micro-batch gathers again; the reduce-scatter still hides behind the backward.
+        let four = OpBase {
+            accumulation: 4,
+            ..base.clone()
+        };
+        let more = price(&four, z3, &serial).exposed_comm_s;
+        assert!((more - 8.0 * gather).abs() < 1e-12, "{more}");
+        // On 1,536 ranks a tensor's gather costs 1,528 more copy launches on the host: 8 ms.
+        let wide = Machine {
+            serial_gathers: true,
+            ..machine(1536)
+        };
+        let host = wide.serial_gather_host_s();
+        assert!((host - (DS_2021_GATHER_HOST_S + 1528.0 * 5e-6)).abs() < 1e-12);
+        assert!(price(&base, z3, &wide).exposed_comm_s > one.exposed_comm_s + 4.0 * 7e-3);
     }
 
     /// On a calibrated layout a tiny tensor's host AdamW step pays the curve's fixed cost, as
