@@ -660,6 +660,10 @@ fn header_settings(app: &App, width: usize) -> Line<'static> {
     if !app.request.block_recompute.is_empty() {
         fields.push((3, format!("{} rc fixed", app.request.block_recompute.len())));
     }
+    // Figures priced as FSDP2 runs the plan, not as osdp-tui's trainer does: said beside them.
+    if app.request.target == osdp_core::plan::Target::Fsdp2 {
+        fields.push((0, "for FSDP2".into()));
+    }
     fields.extend(versus_all.into_iter().map(|v| (1, v)));
     if !replan.is_empty() {
         fields.push((4, replan));

@@ -1412,6 +1412,19 @@ fn target_fsdp2_and_e_write_what_apply_plan_reads() {
         .choices
         .iter()
         .all(|c| Target::Fsdp2.allows(*c).is_ok()));
+    // The header says whose prices the figures are, at the smallest size too.
+    for (w, h) in [(80, 24), (120, 40)] {
+        let mut t = ratatui::Terminal::new(ratatui::backend::TestBackend::new(w, h)).unwrap();
+        t.draw(|f| osdp_tui::tui::view::draw(&a, f)).unwrap();
+        let screen: String = t
+            .backend()
+            .buffer()
+            .content
+            .iter()
+            .map(|c| c.symbol())
+            .collect();
+        assert!(screen.contains("for FSDP2"), "{w}×{h}: {screen}");
+    }
     let plan = dir.path().join("gpt2.plan.json");
     let mine = dir.path().join("gpt2.fsdp2.json");
     type_keys(
