@@ -53,7 +53,7 @@ pub fn draw(app: &App, f: &mut Frame) {
         Constraint::Length(header_height),
         Constraint::Length(1),
         Constraint::Min(10),
-        Constraint::Length(1),
+        Constraint::Length(footer_height(app, area.width)),
     ])
     .areas(area);
     if app.log_view.is_some() {
@@ -137,7 +137,7 @@ fn draw_log_screen(app: &App, f: &mut Frame, area: Rect) {
     let [title, log, footer] = Split::vertical([
         Constraint::Length(1),
         Constraint::Min(1),
-        Constraint::Length(1),
+        Constraint::Length(footer_height(app, area.width)),
     ])
     .areas(area);
     draw_header(app, f, title);
@@ -207,50 +207,73 @@ fn draw_plan_side(app: &App, f: &mut Frame, right: Rect) {
     }
 }
 
+/// What the footer says besides the keys: a question waiting for its answer, else the last
+/// message; `None`: the keys.
+fn footer_text(app: &App) -> Option<(String, Style)> {
+    let question = match &app.confirm {
+        Some(Confirm::StartUnpriced) => {
+            "the plan on screen is still being priced: start with it anyway? y / n".to_string()
+        }
+        Some(Confirm::QuitWhileRunning) => "a run is going: d detach (the run keeps going) · \
+             s stop (checkpoint and stop) · esc cancel"
+            .to_string(),
+        Some(Confirm::Overwrite(path)) => format!(
+            "{} exists: overwrite it with the plan on screen? y / n",
+            printable(&path.display().to_string())
+        ),
+        Some(Confirm::OverwriteExport(path)) => format!(
+            "{} exists: overwrite it with the plan on screen for FSDP2? y / n",
+            printable(&path.display().to_string())
+        ),
+        Some(Confirm::RestartNewBatch { from, to }) => format!(
+            "restarting changes the global batch from {from} to {to} samples per step \
+             (B sets it): restart anyway? y / n"
+        ),
+        None => {
+            return app
+                .message
+                .as_ref()
+                .map(|m| (printable(m).into_owned(), theme::WARN))
+        }
+    };
+    Some((question, theme::PROMPT))
+}
+
+/// Most rows a message or question takes in the footer before its end is cut.
+const FOOTER_MAX_LINES: usize = 3;
+
+/// `text` as the footer shows it in `width` columns: broken between words onto up to
+/// [`FOOTER_MAX_LINES`] rows, each led by a space.
+fn footer_lines(text: &str, width: u16) -> Vec<String> {
+    wrap_words(text, usize::from(width).saturating_sub(1), FOOTER_MAX_LINES)
+        .into_iter()
+        .map(|l| format!(" {l}"))
+        .collect()
+}
+
+/// Rows the footer takes: one for the keys or the command line, as many as a long message or
+/// question needs (up to [`FOOTER_MAX_LINES`]), so that nothing it says is cut at 80 columns.
+fn footer_height(app: &App, width: u16) -> u16 {
+    match footer_text(app) {
+        Some((text, _)) if app.command.is_none() => footer_lines(&text, width).len().max(1) as u16,
+        _ => 1,
+    }
+}
+
 /// The footer: a question waiting for its answer, else the last message, else `keys`.
 fn draw_footer(app: &App, f: &mut Frame, area: Rect, keys: String) {
     if let Some(line) = &app.command {
         draw_prompt(line, f, area);
         return;
     }
-    let footer_line = match (&app.confirm, &app.message) {
-        (Some(Confirm::StartUnpriced), _) => Line::from(Span::styled(
-            " the plan on screen is still being priced: start with it anyway? y / n",
-            theme::PROMPT,
-        )),
-        (Some(Confirm::QuitWhileRunning), _) => Line::from(Span::styled(
-            " a run is going: d detach (the run keeps going) · s stop (checkpoint and stop) · esc cancel",
-            theme::PROMPT,
-        )),
-        (Some(Confirm::Overwrite(path)), _) => Line::from(Span::styled(
-            format!(
-                " {} exists: overwrite it with the plan on screen? y / n",
-                printable(&path.display().to_string())
-            ),
-            theme::PROMPT,
-        )),
-        (Some(Confirm::OverwriteExport(path)), _) => Line::from(Span::styled(
-            format!(
-                " {} exists: overwrite it with the plan on screen for FSDP2? y / n",
-                printable(&path.display().to_string())
-            ),
-            theme::PROMPT,
-        )),
-        (Some(Confirm::RestartNewBatch { from, to }), _) => Line::from(Span::styled(
-            format!(
-                " restarting changes the global batch from {from} to {to} samples per step \
-                 (B sets it): restart anyway? y / n"
-            ),
-            theme::PROMPT,
-        )),
-        // A long message is cut after a whole word.
-        (None, Some(m)) => Line::from(Span::styled(
-            clip_words(&format!(" {}", printable(m)), usize::from(area.width)),
-            theme::WARN,
-        )),
-        (None, None) => Line::from(Span::styled(keys, theme::MUTED)),
+    let lines: Vec<Line> = match footer_text(app) {
+        Some((text, style)) => footer_lines(&text, area.width)
+            .into_iter()
+            .map(|l| Line::from(Span::styled(l, style)))
+            .collect(),
+        None => vec![Line::from(Span::styled(keys, theme::MUTED))],
     };
-    f.render_widget(Paragraph::new(footer_line), area);
+    f.render_widget(Paragraph::new(lines), area);
 }
 
 /// The command line or a search prompt: the text with the cursor where it is, then what Tab
