@@ -27,7 +27,8 @@ shoot() {
   for k in $keys; do
     case "$k" in
       wait:*) sleep "${k#wait:}" ;;
-      kill-worker) pkill -KILL -f "osdp-tui train" || true; sleep 0.5 ;;
+      # Only this script's workers: their plan and checkpoints lie in its run directories.
+      kill-worker) pkill -KILL -f "osdp-tui train .*$tmp/" || true; sleep 0.5 ;;
       *) tmux send-keys -t osdp-shot -- "$k"; sleep 0.3 ;;
     esac
   done
