@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use crate::fsdp2::{plan_and_export, test_python};
+use crate::fsdp2::{plan_and_export, python_ok, test_python};
 use osdp_core::model::{read_model, saved::fixed_dtype_saved_bytes, Family, ModelSpec};
 
 /// Forward FLOPs per sample.
@@ -41,17 +41,10 @@ fn both(python: &std::ffi::OsStr, dir: &Path, config: &str) -> (ModelSpec, Model
         .arg(dir.join("imported.json"))
         .assert()
         .success();
-    let out = std::process::Command::new(python)
-        .arg(crate::root().join("python/tests/describe_hf.py"))
-        .arg(dir)
-        .arg("16")
-        .arg(dir.join("described.json"))
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    python_ok(
+        python,
+        "describe_hf.py",
+        &[&dir, &"16", &dir.join("described.json")],
     );
     (
         read_model(&dir.join("imported.json")).unwrap(),
@@ -94,18 +87,10 @@ fn a_described_hf_model_matches_its_import_and_plans_for_fsdp2() {
         eprintln!("{what}: FLOPs described/imported {f:.4}, saved bytes {s:.4}");
         assert!((1.0..=saved_over).contains(&s), "{what}: saved bytes {s}");
         // The module built with real weights, described on fake tensors: the same figures.
-        let out = std::process::Command::new(&python)
-            .arg(crate::root().join("python/tests/describe_hf.py"))
-            .arg(dir.path())
-            .arg("16")
-            .arg(dir.path().join("real.json"))
-            .arg("cpu")
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
+        python_ok(
+            &python,
+            "describe_hf.py",
+            &[&dir.path(), &"16", &dir.path().join("real.json"), &"cpu"],
         );
         let real = read_model(&dir.path().join("real.json")).unwrap();
         assert_eq!(
@@ -152,15 +137,11 @@ fn a_described_hf_model_matches_its_import_and_plans_for_fsdp2() {
         assert_eq!(e["checkpoint"][0], format!("{}.1", block_list(&described)));
         // The export of the description runs on transformers' module: 2 gloo ranks train as
         // one process does, shards as predicted (GPT-2's tied head wrapped with its embedding).
-        let out = std::process::Command::new(&python)
-            .arg(crate::root().join("python/tests/fsdp2_gpt2.py"))
-            .arg(dir.path().join("config.json"))
-            .arg(&export)
-            .output()
-            .unwrap();
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert!(out.status.success(), "{what}: {stdout}\n{stderr}");
+        let stdout = python_ok(
+            &python,
+            "fsdp2_gpt2.py",
+            &[&dir.path().join("config.json"), &export],
+        );
         assert!(stdout.contains("losses ok"), "{what}: {stdout}");
         assert!(stdout.contains("shard bytes ok"), "{what}: {stdout}");
 
@@ -197,18 +178,8 @@ fn a_described_mlp_mixer_trains_under_fsdp2_as_one_process_does() {
     };
     let dir = tempfile::tempdir().unwrap();
     let at = |name: &str| dir.path().join(name);
-    let script = crate::root().join("python/tests/fsdp2_mixer.py");
-    let out = std::process::Command::new(&python)
-        .arg(&script)
-        .arg("describe")
-        .arg(at("m.json"))
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let script = "fsdp2_mixer.py";
+    python_ok(&python, script, &[&"describe", &at("m.json")]);
     let described = read_model(&at("m.json")).unwrap();
     assert_eq!(described.family, Family::Torch);
     assert_eq!(described.block_count(), 3);
@@ -254,31 +225,12 @@ fn a_described_mlp_mixer_trains_under_fsdp2_as_one_process_does() {
     assert_eq!(find("blocks.0.channel_mlp.0")["sharding"], "zero2");
     assert_eq!(find("stem")["sharding"], "dp");
     assert_eq!(find("blocks.2.channel_mlp.2")["offload"], true);
-    let out = std::process::Command::new(&python)
-        .arg(&script)
-        .arg("train")
-        .arg(at("e.json"))
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{stdout}\n{stderr}");
+    let stdout = python_ok(&python, script, &[&"train", &at("e.json")]);
     assert!(stdout.contains("losses ok"), "{stdout}");
     assert!(stdout.contains("shard bytes ok"), "{stdout}");
 
     // Exports that do not fit the module: one error each, naming the problem.
-    let out = std::process::Command::new(&python)
-        .arg(&script)
-        .arg("refuse")
-        .arg(at("e.json"))
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let stdout = python_ok(&python, script, &[&"refuse", &at("e.json")]);
     let refused: Vec<&str> = stdout.lines().collect();
     assert_eq!(refused.len(), 3, "{stdout}");
     assert!(
@@ -312,7 +264,7 @@ fn an_hsdp_plan_trains_on_four_ranks_as_two_by_two() {
     };
     let dir = tempfile::tempdir().unwrap();
     let at = |name: &str| dir.path().join(name);
-    let script = crate::root().join("python/tests/fsdp2_mixer.py");
+    let script = "fsdp2_mixer.py";
     // The shipped CPU layout as 2 nodes of 2 ranks, joined by a slower link.
     let mut layout: serde_json::Value = serde_json::from_str(
         &std::fs::read_to_string(crate::root().join("layouts/cpu.json")).unwrap(),
@@ -326,17 +278,7 @@ fn an_hsdp_plan_trains_on_four_ranks_as_two_by_two() {
         "bus_bandwidth_gb_per_s": figure(1.0), "latency_us": figure(50.0),
         "nics_per_node": figure(1.0)});
     std::fs::write(at("cpu-2x2.json"), layout.to_string()).unwrap();
-    let out = std::process::Command::new(&python)
-        .arg(&script)
-        .arg("describe")
-        .arg(at("m.json"))
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    python_ok(&python, script, &[&"describe", &at("m.json")]);
     let e = plan_and_export(
         dir.path(),
         &at("m.json"),
@@ -366,15 +308,7 @@ fn an_hsdp_plan_trains_on_four_ranks_as_two_by_two() {
         serde_json::json!([2, 2])
     );
     assert_eq!(find("stem")["mesh"], serde_json::json!([4, 1]));
-    let out = std::process::Command::new(&python)
-        .arg(&script)
-        .arg("train")
-        .arg(at("e.json"))
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{stdout}\n{stderr}");
+    let stdout = python_ok(&python, script, &[&"train", &at("e.json")]);
     assert!(stdout.contains("losses ok"), "{stdout}");
     assert!(stdout.contains("shard bytes ok"), "{stdout}");
 }
@@ -382,9 +316,11 @@ fn an_hsdp_plan_trains_on_four_ranks_as_two_by_two() {
 /// FSDP2 holds what `--target fsdp2` prices. A tiny GPT-2 described from transformers' module,
 /// planned for FSDP2 with zero2, zero3 and dp modules, without and with accumulation, trains on
 /// 2 gloo ranks under PyTorch's `FSDPMemTracker` (its count of every tensor FSDP2, the model and
-/// the optimizer hold): the predicted peak, less the layout's fixed runtime overhead, is never
-/// below the measured one and at most 25 % above it, with accumulation too, where FSDP2 holds
-/// every module's unsharded gradient between micro-batches.
+/// the optimizer hold): the predicted peak, less the layout's fixed runtime overhead, and the
+/// predicted persistent bytes against what is held all step (parameters, gradients, optimizer
+/// state) are each never below the measured figure and at most 25 % above it, with
+/// accumulation too, where FSDP2 holds every module's unsharded gradient between micro-batches
+/// (leave that out of the pricing and the state falls to 0.97 of what FSDP2 holds — tried).
 /// Needs OSDP_TEST_PYTHON (torch and transformers; scripts/test.sh sets it); skipped without.
 #[test]
 fn fsdp2_holds_what_the_fsdp2_target_predicts() {
@@ -398,18 +334,7 @@ fn fsdp2_holds_what_the_fsdp2_target_predicts() {
         "activation_function": "gelu_pytorch_tanh", "tie_word_embeddings": true}"#;
     std::fs::write(dir.path().join("config.json"), gpt2).unwrap();
     let described = dir.path().join("described.json");
-    let out = std::process::Command::new(&python)
-        .arg(crate::root().join("python/tests/describe_hf.py"))
-        .arg(dir.path())
-        .arg("32")
-        .arg(&described)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    python_ok(&python, "describe_hf.py", &[&dir.path(), &"32", &described]);
     let overhead = osdp_core::cluster::read_layout(&crate::root().join("layouts/cpu.json"))
         .unwrap()
         .runtime_overhead_bytes();
@@ -433,19 +358,12 @@ fn fsdp2_holds_what_the_fsdp2_target_predicts() {
                 "transformer.h.1.mlp.c_fc=dp",
             ],
         );
-        let out = std::process::Command::new(&python)
-            .arg(crate::root().join("python/tests/fsdp2_memory.py"))
-            .arg(dir.path())
-            .arg(run.join("e.json"))
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
+        let stdout = python_ok(
+            &python,
+            "fsdp2_memory.py",
+            &[&dir.path(), &run.join("e.json")],
         );
-        let measured: serde_json::Value =
-            serde_json::from_str(String::from_utf8_lossy(&out.stdout).trim()).unwrap();
+        let measured: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
         let held = measured["Total"].as_u64().unwrap();
         let predicted = export["predicted"]["peak_memory_bytes"].as_u64().unwrap() - overhead;
         let ratio = predicted as f64 / held as f64;
@@ -457,5 +375,36 @@ fn fsdp2_holds_what_the_fsdp2_target_predicts() {
         let accumulation = export["accumulation"].as_u64().unwrap();
         let unsharded_grads = measured["Unsharded Grad"].as_u64().unwrap();
         assert_eq!(accumulation > 1, unsharded_grads > 0, "{measured}");
+        // What is held all step — parameters, gradients (the unsharded ones kept between
+        // micro-batches included) and optimizer state — against the plan's persistent bytes:
+        // a pricing that forgets what FSDP2 keeps falls below.
+        let state: u64 = [
+            "Sharded Param",
+            "Unsharded Param",
+            "Sharded Grad",
+            "Unsharded Grad",
+            "OptState",
+        ]
+        .iter()
+        .map(|k| measured[*k].as_u64().unwrap())
+        .sum();
+        let evaluated = crate::json_ok(
+            crate::osdp()
+                .arg("evaluate")
+                .arg(&described)
+                .args(["--layout", "cpu", "--json", "--plan"])
+                .arg(run.join("p.json")),
+        );
+        let persistent = evaluated["prediction"]["persistent_bytes"]
+            .as_u64()
+            .unwrap();
+        let ratio = persistent as f64 / state as f64;
+        eprintln!(
+            "global batch {global}: persistent {persistent} B, FSDP2 state {state} B ({ratio:.3})"
+        );
+        assert!(
+            (1.0..=1.25).contains(&ratio),
+            "global batch {global}: persistent {persistent} B, FSDP2 state {state} B: {measured}"
+        );
     }
 }

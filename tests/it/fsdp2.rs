@@ -42,6 +42,27 @@ pub(crate) fn test_python() -> Option<std::ffi::OsString> {
     python
 }
 
+/// `python python/tests/SCRIPT ARGS…`: its standard output, once it exits 0 (the test fails
+/// with both streams otherwise).
+pub(crate) fn python_ok(
+    python: &std::ffi::OsStr,
+    script: &str,
+    args: &[&dyn AsRef<std::ffi::OsStr>],
+) -> String {
+    let out = std::process::Command::new(python)
+        .arg(crate::root().join("python/tests").join(script))
+        .args(args.iter().map(|a| a.as_ref()))
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{script}: {stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
 /// `plan MODEL --layout LAYOUT --target fsdp2 FLAGS… -o DIR/p.json`, then `export` of that plan
 /// `--to fsdp2 -o DIR/e.json`: the export, parsed.
 pub(crate) fn plan_and_export(
@@ -369,14 +390,11 @@ fn a_gpt2_export_trains_under_fsdp2_as_one_process_does() {
     );
     bad["modules"][3]["path"] = "transformer.h.0.attn.c_nope".into();
     std::fs::write(at("bad.json"), bad.to_string()).unwrap();
-    let out = std::process::Command::new(python)
-        .arg(crate::root().join("python/tests/fsdp2_gpt2.py"))
-        .args([at("tiny.json"), at("e.json"), at("bad.json")])
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{stdout}\n{stderr}");
+    let stdout = python_ok(
+        &python,
+        "fsdp2_gpt2.py",
+        &[&at("tiny.json"), &at("e.json"), &at("bad.json")],
+    );
     assert!(stdout.contains("losses ok"), "{stdout}");
     assert!(stdout.contains("shard bytes ok"), "{stdout}");
     assert!(
@@ -440,14 +458,7 @@ fn a_llama_export_trains_under_fsdp2_as_one_process_does() {
         ],
     );
     assert_eq!(e["checkpoint"], serde_json::json!(["model.layers.1"]));
-    let out = std::process::Command::new(python)
-        .arg(crate::root().join("python/tests/fsdp2_gpt2.py"))
-        .args([at("tiny.json"), at("e.json")])
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{stdout}\n{stderr}");
+    let stdout = python_ok(&python, "fsdp2_gpt2.py", &[&at("tiny.json"), &at("e.json")]);
     assert!(stdout.contains("losses ok"), "{stdout}");
     assert!(stdout.contains("shard bytes ok"), "{stdout}");
 }
