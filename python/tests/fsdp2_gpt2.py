@@ -7,16 +7,16 @@ Prints `losses ok`, `shard bytes ok` and, with BAD_EXPORT, `refused: <message>`.
 
 import json
 import os
-import socket
 import sys
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import osdp_torch  # noqa: E402
 from osdp_torch.apply import local_param_bytes  # noqa: E402
+
+import gloo_ranks  # noqa: E402  (beside this file)
 
 STEPS = 5
 
@@ -63,71 +63,32 @@ def reference(config_path, export):
     return out
 
 
-def rank_main(rank, world, port, config_path, export, queue):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    try:
-        model = osdp_torch.apply_plan(build(config_path), export)
-        shard_bytes = local_param_bytes(model)
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=False)
-        micro, acc = export["micro_batch"], export["accumulation"]
-        losses = []
-        for ids in batches(export, model.config.vocab_size, seq_of(model)):
-            mine = ids.view(world, -1, ids.shape[1])[rank]
-            total = torch.zeros(())
-            for k in range(acc):
-                model.set_requires_gradient_sync(k == acc - 1)
-                loss = loss_of(model, mine[k * micro : (k + 1) * micro]) / acc
-                loss.backward()
-                total += loss.detach()
-            opt.step()
-            opt.zero_grad()
-            dist.all_reduce(total)
-            losses.append(total.item() / world)
-        queue.put((rank, losses, shard_bytes, None))
-    except Exception as e:  # reported by the parent
-        queue.put((rank, None, None, f"{type(e).__name__}: {e}"))
-    finally:
-        dist.destroy_process_group()
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def rank_main(rank, world, config_path, export):
+    model = osdp_torch.apply_plan(build(config_path), export)
+    shard_bytes = local_param_bytes(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=False)
+    micro, acc = export["micro_batch"], export["accumulation"]
+    losses = []
+    for ids in batches(export, model.config.vocab_size, seq_of(model)):
+        mine = ids.view(world, -1, ids.shape[1])[rank]
+        total = torch.zeros(())
+        for k in range(acc):
+            model.set_requires_gradient_sync(k == acc - 1)
+            loss = loss_of(model, mine[k * micro : (k + 1) * micro]) / acc
+            loss.backward()
+            total += loss.detach()
+        opt.step()
+        opt.zero_grad()
+        dist.all_reduce(total)
+        losses.append(total.item() / world)
+    return losses, shard_bytes
 
 
 def main():
     config_path, export_path = sys.argv[1], sys.argv[2]
     export = osdp_torch.load_export(export_path)
-    world = export["world_size"]
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    procs = [
-        ctx.Process(target=rank_main, args=(r, world, PORT, config_path, export, queue))
-        for r in range(world)
-    ]
-    for p in procs:
-        p.start()
-    results = sorted(queue.get(timeout=300) for _ in procs)
-    for p in procs:
-        p.join(60)
-    for rank, _, _, err in results:
-        if err:
-            sys.exit(f"rank {rank}: {err}")
-    want = reference(config_path, export)
-    for rank, losses, shard_bytes, _ in results:
-        for step, (a, b) in enumerate(zip(losses, want)):
-            if abs(a - b) > 1e-5 * abs(b):
-                sys.exit(f"rank {rank} step {step}: loss {a!r}, one process {b!r}")
-        if shard_bytes != export["predicted"]["param_bytes_per_rank"]:
-            sys.exit(
-                f"rank {rank}: local shards {shard_bytes} bytes, plan predicts "
-                f"{export['predicted']['param_bytes_per_rank']}"
-            )
-    print("losses ok:", " ".join(f"{x:.6f}" for x in want))
-    print("shard bytes ok:", results[0][2])
+    per_rank = gloo_ranks.run(export["world_size"], rank_main, config_path, export)
+    gloo_ranks.check_training(per_rank, reference(config_path, export), export)
     if len(sys.argv) > 3:
         refusal(config_path, sys.argv[3])
 
@@ -149,8 +110,6 @@ def refusal(config_path, bad_path):
     except osdp_torch.PlanError as e:
         print("refused other model:", e)
 
-
-PORT = free_port()
 
 if __name__ == "__main__":
     main()

@@ -13,18 +13,18 @@ prints `refused <case>: <message>` for each.
 
 import json
 import os
-import socket
 import sys
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn.functional as F
 from torch import nn
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import osdp_torch  # noqa: E402
 from osdp_torch.apply import local_param_bytes  # noqa: E402
+
+import gloo_ranks  # noqa: E402  (beside this file)
 
 STEPS = 5
 PATCHES, PATCH_DIM, DIM, HIDDEN, DEPTH, CLASSES = 16, 12, 32, 64, 3, 10
@@ -81,71 +81,32 @@ def reference(export):
     return out
 
 
-def rank_main(rank, world, port, export, queue):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    try:
-        model = osdp_torch.apply_plan(build(), export)
-        shard_bytes = local_param_bytes(model)
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=False)
-        micro, acc = export["micro_batch"], export["accumulation"]
-        losses = []
-        for x, y in batches(export["global_batch"]):
-            xs, ys = x.chunk(world)[rank], y.chunk(world)[rank]
-            total = torch.zeros(())
-            for k in range(acc):
-                model.set_requires_gradient_sync(k == acc - 1)
-                part = slice(k * micro, (k + 1) * micro)
-                loss = F.cross_entropy(model(xs[part]), ys[part]) / acc
-                loss.backward()
-                total += loss.detach()
-            opt.step()
-            opt.zero_grad()
-            dist.all_reduce(total)
-            losses.append(total.item() / world)
-        queue.put((rank, losses, shard_bytes, None))
-    except Exception as e:  # reported by the parent
-        queue.put((rank, None, None, f"{type(e).__name__}: {e}"))
-    finally:
-        dist.destroy_process_group()
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def rank_main(rank, world, export):
+    model = osdp_torch.apply_plan(build(), export)
+    shard_bytes = local_param_bytes(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=False)
+    micro, acc = export["micro_batch"], export["accumulation"]
+    losses = []
+    for x, y in batches(export["global_batch"]):
+        xs, ys = x.chunk(world)[rank], y.chunk(world)[rank]
+        total = torch.zeros(())
+        for k in range(acc):
+            model.set_requires_gradient_sync(k == acc - 1)
+            part = slice(k * micro, (k + 1) * micro)
+            loss = F.cross_entropy(model(xs[part]), ys[part]) / acc
+            loss.backward()
+            total += loss.detach()
+        opt.step()
+        opt.zero_grad()
+        dist.all_reduce(total)
+        losses.append(total.item() / world)
+    return losses, shard_bytes
 
 
 def train(export_path):
     export = osdp_torch.load_export(export_path)
-    world = export["world_size"]
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    port = free_port()
-    procs = [ctx.Process(target=rank_main, args=(r, world, port, export, queue)) for r in range(world)]
-    for p in procs:
-        p.start()
-    results = sorted(queue.get(timeout=300) for _ in procs)
-    for p in procs:
-        p.join(60)
-    for rank, _, _, err in results:
-        if err:
-            sys.exit(f"rank {rank}: {err}")
-    want = reference(export)
-    worst = 0.0
-    for rank, losses, shard_bytes, _ in results:
-        for step, (a, b) in enumerate(zip(losses, want)):
-            worst = max(worst, abs(a - b) / abs(b))
-            if abs(a - b) > 1e-5 * abs(b):
-                sys.exit(f"rank {rank} step {step}: loss {a!r}, one process {b!r}")
-        if shard_bytes != export["predicted"]["param_bytes_per_rank"]:
-            sys.exit(
-                f"rank {rank}: local shards {shard_bytes} bytes, plan predicts "
-                f"{export['predicted']['param_bytes_per_rank']}"
-            )
-    print("losses ok:", " ".join(f"{x:.6f}" for x in want), f"(largest relative difference {worst:.2e})")
-    print("shard bytes ok:", results[0][2])
+    per_rank = gloo_ranks.run(export["world_size"], rank_main, export)
+    gloo_ranks.check_training(per_rank, reference(export), export)
 
 
 def refuse(export_path):
