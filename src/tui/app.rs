@@ -1545,23 +1545,41 @@ impl App {
         ))
     }
 
-    /// Write the plan on screen (with its prediction) to `path`, or the default one; over a
-    /// file that exists only once the user says yes.
-    fn write_plan(&mut self, path: Option<std::path::PathBuf>) {
+    /// Where `:command` (`write` or `export`) writes the plan on screen: `path`, or `default`;
+    /// `None` when there is no plan, the path is a directory (said), or a file is there (then
+    /// `ask` is the question put before it is overwritten).
+    fn destination(
+        &mut self,
+        command: &str,
+        path: Option<std::path::PathBuf>,
+        default: std::path::PathBuf,
+        ask: fn(std::path::PathBuf) -> Confirm,
+    ) -> Option<std::path::PathBuf> {
         if self.planned().is_none() {
-            self.message = Some("no plan on screen to write".into());
-            return;
+            self.message = Some(format!("no plan on screen to {command}"));
+            return None;
         }
-        let path = path.unwrap_or_else(|| self.default_plan_path());
+        let path = path.unwrap_or(default);
         if path.is_dir() {
             let shown = path.display().to_string();
             self.message = Some(format!(
-                "{} is a directory: :write DIR/NAME.json",
+                "{} is a directory: :{command} DIR/NAME.json",
                 osdp_core::text::printable(&shown)
             ));
+            None
         } else if path.exists() {
-            self.confirm = Some(Confirm::Overwrite(path));
+            self.confirm = Some(ask(path));
+            None
         } else {
+            Some(path)
+        }
+    }
+
+    /// Write the plan on screen (with its prediction) to `path`, or the default one; over a
+    /// file that exists only once the user says yes.
+    fn write_plan(&mut self, path: Option<std::path::PathBuf>) {
+        let default = self.default_plan_path();
+        if let Some(path) = self.destination("write", path, default, Confirm::Overwrite) {
             self.write_plan_to(&path);
         }
     }
@@ -1602,20 +1620,8 @@ impl App {
     /// fsdp2`), to `path` or the default one; over a file that exists only once the user says
     /// yes. A plan FSDP2 cannot run is refused with what to do.
     fn export_plan(&mut self, path: Option<std::path::PathBuf>) {
-        if self.planned().is_none() {
-            self.message = Some("no plan on screen to export".into());
-            return;
-        }
-        let path = path.unwrap_or_else(|| self.default_export_path());
-        if path.is_dir() {
-            let shown = path.display().to_string();
-            self.message = Some(format!(
-                "{} is a directory: :export DIR/NAME.json",
-                osdp_core::text::printable(&shown)
-            ));
-        } else if path.exists() {
-            self.confirm = Some(Confirm::OverwriteExport(path));
-        } else {
+        let default = self.default_export_path();
+        if let Some(path) = self.destination("export", path, default, Confirm::OverwriteExport) {
             self.export_plan_to(&path);
         }
     }
