@@ -282,7 +282,7 @@ pub fn plan_report(req: &PlanCommand) -> Result<PlanReport, Failure> {
     let explained: Vec<(usize, Vec<plan::explain::Alternative>)> = explain
         .iter()
         .map(|&op| {
-            let mut alts = plan::explain::alternatives(
+            let alts = plan::explain::alternatives(
                 &spec,
                 &machine,
                 &planned.plan,
@@ -290,7 +290,6 @@ pub fn plan_report(req: &PlanCommand) -> Result<PlanReport, Failure> {
                 req.max_split,
                 usable,
             );
-            alts.retain(|a| a.chosen || req.target.allows(a.choice).is_ok());
             (op, alts)
         })
         .collect();

@@ -1412,6 +1412,28 @@ fn target_fsdp2_and_e_write_what_apply_plan_reads() {
         .choices
         .iter()
         .all(|c| Target::Fsdp2.allows(*c).is_ok()));
+    // An op's explain pane lists only what FSDP2 can run (no zero1, no split, no +offload-opt).
+    let wte = a
+        .rows()
+        .iter()
+        .position(|r| matches!(r, Row::Op(op) if a.model.ops[*op].id == "wte"))
+        .expect("wte has a row");
+    while a.selected_row > wte {
+        a.update(Action::Up);
+    }
+    while a.selected_row < wte {
+        a.update(Action::Down);
+    }
+    a.update(Action::Toggle);
+    let detail = a.detail.as_ref().expect("Enter opens the op's choices");
+    assert!(detail.alternatives.len() > 1);
+    for alt in &detail.alternatives {
+        assert!(
+            Target::Fsdp2.allows(alt.choice).is_ok(),
+            "{}",
+            alt.choice.label()
+        );
+    }
     // The header says whose prices the figures are, at the smallest size too.
     for (w, h) in [(80, 24), (120, 40)] {
         let mut t = ratatui::Terminal::new(ratatui::backend::TestBackend::new(w, h)).unwrap();

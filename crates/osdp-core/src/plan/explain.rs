@@ -75,7 +75,8 @@ pub fn alternatives(
     };
     let now: Prediction = evaluate_with(model, m, plan, &bases, &blocks);
     let chosen = plan.choices[op];
-    let mut options = cost::choices(base, m, max_split.max(chosen.split));
+    // What `m`'s target can run (the chosen one always listed).
+    let mut options = m.target.choices(base, m, max_split.max(chosen.split));
     if !options.contains(&chosen) {
         options.push(chosen);
     }
