@@ -12,7 +12,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand, ValueEnum};
 
 use osdp_core::cluster::{read_layout, Layout};
-use osdp_core::model::{self, hf, AttentionImpl, ModelSummary};
+use osdp_core::model::{self, hf, AttentionImpl, Kernels, ModelSummary};
 use osdp_core::text::printable;
 use osdp_core::units;
 
@@ -131,6 +131,12 @@ enum Command {
         /// Attention kernel the activation figures assume.
         #[arg(long, value_enum, default_value_t = AttentionArg::Flash)]
         attention: AttentionArg,
+        /// Whose kernels run the model, which decides what norms, out-projections and gated
+        /// MLPs keep for backward: osdp-tui's trainer, or transformers' modules in eager
+        /// PyTorch (what FSDP2 and your own training loop run: pick it for `plan --target
+        /// fsdp2`).
+        #[arg(long, value_enum, default_value_t = KernelsArg::Osdp)]
+        kernels: KernelsArg,
     },
     /// Find the plan of highest throughput under a per-GPU memory budget.
     ///
@@ -453,6 +459,14 @@ enum AttentionArg {
     Eager,
 }
 
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum KernelsArg {
+    /// osdp-tui's own trainer (norm statistics recomputed, gated MLP fused).
+    Osdp,
+    /// PyTorch's eager modules, as transformers writes them (FSDP2, your own loop).
+    Pytorch,
+}
+
 /// The commands that run the libtorch trainer, supplied by the `osdp-tui-trainer` binary.
 ///
 /// The library never names the trainer crate, so `osdp-tui` itself (the planner, the
@@ -539,6 +553,7 @@ fn dispatch(cli: Cli, trainer: Option<&Trainer>) -> Result<(), Failure> {
                 layers,
                 name,
                 attention,
+                kernels,
             }),
             _,
         ) => {
@@ -550,6 +565,10 @@ fn dispatch(cli: Cli, trainer: Option<&Trainer>) -> Result<(), Failure> {
                     AttentionArg::Flash => AttentionImpl::Flash,
                     AttentionArg::Eager => AttentionImpl::Eager,
                 }),
+                kernels: match kernels {
+                    KernelsArg::Osdp => Kernels::Osdp,
+                    KernelsArg::Pytorch => Kernels::Pytorch,
+                },
             };
             let spec = hf::import_file(&config, &opts).map_err(Failure::input)?;
             model::write_model(&output, &spec).map_err(|e| Failure::output(&output, e))?;
@@ -744,8 +763,12 @@ fn inspect(path: &Path, json: bool) -> Result<(), Failure> {
             " (as measured)".to_string()
         } else {
             format!(
-                " ({} attention)",
-                format!("{:?}", c.attention).to_lowercase()
+                " ({} attention, {} kernels)",
+                format!("{:?}", c.attention).to_lowercase(),
+                match c.kernels {
+                    Kernels::Osdp => "osdp-tui's",
+                    Kernels::Pytorch => "PyTorch's eager",
+                }
             )
         }
     );

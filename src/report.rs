@@ -225,6 +225,8 @@ pub struct PlanReport {
     /// `--explain`: per op, every choice priced in the plan.
     pub explained: Vec<(usize, Vec<plan::explain::Alternative>)>,
     pub blocks: Blocks,
+    /// What will run the plan.
+    pub target: plan::Target,
 }
 
 /// Run the planner for a checked request.
@@ -294,6 +296,7 @@ pub fn plan_report(req: &PlanCommand) -> Result<PlanReport, Failure> {
         })
         .collect();
     Ok(PlanReport {
+        target: req.target,
         blocks: Blocks::of(&spec),
         timing_source: machine.timing_source(),
         spec,
@@ -584,6 +587,9 @@ impl PlanReport {
             plan::GlobalBatch::Given(_) => {}
         }
         println!("  prices: {}", printable(&self.timing_source));
+        if let Some(note) = plan::export::kernels_note(spec, self.target) {
+            println!("  note: {note}");
+        }
         println!(
             "  searched in {:.2} ms (baselines included){}",
             self.search_ms,
@@ -842,6 +848,9 @@ pub fn export_fsdp2(
         export.accumulation,
         export.predicted.param_bytes_per_rank
     );
+    if let Some(note) = plan::export::kernels_note(&spec, plan::Target::Fsdp2) {
+        println!("note: {note}");
+    }
     Ok(())
 }
 

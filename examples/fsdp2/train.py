@@ -39,6 +39,8 @@ def main():
 
     export = osdp_torch.load_export(args.export)
     config = AutoConfig.from_pretrained(args.config)
+    # Training keeps no KV cache (with one, transformers copies every block's keys and values).
+    config.use_cache = False
     torch.manual_seed(0)
     with torch.device(device):
         model = AutoModelForCausalLM.from_config(config)

@@ -11,7 +11,6 @@ first op that saves it; parameters not counted) and output bytes.
 
 from __future__ import annotations
 
-import contextlib
 from collections import OrderedDict
 from typing import Any, Callable, Dict, List, Optional
 
@@ -197,10 +196,12 @@ def describe(
     the second is the sequence length. ``loss_fn(output)`` gives the loss; without it the
     output's ``loss`` (Hugging Face) or the output itself is the loss.
 
-    Nothing of real size is allocated: a model on the meta device runs on meta tensors, any
-    other on fake ones (``FakeTensorMode``); the module is neither changed nor moved. It runs
-    in training mode (what training keeps for backward: dropout masks included), and each
-    submodule's mode is restored afterwards.
+    Nothing of real size is allocated: the forward runs on fake tensors (``FakeTensorMode``),
+    on the meta device for a model built there; the module is neither changed nor moved. It
+    runs in training mode (what training keeps for backward: dropout masks included), and each
+    submodule's mode is restored afterwards. A Hugging Face model should have
+    ``config.use_cache = False``, as training has: with a cache, transformers copies every
+    block's keys and values, and the description counts the copies.
     """
     if not name or not name.strip():
         raise DescribeError("describe needs a name for the model")
@@ -308,17 +309,17 @@ def describe(
     for m in paths:
         handles.append(m.register_forward_pre_hook(pre, with_kwargs=True))
         handles.append(m.register_forward_hook(post, with_kwargs=True, always_call=True))
-    if on_meta:
-        to = lambda t: t.to("meta") if isinstance(t, torch.Tensor) else t  # noqa: E731
-        mode = contextlib.nullcontext()
-    else:
-        from torch._subclasses.fake_tensor import FakeTensorMode
+    # Fake tensors, also over a meta model: code that asks for values where it could skip them
+    # (transformers' packed-sequence check on position ids) skips them for fake tensors only.
+    from torch._subclasses.fake_tensor import FakeTensorMode
 
-        mode = FakeTensorMode(allow_non_fake_inputs=True)
-        to = lambda t: mode.from_tensor(t) if isinstance(t, torch.Tensor) else t  # noqa: E731
-        for p in params:  # the fakes the forward meets in the parameters' place, kept alive
-            keep.append(mode.from_tensor(p))  # (so no other storage takes their address)
-            param_storage.add(_storage_key(keep[-1]))
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    to = lambda t: (  # noqa: E731
+        mode.from_tensor(t.to("meta") if on_meta else t) if isinstance(t, torch.Tensor) else t
+    )
+    for p in params:  # the fakes the forward meets in the parameters' place, kept alive
+        keep.append(mode.from_tensor(p))  # (so no other storage takes their address)
+        param_storage.add(_storage_key(keep[-1]))
     args = tuple(to(a) for a in args)
     kwargs = {k: to(v) for k, v in kwargs.items()}
     modes = [(m, m.training) for m in model.modules()]

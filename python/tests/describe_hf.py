@@ -20,6 +20,8 @@ def main():
 
     config_dir, seq, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
     cfg = AutoConfig.from_pretrained(config_dir)
+    # Training keeps no KV cache (with one, transformers copies every block's keys and values).
+    cfg.use_cache = False
     with torch.device(sys.argv[4] if len(sys.argv) > 4 else "meta"):
         model = AutoModelForCausalLM.from_config(cfg)
     model.train()

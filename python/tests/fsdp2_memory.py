@@ -26,6 +26,8 @@ def rank_main(rank, world, config_dir, export):
     from transformers import AutoConfig, AutoModelForCausalLM
 
     cfg = AutoConfig.from_pretrained(config_dir)
+    # Training keeps no KV cache (with one, transformers copies every block's keys and values).
+    cfg.use_cache = False
     torch.manual_seed(0)
     model = osdp_torch.apply_plan(AutoModelForCausalLM.from_config(cfg).float(), export)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=False)

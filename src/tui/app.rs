@@ -1507,7 +1507,11 @@ impl App {
             ["target", name] => match osdp_core::plan::Target::parse(name) {
                 Some(t) => {
                     self.request.target = t;
-                    self.message = Some(target_words(t));
+                    let note = osdp_core::plan::export::kernels_note(&self.model, t);
+                    self.message = Some(match note {
+                        Some(note) => format!("{}; {note}", target_words(t)),
+                        None => target_words(t),
+                    });
                     Ok(true)
                 }
                 None => Err(format!(

@@ -462,3 +462,76 @@ fn a_llama_export_trains_under_fsdp2_as_one_process_does() {
     assert!(stdout.contains("losses ok"), "{stdout}");
     assert!(stdout.contains("shard bytes ok"), "{stdout}");
 }
+
+/// A Hugging Face model imported for osdp-tui's own kernels and planned for FSDP2 is flagged
+/// (FSDP2 runs PyTorch's eager modules, which keep more), by `plan` and by `export`; imported
+/// with `--kernels pytorch` it is not, and its plan predicts more activation memory.
+#[test]
+fn a_model_priced_for_osdps_kernels_is_flagged_when_planned_for_fsdp2() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("config.json");
+    std::fs::write(
+        &config,
+        r#"{"architectures": ["LlamaForCausalLM"], "vocab_size": 96,
+        "max_position_embeddings": 32, "hidden_size": 32, "intermediate_size": 64,
+        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2}"#,
+    )
+    .unwrap();
+    let mut peaks = Vec::new();
+    for kernels in ["osdp", "pytorch"] {
+        let (model, plan) = (
+            dir.path().join(format!("{kernels}.json")),
+            dir.path().join(format!("{kernels}-plan.json")),
+        );
+        crate::osdp()
+            .arg("import-hf")
+            .arg(&config)
+            .args(["--kernels", kernels, "-o"])
+            .arg(&model)
+            .assert()
+            .success();
+        let planned = crate::osdp()
+            .arg("plan")
+            .arg(&model)
+            .args([
+                "--layout",
+                "cpu",
+                "--target",
+                "fsdp2",
+                "--global-batch",
+                "8",
+            ])
+            .args(["--pin", "layers0.mlp.up_proj=zero3", "-o"])
+            .arg(&plan)
+            .assert()
+            .success()
+            .get_output()
+            .stdout
+            .clone();
+        let exported = crate::osdp()
+            .arg("export")
+            .arg(&model)
+            .args(["--layout", "cpu", "--to", "fsdp2", "--plan"])
+            .arg(&plan)
+            .arg("-o")
+            .arg(dir.path().join(format!("{kernels}-export.json")))
+            .assert()
+            .success()
+            .get_output()
+            .stdout
+            .clone();
+        for out in [planned, exported] {
+            let out = String::from_utf8(out).unwrap();
+            assert_eq!(
+                out.contains("import-hf --kernels pytorch"),
+                kernels == "osdp",
+                "{kernels}: {out}"
+            );
+        }
+        let export = dir.path().join(format!("{kernels}-export.json"));
+        let e: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&export).unwrap()).unwrap();
+        peaks.push(e["predicted"]["peak_memory_bytes"].as_u64().unwrap());
+    }
+    assert!(peaks[1] > peaks[0], "{peaks:?}");
+}

@@ -399,3 +399,14 @@ fn the_trainer_refuses_eager_attention_which_it_would_not_keep_as_priced() {
     let err = osdp_train::exec::check_runnable(&m, &plan).unwrap_err();
     assert!(err.to_string().contains("--attention flash"), "{err}");
 }
+
+/// A description priced for PyTorch's eager modules (`import-hf --kernels pytorch`) is refused
+/// likewise: the trainer's kernels keep less than it counts.
+#[test]
+fn the_trainer_refuses_a_model_priced_for_pytorchs_kernels() {
+    let mut m = tiny("tiny-gpt2");
+    m.config.kernels = model::Kernels::Pytorch;
+    let plan = plan_of(&m, Choice::DP, Choice::DP, false);
+    let err = osdp_train::exec::check_runnable(&m, &plan).unwrap_err();
+    assert!(err.to_string().contains("--kernels pytorch"), "{err}");
+}

@@ -4,8 +4,8 @@
 use osdp_core::cluster::read_layout;
 use osdp_core::cost::{self, Choice, Machine};
 use osdp_core::model::{
-    Activation, AttentionImpl, Biases, DType, Family, GraphBuilder, ModelConfig, ModelSpec,
-    NormKind, NormPosition, Positional,
+    Activation, AttentionImpl, Biases, DType, Family, GraphBuilder, Kernels, ModelConfig,
+    ModelSpec, NormKind, NormPosition, Positional,
 };
 use osdp_core::plan::{evaluate, Plan, PlanOptions, Planner};
 use proptest::prelude::*;
@@ -44,6 +44,7 @@ pub(crate) fn small_model(hidden: u64, seq: u64, vocab: u64, blocks: u64, tied: 
         dropout: 0.0,
         attention_dropout: 0.0,
         attention: AttentionImpl::Flash,
+        kernels: Kernels::Osdp,
         dtype: DType::Bf16,
     };
     let mut g = GraphBuilder::new(cfg);

@@ -3,8 +3,8 @@
 use std::path::Path;
 
 use osdp_core::model::{
-    self, Activation, AttentionImpl, Biases, DType, Family, GraphBuilder, ModelConfig, ModelSpec,
-    NormKind, NormPosition, Positional,
+    self, Activation, AttentionImpl, Biases, DType, Family, GraphBuilder, Kernels, ModelConfig,
+    ModelSpec, NormKind, NormPosition, Positional,
 };
 use proptest::prelude::*;
 
@@ -75,6 +75,11 @@ fn config(
             AttentionImpl::Flash
         } else {
             AttentionImpl::Eager
+        },
+        kernels: if grouped {
+            Kernels::Pytorch
+        } else {
+            Kernels::Osdp
         },
         dtype: DType::Bf16,
     }

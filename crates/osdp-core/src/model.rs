@@ -128,6 +128,9 @@ pub struct ModelConfig {
     pub attention_dropout: f64,
     /// How attention is computed: decides what the attention core saves for backward.
     pub attention: AttentionImpl,
+    /// Whose kernels the other ops' saved bytes assume (absent: osdp-tui's own).
+    #[serde(default, skip_serializing_if = "Kernels::is_osdp")]
+    pub kernels: Kernels,
     /// Compute and activation dtype the per-op byte figures are given in.
     pub dtype: DType,
 }
@@ -188,6 +191,28 @@ pub enum Positional {
     Learned,
     /// Rotary embeddings applied to queries and keys (no parameters).
     Rotary,
+}
+
+/// Whose kernels run the model, which decides what its norms, out-projections and gated MLPs
+/// keep for backward ([`saved`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Kernels {
+    /// osdp-tui's trainer: a norm keeps its input and recomputes its statistics, the
+    /// out-projection reads attention's output in place, a gated MLP recomputes its activation.
+    #[default]
+    Osdp,
+    /// PyTorch's eager modules (transformers' code, as FSDP2 runs it): LayerNorm also keeps an
+    /// fp32 mean and reciprocal deviation per row; RMSNorm its fp32 upcast input, the normalised
+    /// tensor and an fp32 reciprocal per row; the out-projection a contiguous copy of the heads'
+    /// output; a gated MLP the activation's output as well as both inputs.
+    Pytorch,
+}
+
+impl Kernels {
+    pub fn is_osdp(&self) -> bool {
+        *self == Kernels::Osdp
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

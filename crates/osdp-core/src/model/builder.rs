@@ -11,10 +11,12 @@
 
 use std::collections::{HashMap, HashSet};
 
-use super::saved::{backward_reads, log_sum_exp_bytes, token_ids_bytes, FP32_BYTES};
+use super::saved::{
+    backward_reads, log_sum_exp_bytes, pytorch_norm_fp32_bytes, token_ids_bytes, FP32_BYTES,
+};
 use super::{
-    Activation, AttentionImpl, DType, Family, ModelConfig, ModelSpec, OpKind, OpSpec, ParamSpec,
-    MODEL_FORMAT_VERSION,
+    Activation, AttentionImpl, DType, Family, Kernels, ModelConfig, ModelSpec, OpKind, OpSpec,
+    ParamSpec, MODEL_FORMAT_VERSION,
 };
 
 /// Master weights are stored in fp32 whatever the compute dtype.
@@ -55,6 +57,11 @@ impl GraphBuilder {
     /// Ops added from now on belong to `block` (`None`: outside the repeated blocks).
     pub fn set_block(&mut self, block: Option<u32>) {
         self.block = block;
+    }
+
+    /// The figures are for PyTorch's eager modules ([`Kernels::Pytorch`]).
+    fn pytorch(&self) -> bool {
+        self.config.kernels == Kernels::Pytorch
     }
 
     fn act_bytes(&self) -> u64 {
@@ -193,7 +200,15 @@ impl GraphBuilder {
             }
         }
         let n = Self::numel(&shape);
-        let mut saved = self.keep_reads(id, kind, &[input], &shape);
+        let mut saved = if self.pytorch() && kind == OpKind::RmsNorm {
+            // Its normalised output, in the compute dtype; the input it reads is an fp32 copy.
+            n.saturating_mul(self.act_bytes())
+        } else {
+            self.keep_reads(id, kind, &[input], &shape)
+        };
+        if self.pytorch() {
+            saved = saved.saturating_add(pytorch_norm_fp32_bytes(kind, n, width));
+        }
         if dropout_after && self.config.dropout > 0.0 {
             saved = saved.saturating_add(n);
         }
@@ -227,7 +242,17 @@ impl GraphBuilder {
         if bias {
             params.push(Self::param("bias", &[out_features], None));
         }
-        let saved = self.keep_reads(id, OpKind::Linear, &[input], &shape);
+        let after_attention = self
+            .ops
+            .last()
+            .is_some_and(|o| o.id == input && o.kind == OpKind::Attention);
+        let saved = if self.pytorch() && after_attention {
+            // A contiguous copy of the heads' output, whatever attention itself keeps.
+            self.kept.insert(input.to_string());
+            Self::numel(self.shape(input)).saturating_mul(self.act_bytes())
+        } else {
+            self.keep_reads(id, OpKind::Linear, &[input], &shape)
+        };
         self.push(
             id,
             name,
@@ -287,7 +312,11 @@ impl GraphBuilder {
             Activation::Silu => 4,
         } + if inputs.len() == 2 { 1 } else { 0 };
         // ReLU keeps its output, which the next linear also reads; the others their inputs.
-        let saved = self.keep_reads(id, OpKind::Activation, inputs, &shape);
+        let mut saved = self.keep_reads(id, OpKind::Activation, inputs, &shape);
+        if self.pytorch() && inputs.len() == 2 {
+            // Eager `act(gate) * up` keeps the activation's output for the product's backward.
+            saved = saved.saturating_add(n.saturating_mul(self.act_bytes()));
+        }
         self.push(
             id,
             name,

@@ -11,8 +11,9 @@ use std::path::{Path, PathBuf};
 use serde_json::{Map, Value};
 
 use super::{
-    Activation, AttentionImpl, Biases, DType, Family, GraphBuilder, ModelConfig, ModelSpec,
-    NormKind, NormPosition, Positional, Problem, MAX_LAYERS, MAX_POSITIONS, MAX_VOCAB, MAX_WIDTH,
+    Activation, AttentionImpl, Biases, DType, Family, GraphBuilder, Kernels, ModelConfig,
+    ModelSpec, NormKind, NormPosition, Positional, Problem, MAX_LAYERS, MAX_POSITIONS, MAX_VOCAB,
+    MAX_WIDTH,
 };
 
 /// Architectures `import-hf` understands (the first entry of `architectures`).
@@ -78,6 +79,8 @@ pub struct ImportOptions {
     pub layers: Option<u64>,
     /// Default: flash (what PyTorch's SDPA runs).
     pub attention: Option<AttentionImpl>,
+    /// Whose kernels the saved bytes assume; default osdp-tui's trainer's.
+    pub kernels: Kernels,
 }
 
 /// Read `path` and import it.
@@ -390,6 +393,7 @@ fn base_config(c: &Common, seq_len: u64, opts: &ImportOptions) -> ModelConfig {
         dropout: 0.0,
         attention_dropout: 0.0,
         attention: opts.attention.unwrap_or(AttentionImpl::Flash),
+        kernels: opts.kernels,
         dtype: DType::Bf16,
     }
 }
@@ -913,6 +917,51 @@ mod tests {
             .find(|o| o.id == "layers0.self_attn.k_proj")
             .unwrap();
         assert_eq!(k.params[0].shape, vec![kv as i64, h as i64]);
+    }
+
+    #[test]
+    fn pytorch_kernels_keep_what_eager_modules_keep_beside_osdps() {
+        let pytorch = |text: &str| {
+            let opts = ImportOptions {
+                kernels: Kernels::Pytorch,
+                ..Default::default()
+            };
+            import_str(Path::new("config.json"), text, &opts).expect("imports")
+        };
+        // GPT-2: each LayerNorm an fp32 mean and reciprocal deviation per row; the attention
+        // out-projection its own contiguous copy of the heads' output (bf16).
+        let (osdp, eager) = (
+            import(GPT2_SMALL, AttentionImpl::Flash),
+            pytorch(GPT2_SMALL),
+        );
+        let (s, h) = (1024u64, 768u64);
+        assert_eq!(
+            block_saved(&eager, 0),
+            block_saved(&osdp, 0) + 2 * (8 * s) + 2 * s * h
+        );
+        // LLaMA: each RMSNorm its fp32 input and an fp32 reciprocal per row beside the bf16
+        // normalised tensor (which stands where osdp's kept input was); the out-projection its
+        // copy; the gated MLP the SiLU's output.
+        let text = r#"{"architectures": ["LlamaForCausalLM"], "hidden_size": 256,
+            "intermediate_size": 688, "num_hidden_layers": 1, "num_attention_heads": 8,
+            "num_key_value_heads": 2, "vocab_size": 1000, "max_position_embeddings": 64}"#;
+        let (osdp, eager) = (import(text, AttentionImpl::Flash), pytorch(text));
+        let (s, h, f) = (64u64, 256u64, 688u64);
+        assert_eq!(
+            block_saved(&eager, 0),
+            block_saved(&osdp, 0) + 2 * (4 * s * h + 4 * s) + 2 * s * h + 2 * s * f
+        );
+        // Only the saved bytes differ, and the fp32 parts stay fp32 when the cost model converts.
+        assert_eq!(eager.param_count(), osdp.param_count());
+        let norm = eager
+            .ops
+            .iter()
+            .find(|o| o.kind == crate::model::OpKind::RmsNorm)
+            .unwrap();
+        assert_eq!(
+            crate::model::saved::fixed_dtype_saved_bytes(norm, &eager.config),
+            4 * s * h + 4 * s
+        );
     }
 
     #[test]

@@ -2,7 +2,7 @@
 //! into `saved_bytes_per_sample`, the tensors the trainer keeps, and the part of those bytes
 //! whose dtype does not follow the compute dtype (which the cost model must not convert).
 
-use super::{Activation, AttentionImpl, DType, ModelConfig, OpKind, OpSpec};
+use super::{Activation, AttentionImpl, DType, Kernels, ModelConfig, OpKind, OpSpec};
 
 /// Bytes of a token id (int64), which an embedding keeps to scatter its gradient.
 pub const TOKEN_ID_BYTES: u64 = 8;
@@ -53,15 +53,37 @@ pub fn log_sum_exp_bytes(config: &ModelConfig) -> u64 {
         .saturating_mul(FP32_BYTES)
 }
 
+/// Per-sample fp32 bytes PyTorch's eager norm of `elements` per sample over rows of `width`
+/// keeps besides a tensor of its own size in the compute dtype: LayerNorm (`native_layer_norm`)
+/// an fp32 mean and reciprocal deviation per row; RMSNorm as transformers writes it
+/// (`x.float()`, `pow`, `mean`, `rsqrt`, two products) the fp32 input its products read and an
+/// fp32 reciprocal per row, the normalised tensor being the compute-dtype one.
+pub fn pytorch_norm_fp32_bytes(kind: OpKind, elements: u64, width: u64) -> u64 {
+    let rows = elements / width.max(1);
+    match kind {
+        OpKind::LayerNorm => rows.saturating_mul(2 * FP32_BYTES),
+        OpKind::RmsNorm => elements.saturating_add(rows).saturating_mul(FP32_BYTES),
+        _ => 0,
+    }
+}
+
 /// Per-sample bytes of `op`'s saved figure whose dtype is fixed rather than the compute dtype:
 /// an embedding's token ids, fused attention's log-sum-exp, all of the loss's (fp32
-/// log-probabilities). The cost model converts the rest to the training precision and keeps
+/// log-probabilities), PyTorch's eager norms' fp32 statistics and upcast input. The cost model converts the rest to the training precision and keeps
 /// these as they are. Never more than the op's figure (a hand-written one may be smaller).
 pub fn fixed_dtype_saved_bytes(op: &OpSpec, config: &ModelConfig) -> u64 {
     let fixed = match op.kind {
         OpKind::Embedding => token_ids_bytes(config),
         OpKind::Attention if config.attention == AttentionImpl::Flash => log_sum_exp_bytes(config),
         OpKind::CrossEntropy => op.saved_bytes_per_sample,
+        OpKind::LayerNorm | OpKind::RmsNorm if config.kernels == Kernels::Pytorch => {
+            let elements = op
+                .output_shape
+                .iter()
+                .fold(1u64, |n, &d| n.saturating_mul(d.max(0) as u64));
+            let width = op.output_shape.last().map_or(1, |&w| w.max(1) as u64);
+            pytorch_norm_fp32_bytes(op.kind, elements, width)
+        }
         _ => 0,
     };
     fixed.min(op.saved_bytes_per_sample)

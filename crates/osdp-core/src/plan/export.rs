@@ -6,7 +6,21 @@ use serde::{Deserialize, Serialize};
 
 use super::{fingerprint, Blocks, Plan, Target};
 use crate::cost::{self, Machine, Offload, Precision, Strategy};
-use crate::model::ModelSpec;
+use crate::model::{Family, Kernels, ModelSpec};
+
+/// Why a plan for `target` may under-price activations: a model imported for osdp-tui's own
+/// kernels, planned for FSDP2, which runs PyTorch's eager modules (they keep more for backward:
+/// norm statistics, RMSNorm's fp32 upcast, a copy of attention's output, the gated MLP's
+/// activation). `None` where the figures are the runtime's own.
+pub fn kernels_note(spec: &ModelSpec, target: Target) -> Option<&'static str> {
+    (target == Target::Fsdp2
+        && spec.family != Family::Torch
+        && spec.config.kernels == Kernels::Osdp)
+        .then_some(
+            "activations are priced for osdp-tui's own kernels; FSDP2 runs PyTorch's, which keep \
+             more: import-hf --kernels pytorch (or osdp_torch.describe) prices what they keep",
+        )
+}
 
 /// The `version` of the export this build writes.
 pub const FSDP2_EXPORT_VERSION: u32 = 1;

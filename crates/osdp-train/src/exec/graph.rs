@@ -3,7 +3,7 @@
 //! backward reads, what forward keeps, which ops recompute).
 
 use super::{ExecError, Result};
-use osdp_core::model::{AttentionImpl, ModelConfig, ModelSpec, OpKind};
+use osdp_core::model::{AttentionImpl, Kernels, ModelConfig, ModelSpec, OpKind};
 use osdp_core::plan::{Blocks, Plan};
 
 /// Whether the executor can run `plan` on `model`; says why not. Cheap: no tensors.
@@ -25,6 +25,12 @@ pub fn check_runnable(model: &ModelSpec, plan: &Plan) -> Result<()> {
         // The trainer's kernels are fused: they keep what `flash` prices, not probabilities.
         return Err(ExecError::Unsupported(
             "eager attention; the trainer's attention is fused: describe the model with \"attention\": \"flash\" (import-hf --attention flash)".into(),
+        ));
+    }
+    if c.kernels == Kernels::Pytorch {
+        // Priced for PyTorch's eager modules, which keep more than the trainer's kernels.
+        return Err(ExecError::Unsupported(
+            "activations priced for PyTorch's eager modules (import-hf --kernels pytorch); the trainer keeps what its own kernels keep: import the model without --kernels pytorch".into(),
         ));
     }
     let blocks = Blocks::of(model);
