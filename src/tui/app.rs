@@ -216,6 +216,21 @@ impl RunControl {
         }
     }
 
+    /// The run's state in a word: `finished` for a run that ended by reaching its last step,
+    /// which [`crate::run::RunState`] calls stopped like one stopped by `x` or a signal.
+    pub fn state_label(&self) -> &'static str {
+        let state = self.state();
+        let completed = self
+            .supervisor
+            .as_ref()
+            .is_some_and(|r| r.status.ended.as_deref() == Some("completed"));
+        if state == crate::run::RunState::Stopped && completed {
+            "finished"
+        } else {
+            state.label()
+        }
+    }
+
     /// Who holds the run, when another process does (this dashboard only follows it).
     pub fn owner(&self) -> Option<&crate::run::lock::LockOwner> {
         self.supervisor.as_ref().and_then(|r| r.owner())
@@ -1065,13 +1080,55 @@ impl App {
         let dir = shell_word(&t.dir.0.display().to_string());
         let model = shell_word(&t.spec.model.display().to_string());
         let layout = shell_word(self.layout_arg.as_deref().unwrap_or(&self.layout.name));
+        let flags = self.request_flags();
         Some(format!(
             "detached: the run goes on without this dashboard\n\
              \x20 worker pid {pid} · run directory {dir}\n\
              \x20 follow it:  osdp-tui status {dir} --follow\n\
-             \x20 reattach:   osdp-tui {model} --layout {layout} --run-dir {dir}\n\
+             \x20 reattach:   osdp-tui {model} --layout {layout}{flags} --run-dir {dir}\n\
              \x20 stop it:    kill {pid}   (it finishes its step and checkpoints first)\n"
         ))
+    }
+
+    /// The dashboard flags that open it on the request on screen (budgets other than the
+    /// layout's, the split, the micro- and global batch), each with a leading space: what
+    /// the reattach command needs to show the plan the run was started with.
+    fn request_flags(&self) -> String {
+        let r = &self.request;
+        let size = |b: u64| {
+            let (gib, mib) = (1u64 << 30, 1u64 << 20);
+            if b % gib == 0 {
+                format!("{}GiB", b / gib)
+            } else if b % mib == 0 {
+                format!("{}MiB", b / mib)
+            } else {
+                format!("{b}B")
+            }
+        };
+        let mut flags = String::new();
+        let default = self.layout.memory_bytes();
+        match r.budgets.first() {
+            Some(&b) if r.budgets.iter().all(|&x| x == b) => {
+                if b != default {
+                    flags += &format!(" --budget {}", size(b));
+                }
+            }
+            _ => {
+                let each: Vec<String> = r.budgets.iter().map(|&b| size(b)).collect();
+                flags += &format!(" --budget-per-gpu {}", each.join(","));
+            }
+        }
+        if r.max_split != 8 {
+            flags += &format!(" --max-split {}", r.max_split);
+        }
+        if let Some(b) = r.batch {
+            flags += &format!(" --batch {b}");
+        }
+        match r.global_batch {
+            Some(g) => flags += &format!(" --global-batch {g}"),
+            None => flags += " --global-batch any",
+        }
+        flags
     }
 
     /// Budgets, split and batches from their keys. True when the request changed.

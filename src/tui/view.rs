@@ -473,7 +473,7 @@ fn header_title(app: &App, width: u16) -> Line<'static> {
             .unwrap_or_default();
         title.push(Span::raw(" · run: "));
         title.push(Span::styled(
-            format!("{}{step}", state.label()),
+            format!("{}{step}", t.state_label()),
             Style::new().bold().fg(theme::run_state(&state)),
         ));
         // The worker's pid while it lives (this dashboard's, or the one it follows); before

@@ -648,11 +648,20 @@ fn quitting_asks_and_a_detached_worker_runs_on_until_a_later_dashboard_stops_it(
         format!("worker pid {pid}"),
         format!("run directory {dir_shown}"),
         format!("osdp-tui status {dir_shown} --follow"),
-        format!("--layout cpu --run-dir {dir_shown}"),
+        // With the request on screen (the test's 1 GiB, not the layout's memory), so that it
+        // reopens on the plan the run was started from.
+        format!(
+            "--layout cpu --budget 1GiB --global-batch {} --run-dir {dir_shown}",
+            first
+                .request
+                .global_batch
+                .map_or("any".to_string(), |g| g.to_string())
+        ),
         format!("kill {pid}"),
     ] {
         assert!(words.contains(&want), "{want:?} not in:\n{words}");
     }
+
     drop(first);
     // The command it gives follows the run.
     let out = crate::osdp().arg("status").arg(&run_dir).output().unwrap();
@@ -1079,7 +1088,7 @@ fn the_training_panel_gives_the_elapsed_time_and_an_eta() {
     at(&mut a, 200);
     let screen = render_text(&a, 120, 40);
     assert!(
-        screen.contains("elapsed 3 min 20 s · ETA 7 s (36 steps × 200.0 ms measured)"),
+        screen.contains("elapsed 3 min 20 s · ETA 7 s (36 steps × 200.0 ms, recent mean)"),
         "{screen}"
     );
     key(&mut a, 'x');
@@ -1215,7 +1224,8 @@ fn without_nvml_the_panel_lists_ranks_and_home_end_jump() {
 }
 
 /// Issue 19: a run started elsewhere (`train --metrics` into the run directory) has no
-/// prediction beside it: its figures say so with a dash, never a predicted 0.
+/// prediction beside it: its figures say so with a dash, never a predicted 0; one that ended
+/// at its last step says finished.
 #[test]
 fn a_run_without_a_prediction_shows_no_predicted_figures() {
     use crate::stand_in::*;
@@ -1243,6 +1253,9 @@ fn a_run_without_a_prediction_shows_no_predicted_figures() {
         assert!(screen.contains(want), "{want}:\n{screen}");
     }
     assert!(!screen.contains(" 0.0 predicted"), "{screen}");
+    // It ended by reaching its last step: finished, not stopped (which `x` or a signal does).
+    assert!(screen.contains("run: finished step 1"), "{screen}");
+    assert!(screen.contains("training: finished"), "{screen}");
 }
 
 fn type_keys(a: &mut App, keys: &str) {

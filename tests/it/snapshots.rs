@@ -177,7 +177,7 @@ fn tall_screens_split_the_peak_and_the_step_into_parts() {
 }
 
 /// Issue 19: a CPU run of 100 steps, five steps in and 75 s after it began. The training panel
-/// says how long it has gone and has left (95 steps × the measured 0.2 s); the memory panel is
+/// says how long it has gone and has left (95 steps × their measured mean, 0.2 s); the memory panel is
 /// "ranks", each rank's measured peak beside the plan's and the budget, with the runtime the
 /// worker does not measure marked as the layout's estimate. 80×24 has no room for the training
 /// panel; the header still says the run's state and step.
@@ -197,7 +197,7 @@ fn a_cpu_run_with_its_eta_and_each_ranks_memory() {
     at(&mut a, 75);
     let screen = render_text(&a, 120, 40);
     for want in [
-        "elapsed 1 min 15 s · ETA 19 s (95 steps × 200.0 ms measured)",
+        "elapsed 1 min 15 s · ETA 19 s (95 steps × 200.0 ms, recent mean)",
         "┌ ranks ",
         "0 ",
         "600.0 MiB measured",
@@ -827,7 +827,7 @@ fn the_eta_counts_down_between_steps() {
     };
     a.now = read;
     assert!(
-        eta(&a).starts_with("ETA 50 s (5 steps × 10.00 s measured)"),
+        eta(&a).starts_with("ETA 50 s (5 steps × 10.00 s, recent mean)"),
         "{}",
         eta(&a)
     );

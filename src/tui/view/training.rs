@@ -82,8 +82,9 @@ pub fn fit(lines: Vec<(Rank, Line<'static>)>, width: usize, rows: usize) -> Vec<
         .collect()
 }
 
-/// `elapsed 3 min 12 s · ETA 4 min 10 s (120 steps × 2.08 s measured)`, or `… · runs until
-/// stopped`: how long the run has gone and has left.
+/// `elapsed 3 min 12 s · ETA 4 min 10 s (120 steps × 2.08 s, recent mean)`, or `… ·
+/// runs until stopped`: how long the run has gone and has left. The recent mean is of the last
+/// ten steps (a checkpoint's slower step included), so it may differ from the last step's time.
 pub fn time_line(app: &App, run: &Supervisor) -> Option<String> {
     let live = run.is_live();
     let elapsed = run.elapsed(app.now).map(|d| {
@@ -110,12 +111,16 @@ pub fn time_line(app: &App, run: &Supervisor) -> Option<String> {
             let full = r.seconds().unwrap_or(0.0);
             let left = (full - since).max(full - step_time_s).max(0.0);
             Some(format!(
-                "ETA {}{} ({steps} step{} × {} {})",
+                "ETA {}{} ({steps} step{} × {}{})",
                 if measured { "" } else { "~" },
                 units::duration(left),
                 if steps == 1 { "" } else { "s" },
                 units::seconds(step_time_s),
-                if measured { "measured" } else { "predicted" }
+                if measured {
+                    ", recent mean"
+                } else {
+                    " predicted"
+                }
             ))
         }
         Remaining::Unknown => None,
@@ -339,10 +344,10 @@ pub fn draw_training(app: &App, f: &mut Frame, area: Rect) {
     let width = usize::from(text_area.width.saturating_sub(2));
     let title = format!(
         " training: {} · {} ",
-        state.label(),
+        t.state_label(),
         fit_path(
             &printable(&t.dir.0.display().to_string()),
-            width.saturating_sub(14 + state.label().chars().count())
+            width.saturating_sub(14 + t.state_label().chars().count())
         )
     );
     let block = Block::bordered()
