@@ -138,17 +138,21 @@ impl BaselineTable {
                     .expect("itself")
             })
             .collect();
+        // Which ops price the same, from the first micro-batch's facts: ops whose facts are
+        // equal at one micro-batch are at every one, and `price_shared` compares the facts
+        // before it shares a price.
+        let mut same: Option<Vec<usize>> = None;
         for (batch, accumulation) in candidates {
             let mut bases = graph.bases(model, machine, batch);
             cost::set_accumulation(&mut bases, accumulation);
             let remat = blocks.remat_at(&bases);
-            let same = super::search::same_priced(&bases);
+            let same = &*same.get_or_insert_with(|| super::search::same_priced(&bases));
             let mut any_fits = false;
             let mut costs: Vec<Option<Vec<OpCost>>> = vec![None; templates.len()];
             for (k, template) in templates.iter().enumerate() {
                 let first = priced_as[k];
                 let priced = costs[first].get_or_insert_with(|| {
-                    Self::price_shared(machine, &template.choices, &bases, &same)
+                    Self::price_shared(machine, &template.choices, &bases, same)
                 });
                 let plan = Plan {
                     batch,

@@ -99,13 +99,18 @@ fn prune2(mut pts: Vec<Point>) -> Frontier {
 /// point survives when no earlier one has both less host memory and less time (a staircase of
 /// host memory → least time seen so far answers that).
 fn prune3(mut pts: Vec<Point>) -> Frontier {
-    use std::collections::BTreeMap;
     pts.sort_by(|a, b| {
         a.mem
             .cmp(&b.mem)
             .then(a.host.cmp(&b.host))
             .then(a.time.total_cmp(&b.time))
     });
+    sweep3(pts)
+}
+
+/// [`prune3`] of points already sorted by memory, then host memory, then time.
+fn sweep3(pts: Vec<Point>) -> Frontier {
+    use std::collections::BTreeMap;
     // Host memory → the least time of a kept point with at most that much; times fall as
     // host memory rises.
     let mut stairs: BTreeMap<u64, f64> = BTreeMap::new();
@@ -139,33 +144,54 @@ fn sum3(a: &[Point], b: &[Point], limit: u64, host_limit: u64, arena: &mut Arena
         arena.overflow = true;
         return Vec::new();
     }
-    let mut pairs: Vec<Point> = Vec::with_capacity(a.len() * b.len());
-    // The pair's parts, by index, in `node` until the survivors get arena nodes.
-    let mut parts: Vec<(u32, u32)> = Vec::with_capacity(a.len() * b.len());
-    for (i, p) in a.iter().enumerate() {
-        for (j, q) in b.iter().enumerate() {
-            let host = p.host.saturating_add(q.host);
-            if host > host_limit {
-                continue;
-            }
+    // A pair's parts, by index, in `node` (`i · |b| + j`) until the survivors get arena nodes.
+    let width = b.len();
+    let pair = |i: usize, j: usize, pairs: &mut Vec<Point>| {
+        let (p, q) = (&a[i], &b[j]);
+        let host = p.host.saturating_add(q.host);
+        if host <= host_limit {
             pairs.push(Point {
                 mem: p.mem.saturating_add(q.mem),
                 time: p.time + q.time,
-                node: parts.len() as u32,
+                node: (i * width + j) as u32,
                 host,
             });
-            parts.push((i as u32, j as u32));
+        }
+    };
+    // One frontier shifted by each point of the other, the longer inside: the frontiers are
+    // sorted, so the pairs come in long sorted runs that the sort merges. Ordered by the pair's
+    // index after the figures, the pairs sort as they would in index order (so equal pairs
+    // keep the same one whichever way they were made).
+    let mut pairs: Vec<Point> = Vec::with_capacity(a.len() * b.len());
+    if a.len() >= b.len() {
+        for j in 0..b.len() {
+            for i in 0..a.len() {
+                pair(i, j, &mut pairs);
+            }
+        }
+    } else {
+        for i in 0..a.len() {
+            for j in 0..b.len() {
+                pair(i, j, &mut pairs);
+            }
         }
     }
-    let mut kept = prune3(pairs);
+    pairs.sort_by(|x, y| {
+        x.mem
+            .cmp(&y.mem)
+            .then(x.host.cmp(&y.host))
+            .then(x.time.total_cmp(&y.time))
+            .then(x.node.cmp(&y.node))
+    });
+    let mut kept = sweep3(pairs);
     if let Some(cut) = kept.iter().skip(1).position(|p| p.mem > limit) {
         kept.truncate(cut + 1);
     }
     kept.into_iter()
         .map(|p| {
-            let (i, j) = parts[p.node as usize];
+            let (i, j) = (p.node as usize / width, p.node as usize % width);
             Point {
-                node: arena.push(Node::Pair(a[i as usize].node, b[j as usize].node)),
+                node: arena.push(Node::Pair(a[i].node, b[j].node)),
                 ..p
             }
         })

@@ -1265,7 +1265,7 @@ impl<'m> Planner<'m> {
             ..Arena::default()
         };
         // (class, key) → (the held-bytes limit it was summed under, its frontier).
-        let mut cache: HashMap<(usize, Vec<usize>), (u64, Frontier)> = HashMap::new();
+        let mut cache: ClassCache = HashMap::new();
         let mut table_caps = Vec::with_capacity(steps.len());
         let remat_of: Vec<Vec<u64>> = self
             .classes
@@ -1297,6 +1297,42 @@ impl<'m> Planner<'m> {
             }
             // Held memory any plan under this cap may use within `max_budget`.
             let limit = room.saturating_sub(cap);
+            let sum = CapSum {
+                opts: &opts,
+                keys: &keys,
+                cap,
+                limit,
+                batch,
+                class_floor: &class_floor,
+                all_floor,
+                remat_of: &remat_of,
+            };
+            // The first cap of a search for one budget has no plan to beat, and sums every
+            // partial sum. A sum at a coarser resolution first (a fraction of the work) finds
+            // a real plan within the budget, and that plan's time cuts the sum at the
+            // resolution asked for as a plan found under an earlier cap would. Its frontier is
+            // kept beside the fine one, so the coarse plan answers when it is the faster.
+            if res > 0
+                && self.host_limit.is_none()
+                && incumbent.as_deref().is_some_and(|&best| best == 0.0)
+            {
+                let coarse = sum.total(
+                    self,
+                    res.saturating_mul(COARSE_FIRST),
+                    None,
+                    None,
+                    &mut arena,
+                );
+                if let (Some(best), Some(p)) = (
+                    incumbent.as_deref_mut(),
+                    frontier::best_within(&coarse, limit, false),
+                ) {
+                    *best = best.max(samples / (p.time + step_overhead));
+                }
+                if !coarse.is_empty() {
+                    table_caps.push((cap, coarse));
+                }
+            }
             // With a plan to beat: the time it takes, and each class's linear relaxation, so
             // that partial sums that cannot beat it are left out (branch and bound). Such
             // frontiers are cut for this cap alone and are not reused.
@@ -1313,60 +1349,7 @@ impl<'m> Planner<'m> {
                         .collect::<Option<Vec<Hull>>>()?;
                     Some((t_max, hulls))
                 });
-            for (ci, (class, key)) in self.classes.iter().zip(&keys).enumerate() {
-                let rep = &class.instances[0];
-                let others = all_floor.saturating_sub(class_floor[ci]);
-                let class_limit = limit.saturating_sub(others);
-                // A frontier summed under a looser limit, and not cut, is still whole under
-                // this one.
-                if bound.is_none()
-                    && cache
-                        .get(&(ci, key.clone()))
-                        .is_some_and(|(l, _)| *l >= class_limit)
-                {
-                    continue;
-                }
-                let cut = bound.as_ref().map(|(t_max, hulls)| ClassCut {
-                    outside: hulls
-                        .iter()
-                        .enumerate()
-                        .filter(|&(j, _)| j != ci)
-                        .fold(Hull::default(), |acc, (_, h)| acc.plus(h)),
-                    limit,
-                    t_max: *t_max,
-                });
-                let f = class_total(
-                    ci as u32,
-                    rep,
-                    class.instances.len() as u64,
-                    &opts,
-                    cap,
-                    self.kept_bytes(class, batch).map(|kept| Recompute {
-                        remat: &remat_of[ci],
-                        kept,
-                        only: class.forced == Some(true),
-                    }),
-                    res,
-                    class_limit,
-                    &mut arena,
-                    cut,
-                );
-                // A cut frontier is marked as summed under no room, so no other cap reuses it.
-                let summed_under = if bound.is_some() { 0 } else { class_limit };
-                cache.insert((ci, key.clone()), (summed_under, f));
-            }
-            let parts = keys
-                .iter()
-                .enumerate()
-                .map(|(ci, key)| (cache[&(ci, key.clone())].1.as_slice(), class_floor[ci]))
-                .collect();
-            let cut = bound.map(|(t_max, hulls)| PartsCut {
-                hulls,
-                outside: Hull::default(),
-                limit,
-                t_max,
-            });
-            let total = sum_parts(parts, 0, res, limit, &mut arena, cut);
+            let total = sum.total(self, res, bound, Some(&mut cache), &mut arena);
             if let Some(best) = incumbent.as_deref_mut() {
                 if let Some(p) = frontier::best_within(&total, limit, self.host_limit.is_some()) {
                     *best = best.max(samples / (p.time + step_overhead));
@@ -1471,6 +1454,111 @@ impl<'m> Planner<'m> {
         }
     }
 }
+
+/// How much coarser than the search's resolution the first cap of a one-budget search is
+/// summed first, for a plan to beat ([`Planner::build`]).
+const COARSE_FIRST: u64 = 16;
+
+/// One transient cap's sum in [`Planner::build`]: what the cap leaves each class, and the
+/// held bytes its plans may use.
+struct CapSum<'a> {
+    opts: &'a [Vec<Opt>],
+    keys: &'a [Vec<usize>],
+    cap: u64,
+    limit: u64,
+    batch: u64,
+    class_floor: &'a [u64],
+    all_floor: u64,
+    remat_of: &'a [Vec<u64>],
+}
+
+impl CapSum<'_> {
+    /// The frontier of the whole model under the cap, at resolution `res`. `bound`: the time a
+    /// plan must beat and each class's linear relaxation (branch and bound). `cache`: class
+    /// frontiers by (class, key), with the held-bytes limit each was summed under; a frontier
+    /// summed under a looser limit, and not cut, is still whole under this one. Without a
+    /// cache, class frontiers are summed for this call alone.
+    fn total(
+        &self,
+        planner: &Planner,
+        res: u64,
+        bound: Option<(f64, Vec<Hull>)>,
+        mut cache: Option<&mut ClassCache>,
+        arena: &mut Arena,
+    ) -> Frontier {
+        let mut own: Vec<Frontier> = Vec::with_capacity(self.keys.len());
+        for (ci, (class, key)) in planner.classes.iter().zip(self.keys).enumerate() {
+            let rep = &class.instances[0];
+            let others = self.all_floor.saturating_sub(self.class_floor[ci]);
+            let class_limit = self.limit.saturating_sub(others);
+            if let Some(cache) = cache.as_deref() {
+                if bound.is_none()
+                    && cache
+                        .get(&(ci, key.clone()))
+                        .is_some_and(|(l, _)| *l >= class_limit)
+                {
+                    continue;
+                }
+            }
+            let cut = bound.as_ref().map(|(t_max, hulls)| ClassCut {
+                outside: hulls
+                    .iter()
+                    .enumerate()
+                    .filter(|&(j, _)| j != ci)
+                    .fold(Hull::default(), |acc, (_, h)| acc.plus(h)),
+                limit: self.limit,
+                t_max: *t_max,
+            });
+            let f = class_total(
+                ci as u32,
+                rep,
+                class.instances.len() as u64,
+                self.opts,
+                self.cap,
+                planner.kept_bytes(class, self.batch).map(|kept| Recompute {
+                    remat: &self.remat_of[ci],
+                    kept,
+                    only: class.forced == Some(true),
+                }),
+                res,
+                class_limit,
+                arena,
+                cut,
+            );
+            match cache.as_deref_mut() {
+                Some(cache) => {
+                    // A cut frontier is marked as summed under no room, so no other cap
+                    // reuses it.
+                    let summed_under = if bound.is_some() { 0 } else { class_limit };
+                    cache.insert((ci, key.clone()), (summed_under, f));
+                }
+                None => own.push(f),
+            }
+        }
+        let parts = self
+            .keys
+            .iter()
+            .enumerate()
+            .map(|(ci, key)| {
+                let f = match cache.as_deref() {
+                    Some(cache) => cache[&(ci, key.clone())].1.as_slice(),
+                    None => own[ci].as_slice(),
+                };
+                (f, self.class_floor[ci])
+            })
+            .collect();
+        let cut = bound.map(|(t_max, hulls)| PartsCut {
+            hulls,
+            outside: Hull::default(),
+            limit: self.limit,
+            t_max,
+        });
+        sum_parts(parts, 0, res, self.limit, arena, cut)
+    }
+}
+
+/// Class frontiers by (class, key): the held-bytes limit each was summed under, and it.
+type ClassCache = HashMap<(usize, Vec<usize>), (u64, Frontier)>;
 
 impl BatchTable {
     /// Samples one rank runs per step: micro-batch × accumulation.
