@@ -316,6 +316,16 @@ fn peaks(llama: &PublishedRun, layouts: &Path) {
             reduce_dtype: Some("fp32".into()),
             network_gb_per_s_per_node: None,
             band: None,
+            // Hugging Face's LlamaForCausalLM, as the Colossal-AI run: its eager modules,
+            // and its loss's three fp32 logit-sized tensors (that run's stack notes the code).
+            stack: Some(runs::Stack {
+                framework: "ATorch FSDP on Hugging Face LlamaForCausalLM".into(),
+                era: "2023".into(),
+                fused_attention: true,
+                loss_fp32_logit_copies: 3,
+                eager_modules: true,
+                ..Default::default()
+            }),
             ..llama.clone()
         };
         for precision in [None, Some(fp32_params)] {

@@ -17,7 +17,7 @@ use serde::{Deserialize, Serialize};
 use osdp_core::cluster::{read_layout, Figure, Layout};
 use osdp_core::cost::{Machine, Strategy};
 use osdp_core::model::hf::{import_str, ImportOptions};
-use osdp_core::model::ModelSpec;
+use osdp_core::model::{Kernels, ModelSpec};
 use osdp_core::plan::baseline::Baseline;
 use osdp_core::plan::{evaluate, Prediction};
 
@@ -119,6 +119,12 @@ pub struct Stack {
     /// gathers and their host time hide behind no compute.
     #[serde(default)]
     pub serial_gathers: bool,
+    /// Whether the model runs as PyTorch's eager modules (Hugging Face transformers' code),
+    /// which keep more for backward than osdp-tui's fused kernels: norm statistics, RMSNorm's
+    /// fp32 upcast, a contiguous copy of attention's output, the gated MLP's activation output
+    /// (the model is imported with [`Kernels::Pytorch`], as `import-hf --kernels pytorch`).
+    #[serde(default)]
+    pub eager_modules: bool,
 }
 
 fn yes() -> bool {
@@ -321,9 +327,15 @@ pub fn hf_config(shape: &Shape, seq_len: u64) -> Result<serde_json::Value, Strin
 /// The run's model as a description at its sequence length.
 pub fn model_of(run: &PublishedRun) -> Result<ModelSpec, String> {
     let config = hf_config(&run.model, run.seq_len)?;
+    let eager = run.stack.as_ref().is_some_and(|s| s.eager_modules);
     let opts = ImportOptions {
         seq_len: Some(run.seq_len),
         name: Some(run.model.name.clone()),
+        kernels: if eager {
+            Kernels::Pytorch
+        } else {
+            Kernels::Osdp
+        },
         ..Default::default()
     };
     import_str(
