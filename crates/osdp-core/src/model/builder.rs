@@ -6,8 +6,10 @@
 //! Korthikanti et al., "Reducing Activation Recomputation in Large Transformer Models", 2022,
 //! section 4.1): a linear keeps its input, a norm its input, GELU/SiLU their input, ReLU its
 //! output, eager attention its Q, K, V and the softmax probabilities, dropout a 1-byte mask. A
-//! tensor kept by several ops is counted once, at the first op that keeps it. Per-row norm statistics (a few bytes per token) are left
-//! out, as in that paper, so a GPT block sums to exactly `34·s·h + 5·a·s²` bytes per sample.
+//! tensor kept by several ops is counted once, at the first op that keeps it. Per-row norm
+//! statistics (a few bytes per token) are left out, as in that paper, so a GPT block sums to
+//! exactly `34·s·h + 5·a·s²` bytes per sample — for osdp-tui's kernels; a model for PyTorch's
+//! eager modules ([`Kernels::Pytorch`]) also keeps what those modules keep beside it.
 
 use std::collections::{HashMap, HashSet};
 

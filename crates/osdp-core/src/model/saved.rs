@@ -69,8 +69,9 @@ pub fn pytorch_norm_fp32_bytes(kind: OpKind, elements: u64, width: u64) -> u64 {
 
 /// Per-sample bytes of `op`'s saved figure whose dtype is fixed rather than the compute dtype:
 /// an embedding's token ids, fused attention's log-sum-exp, all of the loss's (fp32
-/// log-probabilities), PyTorch's eager norms' fp32 statistics and upcast input. The cost model converts the rest to the training precision and keeps
-/// these as they are. Never more than the op's figure (a hand-written one may be smaller).
+/// log-probabilities), PyTorch's eager norms' fp32 statistics and upcast input. The cost model
+/// converts the rest to the training precision and keeps these as they are. Never more than
+/// the op's figure (a hand-written one may be smaller).
 pub fn fixed_dtype_saved_bytes(op: &OpSpec, config: &ModelConfig) -> u64 {
     let fixed = match op.kind {
         OpKind::Embedding => token_ids_bytes(config),
