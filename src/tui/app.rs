@@ -1565,8 +1565,12 @@ impl App {
                 Some(t) => {
                     self.request.target = t;
                     let note = osdp_core::plan::export::kernels_note(&self.model, t);
+                    // The note in the place of `e`'s hint, so that it fits the footer at 80 columns.
                     self.message = Some(match note {
-                        Some(note) => format!("{}; {note}", target_words(t)),
+                        Some(note) => format!(
+                            "target fsdp2: plans what PyTorch FSDP2 runs (no zero1, no split, \
+                             offload as +offload-param); {note}"
+                        ),
                         None => target_words(t),
                     });
                     Ok(true)

@@ -1419,6 +1419,16 @@ fn target_fsdp2_and_e_write_what_apply_plan_reads() {
         "{:?}",
         a.message
     );
+    // gpt2's figures are osdp-tui's kernels': the footer says what to import instead, whole,
+    // at 80 columns.
+    let screen: String = render_text(&a, 80, 24)
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ");
+    assert!(
+        screen.contains("FSDP2 runs PyTorch's: import-hf --kernels pytorch prices what they keep"),
+        "{screen}"
+    );
     let p = a.planned().expect("fits").clone();
     assert!(p
         .plan

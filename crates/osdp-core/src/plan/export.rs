@@ -17,8 +17,8 @@ pub fn kernels_note(spec: &ModelSpec, target: Target) -> Option<&'static str> {
         && spec.family != Family::Torch
         && spec.config.kernels == Kernels::Osdp)
         .then_some(
-            "activations are priced for osdp-tui's own kernels; FSDP2 runs PyTorch's, which keep \
-             more: import-hf --kernels pytorch (or osdp_torch.describe) prices what they keep",
+            "activations priced for osdp-tui's kernels, FSDP2 runs PyTorch's: import-hf \
+             --kernels pytorch prices what they keep",
         )
 }
 
