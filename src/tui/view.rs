@@ -21,7 +21,7 @@ pub use training::{fit, Rank, NBSP};
 
 use super::app::{App, Confirm, Focus, Row, View};
 use super::{keymap, theme};
-use osdp_core::cost::{Choice, Strategy};
+use osdp_core::cost::{Choice, Strategy, Target};
 use osdp_core::model::ModelSpec;
 use osdp_core::text::printable;
 use osdp_core::units;
@@ -1106,7 +1106,11 @@ fn draw_ops(app: &App, f: &mut Frame, area: Rect) {
             Block::bordered()
                 .title(ops_title(app, rows.len()))
                 .title_bottom(fit_legend(
-                    strategy_legend(false, app.machine.offers_offload()),
+                    strategy_legend(
+                        false,
+                        app.machine.offers_offload(),
+                        Some(app.request.target),
+                    ),
                     usize::from(area.width.saturating_sub(2)),
                 ))
                 .border_style(border)
@@ -1319,13 +1323,18 @@ fn draw_frontier(app: &App, f: &mut Frame, area: Rect) {
 }
 
 /// What each strategy colour means (the operators panel's bottom edge; `long` in help).
-/// `offload`: the layout offers offload (its colour is listed only then).
-fn strategy_legend(long: bool, offload: bool) -> Line<'static> {
+/// `offload`: the layout offers offload (its colour is listed only then); `target`: only the
+/// choices it can run (help lists them all).
+fn strategy_legend(long: bool, offload: bool, target: Option<Target>) -> Line<'static> {
     let badge = |label: String, c: Choice| Span::styled(label, Style::new().fg(theme::strategy(c)));
+    let runs = |c: Choice| target.is_none_or(|t| t.allows(c).is_ok());
     let mut spans = vec![Span::raw(" ")];
     for s in Strategy::for_params() {
+        if !runs(Choice::plain(s)) {
+            continue;
+        }
         spans.push(badge(format!("{} ", s.as_str()), Choice::plain(s)));
-        if s == Strategy::Zero3 {
+        if s == Strategy::Zero3 && runs(Choice::zero3(2, 1)) {
             let split = if long {
                 "zero3/K:M (split K, M sharded) "
             } else {
@@ -1474,7 +1483,7 @@ fn help_text(w: u16, filter: &str) -> Vec<Line<'static>> {
         "uncalibrated: datasheet rates × efficiencies fitted to published runs;",
         "              `osdp-tui calibrate` measures this machine instead",
     ];
-    let legend = strategy_legend(true, false);
+    let legend = strategy_legend(true, false, None);
     let offload = Line::from(vec![
         Span::styled(
             " +offload-opt, +offload-param",

@@ -1429,6 +1429,16 @@ fn target_fsdp2_and_e_write_what_apply_plan_reads() {
         screen.contains("FSDP2 runs PyTorch's: import-hf --kernels pytorch prices what they keep"),
         "{screen}"
     );
+    // The strategy legend lists what FSDP2 runs: no zero1, no split.
+    let wide = render_text(&a, 200, 60);
+    let legend = wide
+        .lines()
+        .find(|l| l.contains("zero3") && l.contains("recompute"))
+        .unwrap_or_else(|| panic!("no legend:\n{wide}"));
+    assert!(
+        legend.contains("zero2") && !legend.contains("zero1") && !legend.contains("K:M"),
+        "{legend}"
+    );
     let p = a.planned().expect("fits").clone();
     assert!(p
         .plan
