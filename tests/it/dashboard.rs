@@ -1433,7 +1433,7 @@ fn target_fsdp2_and_e_write_what_apply_plan_reads() {
     let wide = render_text(&a, 200, 60);
     let legend = wide
         .lines()
-        .find(|l| l.contains("zero3") && l.contains("recompute"))
+        .find(|l| l.contains("═ dp ") || l.contains("╚ dp "))
         .unwrap_or_else(|| panic!("no legend:\n{wide}"));
     assert!(
         legend.contains("zero2") && !legend.contains("zero1") && !legend.contains("K:M"),

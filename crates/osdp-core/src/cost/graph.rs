@@ -6,7 +6,7 @@
 use crate::model::{saved, AttentionImpl, ModelConfig, ModelSpec, OpKind, OpSpec};
 
 use super::{
-    cut_by_split, Choice, Machine, Unit, ATTENTION_BWD_FACTOR, ELEMENTWISE_BWD_FACTOR,
+    cut_by_split, Choice, Machine, Target, Unit, ATTENTION_BWD_FACTOR, ELEMENTWISE_BWD_FACTOR,
     LINEAR_BWD_FACTOR,
 };
 
@@ -320,7 +320,9 @@ impl OpGraph {
             })
             .zip(&self.block_share)
             .map(|(mut base, &share)| {
-                if m.block_collectives {
+                // `osdp_torch.apply_plan` makes each planned module an FSDP2 unit of its own,
+                // with its own collectives: there a block's ops share no latency.
+                if m.block_collectives && m.target != Target::Fsdp2 {
                     base.latency_share = share;
                 }
                 base
@@ -420,6 +422,18 @@ mod tests {
         assert!((block0 - 1.0).abs() < 1e-12, "{block0}");
         // The embedding, outside blocks, pays a whole one.
         assert_eq!(bases[0].latency_share, 1.0);
+        // For FSDP2, where each planned module is a unit of its own, every op pays a whole one.
+        let fsdp2 = Machine {
+            target: Target::Fsdp2,
+            ..m
+        };
+        let bases = op_bases(&model, &fsdp2, 1);
+        assert!(model
+            .ops
+            .iter()
+            .zip(&bases)
+            .filter(|(o, _)| owns_params(o))
+            .all(|(_, b)| b.latency_share == 1.0));
     }
 
     #[test]
