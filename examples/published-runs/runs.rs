@@ -125,6 +125,11 @@ pub struct Stack {
     /// (the model is imported with [`Kernels::Pytorch`], as `import-hf --kernels pytorch`).
     #[serde(default)]
     pub eager_modules: bool,
+    /// Where attention is materialised, whether scale, mask and softmax are one kernel
+    /// (Megatron-LM's `FusedScaleMaskSoftmax`; [`Machine::fused_softmax`]) rather than one
+    /// PyTorch op each.
+    #[serde(default)]
+    pub fused_softmax: bool,
 }
 
 fn yes() -> bool {
@@ -467,6 +472,7 @@ pub fn price_run_tuned(
         m.loss_fp32_logit_copies = stack.loss_fp32_logit_copies;
         m.block_collectives &= !stack.per_module_collectives;
         m.serial_gathers = stack.serial_gathers;
+        m.fused_softmax = stack.fused_softmax;
     }
     tune(&mut m);
     let every = match (run.activation_checkpointing.as_str(), run.recompute_every) {

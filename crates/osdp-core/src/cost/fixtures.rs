@@ -28,6 +28,7 @@ pub(super) fn machine(ranks: u32) -> Machine {
         block_collectives: false,
         param_pass_bytes: 0.0,
         fused_attention: true,
+        fused_softmax: false,
         loss_fp32_logit_copies: 0,
         serial_gathers: false,
         launch_s: 5e-6,

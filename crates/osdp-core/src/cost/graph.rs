@@ -104,6 +104,8 @@ impl OpBase {
         // Fused causal attention skips the masked half, where the GPU has such kernels.
         let causal_fused =
             config.causal && config.attention == AttentionImpl::Flash && m.fused_attention;
+        // No fused kernel: the scores are materialised (PyTorch eager, Volta/Turing).
+        let materialised = config.attention == AttentionImpl::Eager || !m.fused_attention;
         let b = batch as f64;
         let flops = op.fwd_flops_per_sample as f64 * b;
         let moved = (input_bytes_per_sample + op.output_bytes_per_sample) as f64 * b;
@@ -131,6 +133,20 @@ impl OpBase {
                 (
                     m.attention_s(done, m.efficiency.attention_forward),
                     m.attention_s(ATTENTION_BWD_FACTOR * done, m.efficiency.attention_backward),
+                )
+            }
+            OpKind::Attention if materialised => {
+                // Two batched GEMMs over the whole square (one head wide), and the score
+                // tensor's passes through memory between them (scale, mask, softmax, dropout).
+                let scores = (config.heads as f64) * (config.seq_len as f64).powi(2) * b;
+                let elem = m.precision.activation_bytes as f64;
+                let (fwd_passes, bwd_passes) =
+                    materialised_attention_passes(config, m.fused_softmax);
+                let head = config.head_dim.max(1) as f64;
+                (
+                    m.matmul_s(flops, head, 2) + m.memory_s(scores * elem * fwd_passes),
+                    LINEAR_BWD_FACTOR * m.matmul_s(flops, head, 2)
+                        + m.memory_s(scores * elem * bwd_passes),
                 )
             }
             OpKind::Attention => (
@@ -331,6 +347,29 @@ impl OpGraph {
     }
 }
 
+/// Passes over the `heads × seq²` score tensor (each a read or a write of every element) of a
+/// materialised attention, forward and backward, as PyTorch's eager ops make them: forward the
+/// first GEMM writes the scores, scaling, masking and softmax each read and write them, and
+/// the second GEMM reads the probabilities (7); backward the second GEMM's input gradient is
+/// written and its weight gradient reads the probabilities, softmax's backward reads both and
+/// writes one, masking's and scaling's read and write, and the first GEMM's two gradients read
+/// it (11). With `fused_softmax` (Megatron-LM's one kernel for scale, mask and softmax, and
+/// for their backward) scaling's and masking's passes go: 3 and 7. Attention dropout adds its
+/// mask (a byte an element) and a read and a write each way.
+pub fn materialised_attention_passes(config: &ModelConfig, fused_softmax: bool) -> (f64, f64) {
+    let dropout = if config.attention_dropout > 0.0 {
+        2.5
+    } else {
+        0.0
+    };
+    let (fwd, bwd) = if fused_softmax {
+        (3.0, 7.0)
+    } else {
+        (7.0, 11.0)
+    };
+    (fwd + dropout, bwd + dropout)
+}
+
 /// Price `bases` for `accumulation` micro-batches per optimizer step.
 pub fn set_accumulation(bases: &mut [OpBase], accumulation: u64) {
     let a = u32::try_from(accumulation.max(1)).unwrap_or(u32::MAX);
@@ -460,20 +499,38 @@ mod tests {
     }
 
     #[test]
-    fn without_flash_attention_kernels_a_causal_attention_costs_its_full_flops() {
+    fn without_flash_attention_kernels_the_scores_are_materialised() {
         let model = sample("gpt2");
-        let attention = |m: &Machine| {
-            let i = model
-                .ops
-                .iter()
-                .position(|o| o.kind == OpKind::Attention)
-                .unwrap();
-            op_bases(&model, m, 8)[i].fwd_s - m.launch_s
-        };
+        let i = model
+            .ops
+            .iter()
+            .position(|o| o.kind == OpKind::Attention)
+            .unwrap();
         let fused = cluster(1, 8.0);
         let mut volta = fused.clone();
         volta.fused_attention = false;
-        assert!((attention(&volta) / attention(&fused) - 2.0).abs() < 1e-9);
+        // Both GEMMs over the whole square, one head wide, and 7 forward and 11 backward
+        // passes over the bf16 scores, 2.5 more each way for gpt2's attention dropout.
+        let c = &model.config;
+        assert!(c.attention_dropout > 0.0);
+        assert_eq!(materialised_attention_passes(c, false), (9.5, 13.5));
+        let (b, op) = (8.0, &model.ops[i]);
+        let flops = op.fwd_flops_per_sample as f64 * b;
+        let scores = (c.heads * c.seq_len * c.seq_len) as f64 * b * 2.0;
+        let head = c.head_dim as f64;
+        let base = &op_bases(&model, &volta, 8)[i];
+        let fwd = volta.matmul_s(flops, head, 2) + volta.memory_s(9.5 * scores);
+        let bwd =
+            LINEAR_BWD_FACTOR * volta.matmul_s(flops, head, 2) + volta.memory_s(13.5 * scores);
+        assert!((base.fwd_s - fwd).abs() < 1e-12 && (base.bwd_s - bwd).abs() < 1e-12);
+        // Slower than the fused kernel that skips the masked half, more so as the sequence grows.
+        assert!(base.fwd_s > 2.0 * op_bases(&model, &fused, 8)[i].fwd_s);
+        // Megatron-LM's fused scale-mask-softmax: fewer passes.
+        let megatron = Machine {
+            fused_softmax: true,
+            ..volta.clone()
+        };
+        assert!(op_bases(&model, &megatron, 8)[i].fwd_s < base.fwd_s);
         // The shipped V100 and TITAN RTX layouts have no FlashAttention-2; the A100's has.
         let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../layouts");
         for (file, flash) in [

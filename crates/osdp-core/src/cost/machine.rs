@@ -96,6 +96,10 @@ pub struct Machine {
     /// ([`crate::cluster::known::FLASH_ATTENTION_SOURCE`]), where a causal attention is priced
     /// at its full FLOPs whatever the model description asks for.
     pub fused_attention: bool,
+    /// Where attention is materialised: the executor scales, masks and takes the softmax of
+    /// the scores in one kernel (Megatron-LM's `FusedScaleMaskSoftmax`) rather than one
+    /// PyTorch op each ([`super::graph::materialised_attention_passes`]).
+    pub fused_softmax: bool,
     /// fp32 copies of the logits the executor holds around the loss beyond the graph's own
     /// (0 for osdp-tui's trainer, whose loss the graph describes). Hugging Face's
     /// `LlamaForCausalLM` of 2023–24 upcasts the logits (`logits.float()`) and copies them
@@ -279,6 +283,7 @@ impl Machine {
             fused_attention: layout.device.kind == DeviceKind::Cpu
                 || crate::cluster::known::lookup(&layout.device.model)
                     .is_none_or(|g| g.efficiency.flash_attention),
+            fused_softmax: false,
             loss_fp32_logit_copies: 0,
             serial_gathers: false,
             launch_s: match layout.device.kind {
