@@ -53,7 +53,7 @@ pub struct Cli {
     #[arg(long, value_delimiter = ',', value_parser = parse_budget, allow_hyphen_values = true, conflicts_with = "budget")]
     budget_per_gpu: Vec<u64>,
     /// Largest operator split to start with.
-    #[arg(long, default_value_t = 8, value_parser = parse_split)]
+    #[arg(long, default_value_t = osdp_core::plan::DEFAULT_MAX_SPLIT, value_parser = parse_split)]
     max_split: u32,
     /// Print one text rendering of the dashboard and exit (also when stdout is not a terminal).
     #[arg(long)]
@@ -299,7 +299,7 @@ struct PlanArgs {
     #[arg(long, value_name = "T", value_parser = clap::value_parser!(u64).range(1..), conflicts_with = "global_batch")]
     tokens_per_step: Option<u64>,
     /// Largest operator split (1, 2, 4, 8, ...; 1 disables splitting).
-    #[arg(long, default_value_t = 8, value_parser = parse_split)]
+    #[arg(long, default_value_t = osdp_core::plan::DEFAULT_MAX_SPLIT, value_parser = parse_split)]
     max_split: u32,
     /// Never recompute activations (blocks fixed on with --recompute-block still do).
     #[arg(long)]

@@ -1118,7 +1118,7 @@ impl App {
                 flags += &format!(" --budget-per-gpu {}", each.join(","));
             }
         }
-        if r.max_split != 8 {
+        if r.max_split != osdp_core::plan::DEFAULT_MAX_SPLIT {
             flags += &format!(" --max-split {}", r.max_split);
         }
         if let Some(b) = r.batch {

@@ -33,6 +33,9 @@ pub const MAX_BATCH: u64 = 1 << 20;
 /// and the automatic micro-batch search climbs until a plan no longer fits.
 pub const MAX_BUDGET_BYTES: u64 = 1 << 50;
 
+/// The largest operator split `plan` and the dashboard start with (`--max-split`).
+pub const DEFAULT_MAX_SPLIT: u32 = 8;
+
 /// Largest figure of a micro-batch's ops that the planner adds up (2^58 bytes): sums of many
 /// of them, plus budgets and overheads, stay within 64 bits.
 const MAX_BATCH_FIGURE: u64 = 1 << 58;
