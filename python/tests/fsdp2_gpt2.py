@@ -10,11 +10,9 @@ import os
 import sys
 
 import torch
-import torch.distributed as dist
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import osdp_torch  # noqa: E402
-from osdp_torch.apply import local_param_bytes  # noqa: E402
 
 import gloo_ranks  # noqa: E402  (beside this file)
 
@@ -65,23 +63,13 @@ def reference(config_path, export):
 
 def rank_main(rank, world, config_path, export):
     model = osdp_torch.apply_plan(build(config_path), export)
-    shard_bytes = local_param_bytes(model)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=False)
-    micro, acc = export["micro_batch"], export["accumulation"]
-    losses = []
-    for ids in batches(export, model.config.vocab_size, seq_of(model)):
-        mine = ids.view(world, -1, ids.shape[1])[rank]
-        total = torch.zeros(())
-        for k in range(acc):
-            model.set_requires_gradient_sync(k == acc - 1)
-            loss = loss_of(model, mine[k * micro : (k + 1) * micro]) / acc
-            loss.backward()
-            total += loss.detach()
-        opt.step()
-        opt.zero_grad()
-        dist.all_reduce(total)
-        losses.append(total.item() / world)
-    return losses, shard_bytes
+    parts = (
+        ids.view(world, -1, ids.shape[1])[rank]
+        for ids in batches(export, model.config.vocab_size, seq_of(model))
+    )
+    return gloo_ranks.train_steps(
+        model, export, world, parts, lambda m, part, micro: loss_of(m, part[micro])
+    )
 
 
 def main():

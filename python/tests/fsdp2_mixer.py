@@ -16,13 +16,11 @@ import os
 import sys
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import osdp_torch  # noqa: E402
-from osdp_torch.apply import local_param_bytes  # noqa: E402
 
 import gloo_ranks  # noqa: E402  (beside this file)
 
@@ -83,24 +81,10 @@ def reference(export):
 
 def rank_main(rank, world, export):
     model = osdp_torch.apply_plan(build(), export)
-    shard_bytes = local_param_bytes(model)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=False)
-    micro, acc = export["micro_batch"], export["accumulation"]
-    losses = []
-    for x, y in batches(export["global_batch"]):
-        xs, ys = x.chunk(world)[rank], y.chunk(world)[rank]
-        total = torch.zeros(())
-        for k in range(acc):
-            model.set_requires_gradient_sync(k == acc - 1)
-            part = slice(k * micro, (k + 1) * micro)
-            loss = F.cross_entropy(model(xs[part]), ys[part]) / acc
-            loss.backward()
-            total += loss.detach()
-        opt.step()
-        opt.zero_grad()
-        dist.all_reduce(total)
-        losses.append(total.item() / world)
-    return losses, shard_bytes
+    parts = ((x.chunk(world)[rank], y.chunk(world)[rank]) for x, y in batches(export["global_batch"]))
+    return gloo_ranks.train_steps(
+        model, export, world, parts, lambda m, p, micro: F.cross_entropy(m(p[0][micro]), p[1][micro])
+    )
 
 
 def train(export_path):

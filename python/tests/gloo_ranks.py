@@ -47,6 +47,32 @@ def run(world, fn, *args):
     return [value for _, value, _ in results]
 
 
+def train_steps(model, export, world, parts, loss_of):
+    """One rank's AdamW steps on a model `apply_plan` wrapped: per item of `parts` (this rank's
+    share of one global batch), the export's micro-batches accumulated with gradients
+    synchronised on the last only, as the example trains; `loss_of(model, part, micro)` is the
+    loss of micro-batch `micro` (a slice) of `part`. Returns the step losses averaged over the
+    ranks and the bytes of this rank's local parameter shards, as `check_training` takes them."""
+    from osdp_torch.apply import local_param_bytes
+
+    shard_bytes = local_param_bytes(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=False)
+    micro, acc = export["micro_batch"], export["accumulation"]
+    losses = []
+    for part in parts:
+        total = torch.zeros(())
+        for k in range(acc):
+            model.set_requires_gradient_sync(k == acc - 1)
+            loss = loss_of(model, part, slice(k * micro, (k + 1) * micro)) / acc
+            loss.backward()
+            total += loss.detach()
+        opt.step()
+        opt.zero_grad()
+        dist.all_reduce(total)
+        losses.append(total.item() / world)
+    return losses, shard_bytes
+
+
 def check_training(per_rank, want, export):
     """`per_rank`: each rank's (losses, bytes of its local parameter shards). Every loss within
     1e-5 relative of `want` (one process's) and the shards as the export predicts; prints
