@@ -1558,21 +1558,15 @@ impl App {
                 Ok(false)
             }
             ["target"] => {
-                self.message = Some(target_words(self.request.target));
+                let note = osdp_core::plan::export::kernels_note(&self.model, self.request.target);
+                self.message = Some(target_words(self.request.target, note));
                 return;
             }
             ["target", name] => match osdp_core::plan::Target::parse(name) {
                 Some(t) => {
                     self.request.target = t;
                     let note = osdp_core::plan::export::kernels_note(&self.model, t);
-                    // The note in the place of `e`'s hint, so that it fits the footer at 80 columns.
-                    self.message = Some(match note {
-                        Some(note) => format!(
-                            "target fsdp2: plans what PyTorch FSDP2 runs (no zero1, no split, \
-                             offload as +offload-param); {note}"
-                        ),
-                        None => target_words(t),
-                    });
+                    self.message = Some(target_words(t, note));
                     Ok(true)
                 }
                 None => Err(format!(
@@ -2022,15 +2016,18 @@ pub fn budget_step(b: u64, up: bool) -> u64 {
     }
 }
 
-/// What `:target` says: what will run the plans the dashboard makes.
-fn target_words(t: osdp_core::plan::Target) -> String {
+/// What `:target` says: what will run the plans the dashboard makes, and `note`
+/// ([`osdp_core::plan::export::kernels_note`]) in the place of `e`'s hint, so that the
+/// message fits the footer at 80 columns.
+fn target_words(t: osdp_core::plan::Target, note: Option<&str>) -> String {
     match t {
         osdp_core::plan::Target::Osdp => {
             "target osdp: plans for osdp-tui's own trainer (every choice; s runs them)".into()
         }
-        osdp_core::plan::Target::Fsdp2 => "target fsdp2: plans what PyTorch FSDP2 runs (no zero1, \
-                                           no split, offload as +offload-param); e writes one for \
-                                           osdp_torch.apply_plan"
-            .into(),
+        osdp_core::plan::Target::Fsdp2 => format!(
+            "target fsdp2: plans what PyTorch FSDP2 runs (no zero1, no split, offload as \
+             +offload-param); {}",
+            note.unwrap_or("e writes one for osdp_torch.apply_plan")
+        ),
     }
 }
