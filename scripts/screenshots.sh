@@ -27,8 +27,9 @@ shoot() {
   for k in $keys; do
     case "$k" in
       wait:*) sleep "${k#wait:}" ;;
-      # Only this script's workers: their plan and checkpoints lie in its run directories.
-      kill-worker) pkill -KILL -f "osdp-tui train .*$tmp/" || true; sleep 0.5 ;;
+      # Only this script's workers: their plan and checkpoints lie in its run directories. A
+      # worker is osdp-tui exec'ing osdp-tui-trainer, which its command line then names.
+      kill-worker) pkill -KILL -f "osdp-tui(-trainer)? train .*$tmp/" || true; sleep 0.5 ;;
       *) tmux send-keys -t osdp-shot -- "$k"; sleep 0.3 ;;
     esac
   done
