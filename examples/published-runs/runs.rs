@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use osdp_core::cluster::{read_layout, Figure, Layout};
-use osdp_core::cost::{Machine, Strategy};
+use osdp_core::cost::{Machine, Strategy, HF_TRAINER_STEP_BYTES_PER_PARAM};
 use osdp_core::model::hf::{import_str, ImportOptions};
 use osdp_core::model::{Kernels, ModelSpec};
 use osdp_core::plan::baseline::Baseline;
@@ -130,6 +130,21 @@ pub struct Stack {
     /// PyTorch op each.
     #[serde(default)]
     pub fused_softmax: bool,
+    /// Whether it keeps fp32 parameters and computes under `torch.autocast` (PyTorch AMP;
+    /// [`Machine::autocast`]) rather than on a model cast to half (DeepSpeed's fp16) or a
+    /// mixed-precision policy.
+    #[serde(default)]
+    pub autocast: bool,
+    /// Whether its optimizer step is the Hugging Face Trainer's own (without DeepSpeed): one
+    /// PyTorch op per update term ([`HF_TRAINER_STEP_BYTES_PER_PARAM`]).
+    #[serde(default)]
+    pub hf_trainer_optimizer: bool,
+    /// Whether it runs its collectives with nothing beside them ([`Machine::overlap`] off):
+    /// DeepSpeed's ZeRO stage 1 reduces the gradients after the whole backward ("none of the
+    /// backward hooks are triggered by stage 1, there is no overlapping",
+    /// microsoft/DeepSpeed#1246, July 2021) and gathers the updated parameters after the step.
+    #[serde(default)]
+    pub collectives_not_overlapped: bool,
 }
 
 fn yes() -> bool {
@@ -473,6 +488,11 @@ pub fn price_run_tuned(
         m.block_collectives &= !stack.per_module_collectives;
         m.serial_gathers = stack.serial_gathers;
         m.fused_softmax = stack.fused_softmax;
+        m.autocast = stack.autocast;
+        m.overlap &= !stack.collectives_not_overlapped;
+        if stack.hf_trainer_optimizer {
+            m.optimizer_bytes_per_param = HF_TRAINER_STEP_BYTES_PER_PARAM;
+        }
     }
     tune(&mut m);
     let every = match (run.activation_checkpointing.as_str(), run.recompute_every) {

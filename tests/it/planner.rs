@@ -45,6 +45,7 @@ pub(crate) fn small_model(hidden: u64, seq: u64, vocab: u64, blocks: u64, tied: 
         attention_dropout: 0.0,
         attention: AttentionImpl::Flash,
         kernels: Kernels::Osdp,
+        composed_gelu: None,
         dtype: DType::Bf16,
     };
     let mut g = GraphBuilder::new(cfg);

@@ -3,8 +3,8 @@
 use std::path::Path;
 
 use osdp_core::model::{
-    self, Activation, AttentionImpl, Biases, DType, Family, GraphBuilder, Kernels, ModelConfig,
-    ModelSpec, NormKind, NormPosition, Positional,
+    self, Activation, AttentionImpl, Biases, ComposedGelu, DType, Family, GraphBuilder, Kernels,
+    ModelConfig, ModelSpec, NormKind, NormPosition, Positional,
 };
 use proptest::prelude::*;
 
@@ -81,6 +81,7 @@ fn config(
         } else {
             Kernels::Osdp
         },
+        composed_gelu: (drop > 0.05).then_some(ComposedGelu::New),
         dtype: DType::Bf16,
     }
 }

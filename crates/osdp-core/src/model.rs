@@ -131,6 +131,10 @@ pub struct ModelConfig {
     /// Whose kernels the other ops' saved bytes assume (absent: osdp-tui's own).
     #[serde(default, skip_serializing_if = "Kernels::is_osdp")]
     pub kernels: Kernels,
+    /// Under [`Kernels::Pytorch`], a tanh GELU that the model's code composes of one PyTorch op
+    /// per arithmetic step (absent: one fused kernel).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub composed_gelu: Option<ComposedGelu>,
     /// Compute and activation dtype the per-op byte figures are given in.
     pub dtype: DType,
 }
@@ -212,6 +216,51 @@ pub enum Kernels {
 impl Kernels {
     pub fn is_osdp(&self) -> bool {
         *self == Kernels::Osdp
+    }
+}
+
+/// transformers' tanh GELUs written as PyTorch expressions rather than the fused
+/// `gelu(approximate="tanh")`: `gelu_new` (`NewGELUActivation`, GPT-2's default) and
+/// `gelu_fast` (`FastGELUActivation`). Each step is its own kernel, a pass through memory each
+/// way, and autograd keeps intermediates. Counted by `scripts/eager-passes.py` (torch 2.11,
+/// transformers 5.24: the expressions are unchanged since 4.x).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ComposedGelu {
+    New,
+    Fast,
+}
+
+impl ComposedGelu {
+    /// The config's activation name, when it is one of these.
+    pub fn from_hf(name: &str) -> Option<ComposedGelu> {
+        match name {
+            "gelu_new" => Some(ComposedGelu::New),
+            "gelu_fast" => Some(ComposedGelu::Fast),
+            _ => None,
+        }
+    }
+
+    /// Activation-sized tensors autograd keeps beside the input (pow/tanh/product operands).
+    pub fn kept_tensors(self) -> u64 {
+        match self {
+            ComposedGelu::New => 3,
+            ComposedGelu::Fast => 6,
+        }
+    }
+
+    /// Passes over the activation (reads and writes, in elements of the compute dtype) beyond
+    /// the fused kernel's 2 forward and 3 backward, forward and backward. Under CUDA autocast
+    /// `gelu_new`'s `pow` runs in fp32 (autocast's fp32 list) and type promotion carries fp32 to
+    /// its end, and the next linear casts it back: 35 + 3 forward, 56 + 3 backward in
+    /// 2-byte passes; `gelu_fast` has no op on that list.
+    pub fn extra_passes(self, autocast: bool) -> (f64, f64) {
+        let (fwd, bwd) = match (self, autocast) {
+            (ComposedGelu::New, false) => (18.0, 28.0),
+            (ComposedGelu::New, true) => (38.0, 59.0),
+            (ComposedGelu::Fast, _) => (21.0, 36.0),
+        };
+        (fwd - 2.0, bwd - 3.0)
     }
 }
 

@@ -153,12 +153,19 @@ pub const OTHER: Generation = Generation {
     flash_attention: true,
 };
 
-/// Volta (V100) and Turing (TITAN RTX, T4): the generic fractions, and no FlashAttention-2
+/// Volta (V100) and Turing (TITAN RTX, T4): the generic fractions, the narrow-GEMM penalty
+/// fitted on Ampere and Hopper (no published run of these GPUs is fitted; a GEMM with a narrow
+/// side runs short tiles on any tensor-core generation), and no FlashAttention-2
 /// ([`FLASH_ATTENTION_SOURCE`]): causal attention is priced at its full FLOPs.
 pub const VOLTA_TURING: Generation = Generation {
     name: "Volta/Turing",
-    summary: "generic efficiencies, no FlashAttention-2 on Volta/Turing (Dao-AILab/flash-attention README)",
+    summary: "generic efficiencies with Ampere/Hopper's narrow-GEMM penalty, no FlashAttention-2 on Volta/Turing (Dao-AILab/flash-attention README)",
     flash_attention: false,
+    matmul_half_width: Sourced {
+        value: FITTED_HALF_WIDTH.value,
+        source: "assumed: the half width fitted on Ampere and Hopper (not fitted to a Volta or \
+                 Turing run)",
+    },
     ..OTHER
 };
 

@@ -29,6 +29,8 @@ pub(super) fn machine(ranks: u32) -> Machine {
         param_pass_bytes: 0.0,
         fused_attention: true,
         fused_softmax: false,
+        autocast: false,
+        optimizer_bytes_per_param: super::OPTIMIZER_BYTES_PER_PARAM,
         loss_fp32_logit_copies: 0,
         serial_gathers: false,
         launch_s: 5e-6,

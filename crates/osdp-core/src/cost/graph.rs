@@ -3,7 +3,7 @@
 //! activations), made from the [`OpGraph`] (who uses which parameters, what flows into each
 //! op, each op's share of its block); the calibration curves' key and measure of an op's work.
 
-use crate::model::{saved, AttentionImpl, ModelConfig, ModelSpec, OpKind, OpSpec};
+use crate::model::{saved, AttentionImpl, Kernels, ModelConfig, ModelSpec, OpKind, OpSpec};
 
 use super::{
     cut_by_split, Choice, Machine, Target, Unit, ATTENTION_BWD_FACTOR, ELEMENTWISE_BWD_FACTOR,
@@ -136,16 +136,20 @@ impl OpBase {
                 )
             }
             OpKind::Attention if materialised => {
-                // Two batched GEMMs over the whole square (one head wide), and the score
-                // tensor's passes through memory between them (scale, mask, softmax, dropout).
+                // Two batched GEMMs over the whole square, and the score tensor's passes through
+                // memory, theirs included (the write of the scores, the read of the
+                // probabilities, scale, mask, softmax, dropout). The GEMMs' narrow side, the
+                // head, is the reduction of the first and the output of the second, whose
+                // traffic the passes count: they are priced at the rate of their wide sides,
+                // the sequence, so the narrow-GEMM penalty is not counted twice.
                 let scores = (config.heads as f64) * (config.seq_len as f64).powi(2) * b;
                 let elem = m.precision.activation_bytes as f64;
                 let (fwd_passes, bwd_passes) =
-                    materialised_attention_passes(config, m.fused_softmax);
-                let head = config.head_dim.max(1) as f64;
+                    materialised_attention_passes(config, m.fused_softmax, m.autocast);
+                let wide = config.seq_len.max(1) as f64;
                 (
-                    m.matmul_s(flops, head, 2) + m.memory_s(scores * elem * fwd_passes),
-                    LINEAR_BWD_FACTOR * m.matmul_s(flops, head, 2)
+                    m.matmul_s(flops, wide, 2) + m.memory_s(scores * elem * fwd_passes),
+                    LINEAR_BWD_FACTOR * m.matmul_s(flops, wide, 2)
                         + m.memory_s(scores * elem * bwd_passes),
                 )
             }
@@ -167,6 +171,18 @@ impl OpBase {
                     .fold(1.0, f64::max);
                 let fwd = m.matmul_s(flops, width, 1).max(m.memory_s(moved));
                 (fwd, LINEAR_BWD_FACTOR * fwd)
+            }
+            // A GELU the model's code writes as PyTorch ops: a pass of its own for each.
+            OpKind::Activation if config.kernels == Kernels::Pytorch => {
+                let elems = (op.output_bytes_per_sample / m.model_activation_bytes.max(1)) as f64;
+                let bytes = elems * b * m.precision.activation_bytes as f64;
+                let (fwd, bwd) = config
+                    .composed_gelu
+                    .map_or((0.0, 0.0), |g| g.extra_passes(m.autocast));
+                (
+                    m.memory_s(moved) + m.streamed_s(fwd * bytes),
+                    ELEMENTWISE_BWD_FACTOR * m.memory_s(moved) + m.streamed_s(bwd * bytes),
+                )
             }
             _ => (
                 m.memory_s(moved),
@@ -347,25 +363,34 @@ impl OpGraph {
     }
 }
 
-/// Passes over the `heads × seq²` score tensor (each a read or a write of every element) of a
-/// materialised attention, forward and backward, as PyTorch's eager ops make them: forward the
-/// first GEMM writes the scores, scaling, masking and softmax each read and write them, and
-/// the second GEMM reads the probabilities (7); backward the second GEMM's input gradient is
-/// written and its weight gradient reads the probabilities, softmax's backward reads both and
-/// writes one, masking's and scaling's read and write, and the first GEMM's two gradients read
-/// it (11). With `fused_softmax` (Megatron-LM's one kernel for scale, mask and softmax, and
-/// for their backward) scaling's and masking's passes go: 3 and 7. Attention dropout adds its
-/// mask (a byte an element) and a read and a write each way.
-pub fn materialised_attention_passes(config: &ModelConfig, fused_softmax: bool) -> (f64, f64) {
-    let dropout = if config.attention_dropout > 0.0 {
-        2.5
-    } else {
-        0.0
+/// Passes over the `heads × seq²` score tensor of a materialised attention, forward and
+/// backward, each a read or a write of every element at the activation dtype's size, as
+/// PyTorch's eager ops make them (counted by `scripts/eager-passes.py` on transformers' GPT-2
+/// attention): forward the first GEMM writes the scores, scaling, masking and softmax each read
+/// and write them, and the second GEMM reads the probabilities (8); backward the second GEMM's
+/// input gradient is written and its weight gradient reads the probabilities, softmax's
+/// backward reads both and writes one, masking's and scaling's read and write, and the first
+/// GEMM's two gradients read it (11). Under `autocast` softmax runs in fp32: its input is cast
+/// up, it and its gradient are fp32, and the second GEMM's input is cast back (16 and 20).
+/// With `fused_softmax` (Megatron-LM's one kernel for scale, mask and softmax, and for their
+/// backward, on an fp16 model) scaling's and masking's passes go: 4 and 7. Attention dropout
+/// (one fused kernel on a GPU) reads and writes the probabilities and writes a byte-per-element
+/// mask, and its backward reads the mask: 2.5 passes each way, 4.5 on fp32 probabilities.
+pub fn materialised_attention_passes(
+    config: &ModelConfig,
+    fused_softmax: bool,
+    autocast: bool,
+) -> (f64, f64) {
+    let fp32 = autocast && !fused_softmax;
+    let dropout = match (config.attention_dropout > 0.0, fp32) {
+        (false, _) => 0.0,
+        (true, false) => 2.5,
+        (true, true) => 4.5,
     };
-    let (fwd, bwd) = if fused_softmax {
-        (3.0, 7.0)
-    } else {
-        (7.0, 11.0)
+    let (fwd, bwd) = match (fused_softmax, fp32) {
+        (true, _) => (4.0, 7.0),
+        (false, false) => (8.0, 11.0),
+        (false, true) => (16.0, 20.0),
     };
     (fwd + dropout, bwd + dropout)
 }
@@ -509,20 +534,29 @@ mod tests {
         let fused = cluster(1, 8.0);
         let mut volta = fused.clone();
         volta.fused_attention = false;
-        // Both GEMMs over the whole square, one head wide, and 7 forward and 11 backward
-        // passes over the bf16 scores, 2.5 more each way for gpt2's attention dropout.
+        // Both GEMMs over the whole square at the rate of their wide side, and 8 forward and
+        // 11 backward passes over the bf16 scores, 2.5 more each way for gpt2's attention
+        // dropout.
         let c = &model.config;
         assert!(c.attention_dropout > 0.0);
-        assert_eq!(materialised_attention_passes(c, false), (9.5, 13.5));
+        assert_eq!(materialised_attention_passes(c, false, false), (10.5, 13.5));
         let (b, op) = (8.0, &model.ops[i]);
         let flops = op.fwd_flops_per_sample as f64 * b;
         let scores = (c.heads * c.seq_len * c.seq_len) as f64 * b * 2.0;
-        let head = c.head_dim as f64;
+        let wide = c.seq_len as f64;
         let base = &op_bases(&model, &volta, 8)[i];
-        let fwd = volta.matmul_s(flops, head, 2) + volta.memory_s(9.5 * scores);
+        let fwd = volta.matmul_s(flops, wide, 2) + volta.memory_s(10.5 * scores);
         let bwd =
-            LINEAR_BWD_FACTOR * volta.matmul_s(flops, head, 2) + volta.memory_s(13.5 * scores);
+            LINEAR_BWD_FACTOR * volta.matmul_s(flops, wide, 2) + volta.memory_s(13.5 * scores);
         assert!((base.fwd_s - fwd).abs() < 1e-12 && (base.bwd_s - bwd).abs() < 1e-12);
+        // Under autocast the softmax and what follows it are fp32: more passes, slower.
+        assert_eq!(materialised_attention_passes(c, false, true), (20.5, 24.5));
+        let amp = Machine {
+            autocast: true,
+            ..volta.clone()
+        };
+        let amp_base = &op_bases(&model, &amp, 8)[i];
+        assert!(amp_base.fwd_s > base.fwd_s && amp_base.bwd_s > base.bwd_s);
         // Slower than the fused kernel that skips the masked half, more so as the sequence grows.
         assert!(base.fwd_s > 2.0 * op_bases(&model, &fused, 8)[i].fwd_s);
         // Megatron-LM's fused scale-mask-softmax: fewer passes.

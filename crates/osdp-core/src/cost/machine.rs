@@ -7,7 +7,7 @@ use std::sync::Arc;
 use crate::cluster::{Calibration, DeviceKind, Layout};
 use crate::model::ModelSpec;
 
-use super::{Choice, Needs, Precision, Strategy, Target};
+use super::{Choice, Needs, Precision, Strategy, Target, OPTIMIZER_BYTES_PER_PARAM};
 
 /// Fraction of the dense peak a large matmul reaches where neither the layout nor the GPU's
 /// generation says (the CPU layout, unknown GPUs).
@@ -100,6 +100,16 @@ pub struct Machine {
     /// the scores in one kernel (Megatron-LM's `FusedScaleMaskSoftmax`) rather than one
     /// PyTorch op each ([`super::graph::materialised_attention_passes`]).
     pub fused_softmax: bool,
+    /// The executor keeps fp32 parameters and computes under `torch.autocast` (PyTorch AMP, as
+    /// the Hugging Face Trainer's `--fp16` does without DeepSpeed): the ops on autocast's fp32
+    /// list write fp32 and the next matmul casts back. Priced where eager code makes that a
+    /// pass of its own: a materialised softmax and what follows it, and `gelu_new`'s `pow`
+    /// ([`crate::model::ComposedGelu::extra_passes`]).
+    pub autocast: bool,
+    /// Bytes the optimizer step moves per updated parameter ([`OPTIMIZER_BYTES_PER_PARAM`] for
+    /// a fused AdamW; [`super::precision::HF_TRAINER_STEP_BYTES_PER_PARAM`] for a step made of
+    /// one PyTorch op per update term).
+    pub optimizer_bytes_per_param: u64,
     /// fp32 copies of the logits the executor holds around the loss beyond the graph's own
     /// (0 for osdp-tui's trainer, whose loss the graph describes). Hugging Face's
     /// `LlamaForCausalLM` of 2023–24 upcasts the logits (`logits.float()`) and copies them
@@ -284,6 +294,8 @@ impl Machine {
                 || crate::cluster::known::lookup(&layout.device.model)
                     .is_none_or(|g| g.efficiency.flash_attention),
             fused_softmax: false,
+            autocast: false,
+            optimizer_bytes_per_param: OPTIMIZER_BYTES_PER_PARAM,
             loss_fp32_logit_copies: 0,
             serial_gathers: false,
             launch_s: match layout.device.kind {

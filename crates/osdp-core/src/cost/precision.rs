@@ -47,6 +47,13 @@ impl Precision {
 /// master, m, v and the bf16 copy.
 pub const OPTIMIZER_BYTES_PER_PARAM: u64 = 28;
 
+/// What the Hugging Face Trainer without DeepSpeed (transformers 4.x, `--fp16`) runs once a
+/// step per fp32 parameter, each a PyTorch op of its own: the AMP grad scaler's unscale and
+/// overflow check, gradient clipping (a norm, then a scale), transformers' `AdamW` (a Python
+/// loop: the two moments, the denominator, the update) and zeroing the gradients. Counted by
+/// `scripts/eager-passes.py`.
+pub const HF_TRAINER_STEP_BYTES_PER_PARAM: u64 = 104;
+
 /// Host bytes per parameter an offloaded optimizer keeps for every parameter it updates: an
 /// fp32 master copy, Adam's two fp32 moments and the fp32 gradient the device's is copied into
 /// (ZeRO-Offload's accounting; on the fp32 CPU trainer the master copy is the host's own

@@ -5,10 +5,7 @@
 
 use crate::cluster::Calibration;
 
-use super::{
-    Choice, Holding, Machine, Offload, OpBase, Strategy, Target, LINEAR_BWD_FACTOR,
-    OPTIMIZER_BYTES_PER_PARAM,
-};
+use super::{Choice, Holding, Machine, Offload, OpBase, Strategy, Target, LINEAR_BWD_FACTOR};
 
 /// What one op costs under one choice.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
@@ -371,7 +368,7 @@ fn optimizer_s(base: &OpBase, choice: Choice, m: &Machine, held: &Held) -> f64 {
             m.host_copy_s((gb * held.stepped) as f64) + host_adam_s(base, choice, m) + back
         }
         Some(cal) => calibrated_optimizer_s(cal, base, choice, m),
-        None => m.streamed_s((OPTIMIZER_BYTES_PER_PARAM * updated) as f64),
+        None => m.streamed_s((m.optimizer_bytes_per_param * updated) as f64),
     }
 }
 

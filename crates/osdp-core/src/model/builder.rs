@@ -319,6 +319,11 @@ impl GraphBuilder {
             // Eager `act(gate) * up` keeps the activation's output for the product's backward.
             saved = saved.saturating_add(n.saturating_mul(self.act_bytes()));
         }
+        if let (true, Some(gelu)) = (self.pytorch(), self.config.composed_gelu) {
+            // A GELU written as PyTorch ops keeps its intermediates as well.
+            let kept = n.saturating_mul(self.act_bytes());
+            saved = saved.saturating_add(kept.saturating_mul(gelu.kept_tensors()));
+        }
         self.push(
             id,
             name,

@@ -11,9 +11,9 @@ use std::path::{Path, PathBuf};
 use serde_json::{Map, Value};
 
 use super::{
-    Activation, AttentionImpl, Biases, DType, Family, GraphBuilder, Kernels, ModelConfig,
-    ModelSpec, NormKind, NormPosition, Positional, Problem, MAX_LAYERS, MAX_POSITIONS, MAX_VOCAB,
-    MAX_WIDTH,
+    Activation, AttentionImpl, Biases, ComposedGelu, DType, Family, GraphBuilder, Kernels,
+    ModelConfig, ModelSpec, NormKind, NormPosition, Positional, Problem, MAX_LAYERS, MAX_POSITIONS,
+    MAX_VOCAB, MAX_WIDTH,
 };
 
 /// Architectures `import-hf` understands (the first entry of `architectures`).
@@ -253,6 +253,25 @@ impl Cfg<'_> {
         }
     }
 
+    /// Where the model is priced as transformers' eager code, whether its GELU is one of the
+    /// composed ones ([`ComposedGelu`]); read after [`Cfg::activation`] accepted the name.
+    fn composed_gelu(
+        &self,
+        field: &str,
+        default: &str,
+        opts: &ImportOptions,
+    ) -> Option<ComposedGelu> {
+        if opts.kernels != Kernels::Pytorch {
+            return None;
+        }
+        let name = self
+            .obj
+            .get(field)
+            .and_then(Value::as_str)
+            .unwrap_or(default);
+        ComposedGelu::from_hf(name)
+    }
+
     fn seq_len(&self, opts: &ImportOptions, max_positions: u64) -> Result<u64, ImportError> {
         match opts.seq_len {
             Some(0) => Err(self.bad("--seq-len", "must be at least 1")),
@@ -394,6 +413,7 @@ fn base_config(c: &Common, seq_len: u64, opts: &ImportOptions) -> ModelConfig {
         attention_dropout: 0.0,
         attention: opts.attention.unwrap_or(AttentionImpl::Flash),
         kernels: opts.kernels,
+        composed_gelu: None,
         dtype: DType::Bf16,
     }
 }
@@ -717,6 +737,7 @@ fn gpt2(cfg: &Cfg, opts: &ImportOptions) -> Result<(ModelConfig, Template), Impo
     c.ffn_hidden = cfg.opt_uint("n_inner")?.unwrap_or(4 * common.hidden);
     c.norm_eps = cfg.float("layer_norm_epsilon", 1e-5)?;
     c.activation = cfg.activation("activation_function", "gelu_new")?;
+    c.composed_gelu = cfg.composed_gelu("activation_function", "gelu_new", opts);
     c.tied_embeddings = cfg.flag("tie_word_embeddings", true)?;
     c.dropout = cfg.float("resid_pdrop", 0.1)?;
     c.attention_dropout = cfg.float("attn_pdrop", 0.1)?;
@@ -735,6 +756,7 @@ fn opt(cfg: &Cfg, opts: &ImportOptions) -> Result<(ModelConfig, Template), Impor
         .unwrap_or(common.hidden);
     c.ffn_hidden = cfg.uint("ffn_dim", Some(3072))?;
     c.activation = cfg.activation("activation_function", "relu")?;
+    c.composed_gelu = cfg.composed_gelu("activation_function", "relu", opts);
     c.norm_position = if pre_norm {
         NormPosition::Pre
     } else {
@@ -809,6 +831,7 @@ fn llama(
     c.norm = NormKind::RmsNorm;
     c.norm_eps = cfg.float("rms_norm_eps", 1e-6)?;
     c.activation = cfg.activation("hidden_act", "silu")?;
+    c.composed_gelu = cfg.composed_gelu("hidden_act", "silu", opts);
     c.gated_mlp = true;
     c.tied_embeddings = cfg.flag("tie_word_embeddings", false)?;
     let (qkv_bias, o_bias, mlp_bias) = match arch {
@@ -841,6 +864,7 @@ fn bert(cfg: &Cfg, opts: &ImportOptions) -> Result<(ModelConfig, Template), Impo
     c.norm_position = NormPosition::Post;
     c.final_norm = false;
     c.activation = cfg.activation("hidden_act", "gelu")?;
+    c.composed_gelu = cfg.composed_gelu("hidden_act", "gelu", opts);
     c.tied_embeddings = cfg.flag("tie_word_embeddings", true)?;
     c.bias.lm_head = true;
     c.type_vocab_size = cfg.uint("type_vocab_size", Some(2))?;
@@ -929,14 +953,25 @@ mod tests {
             import_str(Path::new("config.json"), text, &opts).expect("imports")
         };
         // GPT-2: each LayerNorm an fp32 mean and reciprocal deviation per row; the attention
-        // out-projection its own contiguous copy of the heads' output (bf16).
+        // out-projection its own contiguous copy of the heads' output (bf16); `gelu_new`,
+        // written as PyTorch ops, three more tensors of the MLP's width (bf16).
         let (osdp, eager) = (
             import(GPT2_SMALL, AttentionImpl::Flash),
             pytorch(GPT2_SMALL),
         );
+        assert_eq!(eager.config.composed_gelu, Some(ComposedGelu::New));
+        assert_eq!(osdp.config.composed_gelu, None);
         let (s, h) = (1024u64, 768u64);
         assert_eq!(
             block_saved(&eager, 0),
+            block_saved(&osdp, 0) + 2 * (8 * s) + 2 * s * h + 3 * 2 * s * 4 * h
+        );
+        // The fused tanh GELU keeps nothing more.
+        let fused = GPT2_SMALL.replacen('{', r#"{"activation_function": "gelu_pytorch_tanh", "#, 1);
+        let fused = pytorch(&fused);
+        assert_eq!(fused.config.composed_gelu, None);
+        assert_eq!(
+            block_saved(&fused, 0),
             block_saved(&osdp, 0) + 2 * (8 * s) + 2 * s * h
         );
         // LLaMA: each RMSNorm its fp32 input and an fp32 reciprocal per row beside the bf16

@@ -1,0 +1,142 @@
+#!/usr/bin/env python3
+"""Count the memory passes PyTorch's eager ops make over a tensor, forward and backward.
+
+The cost model prices transformers' eager code by passes through memory (an element read or
+written counts 1 × its dtype's bytes). This script runs the code in question on CPU under a
+TorchDispatchMode, sums the bytes of every ATen op's tensor inputs and outputs of the watched
+size, and prints them per element, forward and backward, so the constants in
+crates/osdp-core/src/cost/graph.rs can be checked: `python3 scripts/eager-passes.py`.
+
+CUDA autocast is emulated by the casts it inserts (softmax, pow and log_softmax are on its
+fp32 list; matmuls on its fp16 list), since CPU autocast keeps different lists.
+"""
+import math
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+NO_TRAFFIC = {"aten.view", "aten._unsafe_view", "aten.t", "aten.transpose", "aten.expand",
+              "aten.detach", "aten.slice", "aten.alias", "aten.unsqueeze", "aten.select",
+              "aten.as_strided", "aten.permute", "aten._reshape_alias", "aten.reshape"}
+
+
+class Bytes(TorchDispatchMode):
+    def __init__(self, numel):
+        super().__init__()
+        self.numel, self.bytes, self.ops = numel, 0, []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        name = str(func.overloadpacket)
+        if name in NO_TRAFFIC:
+            return out
+        ts = [a for a in torch.utils._pytree.tree_leaves((args, kwargs, out)) if isinstance(a, torch.Tensor)]
+        b = sum(t.element_size() * t.numel() for t in ts if t.numel() == self.numel)
+        if b:
+            self.bytes += b
+            self.ops.append(name)
+        return out
+
+
+def passes(fn, shape, dtype, elem=2):
+    """(forward, backward) bytes per element of `shape` over `elem`: passes at `elem` bytes."""
+    x = torch.randn(*shape, dtype=dtype, requires_grad=True)
+    n = x.numel()
+    with Bytes(n) as f:
+        y = fn(x)
+    g = torch.ones_like(y)
+    with Bytes(n) as b:
+        y.backward(g)
+    return f.bytes / n / elem, b.bytes / n / elem, f.ops, b.ops
+
+
+def gelu_new(x):
+    return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3.0))))
+
+
+def gelu_new_autocast(x):
+    # CUDA autocast runs pow in fp32; type promotion carries fp32 to the end.
+    return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x.float(), 3.0))))
+
+
+def gelu_fast(x):
+    return 0.5 * x * (1.0 + torch.tanh(x * 0.7978845608 * (1.0 + 0.044715 * x * x)))
+
+
+def gelu_fused(x):
+    return torch.nn.functional.gelu(x, approximate="tanh")
+
+
+def attention(autocast, dropout):
+    """GPT-2's eager attention between its two matmuls (transformers' GPT2Attention._attn):
+    scale, causal mask by `where`, softmax, dropout; the scores as the first matmul writes them
+    and the probabilities as the second reads them."""
+    s = 64
+    mask = torch.tril(torch.ones(s, s, dtype=torch.bool))
+
+    def run(scores):
+        w = scores * 1.0  # stands for the first matmul's write of the scores
+        w = w / 8.0
+        w = torch.where(mask, w, torch.tensor(-1e4, dtype=w.dtype))
+        w = torch.softmax(w.float() if autocast else w, dim=-1)
+        if dropout:
+            w = torch.nn.functional.dropout(w, 0.1, training=True)
+        if autocast:
+            w = w.to(torch.bfloat16)
+        return w * 1.0  # stands for the second matmul's read of the probabilities
+
+    return run, (4, s, s)
+
+
+def hf_trainer_step(clip=True, unscale=True):
+    """Bytes per parameter of what the Hugging Face Trainer (transformers 4.12, no DeepSpeed)
+    runs once a step on fp32 parameters: the AMP grad scaler's unscale and overflow check, the
+    gradient clipping (a norm per tensor, then a scale), transformers' own `AdamW` (a Python
+    loop of PyTorch ops per tensor: the moments, the denominator, the update, decoupled weight
+    decay) and zeroing the gradients."""
+    n = 1 << 16
+    p = torch.randn(n)
+    g, m, v = torch.randn(n), torch.zeros(n), torch.zeros(n)
+    with Bytes(n) as b:
+        if unscale:
+            found = torch.zeros(1)
+            torch._amp_foreach_non_finite_check_and_unscale_([g], found, torch.ones(1))
+        if clip:
+            norm = torch.linalg.vector_norm(g)
+            g.mul_(1.0 / (norm + 1e-6))
+        m.mul_(0.9).add_(g, alpha=0.1)
+        v.mul_(0.999).addcmul_(g, g, value=0.001)
+        denom = v.sqrt().add_(1e-8)
+        p.addcdiv_(m, denom, value=-1e-4)
+        # (no weight-decay kernel: the Trainer's default weight_decay is 0.0)
+        g.zero_()
+    return b.bytes / n, len(b.ops)
+
+
+def main():
+    step, kernels = hf_trainer_step()
+    print(f"HF Trainer step (unscale, clip, transformers AdamW, zero_grad): {step:.0f} bytes "
+          f"per fp32 parameter, {kernels} kernels per tensor")
+    half = torch.bfloat16
+    rows = [
+        ("fused tanh GELU (reference)", gelu_fused, (64, 256), half),
+        ("gelu_new, half", gelu_new, (64, 256), half),
+        ("gelu_new, autocast", gelu_new_autocast, (64, 256), half),
+        ("gelu_fast, half", gelu_fast, (64, 256), half),
+    ]
+    for name, fn, shape, dt in rows:
+        fw, bw, _, _ = passes(fn, shape, dt)
+        print(f"{name:40s} forward {fw:5.1f}  backward {bw:5.1f}  (passes at 2 bytes)")
+    for autocast in (False, True):
+        for dropout in (False, True):
+            fn, shape = attention(autocast, dropout)
+            fw, bw, fo, bo = passes(fn, shape, half)
+            # The stand-in multiplies (one read, one write each way) are not the matmuls' own
+            # traffic: take off one pass each forward and backward per stand-in beyond the
+            # write (first) and the read (second).
+            print(f"attention scores, autocast={autocast!s:5} dropout={dropout!s:5} "
+                  f"forward {fw:5.1f}  backward {bw:5.1f}   fwd ops {fo}  bwd ops {bo}")
+
+
+if __name__ == "__main__":
+    main()
