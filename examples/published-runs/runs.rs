@@ -83,6 +83,10 @@ pub struct Published {
     /// Samples per second over all GPUs, where the source gives that instead of tokens.
     #[serde(default)]
     pub samples_per_s_total: Option<f64>,
+    /// Seconds per optimizer step, where the source gives only that (Megatron-LM's "elapsed
+    /// time per iteration"): each GPU's micro-batches × accumulation × sequence over it.
+    #[serde(default)]
+    pub step_time_s: Option<f64>,
     /// Achieved TFLOP/s per GPU, where the source gives only that; with
     /// [`Published::flops_per_token`] naming the source's own FLOP count.
     #[serde(default)]
@@ -243,6 +247,10 @@ impl PublishedRun {
                     .map(|s| s * self.seq_len as f64 / gpus)
             })
             .or_else(|| {
+                let tokens = self.micro_batch * self.grad_accum.unwrap_or(1).max(1) * self.seq_len;
+                p.step_time_s.map(|t| tokens as f64 / t)
+            })
+            .or_else(|| {
                 let per_token = match p.flops_per_token.as_deref()? {
                     "megatron-eq3" => megatron_eq3_flops_per_token(&self.model, self.seq_len),
                     _ => return None,
@@ -375,8 +383,9 @@ fn layout_file(run: &PublishedRun) -> Result<&'static str, String> {
         (true, _, true) => "h100-sxm-2x8-ib-ndr.json",
         (_, true, false) => "a100-80gb-8x-nvlink.json",
         (_, true, true) => "a100-80gb-2x8-ib-hdr.json",
-        // A DGX-2's V100s: its 16 GPUs in one node.
-        _ if g.contains("V100") && !run.multi_node() => "v100-dgx2-1x.json",
+        // A DGX-2's V100s: its 16 GPUs in one node; other V100 nodes start from it
+        // ([`layout_of`] sets their memory, and the network of a multi-node run).
+        _ if g.contains("V100") => "v100-dgx2-1x.json",
         _ => return Err(format!("no layout for GPU {:?}", run.gpu)),
     })
 }
@@ -398,6 +407,19 @@ pub fn layout_of(run: &PublishedRun, layouts: &Path) -> Result<Layout, String> {
                 source: format!("{} as the run names it", run.gpu),
             };
         }
+    }
+    // The 16 GB V100 (DGX-1 class); between nodes, InfiniBand at the run's stated rate.
+    if run.gpu.to_uppercase().contains("V100-SXM2-16GB") {
+        l.device.model = format!("Tesla {}", run.gpu.trim_start_matches("Tesla "));
+        l.device.memory_gib = Figure {
+            value: 15.78,
+            source: "NVIDIA V100 SXM2 16 GB: nvidia-smi reports 16160 MiB".into(),
+        };
+    }
+    if run.gpu.to_uppercase().contains("V100") && run.multi_node() && l.inter_node.is_none() {
+        let ib =
+            read_layout(&layouts.join("a100-80gb-2x8-ib-hdr.json")).map_err(|e| e.to_string())?;
+        l.inter_node = ib.inter_node;
     }
     // The 40 GB A100 has HBM2, not the 80 GB one's HBM2e: element-wise ops run at its rate.
     if run.gpu.to_uppercase().contains("A100-40GB") {
@@ -424,7 +446,8 @@ pub fn layout_of(run: &PublishedRun, layouts: &Path) -> Result<Layout, String> {
     }
     l.gradient_reduce_dtype = match run.reduce_dtype.as_deref().unwrap_or("fp32") {
         "fp32" => Some(osdp_core::cluster::ReduceDType::Fp32),
-        "bf16" => Some(osdp_core::cluster::ReduceDType::Bf16),
+        // fp16 gradients are as many bytes on the wire as bf16 ones.
+        "bf16" | "fp16" => Some(osdp_core::cluster::ReduceDType::Bf16),
         other => return Err(format!("reduce dtype {other:?}")),
     };
     if let (Some(net), Some(inter)) = (run.network_gb_per_s_per_node, l.inter_node.as_mut()) {
