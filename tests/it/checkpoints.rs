@@ -278,6 +278,8 @@ fn issue_21_twenty_kills_while_checkpointing_lose_nothing_and_resume_exactly() {
     // (seen once, on a machine loaded by other builds). The final state is held to 1e-5 of each
     // tensor's scale: a lost, repeated or half-restored step moves weights and moments by
     // orders of magnitude more (one AdamW step at lr 1e-3 moves a weight of 0.02 by ~5 %).
+    // The second moment holds squared gradients, so such a rounding shows in it doubled
+    // (seen once: 1.6e-5 of its scale); a lost or repeated step moves it by ~1e-3.
     let mut reported = vec![false; end as usize];
     for line in step_lines(&metrics) {
         let step = line["step"].as_u64().unwrap();
@@ -295,16 +297,16 @@ fn issue_21_twenty_kills_while_checkpointing_lose_nothing_and_resume_exactly() {
     assert_eq!(killed.len(), uninterrupted.len());
     for (name, a) in &killed {
         let b = &uninterrupted[name];
-        for (what, x, y) in [
-            ("weights", &a.param, &b.param),
-            ("m", &a.m, &b.m),
-            ("v", &a.v, &b.v),
+        for (what, x, y, tolerance) in [
+            ("weights", &a.param, &b.param, 1e-5),
+            ("m", &a.m, &b.m, 1e-5),
+            ("v", &a.v, &b.v, 2e-5),
         ] {
             assert_eq!(x.len(), y.len(), "{name} {what}");
             let scale = y.iter().fold(0f32, |s, v| s.max(v.abs()));
             let worst = x.iter().zip(y).fold(0f32, |s, (p, q)| s.max((p - q).abs()));
             assert!(
-                worst <= 1e-5 * scale,
+                worst <= tolerance * scale,
                 "{name} {what} differ from the uninterrupted run by {worst} (scale {scale})"
             );
         }
