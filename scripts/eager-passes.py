@@ -113,6 +113,27 @@ def hf_trainer_step(clip=True, unscale=True):
     return b.bytes / n, len(b.ops)
 
 
+def llama_rms_norm():
+    """transformers' LlamaRMSNorm (the same in Mistral, Qwen2 and the other Llama-style models):
+    upcast to fp32, pow, mean, rsqrt, multiply, cast back, scale by the weight."""
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    norm = LlamaRMSNorm(256).to(torch.bfloat16)
+    return lambda x: norm(x)
+
+
+def llama_rotary(x):
+    """transformers' apply_rotary_pos_emb on queries (keys the same): `q * cos +
+    rotate_half(q) * sin`, rotate_half a negation and a concatenation of the two halves."""
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+    b, h, s, d = x.shape
+    cos = torch.randn(b, s, d, dtype=x.dtype)
+    sin = torch.randn(b, s, d, dtype=x.dtype)
+    q, _ = apply_rotary_pos_emb(x, x.detach(), cos, sin)
+    return q
+
+
 def main():
     step, kernels = hf_trainer_step()
     print(f"HF Trainer step (unscale, clip, transformers AdamW, zero_grad): {step:.0f} bytes "
@@ -123,6 +144,8 @@ def main():
         ("gelu_new, half", gelu_new, (64, 256), half),
         ("gelu_new, autocast", gelu_new_autocast, (64, 256), half),
         ("gelu_fast, half", gelu_fast, (64, 256), half),
+        ("LlamaRMSNorm, half", llama_rms_norm(), (64, 256), half),
+        ("Llama rotary (queries), half", llama_rotary, (2, 4, 64, 32), half),
     ]
     for name, fn, shape, dt in rows:
         fw, bw, _, _ = passes(fn, shape, dt)

@@ -3,7 +3,9 @@
 //! activations), made from the [`OpGraph`] (who uses which parameters, what flows into each
 //! op, each op's share of its block); the calibration curves' key and measure of an op's work.
 
-use crate::model::{saved, AttentionImpl, Kernels, ModelConfig, ModelSpec, OpKind, OpSpec};
+use crate::model::{
+    saved, AttentionImpl, Kernels, ModelConfig, ModelSpec, OpKind, OpSpec, Positional,
+};
 
 use super::{
     cut_by_split, Choice, Machine, Target, Unit, ATTENTION_BWD_FACTOR, ELEMENTWISE_BWD_FACTOR,
@@ -172,22 +174,22 @@ impl OpBase {
                 let fwd = m.matmul_s(flops, width, 1).max(m.memory_s(moved));
                 (fwd, LINEAR_BWD_FACTOR * fwd)
             }
-            // A GELU the model's code writes as PyTorch ops: a pass of its own for each.
-            OpKind::Activation if config.kernels == Kernels::Pytorch => {
-                let elems = (op.output_bytes_per_sample / m.model_activation_bytes.max(1)) as f64;
-                let bytes = elems * b * m.precision.activation_bytes as f64;
-                let (fwd, bwd) = config
-                    .composed_gelu
-                    .map_or((0.0, 0.0), |g| g.extra_passes(m.autocast));
-                (
-                    m.memory_s(moved) + m.streamed_s(fwd * bytes),
-                    ELEMENTWISE_BWD_FACTOR * m.memory_s(moved) + m.streamed_s(bwd * bytes),
-                )
-            }
             _ => (
                 m.memory_s(moved),
                 ELEMENTWISE_BWD_FACTOR * m.memory_s(moved),
             ),
+        };
+        // What PyTorch's eager modules add: each step of an op written as PyTorch expressions
+        // is a pass through memory of its own.
+        let (fwd_s, bwd_s) = match eager_passes(op, config, m) {
+            Some((elems, fwd, bwd)) if measured.is_none() => {
+                let bytes = elems * b * m.precision.activation_bytes as f64;
+                (
+                    fwd_s + m.streamed_s(fwd * bytes),
+                    bwd_s + m.streamed_s(bwd * bytes),
+                )
+            }
+            _ => (fwd_s, bwd_s),
         };
         // Activations in the training precision; token ids, fused attention's log-sum-exp and
         // the loss's log-probabilities in their own dtypes whatever the precision.
@@ -360,6 +362,42 @@ impl OpGraph {
                 base
             })
             .collect()
+    }
+}
+
+/// transformers' `LlamaRMSNorm` (Llama, Mistral, Qwen2 and their kin): upcast to fp32, square,
+/// mean, reciprocal root, multiply, cast back, scale by the weight, each its own op: passes
+/// (2-byte units) beyond a fused norm's 2 forward and 4 backward, counted by
+/// `scripts/eager-passes.py` on a bf16 model.
+pub const EAGER_RMS_NORM_EXTRA_PASSES: (f64, f64) = (16.0, 44.0);
+
+/// transformers' `apply_rotary_pos_emb`: `q * cos + rotate_half(q) * sin` (a negation, a
+/// concatenation, two products and a sum), on the queries and again on the keys: passes over
+/// each, forward and backward, counted as above.
+pub const EAGER_ROTARY_PASSES: (f64, f64) = (16.0, 12.0);
+
+/// Under [`Kernels::Pytorch`], the passes an op's eager code makes beyond what the op's price
+/// counts: the elements per sample they run over and the (forward, backward) passes.
+fn eager_passes(op: &OpSpec, config: &ModelConfig, m: &Machine) -> Option<(f64, f64, f64)> {
+    if config.kernels != Kernels::Pytorch {
+        return None;
+    }
+    let out_elems = (op.output_bytes_per_sample / m.model_activation_bytes.max(1)) as f64;
+    match op.kind {
+        OpKind::Activation => config.composed_gelu.map(|g| {
+            let (fwd, bwd) = g.extra_passes(m.autocast);
+            (out_elems, fwd, bwd)
+        }),
+        OpKind::RmsNorm => {
+            let (fwd, bwd) = EAGER_RMS_NORM_EXTRA_PASSES;
+            Some((out_elems, fwd, bwd))
+        }
+        OpKind::Attention if config.positional == Positional::Rotary => {
+            let rotated = (config.heads + config.kv_heads) * config.head_dim * config.seq_len;
+            let (fwd, bwd) = EAGER_ROTARY_PASSES;
+            Some((rotated as f64, fwd, bwd))
+        }
+        _ => None,
     }
 }
 
@@ -580,6 +618,72 @@ mod tests {
                 "{file}"
             );
         }
+    }
+
+    #[test]
+    fn eager_modules_pay_a_pass_for_each_pytorch_op_they_are_written_as() {
+        use crate::model::hf::{import_str, ImportOptions};
+        let import = |text: &str, kernels: Kernels| {
+            let opts = ImportOptions {
+                kernels,
+                ..Default::default()
+            };
+            import_str(std::path::Path::new("config.json"), text, &opts).unwrap()
+        };
+        let llama = r#"{"architectures": ["LlamaForCausalLM"], "hidden_size": 256,
+            "intermediate_size": 688, "num_hidden_layers": 1, "num_attention_heads": 8,
+            "num_key_value_heads": 2, "vocab_size": 1000, "max_position_embeddings": 64}"#;
+        let gpt2 = r#"{"architectures": ["GPT2LMHeadModel"], "n_embd": 256, "n_layer": 1,
+            "n_head": 8, "n_positions": 64, "vocab_size": 1000}"#;
+        let m = cluster(1, 8.0);
+        let per_elem = |batch: f64| batch * m.precision.activation_bytes as f64;
+        for (text, kind, elems, (fwd, bwd)) in [
+            // LlamaRMSNorm's seven ops, over its output.
+            (
+                llama,
+                OpKind::RmsNorm,
+                64.0 * 256.0,
+                EAGER_RMS_NORM_EXTRA_PASSES,
+            ),
+            // Rotary embedding on the 8 query and 2 key heads of 32.
+            (
+                llama,
+                OpKind::Attention,
+                64.0 * 10.0 * 32.0,
+                EAGER_ROTARY_PASSES,
+            ),
+            // GPT-2's own gelu_new, over the MLP's width.
+            (gpt2, OpKind::Activation, 64.0 * 1024.0, (16.0, 25.0)),
+        ] {
+            let (osdp, eager) = (import(text, Kernels::Osdp), import(text, Kernels::Pytorch));
+            let i = osdp.ops.iter().position(|o| o.kind == kind).unwrap();
+            assert_eq!(eager.ops[i].kind, kind);
+            let (a, b) = (&op_bases(&osdp, &m, 4)[i], &op_bases(&eager, &m, 4)[i]);
+            let bytes = elems * per_elem(4.0);
+            assert!(
+                (b.fwd_s - a.fwd_s - m.streamed_s(fwd * bytes)).abs() < 1e-12,
+                "{kind:?} forward"
+            );
+            assert!(
+                (b.bwd_s - a.bwd_s - m.streamed_s(bwd * bytes)).abs() < 1e-12,
+                "{kind:?} backward"
+            );
+        }
+        // The fused tanh GELU is priced as osdp's.
+        let fused = gpt2.replacen('{', r#"{"activation_function": "gelu_pytorch_tanh", "#, 1);
+        let (osdp, eager) = (
+            import(&fused, Kernels::Osdp),
+            import(&fused, Kernels::Pytorch),
+        );
+        let i = osdp
+            .ops
+            .iter()
+            .position(|o| o.kind == OpKind::Activation)
+            .unwrap();
+        assert_eq!(
+            op_bases(&osdp, &m, 4)[i].fwd_s,
+            op_bases(&eager, &m, 4)[i].fwd_s
+        );
     }
 
     #[test]

@@ -52,7 +52,7 @@ pub const OPTIMIZER_BYTES_PER_PARAM: u64 = 28;
 /// overflow check, gradient clipping (a norm, then a scale), transformers' `AdamW` (a Python
 /// loop: the two moments, the denominator, the update) and zeroing the gradients. Counted by
 /// `scripts/eager-passes.py`.
-pub const HF_TRAINER_STEP_BYTES_PER_PARAM: u64 = 104;
+pub const HF_TRAINER_STEP_BYTES_PER_PARAM: u64 = 100;
 
 /// Host bytes per parameter an offloaded optimizer keeps for every parameter it updates: an
 /// fp32 master copy, Adam's two fp32 moments and the fp32 gradient the device's is copied into
