@@ -149,6 +149,15 @@ pub struct Stack {
     /// microsoft/DeepSpeed#1246, July 2021) and gathers the updated parameters after the step.
     #[serde(default)]
     pub collectives_not_overlapped: bool,
+    /// Whether it gathers a recomputed module's parameters again for the recomputation
+    /// ([`Machine::regather_on_recompute`]; DeepSpeed ZeRO-3 releases each submodule after
+    /// every forward). Off for the PyTorch FSDP runs, which keep the unit gathered.
+    #[serde(default)]
+    pub regathers_on_recompute: bool,
+    /// DeepSpeed ZeRO-3's `stage3_param_persistence_threshold` where the stack has it
+    /// ([`Machine::persistence_threshold`]).
+    #[serde(default)]
+    pub param_persistence_threshold: u64,
 }
 
 fn yes() -> bool {
@@ -505,6 +514,9 @@ pub fn price_run_tuned(
     let mut layout = layout_of(run, layouts)?;
     adjust(&mut layout);
     let mut m = Machine::new(&layout, &model);
+    // PyTorch FSDP (every run without a recorded stack) keeps a unit gathered through its
+    // recomputation.
+    m.regather_on_recompute = false;
     if let Some(stack) = &run.stack {
         m.fused_attention &= stack.fused_attention;
         m.loss_fp32_logit_copies = stack.loss_fp32_logit_copies;
@@ -513,6 +525,8 @@ pub fn price_run_tuned(
         m.fused_softmax = stack.fused_softmax;
         m.autocast = stack.autocast;
         m.overlap &= !stack.collectives_not_overlapped;
+        m.regather_on_recompute = stack.regathers_on_recompute;
+        m.persistence_threshold = stack.param_persistence_threshold;
         if stack.hf_trainer_optimizer {
             m.optimizer_bytes_per_param = HF_TRAINER_STEP_BYTES_PER_PARAM;
         }

@@ -334,7 +334,7 @@ pub(crate) fn evaluate_priced(
         let block = blocks.of_op[i];
         let recomputed = block.is_some_and(|b| plan.recompute.get(b).copied().unwrap_or(false));
         let kept = if recomputed { 0 } else { base.saved_bytes };
-        let extra_s = if recomputed { base.recompute_s() } else { 0.0 };
+        let extra_s = if recomputed { c.recompute_s(base) } else { 0.0 };
         persistent += c.persistent_bytes;
         host += c.host_bytes;
         activations += kept;

@@ -110,6 +110,18 @@ pub struct Machine {
     /// a fused AdamW; [`super::precision::HF_TRAINER_STEP_BYTES_PER_PARAM`] for a step made of
     /// one PyTorch op per update term).
     pub optimizer_bytes_per_param: u64,
+    /// A recomputed op's sharded parameters are gathered again for the recomputation, beside
+    /// the forward's and the backward's gathers: osdp-tui's trainer gathers per op and releases
+    /// at once (`exec::forward`), and DeepSpeed ZeRO-3 releases each submodule after every
+    /// forward, recomputed ones included. PyTorch FSDP keeps a unit unsharded from its
+    /// pre-backward gather through the recomputation (off for its published runs; the FSDP2
+    /// target prices that itself).
+    pub regather_on_recompute: bool,
+    /// Parameter tensors of fewer elements stay whole on every rank and are never gathered
+    /// (DeepSpeed ZeRO-3's `stage3_param_persistence_threshold`, 1e5 by default: biases and
+    /// norm weights); 0 for the trainer. Priced where gathers are serial
+    /// ([`Machine::serial_gathers`]), where each gathered tensor costs its own latency.
+    pub persistence_threshold: u64,
     /// fp32 copies of the logits the executor holds around the loss beyond the graph's own
     /// (0 for osdp-tui's trainer, whose loss the graph describes). Hugging Face's
     /// `LlamaForCausalLM` of 2023–24 upcasts the logits (`logits.float()`) and copies them
@@ -296,6 +308,8 @@ impl Machine {
             fused_softmax: false,
             autocast: false,
             optimizer_bytes_per_param: OPTIMIZER_BYTES_PER_PARAM,
+            regather_on_recompute: true,
+            persistence_threshold: 0,
             loss_fp32_logit_copies: 0,
             serial_gathers: false,
             launch_s: match layout.device.kind {

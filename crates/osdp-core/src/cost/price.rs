@@ -23,12 +23,21 @@ pub struct OpCost {
     /// Communication left after overlapping with the op's compute.
     pub exposed_comm_s: f64,
     pub optimizer_s: f64,
+    /// Exposed time of the gathers a recomputation of the op repeats, over a step: where the
+    /// executor gathers a sharded op's parameters again to recompute it
+    /// ([`Machine::regather_on_recompute`]), hidden only behind the recomputed forward.
+    pub recompute_comm_s: f64,
 }
 
 impl OpCost {
     /// Time the op adds to a step (recomputation is accounted per block).
     pub fn time_s(&self) -> f64 {
         self.compute_s + self.exposed_comm_s + self.optimizer_s
+    }
+
+    /// What recomputing the op adds to a step: its forward again, and any gathers with it.
+    pub fn recompute_s(&self, base: &OpBase) -> f64 {
+        base.recompute_s() + self.recompute_comm_s
     }
 }
 
@@ -54,6 +63,11 @@ pub fn price(base: &OpBase, choice: Choice, m: &Machine) -> OpCost {
         comm_s: comm.total(a) + a * host_micro_s,
         exposed_comm_s: exposed + a * host_micro_s,
         optimizer_s: optimizer_s(base, choice, m, &held),
+        recompute_comm_s: if m.regather_on_recompute {
+            comm.regathered_s(base, m, a)
+        } else {
+            0.0
+        },
     }
 }
 
@@ -150,6 +164,8 @@ fn fsdp2_price(base: &OpBase, choice: Choice, m: &Machine) -> OpCost {
         comm_s: comm.total(a) + host_s,
         exposed_comm_s: comm.exposed_s(base, m, a) + host_s,
         optimizer_s: optimizer_s(base, sharded, m, &held),
+        // FSDP2 keeps a unit unsharded from its pre-backward gather through the recomputation.
+        recompute_comm_s: 0.0,
     }
 }
 
@@ -257,9 +273,19 @@ fn collectives(base: &OpBase, choice: Choice, m: &Machine, replicated: u64) -> (
             let comm = if m.serial_gathers {
                 // Tensor by tensor after a synchronisation (`Machine::serial_gathers`): each
                 // tensor pays a whole collective's latency (whatever the block would share) and
-                // its host time, forward and backward, while no kernel runs.
-                let tensors = base.tensors.iter().filter(|t| t.numel > 0).count().max(1) as f64;
-                let one = m.ring_s(slice, tensors) + tensors * m.serial_gather_host_s();
+                // its host time, forward and backward, while no kernel runs. Tensors under the
+                // stack's persistence threshold stay whole on every rank and are not gathered.
+                let gathered = |t: &&crate::cost::graph::ParamTensor| {
+                    t.numel > 0 && t.numel >= m.persistence_threshold
+                };
+                let tensors = base.tensors.iter().filter(gathered).count() as f64;
+                let bytes: u64 = base.tensors.iter().filter(gathered).map(|t| t.numel).sum();
+                let slice = (pb * bytes.min(p)) as f64 / k as f64;
+                let one = if tensors > 0.0 {
+                    m.ring_s(slice, tensors) + tensors * m.serial_gather_host_s()
+                } else {
+                    0.0
+                };
                 Comm {
                     micro_bwd: reduce,
                     micro_serial: 2.0 * gathers * one,
@@ -391,6 +417,19 @@ impl Comm {
         accumulation * (self.micro_fwd + self.micro_bwd + self.micro_serial)
             + self.step_fwd
             + self.step_bwd
+    }
+
+    /// The forward's per-micro-batch gathers once more, over `accumulation` micro-batches, as a
+    /// recomputation repeats them: hidden behind the recomputed forward where collectives
+    /// overlap, and the serial ones (half of [`Comm::micro_serial`], which counts forward and
+    /// backward) behind nothing.
+    fn regathered_s(&self, base: &OpBase, m: &Machine, accumulation: f64) -> f64 {
+        let fwd = if m.overlap {
+            (self.micro_fwd - base.fwd_s).max(0.0)
+        } else {
+            self.micro_fwd
+        };
+        accumulation * (fwd + self.micro_serial / 2.0)
     }
 
     /// The part of this communication the op's compute does not hide, over `accumulation`
@@ -561,6 +600,59 @@ mod tests {
         let host = wide.serial_gather_host_s();
         assert!((host - (DS_2021_GATHER_HOST_S + 1528.0 * 5e-6)).abs() < 1e-12);
         assert!(price(&base, z3, &wide).exposed_comm_s > one.exposed_comm_s + 4.0 * 7e-3);
+    }
+
+    /// DeepSpeed ZeRO-3 (2021) keeps tensors under its persistence threshold whole, so a linear
+    /// gathers its weight alone and a norm nothing; and it releases a module after every
+    /// forward, so a recomputation gathers again. The trainer does that too; FSDP does not.
+    #[test]
+    fn persistent_tensors_are_not_gathered_and_a_recomputation_gathers_again() {
+        let p = 1u64 << 20;
+        let small = ParamTensor {
+            numel: 1024,
+            cut: false,
+        };
+        let mut base = OpBase {
+            fwd_s: 1.0,
+            bwd_s: 2.0,
+            ..linear_base(p)
+        };
+        base.tensors[1] = small;
+        let z3 = Choice::plain(Strategy::Zero3);
+        let ds = Machine {
+            serial_gathers: true,
+            persistence_threshold: 100_000,
+            ..machine(8)
+        };
+        let weight = ds.ring_s((2 * p) as f64, 1.0) + DS_2021_GATHER_HOST_S;
+        let linear = price(&base, z3, &ds);
+        assert!((linear.exposed_comm_s - 2.0 * weight).abs() < 1e-12);
+        let norm = OpBase {
+            params: 2048,
+            tensors: [small, small],
+            ..base.clone()
+        };
+        assert_eq!(price(&norm, z3, &ds).exposed_comm_s, 0.0);
+        // Serial: the recomputation's gather hides behind nothing.
+        assert!((linear.recompute_comm_s - weight).abs() < 1e-12);
+        assert!((linear.recompute_s(&base) - (base.fwd_s + weight)).abs() < 1e-12);
+        // Overlapped: behind the recomputed forward, what it does not hide.
+        let m = machine(8);
+        assert!(m.regather_on_recompute);
+        assert_eq!(price(&base, z3, &m).recompute_comm_s, 0.0);
+        let quick = OpBase {
+            fwd_s: 0.0,
+            ..base.clone()
+        };
+        let gather = m.ring_s((2 * p) as f64, 1.0);
+        assert!((price(&quick, z3, &m).recompute_comm_s - gather).abs() < 1e-12);
+        // FSDP keeps the unit gathered through the recomputation; replicated ops gather nothing.
+        let fsdp = Machine {
+            regather_on_recompute: false,
+            ..m.clone()
+        };
+        assert_eq!(price(&quick, z3, &fsdp).recompute_comm_s, 0.0);
+        assert_eq!(price(&quick, Choice::DP, &m).recompute_comm_s, 0.0);
     }
 
     /// On a calibrated layout a tiny tensor's host AdamW step pays the curve's fixed cost, as

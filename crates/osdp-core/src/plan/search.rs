@@ -1629,7 +1629,7 @@ fn option(base: &OpBase, choice: Choice, m: &Machine, host: bool, host_price: f6
         time,
         transient: c.transient_bytes,
         held_r: c.persistent_bytes,
-        time_r: time + base.recompute_s(),
+        time_r: time + c.recompute_s(base),
         host: if host { c.host_bytes } else { 0 },
     }
 }
