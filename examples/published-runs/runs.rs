@@ -514,9 +514,6 @@ pub fn price_run_tuned(
     let mut layout = layout_of(run, layouts)?;
     adjust(&mut layout);
     let mut m = Machine::new(&layout, &model);
-    // PyTorch FSDP (every run without a recorded stack) keeps a unit gathered through its
-    // recomputation.
-    m.regather_on_recompute = false;
     if let Some(stack) = &run.stack {
         m.fused_attention &= stack.fused_attention;
         m.loss_fp32_logit_copies = stack.loss_fp32_logit_copies;

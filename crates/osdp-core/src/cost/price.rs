@@ -604,7 +604,7 @@ mod tests {
 
     /// DeepSpeed ZeRO-3 (2021) keeps tensors under its persistence threshold whole, so a linear
     /// gathers its weight alone and a norm nothing; and it releases a module after every
-    /// forward, so a recomputation gathers again. The trainer does that too; FSDP does not.
+    /// forward, so a recomputation gathers again. FSDP does not (nor the planner's default).
     #[test]
     fn persistent_tensors_are_not_gathered_and_a_recomputation_gathers_again() {
         let p = 1u64 << 20;
@@ -622,6 +622,7 @@ mod tests {
         let ds = Machine {
             serial_gathers: true,
             persistence_threshold: 100_000,
+            regather_on_recompute: true,
             ..machine(8)
         };
         let weight = ds.ring_s((2 * p) as f64, 1.0) + DS_2021_GATHER_HOST_S;
@@ -637,8 +638,10 @@ mod tests {
         assert!((linear.recompute_comm_s - weight).abs() < 1e-12);
         assert!((linear.recompute_s(&base) - (base.fwd_s + weight)).abs() < 1e-12);
         // Overlapped: behind the recomputed forward, what it does not hide.
-        let m = machine(8);
-        assert!(m.regather_on_recompute);
+        let m = Machine {
+            regather_on_recompute: true,
+            ..machine(8)
+        };
         assert_eq!(price(&base, z3, &m).recompute_comm_s, 0.0);
         let quick = OpBase {
             fwd_s: 0.0,
@@ -646,12 +649,9 @@ mod tests {
         };
         let gather = m.ring_s((2 * p) as f64, 1.0);
         assert!((price(&quick, z3, &m).recompute_comm_s - gather).abs() < 1e-12);
-        // FSDP keeps the unit gathered through the recomputation; replicated ops gather nothing.
-        let fsdp = Machine {
-            regather_on_recompute: false,
-            ..m.clone()
-        };
-        assert_eq!(price(&quick, z3, &fsdp).recompute_comm_s, 0.0);
+        // FSDP keeps the unit gathered through the recomputation (the default); replicated ops
+        // gather nothing.
+        assert_eq!(price(&quick, z3, &machine(8)).recompute_comm_s, 0.0);
         assert_eq!(price(&quick, Choice::DP, &m).recompute_comm_s, 0.0);
     }
 
