@@ -132,9 +132,10 @@ enum Command {
         #[arg(long, value_enum, default_value_t = AttentionArg::Flash)]
         attention: AttentionArg,
         /// Whose kernels run the model, which decides what norms, out-projections and gated
-        /// MLPs keep for backward: osdp-tui's trainer, or transformers' modules in eager
-        /// PyTorch (what FSDP2 and your own training loop run: pick it for `plan --target
-        /// fsdp2`).
+        /// MLPs keep for backward and what they cost: osdp-tui's trainer, or transformers'
+        /// modules in eager PyTorch (what FSDP2 and your own training loop run: pick it for
+        /// `plan --target fsdp2`), whose RMSNorm, rotary embedding and `gelu_new` are one
+        /// PyTorch op per step, each a pass through memory, some keeping more for backward.
         #[arg(long, value_enum, default_value_t = KernelsArg::Osdp)]
         kernels: KernelsArg,
     },
@@ -763,11 +764,16 @@ fn inspect(path: &Path, json: bool) -> Result<(), Failure> {
             " (as measured)".to_string()
         } else {
             format!(
-                " ({} attention, {} kernels)",
+                " ({} attention, {} kernels{})",
                 format!("{:?}", c.attention).to_lowercase(),
                 match c.kernels {
                     Kernels::Osdp => "osdp-tui's",
                     Kernels::Pytorch => "PyTorch's eager",
+                },
+                if c.composed_gelu.is_some() {
+                    ", GELU as separate PyTorch ops"
+                } else {
+                    ""
                 }
             )
         }

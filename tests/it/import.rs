@@ -234,3 +234,36 @@ fn import_names_the_model_from_its_config_and_says_the_sequence_length() {
     assert!(said.starts_with("Mistral-mini | "), "{said}");
     assert!(said.trim_end().ends_with("sequence length 512"), "{said}");
 }
+
+/// GPT-2's own `gelu_new` is eight PyTorch ops in transformers: an import for PyTorch's eager
+/// modules records it and `inspect` says so; the fused tanh GELU and osdp's kernels do not.
+#[test]
+fn inspect_says_when_transformers_writes_the_gelu_as_separate_ops() {
+    let tmp = tempfile::tempdir().unwrap();
+    let said = |activation: &str, kernels: &str| -> String {
+        let config = tmp
+            .path()
+            .join(format!("{activation}-{kernels}.config.json"));
+        let model = tmp.path().join(format!("{activation}-{kernels}.json"));
+        std::fs::write(
+            &config,
+            serde_json::json!({"architectures": ["GPT2LMHeadModel"], "n_embd": 64,
+                "n_layer": 1, "n_head": 4, "n_positions": 32, "vocab_size": 100,
+                "activation_function": activation})
+            .to_string(),
+        )
+        .unwrap();
+        stdout_ok(
+            osdp()
+                .arg("import-hf")
+                .arg(&config)
+                .args(["--kernels", kernels, "-o"])
+                .arg(&model),
+        );
+        stdout_ok(osdp().arg("inspect").arg(&model))
+    };
+    let separate = "GELU as separate PyTorch ops";
+    assert!(said("gelu_new", "pytorch").contains(separate));
+    assert!(!said("gelu_pytorch_tanh", "pytorch").contains(separate));
+    assert!(!said("gelu_new", "osdp").contains(separate));
+}
