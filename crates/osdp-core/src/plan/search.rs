@@ -482,8 +482,14 @@ impl<'m> Planner<'m> {
                     break;
                 }
                 let table = planner.build(prep, max_budget_bytes, Some(&mut incumbent));
-                if !table.caps.is_empty() || table.overflow {
+                let overflow = table.overflow;
+                if !table.caps.is_empty() || overflow {
                     tables.push(table);
+                }
+                if overflow {
+                    // The three-dimensional search gave up: its tables will not be read
+                    // ([`Planner::best`] prices host memory instead), so nothing more is summed.
+                    break;
                 }
             }
             planner.searched = prepared.iter().map(|p| p.0).collect();
@@ -2036,6 +2042,83 @@ impl ClassSum<'_> {
 
     /// Instances whole: each way's one-instance frontier, pruned together, repeated.
     fn whole(&self, ways: &[(bool, u64)], remat: Option<&[u64]>, arena: &mut Arena) -> Frontier {
+        if self.overflow_certain(ways, remat, arena) {
+            arena.overflow = true;
+            return Vec::new();
+        }
+        let one = self.one_instance(ways, remat, arena);
+        let floor = one.first().map_or(0, |p| p.mem);
+        let cut = self.cut.as_ref().map(|c| RepeatCut {
+            one: hull_of(&one),
+            outside: c.outside.clone(),
+            limit: c.limit,
+            t_max: c.t_max,
+        });
+        frontier::repeat(
+            &one,
+            self.count,
+            self.resolution,
+            self.limit,
+            floor,
+            arena,
+            cut.as_ref(),
+        )
+    }
+
+    /// Whether the three-dimensional sum of this class must overflow
+    /// ([`frontier::repeat_overflows`]), decided on part of its one-instance frontier where
+    /// that part is already too large: building the whole of it can take many times longer.
+    ///
+    /// Whether a point with at most `h` bytes of host memory is dominated depends only on the
+    /// points with at most `h` (a point that dominates it holds no more), so the one-instance
+    /// frontier under a host limit `h` is exactly the whole one's points up to `h` — no more
+    /// points than the whole — and each partial sum building it is the whole's partial sum's
+    /// points up to `h` (so one of its sums overflows only where the whole's would). A few
+    /// limits well under what one instance can hold are tried; where none decides, the whole
+    /// frontier is built as before, and the arena is left as it was.
+    fn overflow_certain(
+        &self,
+        ways: &[(bool, u64)],
+        remat: Option<&[u64]>,
+        arena: &mut Arena,
+    ) -> bool {
+        let Some(host_limit) = arena.host_limit else {
+            return false;
+        };
+        if arena.overflow || self.count < 2 {
+            return false;
+        }
+        // The most host memory one instance can hold: every slot at its most.
+        let most = self
+            .slots
+            .iter()
+            .map(|&i| self.opts[i].iter().map(|o| o.host).max().unwrap_or(0))
+            .fold(0u64, u64::saturating_add);
+        let mark = arena.nodes.len();
+        for part in [64, 16] {
+            let h = most / part;
+            if h == 0 || h >= host_limit {
+                continue;
+            }
+            arena.host_limit = Some(h);
+            let len = self.one_instance(ways, remat, arena).len();
+            arena.host_limit = Some(host_limit);
+            // A sum that overflowed under `h` overflows in the whole frontier too.
+            if arena.overflow || frontier::repeat_overflows(len, self.count) {
+                return true;
+            }
+            arena.nodes.truncate(mark);
+        }
+        false
+    }
+
+    /// One instance's frontier: each way's, pruned together.
+    fn one_instance(
+        &self,
+        ways: &[(bool, u64)],
+        remat: Option<&[u64]>,
+        arena: &mut Arena,
+    ) -> Frontier {
         let mut all: Vec<Point> = Vec::new();
         for &(r, kept) in ways {
             let remat = if r { remat } else { None };
@@ -2055,23 +2138,7 @@ impl ClassSum<'_> {
                 });
             }
         }
-        let one = frontier::prune(all);
-        let floor = one.first().map_or(0, |p| p.mem);
-        let cut = self.cut.as_ref().map(|c| RepeatCut {
-            one: hull_of(&one),
-            outside: c.outside.clone(),
-            limit: c.limit,
-            t_max: c.t_max,
-        });
-        frontier::repeat(
-            &one,
-            self.count,
-            self.resolution,
-            self.limit,
-            floor,
-            arena,
-            cut.as_ref(),
-        )
+        frontier::prune(all)
     }
 }
 
