@@ -1128,15 +1128,39 @@ impl<'m> Planner<'m> {
         let room = budget.saturating_sub(self.machine.overhead_bytes);
         let samples = (prep.batch * prep.accumulation) as f64;
         let step_overhead = self.machine.step_overhead_s();
+        let lean = self.lean_options(&prep.opts);
         prep.steps
             .iter()
             .map(|(cap, keys)| {
                 let t = room.checked_sub(*cap).map_or(f64::INFINITY, |held| {
-                    self.cap_time_bound(&prep.opts, keys, prep.batch, held)
+                    self.cap_time_bound(&lean, keys, prep.batch, held)
                 });
                 samples / (t + step_overhead) * (1.0 + 1e-7)
             })
             .collect()
+    }
+
+    /// For each op of the classes' first instances and each count `k` of admitted options (a
+    /// prefix of its list), the (held bytes, time) of those of the first `k` that no other of
+    /// them beats on both, kept and recomputed: all [`Planner::cap_time_bound`] reads.
+    ///
+    /// An option another is no worse than on both never decides that bound's minimum: with
+    /// `λ ≥ 0`, `t' ≤ t` and `h' ≤ h` give `t' + λ·h' ≤ t + λ·h` in floating point too (every
+    /// step rounds monotonically), and of equal values the minimum takes the least held
+    /// bytes, so the minimum's (value, held bytes) are the same bit for bit without it.
+    fn lean_options(&self, opts: &[Vec<Opt>]) -> LeanOptions {
+        let lean =
+            |options: &[Opt], pick: fn(&Opt) -> (u64, f64)| lean_prefixes(options.iter().map(pick));
+        let mut out: LeanOptions = vec![Default::default(); opts.len()];
+        for class in &self.classes {
+            for &i in &class.instances[0] {
+                out[i] = (
+                    lean(&opts[i], |o| (o.held, o.time)),
+                    lean(&opts[i], |o| (o.held_r, o.time_r)),
+                );
+            }
+        }
+        out
     }
 
     /// A lower bound on the step time (without the step overhead) of every plan whose ops
@@ -1151,32 +1175,35 @@ impl<'m> Planner<'m> {
     /// them at `held` gives the same bound exactly, but building the hulls for every cap of
     /// every micro-batch made `plan` about 10 % slower (measured 2026-11-27), so the hulls are
     /// built only for the caps that are summed.
-    fn cap_time_bound(&self, opts: &[Vec<Opt>], keys: &[Vec<usize>], batch: u64, held: u64) -> f64 {
+    fn cap_time_bound(
+        &self,
+        lean: &LeanOptions,
+        keys: &[Vec<usize>],
+        batch: u64,
+        held: u64,
+    ) -> f64 {
         // (g(λ), the held bytes of the minimisers); None when some instance has no way.
         let dual = |lambda: f64| -> Option<(f64, f64)> {
             let (mut g, mut mem) = (0.0f64, 0.0f64);
             for (class, key) in self.classes.iter().zip(keys) {
                 let rep = &class.instances[0];
-                let least =
-                    |counts: &[usize], pick: fn(&Opt) -> (u64, f64)| -> Option<(f64, f64)> {
-                        rep.iter()
-                            .zip(counts)
-                            .try_fold((0.0, 0.0), |(g, m), (&i, &k)| {
-                                let (v, h) = opts[i][..k]
-                                    .iter()
-                                    .map(|o| {
-                                        let (h, t) = pick(o);
-                                        (t + lambda * h as f64, h as f64)
-                                    })
-                                    .min_by(|a, b| a.0.total_cmp(&b.0).then(a.1.total_cmp(&b.1)))?;
-                                Some((g + v, m + h))
-                            })
-                    };
+                let least = |counts: &[usize], recomputed: bool| -> Option<(f64, f64)> {
+                    rep.iter()
+                        .zip(counts)
+                        .try_fold((0.0, 0.0), |(g, m), (&i, &k)| {
+                            let options = if recomputed { &lean[i].1 } else { &lean[i].0 };
+                            let (v, h) = options[k]
+                                .iter()
+                                .map(|&(h, t)| (t + lambda * h as f64, h as f64))
+                                .min_by(|a, b| a.0.total_cmp(&b.0).then(a.1.total_cmp(&b.1)))?;
+                            Some((g + v, m + h))
+                        })
+                };
                 let plain = (class.forced != Some(true))
-                    .then(|| least(&key[..rep.len()], |o| (o.held, o.time)))
+                    .then(|| least(&key[..rep.len()], false))
                     .flatten();
                 let recomputed = self.kept_bytes(class, batch).and_then(|kept| {
-                    let (v, h) = least(key.get(rep.len()..)?, |o| (o.held_r, o.time_r))?;
+                    let (v, h) = least(key.get(rep.len()..)?, true)?;
                     Some((v + lambda * kept as f64, h + kept as f64))
                 });
                 let (v, h) = match (plain, recomputed) {
@@ -1561,6 +1588,25 @@ impl CapSum<'_> {
         });
         sum_parts(parts, 0, res, self.limit, arena, cut)
     }
+}
+
+/// Per op, per count of admitted options: the (held bytes, time) pairs that can decide a
+/// cap's Lagrangian bound, kept and recomputed ([`Planner::lean_options`]).
+type LeanOptions = Vec<(Vec<Vec<(u64, f64)>>, Vec<Vec<(u64, f64)>>)>;
+
+/// For each prefix of `points` (held bytes, time), by length: its points that no other of
+/// them is at least as good as on both (of equal ones, the first).
+fn lean_prefixes(points: impl Iterator<Item = (u64, f64)>) -> Vec<Vec<(u64, f64)>> {
+    let mut cur: Vec<(u64, f64)> = Vec::new();
+    let mut by_count = vec![cur.clone()];
+    for p in points {
+        if !cur.iter().any(|q| q.0 <= p.0 && q.1 <= p.1) {
+            cur.retain(|q| !(p.0 <= q.0 && p.1 <= q.1));
+            cur.push(p);
+        }
+        by_count.push(cur.clone());
+    }
+    by_count
 }
 
 /// Class frontiers by (class, key): the held-bytes limit each was summed under, and it.
@@ -2213,4 +2259,45 @@ fn classify(
         }
     }
     classes
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The least `t + λ·h` over a prefix of options, and the held bytes of the minimiser (of
+    /// equal values, the least), are the same bit for bit over the prefix's lean points.
+    #[test]
+    fn lean_options_decide_every_dual_minimum_as_all_options_do() {
+        let mut seed = 23u64;
+        let mut rand = move || {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            seed >> 33
+        };
+        let least = |pts: &[(u64, f64)], lambda: f64| {
+            pts.iter()
+                .map(|&(h, t)| (t + lambda * h as f64, h as f64))
+                .min_by(|a, b| a.0.total_cmp(&b.0).then(a.1.total_cmp(&b.1)))
+                .map(|(v, h)| (v.to_bits(), h.to_bits()))
+        };
+        for _ in 0..500 {
+            // Few distinct figures: ties in held bytes, in time and in both.
+            let pts: Vec<(u64, f64)> = (0..(rand() % 12))
+                .map(|_| ((rand() % 6) << 20, (rand() % 8) as f64 * 0.37))
+                .collect();
+            let lean = lean_prefixes(pts.iter().copied());
+            assert_eq!(lean.len(), pts.len() + 1);
+            for (k, points) in lean.iter().enumerate() {
+                for lambda in [0.0, 1e-9, 3.7e-8, 1e-7, 2.5e-6, 1.0] {
+                    assert_eq!(
+                        least(points, lambda),
+                        least(&pts[..k], lambda),
+                        "{pts:?} {k}"
+                    );
+                }
+            }
+        }
+    }
 }
