@@ -1149,18 +1149,21 @@ impl<'m> Planner<'m> {
     /// step rounds monotonically), and of equal values the minimum takes the least held
     /// bytes, so the minimum's (value, held bytes) are the same bit for bit without it.
     fn lean_options(&self, opts: &[Vec<Opt>]) -> LeanOptions {
-        let lean =
-            |options: &[Opt], pick: fn(&Opt) -> (u64, f64)| lean_prefixes(options.iter().map(pick));
-        let mut out: LeanOptions = vec![Default::default(); opts.len()];
+        let mut lean = LeanOptions {
+            first: vec![(0, 0); opts.len()],
+            ranges: Vec::new(),
+            points: Vec::new(),
+        };
+        let mut scratch = Vec::new();
         for class in &self.classes {
             for &i in &class.instances[0] {
-                out[i] = (
-                    lean(&opts[i], |o| (o.held, o.time)),
-                    lean(&opts[i], |o| (o.held_r, o.time_r)),
-                );
+                let plain = lean.add(opts[i].iter().map(|o| (o.held, o.time)), &mut scratch);
+                let recomputed =
+                    lean.add(opts[i].iter().map(|o| (o.held_r, o.time_r)), &mut scratch);
+                lean.first[i] = (plain, recomputed);
             }
         }
-        out
+        lean
     }
 
     /// A lower bound on the step time (without the step overhead) of every plan whose ops
@@ -1191,8 +1194,8 @@ impl<'m> Planner<'m> {
                     rep.iter()
                         .zip(counts)
                         .try_fold((0.0, 0.0), |(g, m), (&i, &k)| {
-                            let options = if recomputed { &lean[i].1 } else { &lean[i].0 };
-                            let (v, h) = options[k]
+                            let (v, h) = lean
+                                .of(i, recomputed, k)
                                 .iter()
                                 .map(|&(h, t)| (t + lambda * h as f64, h as f64))
                                 .min_by(|a, b| a.0.total_cmp(&b.0).then(a.1.total_cmp(&b.1)))?;
@@ -1591,19 +1594,60 @@ impl CapSum<'_> {
 }
 
 /// Per op, per count of admitted options: the (held bytes, time) pairs that can decide a
-/// cap's Lagrangian bound, kept and recomputed ([`Planner::lean_options`]).
-type LeanOptions = Vec<(Vec<Vec<(u64, f64)>>, Vec<Vec<(u64, f64)>>)>;
+/// cap's Lagrangian bound, kept and recomputed ([`Planner::lean_options`]), in one buffer.
+struct LeanOptions {
+    /// Per op: where its counts' ranges start in `ranges`, kept and recomputed.
+    first: Vec<(usize, usize)>,
+    /// Per op, way and count (from 0): its points' range in `points`.
+    ranges: Vec<(usize, usize)>,
+    points: Vec<(u64, f64)>,
+}
+
+impl LeanOptions {
+    /// Adds each prefix's lean points of one op's options, one way ([`lean_push`]); where
+    /// its ranges start.
+    fn add(
+        &mut self,
+        options: impl Iterator<Item = (u64, f64)>,
+        scratch: &mut Vec<(u64, f64)>,
+    ) -> usize {
+        let first = self.ranges.len();
+        scratch.clear();
+        self.ranges.push((self.points.len(), self.points.len()));
+        for p in options {
+            lean_push(scratch, p);
+            let start = self.points.len();
+            self.points.extend_from_slice(scratch);
+            self.ranges.push((start, self.points.len()));
+        }
+        first
+    }
+
+    /// Op `op`'s lean points among its first `k` options, kept or `recomputed`.
+    fn of(&self, op: usize, recomputed: bool, k: usize) -> &[(u64, f64)] {
+        let (plain, again) = self.first[op];
+        let (start, end) = self.ranges[if recomputed { again } else { plain } + k];
+        &self.points[start..end]
+    }
+}
+
+/// Adds `p` to the lean points `cur`: left out where one of them is at least as good on both
+/// held bytes and time, else in, and those it is at least as good as out.
+fn lean_push(cur: &mut Vec<(u64, f64)>, p: (u64, f64)) {
+    if !cur.iter().any(|q| q.0 <= p.0 && q.1 <= p.1) {
+        cur.retain(|q| !(p.0 <= q.0 && p.1 <= q.1));
+        cur.push(p);
+    }
+}
 
 /// For each prefix of `points` (held bytes, time), by length: its points that no other of
 /// them is at least as good as on both (of equal ones, the first).
+#[cfg(test)]
 fn lean_prefixes(points: impl Iterator<Item = (u64, f64)>) -> Vec<Vec<(u64, f64)>> {
     let mut cur: Vec<(u64, f64)> = Vec::new();
     let mut by_count = vec![cur.clone()];
     for p in points {
-        if !cur.iter().any(|q| q.0 <= p.0 && q.1 <= p.1) {
-            cur.retain(|q| !(p.0 <= q.0 && p.1 <= q.1));
-            cur.push(p);
-        }
+        lean_push(&mut cur, p);
         by_count.push(cur.clone());
     }
     by_count
@@ -2289,6 +2333,18 @@ mod tests {
                 .collect();
             let lean = lean_prefixes(pts.iter().copied());
             assert_eq!(lean.len(), pts.len() + 1);
+            let mut flat = LeanOptions {
+                first: vec![(0, 0)],
+                ranges: Vec::new(),
+                points: Vec::new(),
+            };
+            let mut scratch = Vec::new();
+            let other = flat.add([(1u64, 1.0)].into_iter(), &mut scratch);
+            let ours = flat.add(pts.iter().copied(), &mut scratch);
+            flat.first[0] = (other, ours);
+            for (k, points) in lean.iter().enumerate() {
+                assert_eq!(flat.of(0, true, k), points.as_slice());
+            }
             for (k, points) in lean.iter().enumerate() {
                 for lambda in [0.0, 1e-9, 3.7e-8, 1e-7, 2.5e-6, 1.0] {
                     assert_eq!(
