@@ -447,6 +447,17 @@ fn gallop(from: usize, len: usize, slower: impl Fn(usize) -> bool) -> usize {
     }
 }
 
+/// Frontiers of up to this many points are repeated one copy at a time; larger ones by
+/// doubling ([`repeat`]).
+const ONE_AT_A_TIME: usize = 64;
+
+/// Whether [`repeat`] of a three-dimensional frontier of `len` points, `count` times, must
+/// overflow ([`Arena::overflow`]): with two copies or more, a frontier repeated by doubling
+/// first sums itself with itself, `len²` pairs, past [`MAX_PAIRS_3D`] whatever else happens.
+pub fn repeat_overflows(len: usize, count: u64) -> bool {
+    count >= 2 && len > ONE_AT_A_TIME && len.saturating_mul(len) > MAX_PAIRS_3D
+}
+
 /// The frontier of `count` independent copies of `f` (each copy may pick a different point),
 /// leaving out points above `limit` (the first is always kept). `floor`: a lower bound on the
 /// memory of one copy, so a partial sum of `t` copies may stop at `limit − (count − t)·floor`.
@@ -489,7 +500,7 @@ pub fn repeat(
         .filter(|p| arena.host_limit.is_none_or(|h| p.host <= h))
         .collect();
     }
-    if f.len() <= 64 {
+    if f.len() <= ONE_AT_A_TIME {
         for t in 1..=count {
             acc = trim(sum(&acc, f, resolution, room(count - t), arena), count - t);
         }
@@ -723,6 +734,103 @@ mod tests {
         ));
         let got: Vec<(u64, f64)> = f.iter().map(|p| (p.mem, p.time)).collect();
         assert_eq!(got, vec![(5, 9.0), (10, 4.0), (30, 1.0)]);
+    }
+
+    /// A three-dimensional sum under a host limit `h` keeps exactly the points of the sum
+    /// under a larger limit that hold at most `h` (a point that dominates another holds no
+    /// more host memory), so its size bounds the larger sum's from below: what
+    /// `ClassSum::overflow_certain` decides overflow on.
+    #[test]
+    fn a_three_dimensional_sum_under_a_lower_host_limit_is_the_whole_sums_points_under_it() {
+        let mut seed = 3u64;
+        let mut rand = move || {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            seed >> 33
+        };
+        let figures = |f: &[Point]| -> Vec<(u64, u64, u64)> {
+            f.iter()
+                .map(|p| (p.mem, p.host, p.time.to_bits()))
+                .collect()
+        };
+        for round in 0..100 {
+            let mut parts: Vec<Vec<(u64, u64, f64)>> = Vec::new();
+            for _ in 0..(2 + rand() % 3) {
+                parts.push(
+                    (0..(1 + rand() % 8))
+                        .map(|_| (rand() % 40, rand() % 30, (rand() % 50) as f64))
+                        .collect(),
+                );
+            }
+            let sum_under = |h: u64| -> Frontier {
+                let mut a = Arena {
+                    host_limit: Some(h),
+                    ..Arena::default()
+                };
+                let mut total = vec![Point {
+                    mem: 0,
+                    time: 0.0,
+                    node: a.push(Node::Empty),
+                    host: 0,
+                }];
+                for part in &parts {
+                    let pts: Vec<Point> = part
+                        .iter()
+                        .map(|&(mem, host, time)| Point {
+                            mem,
+                            time,
+                            node: a.push(Node::Empty),
+                            host,
+                        })
+                        .collect();
+                    total = sum(&total, &prune3(pts), 0, u64::MAX, &mut a);
+                }
+                assert!(!a.overflow);
+                total
+            };
+            let whole = sum_under(u64::MAX);
+            for h in [0, 5, 20, 45, 80] {
+                let under: Vec<Point> = whole.iter().filter(|p| p.host <= h).copied().collect();
+                assert_eq!(
+                    figures(&sum_under(h)),
+                    figures(&under),
+                    "round {round}, host limit {h}"
+                );
+            }
+        }
+    }
+
+    /// `repeat_overflows` says exactly when `repeat` gives up on a three-dimensional
+    /// frontier it doubles.
+    #[test]
+    fn repeat_overflows_when_the_first_doubling_is_too_large() {
+        let side = (MAX_PAIRS_3D as f64).sqrt() as usize + 1;
+        for (len, count) in [
+            (side, 1),
+            (side, 2),
+            (side, 3),
+            (side, 48),
+            (100, 2),
+            (3, 5),
+        ] {
+            let mut a = Arena {
+                host_limit: Some(u64::MAX),
+                ..Arena::default()
+            };
+            // `len` points no other dominates: more memory, less host memory.
+            let f: Frontier = (0..len as u64)
+                .map(|k| Point {
+                    mem: k,
+                    time: 1.0,
+                    node: a.push(Node::Empty),
+                    host: len as u64 - k,
+                })
+                .collect();
+            let limit = if len == side { 0 } else { u64::MAX };
+            repeat(&f, count, 0, limit, 0, &mut a, None);
+            assert_eq!(a.overflow, repeat_overflows(len, count), "{len} × {count}");
+        }
     }
 
     #[test]

@@ -482,8 +482,14 @@ impl<'m> Planner<'m> {
                     break;
                 }
                 let table = planner.build(prep, max_budget_bytes, Some(&mut incumbent));
-                if !table.caps.is_empty() || table.overflow {
+                let overflow = table.overflow;
+                if !table.caps.is_empty() || overflow {
                     tables.push(table);
+                }
+                if overflow {
+                    // The three-dimensional search gave up: its tables will not be read
+                    // ([`Planner::best`] prices host memory instead), so nothing more is summed.
+                    break;
                 }
             }
             planner.searched = prepared.iter().map(|p| p.0).collect();
@@ -1122,15 +1128,42 @@ impl<'m> Planner<'m> {
         let room = budget.saturating_sub(self.machine.overhead_bytes);
         let samples = (prep.batch * prep.accumulation) as f64;
         let step_overhead = self.machine.step_overhead_s();
+        let lean = self.lean_options(&prep.opts);
         prep.steps
             .iter()
             .map(|(cap, keys)| {
                 let t = room.checked_sub(*cap).map_or(f64::INFINITY, |held| {
-                    self.cap_time_bound(&prep.opts, keys, prep.batch, held)
+                    self.cap_time_bound(&lean, keys, prep.batch, held)
                 });
                 samples / (t + step_overhead) * (1.0 + 1e-7)
             })
             .collect()
+    }
+
+    /// For each op of the classes' first instances and each count `k` of admitted options (a
+    /// prefix of its list), the (held bytes, time) of those of the first `k` that no other of
+    /// them beats on both, kept and recomputed: all [`Planner::cap_time_bound`] reads.
+    ///
+    /// An option another is no worse than on both never decides that bound's minimum: with
+    /// `λ ≥ 0`, `t' ≤ t` and `h' ≤ h` give `t' + λ·h' ≤ t + λ·h` in floating point too (every
+    /// step rounds monotonically), and of equal values the minimum takes the least held
+    /// bytes, so the minimum's (value, held bytes) are the same bit for bit without it.
+    fn lean_options(&self, opts: &[Vec<Opt>]) -> LeanOptions {
+        let mut lean = LeanOptions {
+            first: vec![(0, 0); opts.len()],
+            ranges: Vec::new(),
+            points: Vec::new(),
+        };
+        let mut scratch = Vec::new();
+        for class in &self.classes {
+            for &i in &class.instances[0] {
+                let plain = lean.add(opts[i].iter().map(|o| (o.held, o.time)), &mut scratch);
+                let recomputed =
+                    lean.add(opts[i].iter().map(|o| (o.held_r, o.time_r)), &mut scratch);
+                lean.first[i] = (plain, recomputed);
+            }
+        }
+        lean
     }
 
     /// A lower bound on the step time (without the step overhead) of every plan whose ops
@@ -1145,32 +1178,35 @@ impl<'m> Planner<'m> {
     /// them at `held` gives the same bound exactly, but building the hulls for every cap of
     /// every micro-batch made `plan` about 10 % slower (measured 2026-11-27), so the hulls are
     /// built only for the caps that are summed.
-    fn cap_time_bound(&self, opts: &[Vec<Opt>], keys: &[Vec<usize>], batch: u64, held: u64) -> f64 {
+    fn cap_time_bound(
+        &self,
+        lean: &LeanOptions,
+        keys: &[Vec<usize>],
+        batch: u64,
+        held: u64,
+    ) -> f64 {
         // (g(λ), the held bytes of the minimisers); None when some instance has no way.
         let dual = |lambda: f64| -> Option<(f64, f64)> {
             let (mut g, mut mem) = (0.0f64, 0.0f64);
             for (class, key) in self.classes.iter().zip(keys) {
                 let rep = &class.instances[0];
-                let least =
-                    |counts: &[usize], pick: fn(&Opt) -> (u64, f64)| -> Option<(f64, f64)> {
-                        rep.iter()
-                            .zip(counts)
-                            .try_fold((0.0, 0.0), |(g, m), (&i, &k)| {
-                                let (v, h) = opts[i][..k]
-                                    .iter()
-                                    .map(|o| {
-                                        let (h, t) = pick(o);
-                                        (t + lambda * h as f64, h as f64)
-                                    })
-                                    .min_by(|a, b| a.0.total_cmp(&b.0).then(a.1.total_cmp(&b.1)))?;
-                                Some((g + v, m + h))
-                            })
-                    };
+                let least = |counts: &[usize], recomputed: bool| -> Option<(f64, f64)> {
+                    rep.iter()
+                        .zip(counts)
+                        .try_fold((0.0, 0.0), |(g, m), (&i, &k)| {
+                            let (v, h) = lean
+                                .of(i, recomputed, k)
+                                .iter()
+                                .map(|&(h, t)| (t + lambda * h as f64, h as f64))
+                                .min_by(|a, b| a.0.total_cmp(&b.0).then(a.1.total_cmp(&b.1)))?;
+                            Some((g + v, m + h))
+                        })
+                };
                 let plain = (class.forced != Some(true))
-                    .then(|| least(&key[..rep.len()], |o| (o.held, o.time)))
+                    .then(|| least(&key[..rep.len()], false))
                     .flatten();
                 let recomputed = self.kept_bytes(class, batch).and_then(|kept| {
-                    let (v, h) = least(key.get(rep.len()..)?, |o| (o.held_r, o.time_r))?;
+                    let (v, h) = least(key.get(rep.len()..)?, true)?;
                     Some((v + lambda * kept as f64, h + kept as f64))
                 });
                 let (v, h) = match (plain, recomputed) {
@@ -1555,6 +1591,66 @@ impl CapSum<'_> {
         });
         sum_parts(parts, 0, res, self.limit, arena, cut)
     }
+}
+
+/// Per op, per count of admitted options: the (held bytes, time) pairs that can decide a
+/// cap's Lagrangian bound, kept and recomputed ([`Planner::lean_options`]), in one buffer.
+struct LeanOptions {
+    /// Per op: where its counts' ranges start in `ranges`, kept and recomputed.
+    first: Vec<(usize, usize)>,
+    /// Per op, way and count (from 0): its points' range in `points`.
+    ranges: Vec<(usize, usize)>,
+    points: Vec<(u64, f64)>,
+}
+
+impl LeanOptions {
+    /// Adds each prefix's lean points of one op's options, one way ([`lean_push`]); where
+    /// its ranges start.
+    fn add(
+        &mut self,
+        options: impl Iterator<Item = (u64, f64)>,
+        scratch: &mut Vec<(u64, f64)>,
+    ) -> usize {
+        let first = self.ranges.len();
+        scratch.clear();
+        self.ranges.push((self.points.len(), self.points.len()));
+        for p in options {
+            lean_push(scratch, p);
+            let start = self.points.len();
+            self.points.extend_from_slice(scratch);
+            self.ranges.push((start, self.points.len()));
+        }
+        first
+    }
+
+    /// Op `op`'s lean points among its first `k` options, kept or `recomputed`.
+    fn of(&self, op: usize, recomputed: bool, k: usize) -> &[(u64, f64)] {
+        let (plain, again) = self.first[op];
+        let (start, end) = self.ranges[if recomputed { again } else { plain } + k];
+        &self.points[start..end]
+    }
+}
+
+/// Adds `p` to the lean points `cur`: left out where one of them is at least as good on both
+/// held bytes and time, else in, and those it is at least as good as out.
+fn lean_push(cur: &mut Vec<(u64, f64)>, p: (u64, f64)) {
+    if !cur.iter().any(|q| q.0 <= p.0 && q.1 <= p.1) {
+        cur.retain(|q| !(p.0 <= q.0 && p.1 <= q.1));
+        cur.push(p);
+    }
+}
+
+/// For each prefix of `points` (held bytes, time), by length: its points that no other of
+/// them is at least as good as on both (of equal ones, the first).
+#[cfg(test)]
+fn lean_prefixes(points: impl Iterator<Item = (u64, f64)>) -> Vec<Vec<(u64, f64)>> {
+    let mut cur: Vec<(u64, f64)> = Vec::new();
+    let mut by_count = vec![cur.clone()];
+    for p in points {
+        lean_push(&mut cur, p);
+        by_count.push(cur.clone());
+    }
+    by_count
 }
 
 /// Class frontiers by (class, key): the held-bytes limit each was summed under, and it.
@@ -2036,6 +2132,83 @@ impl ClassSum<'_> {
 
     /// Instances whole: each way's one-instance frontier, pruned together, repeated.
     fn whole(&self, ways: &[(bool, u64)], remat: Option<&[u64]>, arena: &mut Arena) -> Frontier {
+        if self.overflow_certain(ways, remat, arena) {
+            arena.overflow = true;
+            return Vec::new();
+        }
+        let one = self.one_instance(ways, remat, arena);
+        let floor = one.first().map_or(0, |p| p.mem);
+        let cut = self.cut.as_ref().map(|c| RepeatCut {
+            one: hull_of(&one),
+            outside: c.outside.clone(),
+            limit: c.limit,
+            t_max: c.t_max,
+        });
+        frontier::repeat(
+            &one,
+            self.count,
+            self.resolution,
+            self.limit,
+            floor,
+            arena,
+            cut.as_ref(),
+        )
+    }
+
+    /// Whether the three-dimensional sum of this class must overflow
+    /// ([`frontier::repeat_overflows`]), decided on part of its one-instance frontier where
+    /// that part is already too large: building the whole of it can take many times longer.
+    ///
+    /// Whether a point with at most `h` bytes of host memory is dominated depends only on the
+    /// points with at most `h` (a point that dominates it holds no more), so the one-instance
+    /// frontier under a host limit `h` is exactly the whole one's points up to `h` — no more
+    /// points than the whole — and each partial sum building it is the whole's partial sum's
+    /// points up to `h` (so one of its sums overflows only where the whole's would). A few
+    /// limits well under what one instance can hold are tried; where none decides, the whole
+    /// frontier is built as before, and the arena is left as it was.
+    fn overflow_certain(
+        &self,
+        ways: &[(bool, u64)],
+        remat: Option<&[u64]>,
+        arena: &mut Arena,
+    ) -> bool {
+        let Some(host_limit) = arena.host_limit else {
+            return false;
+        };
+        if arena.overflow || self.count < 2 {
+            return false;
+        }
+        // The most host memory one instance can hold: every slot at its most.
+        let most = self
+            .slots
+            .iter()
+            .map(|&i| self.opts[i].iter().map(|o| o.host).max().unwrap_or(0))
+            .fold(0u64, u64::saturating_add);
+        let mark = arena.nodes.len();
+        for part in [64, 16] {
+            let h = most / part;
+            if h == 0 || h >= host_limit {
+                continue;
+            }
+            arena.host_limit = Some(h);
+            let len = self.one_instance(ways, remat, arena).len();
+            arena.host_limit = Some(host_limit);
+            // A sum that overflowed under `h` overflows in the whole frontier too.
+            if arena.overflow || frontier::repeat_overflows(len, self.count) {
+                return true;
+            }
+            arena.nodes.truncate(mark);
+        }
+        false
+    }
+
+    /// One instance's frontier: each way's, pruned together.
+    fn one_instance(
+        &self,
+        ways: &[(bool, u64)],
+        remat: Option<&[u64]>,
+        arena: &mut Arena,
+    ) -> Frontier {
         let mut all: Vec<Point> = Vec::new();
         for &(r, kept) in ways {
             let remat = if r { remat } else { None };
@@ -2055,23 +2228,7 @@ impl ClassSum<'_> {
                 });
             }
         }
-        let one = frontier::prune(all);
-        let floor = one.first().map_or(0, |p| p.mem);
-        let cut = self.cut.as_ref().map(|c| RepeatCut {
-            one: hull_of(&one),
-            outside: c.outside.clone(),
-            limit: c.limit,
-            t_max: c.t_max,
-        });
-        frontier::repeat(
-            &one,
-            self.count,
-            self.resolution,
-            self.limit,
-            floor,
-            arena,
-            cut.as_ref(),
-        )
+        frontier::prune(all)
     }
 }
 
@@ -2146,4 +2303,57 @@ fn classify(
         }
     }
     classes
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The least `t + λ·h` over a prefix of options, and the held bytes of the minimiser (of
+    /// equal values, the least), are the same bit for bit over the prefix's lean points.
+    #[test]
+    fn lean_options_decide_every_dual_minimum_as_all_options_do() {
+        let mut seed = 23u64;
+        let mut rand = move || {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            seed >> 33
+        };
+        let least = |pts: &[(u64, f64)], lambda: f64| {
+            pts.iter()
+                .map(|&(h, t)| (t + lambda * h as f64, h as f64))
+                .min_by(|a, b| a.0.total_cmp(&b.0).then(a.1.total_cmp(&b.1)))
+                .map(|(v, h)| (v.to_bits(), h.to_bits()))
+        };
+        for _ in 0..500 {
+            // Few distinct figures: ties in held bytes, in time and in both.
+            let pts: Vec<(u64, f64)> = (0..(rand() % 12))
+                .map(|_| ((rand() % 6) << 20, (rand() % 8) as f64 * 0.37))
+                .collect();
+            let lean = lean_prefixes(pts.iter().copied());
+            assert_eq!(lean.len(), pts.len() + 1);
+            let mut flat = LeanOptions {
+                first: vec![(0, 0)],
+                ranges: Vec::new(),
+                points: Vec::new(),
+            };
+            let mut scratch = Vec::new();
+            let other = flat.add([(1u64, 1.0)].into_iter(), &mut scratch);
+            let ours = flat.add(pts.iter().copied(), &mut scratch);
+            flat.first[0] = (other, ours);
+            for (k, points) in lean.iter().enumerate() {
+                assert_eq!(flat.of(0, true, k), points.as_slice());
+            }
+            for (k, points) in lean.iter().enumerate() {
+                for lambda in [0.0, 1e-9, 3.7e-8, 1e-7, 2.5e-6, 1.0] {
+                    assert_eq!(
+                        least(points, lambda),
+                        least(&pts[..k], lambda),
+                        "{pts:?} {k}"
+                    );
+                }
+            }
+        }
+    }
 }
