@@ -107,15 +107,24 @@ fn every_group_is_right_on_average_and_most_runs_within_15_percent() {
     assert!((0.9..=1.1).contains(&g), "held out: {g:.3}");
 }
 
-#[test]
-fn tokens_per_gpu_stay_flat_from_one_node_to_many_where_published_runs_do() {
-    let all = priced();
+/// From run `from` to run `to`: (published, predicted) tokens/s per GPU of `to` over `from`'s.
+fn change(all: &[(PublishedRun, Priced)], from: &str, to: &str) -> (f64, f64) {
     let by_id = |id: &str| {
         all.iter()
             .find(|(r, _)| r.id == id)
-            .map(|(_, p)| p.clone())
+            .map(|(_, p)| p)
             .unwrap_or_else(|| panic!("{id} is in the data file"))
     };
+    let (a, b) = (by_id(from), by_id(to));
+    (
+        b.published_tokens_per_s_per_gpu / a.published_tokens_per_s_per_gpu,
+        b.predicted_tokens_per_s_per_gpu / a.predicted_tokens_per_s_per_gpu,
+    )
+}
+
+#[test]
+fn tokens_per_gpu_stay_flat_from_one_node_to_many_where_published_runs_do() {
+    let all = priced();
     // llm-foundry's H100 tables: the same model on one node and on 8 to 64 nodes.
     for (one, many) in [
         (
@@ -135,9 +144,7 @@ fn tokens_per_gpu_stay_flat_from_one_node_to_many_where_published_runs_do() {
             "foundry-h100-mpt-13b-s2048-g64-noac",
         ),
     ] {
-        let (a, b) = (by_id(one), by_id(many));
-        let published = b.published_tokens_per_s_per_gpu / a.published_tokens_per_s_per_gpu;
-        let predicted = b.predicted_tokens_per_s_per_gpu / a.predicted_tokens_per_s_per_gpu;
+        let (published, predicted) = change(&all, one, many);
         assert!(
             (0.85..=1.15).contains(&published),
             "{one} → {many}: published runs are not flat ({published:.2})"
@@ -159,21 +166,14 @@ fn tokens_per_gpu_stay_flat_from_one_node_to_many_where_published_runs_do() {
 #[test]
 fn tokens_per_gpu_fall_with_scale_where_deepspeed_2021_runs_do() {
     let all = priced();
-    let by_id = |id: &str| {
-        all.iter()
-            .find(|(r, _)| r.id == format!("megatron-zero3-a100-gpt-{id}"))
-            .map(|(_, p)| p.clone())
-            .unwrap_or_else(|| panic!("{id} is in the data file"))
-    };
+    let id = |s: &str| format!("megatron-zero3-a100-gpt-{s}");
     for (fewer, more) in [
         ("175b-s2048-g384-mb4", "175b-s2048-g768-mb2"),
         ("175b-s2048-g768-mb2", "175b-s2048-g1536-mb1"),
         ("530b-s2048-g640-mb4", "530b-s2048-g1120-mb2"),
         ("530b-s2048-g1120-mb2", "530b-s2048-g2240-mb1"),
     ] {
-        let (a, b) = (by_id(fewer), by_id(more));
-        let published = b.published_tokens_per_s_per_gpu / a.published_tokens_per_s_per_gpu;
-        let predicted = b.predicted_tokens_per_s_per_gpu / a.predicted_tokens_per_s_per_gpu;
+        let (published, predicted) = change(&all, &id(fewer), &id(more));
         assert!(
             published < 0.75,
             "{fewer} → {more}: published runs do not fall ({published:.2})"
@@ -193,12 +193,6 @@ fn tokens_per_gpu_fall_with_scale_where_deepspeed_2021_runs_do() {
 #[test]
 fn v100_stacks_and_the_network_cost_what_published_runs_say() {
     let all = priced();
-    let by_id = |id: &str| {
-        all.iter()
-            .find(|(r, _)| r.id == id)
-            .map(|(_, p)| p.clone())
-            .unwrap_or_else(|| panic!("{id} is in the data file"))
-    };
     for (from, to) in [
         (
             "dsexamples-v100-hf-gpt2-s1024-g16-zero1-mb8",
@@ -209,9 +203,7 @@ fn v100_stacks_and_the_network_cost_what_published_runs_say() {
             "dlperf-megatron-v100-gpt-1536x16-s2048-g16-dp-mb2",
         ),
     ] {
-        let (a, b) = (by_id(from), by_id(to));
-        let published = b.published_tokens_per_s_per_gpu / a.published_tokens_per_s_per_gpu;
-        let predicted = b.predicted_tokens_per_s_per_gpu / a.predicted_tokens_per_s_per_gpu;
+        let (published, predicted) = change(&all, from, to);
         assert!(published < 0.8, "{from} → {to}: published {published:.2}");
         assert!(
             (0.9..=1.1).contains(&(predicted / published)),
