@@ -710,6 +710,18 @@ impl Cut {
     }
 }
 
+/// A seeded stream of pseudo-random numbers for the tests (a 64-bit linear congruential
+/// generator's high bits): the same frontiers every run, no dependency.
+#[cfg(test)]
+pub(crate) fn test_rng(mut seed: u64) -> impl FnMut() -> u64 {
+    move || {
+        seed = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        seed >> 33
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -742,13 +754,7 @@ mod tests {
     /// `ClassSum::overflow_certain` decides overflow on.
     #[test]
     fn a_three_dimensional_sum_under_a_lower_host_limit_is_the_whole_sums_points_under_it() {
-        let mut seed = 3u64;
-        let mut rand = move || {
-            seed = seed
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            seed >> 33
-        };
+        let mut rand = test_rng(3);
         let figures = |f: &[Point]| -> Vec<(u64, u64, u64)> {
             f.iter()
                 .map(|p| (p.mem, p.host, p.time.to_bits()))
@@ -867,13 +873,7 @@ mod tests {
     fn sum_is_the_pruned_set_of_all_pairs_up_to_the_limit() {
         let mut a = Arena::default();
         // Two staircases with ties and near-ties in memory and time.
-        let mut seed = 7u64;
-        let mut rand = move || {
-            seed = seed
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            seed >> 33
-        };
+        let mut rand = test_rng(7);
         for _ in 0..20 {
             let x: Vec<(u64, f64)> = (0..12)
                 .map(|_| (rand() % 50, (rand() % 40) as f64))
@@ -917,13 +917,7 @@ mod tests {
     #[test]
     fn a_sum_at_a_resolution_loses_less_than_one_step_of_memory() {
         let mut a = Arena::default();
-        let mut seed = 5u64;
-        let mut rand = move || {
-            seed = seed
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            seed >> 33
-        };
+        let mut rand = test_rng(5);
         let (mut on_grid, mut merged) = (0, 0);
         for round in 0..200 {
             // Dense memories (the grid) in most rounds, spread ones (the merge) in some.
@@ -990,13 +984,7 @@ mod tests {
     /// that, with the best rest, reaches `t_max`.
     #[test]
     fn hulls_bound_every_combination_from_below() {
-        let mut seed = 11u64;
-        let mut rand = move || {
-            seed = seed
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            seed >> 33
-        };
+        let mut rand = test_rng(11);
         let at = |h: &Hull, x: f64| -> f64 { h.least_time()(x) };
         // A cut keeps a point exactly when its time and the rest's least time fit `t_max`.
         let rest = Hull::of([(10.0, 5.0), (20.0, 1.0)]).unwrap();

@@ -2308,18 +2308,13 @@ fn classify(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::plan::frontier::test_rng;
 
     /// The least `t + λ·h` over a prefix of options, and the held bytes of the minimiser (of
     /// equal values, the least), are the same bit for bit over the prefix's lean points.
     #[test]
     fn lean_options_decide_every_dual_minimum_as_all_options_do() {
-        let mut seed = 23u64;
-        let mut rand = move || {
-            seed = seed
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            seed >> 33
-        };
+        let mut rand = test_rng(23);
         let least = |pts: &[(u64, f64)], lambda: f64| {
             pts.iter()
                 .map(|&(h, t)| (t + lambda * h as f64, h as f64))
