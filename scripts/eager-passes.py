@@ -4,8 +4,10 @@
 The cost model prices transformers' eager code by passes through memory (an element read or
 written counts 1 × its dtype's bytes). This script runs the code in question on CPU under a
 TorchDispatchMode, sums the bytes of every ATen op's tensor inputs and outputs of the watched
-size, and prints them per element, forward and backward, so the constants in
-crates/osdp-core/src/cost/graph.rs can be checked: `python3 scripts/eager-passes.py`.
+size, and prints them per element, forward and backward, under the names of the constants in
+crates/osdp-core/src/cost/graph.rs and precision.rs that take them: `python3
+scripts/eager-passes.py [--json]` (`describe::eager_pass_counts_are_what_the_script_counts`
+compares the two).
 
 CUDA autocast is emulated by the casts it inserts (softmax, pow and log_softmax are on its
 fp32 list; matmuls on its fp16 list), since CPU autocast keeps different lists.
@@ -55,8 +57,10 @@ def gelu_new(x):
 
 
 def gelu_new_autocast(x):
-    # CUDA autocast runs pow in fp32; type promotion carries fp32 to the end.
-    return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x.float(), 3.0))))
+    # CUDA autocast runs pow in fp32; type promotion carries fp32 to the end, and the next
+    # linear (on autocast's half list) casts the result back.
+    y = 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x.float(), 3.0))))
+    return y.to(x.dtype)
 
 
 def gelu_fast(x):
@@ -67,25 +71,32 @@ def gelu_fused(x):
     return torch.nn.functional.gelu(x, approximate="tanh")
 
 
-def attention(autocast, dropout):
+def attention(autocast):
     """GPT-2's eager attention between its two matmuls (transformers' GPT2Attention._attn):
-    scale, causal mask by `where`, softmax, dropout; the scores as the first matmul writes them
-    and the probabilities as the second reads them."""
+    scale, causal mask by `where`, softmax (and under autocast the casts around it). Stand-in
+    multiplies take the matmuls' places: the first stands for the write of the scores, the
+    last for the read of the probabilities; each also reads (forward) what the matmul would
+    not, one pass each, taken off by `attention_passes`. Dropout is left out: on a CPU it is
+    three kernels where CUDA's is one (the cost model counts CUDA's by hand)."""
     s = 64
     mask = torch.tril(torch.ones(s, s, dtype=torch.bool))
 
     def run(scores):
-        w = scores * 1.0  # stands for the first matmul's write of the scores
+        w = scores * 1.0
         w = w / 8.0
         w = torch.where(mask, w, torch.tensor(-1e4, dtype=w.dtype))
         w = torch.softmax(w.float() if autocast else w, dim=-1)
-        if dropout:
-            w = torch.nn.functional.dropout(w, 0.1, training=True)
         if autocast:
             w = w.to(torch.bfloat16)
-        return w * 1.0  # stands for the second matmul's read of the probabilities
+        return w * 1.0
 
     return run, (4, s, s)
+
+
+def attention_passes(autocast):
+    fn, shape = attention(autocast)
+    fw, bw, _, _ = passes(fn, shape, torch.bfloat16)
+    return fw - 2.0, bw
 
 
 def hf_trainer_step(clip=True, unscale=True):
@@ -134,31 +145,41 @@ def llama_rotary(x):
     return q
 
 
-def main():
-    step, kernels = hf_trainer_step()
-    print(f"HF Trainer step (unscale, clip, transformers AdamW, zero_grad): {step:.0f} bytes "
-          f"per fp32 parameter, {kernels} kernels per tensor")
+def figures():
+    """Every figure the cost model takes from this script, by the name of its constant."""
     half = torch.bfloat16
-    rows = [
-        ("fused tanh GELU (reference)", gelu_fused, (64, 256), half),
-        ("gelu_new, half", gelu_new, (64, 256), half),
-        ("gelu_new, autocast", gelu_new_autocast, (64, 256), half),
-        ("gelu_fast, half", gelu_fast, (64, 256), half),
-        ("LlamaRMSNorm, half", llama_rms_norm(), (64, 256), half),
-        ("Llama rotary (queries), half", llama_rotary, (2, 4, 64, 32), half),
-    ]
-    for name, fn, shape, dt in rows:
-        fw, bw, _, _ = passes(fn, shape, dt)
-        print(f"{name:40s} forward {fw:5.1f}  backward {bw:5.1f}  (passes at 2 bytes)")
-    for autocast in (False, True):
-        for dropout in (False, True):
-            fn, shape = attention(autocast, dropout)
-            fw, bw, fo, bo = passes(fn, shape, half)
-            # The stand-in multiplies (one read, one write each way) are not the matmuls' own
-            # traffic: take off one pass each forward and backward per stand-in beyond the
-            # write (first) and the read (second).
-            print(f"attention scores, autocast={autocast!s:5} dropout={dropout!s:5} "
-                  f"forward {fw:5.1f}  backward {bw:5.1f}   fwd ops {fo}  bwd ops {bo}")
+    out = {}
+    for name, fn, shape in [
+        ("EAGER_GELU_NEW_PASSES", gelu_new, (64, 256)),
+        ("EAGER_GELU_NEW_AUTOCAST_PASSES", gelu_new_autocast, (64, 256)),
+        ("EAGER_GELU_FAST_PASSES", gelu_fast, (64, 256)),
+        ("EAGER_RMS_NORM_PASSES", llama_rms_norm(), (64, 256)),
+        ("EAGER_ROTARY_PASSES", llama_rotary, (2, 4, 64, 32)),
+        ("fused tanh GELU (for reference)", gelu_fused, (64, 256)),
+    ]:
+        fw, bw, _, _ = passes(fn, shape, half)
+        out[name] = [fw, bw]
+    out["EAGER_ATTENTION_PASSES"] = list(attention_passes(False))
+    out["EAGER_ATTENTION_AUTOCAST_PASSES"] = list(attention_passes(True))
+    step, kernels = hf_trainer_step()
+    out["HF_TRAINER_STEP_BYTES_PER_PARAM"] = step
+    out["HF Trainer step kernels per tensor"] = kernels
+    return out
+
+
+def main():
+    import json
+    import sys
+
+    out = figures()
+    if "--json" in sys.argv[1:]:
+        print(json.dumps(out, indent=1))
+        return
+    for name, value in out.items():
+        if isinstance(value, list):
+            print(f"{name:40s} forward {value[0]:5.1f}  backward {value[1]:5.1f}  (2-byte passes)")
+        else:
+            print(f"{name:40s} {value}")
 
 
 if __name__ == "__main__":

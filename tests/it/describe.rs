@@ -423,3 +423,55 @@ fn fsdp2_holds_what_the_fsdp2_target_predicts() {
         );
     }
 }
+
+/// The pass counts the cost model prices transformers' eager code with are what
+/// `scripts/eager-passes.py` counts in the installed torch and transformers: a change to either
+/// that moves them fails here, not silently in the prices.
+/// Needs OSDP_TEST_PYTHON (torch and transformers; scripts/test.sh sets it); skipped without.
+#[test]
+fn eager_pass_counts_are_what_the_script_counts() {
+    use osdp_core::cost::{
+        EAGER_ATTENTION_AUTOCAST_PASSES, EAGER_ATTENTION_PASSES, EAGER_GELU_FAST_PASSES,
+        EAGER_GELU_NEW_AUTOCAST_PASSES, EAGER_GELU_NEW_PASSES, EAGER_RMS_NORM_PASSES,
+        EAGER_ROTARY_PASSES, HF_TRAINER_STEP_BYTES_PER_PARAM,
+    };
+    let Some(python) = test_python() else {
+        return;
+    };
+    let out = std::process::Command::new(python)
+        .arg(crate::root().join("scripts/eager-passes.py"))
+        .arg("--json")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let counted: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    for (name, (fwd, bwd)) in [
+        ("EAGER_GELU_NEW_PASSES", EAGER_GELU_NEW_PASSES),
+        (
+            "EAGER_GELU_NEW_AUTOCAST_PASSES",
+            EAGER_GELU_NEW_AUTOCAST_PASSES,
+        ),
+        ("EAGER_GELU_FAST_PASSES", EAGER_GELU_FAST_PASSES),
+        ("EAGER_RMS_NORM_PASSES", EAGER_RMS_NORM_PASSES),
+        ("EAGER_ROTARY_PASSES", EAGER_ROTARY_PASSES),
+        ("EAGER_ATTENTION_PASSES", EAGER_ATTENTION_PASSES),
+        (
+            "EAGER_ATTENTION_AUTOCAST_PASSES",
+            EAGER_ATTENTION_AUTOCAST_PASSES,
+        ),
+    ] {
+        assert_eq!(
+            (counted[name][0].as_f64(), counted[name][1].as_f64()),
+            (Some(fwd), Some(bwd)),
+            "{name}"
+        );
+    }
+    assert_eq!(
+        counted["HF_TRAINER_STEP_BYTES_PER_PARAM"].as_f64(),
+        Some(HF_TRAINER_STEP_BYTES_PER_PARAM as f64)
+    );
+}

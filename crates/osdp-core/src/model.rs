@@ -222,8 +222,9 @@ impl Kernels {
 /// transformers' tanh GELUs written as PyTorch expressions rather than the fused
 /// `gelu(approximate="tanh")`: `gelu_new` (`NewGELUActivation`, GPT-2's default) and
 /// `gelu_fast` (`FastGELUActivation`). Each step is its own kernel, a pass through memory each
-/// way, and autograd keeps intermediates. Counted by `scripts/eager-passes.py` (torch 2.11,
-/// transformers 5.24: the expressions are unchanged since 4.x).
+/// way ([`crate::cost::graph::EAGER_GELU_NEW_PASSES`]), and autograd keeps intermediates.
+/// Counted by `scripts/eager-passes.py` (torch 2.11, transformers 5.24: the expressions are
+/// unchanged since 4.x).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ComposedGelu {
@@ -247,20 +248,6 @@ impl ComposedGelu {
             ComposedGelu::New => 3,
             ComposedGelu::Fast => 6,
         }
-    }
-
-    /// Passes over the activation (reads and writes, in elements of the compute dtype) beyond
-    /// the fused kernel's 2 forward and 3 backward, forward and backward. Under CUDA autocast
-    /// `gelu_new`'s `pow` runs in fp32 (autocast's fp32 list) and type promotion carries fp32 to
-    /// its end, and the next linear casts it back: 35 + 3 forward, 56 + 3 backward in
-    /// 2-byte passes; `gelu_fast` has no op on that list.
-    pub fn extra_passes(self, autocast: bool) -> (f64, f64) {
-        let (fwd, bwd) = match (self, autocast) {
-            (ComposedGelu::New, false) => (18.0, 28.0),
-            (ComposedGelu::New, true) => (38.0, 59.0),
-            (ComposedGelu::Fast, _) => (21.0, 36.0),
-        };
-        (fwd - 2.0, bwd - 3.0)
     }
 }
 

@@ -4,7 +4,7 @@
 //! op, each op's share of its block); the calibration curves' key and measure of an op's work.
 
 use crate::model::{
-    saved, AttentionImpl, Kernels, ModelConfig, ModelSpec, OpKind, OpSpec, Positional,
+    saved, AttentionImpl, ComposedGelu, Kernels, ModelConfig, ModelSpec, OpKind, OpSpec, Positional,
 };
 
 use super::{
@@ -365,16 +365,37 @@ impl OpGraph {
     }
 }
 
-/// transformers' `LlamaRMSNorm` (Llama, Mistral, Qwen2 and their kin): upcast to fp32, square,
-/// mean, reciprocal root, multiply, cast back, scale by the weight, each its own op: passes
-/// (2-byte units) beyond a fused norm's 2 forward and 4 backward, counted by
-/// `scripts/eager-passes.py` on a bf16 model.
-pub const EAGER_RMS_NORM_EXTRA_PASSES: (f64, f64) = (16.0, 44.0);
+// Passes through memory that transformers' eager code makes over a tensor, (forward, backward),
+// in 2-byte units (an element read or written at 2 bytes counts 1, at 4 bytes 2), as
+// `scripts/eager-passes.py` counts them on a bf16 model under the same names
+// (`describe::eager_pass_counts_are_what_the_script_counts` compares).
 
-/// transformers' `apply_rotary_pos_emb`: `q * cos + rotate_half(q) * sin` (a negation, a
-/// concatenation, two products and a sum), on the queries and again on the keys: passes over
-/// each, forward and backward, counted as above.
+/// GPT-2's `gelu_new` (`NewGELUActivation`): eight ops.
+pub const EAGER_GELU_NEW_PASSES: (f64, f64) = (18.0, 28.0);
+/// The same under CUDA autocast: `pow` is on its fp32 list, type promotion carries fp32 to
+/// the end, and the next linear casts the result back.
+pub const EAGER_GELU_NEW_AUTOCAST_PASSES: (f64, f64) = (38.0, 59.0);
+/// `gelu_fast` (`FastGELUActivation`): nine ops, none on autocast's fp32 list.
+pub const EAGER_GELU_FAST_PASSES: (f64, f64) = (21.0, 36.0);
+/// `LlamaRMSNorm` (Llama, Mistral, Qwen2 and their kin): upcast to fp32, square, mean,
+/// reciprocal root, multiply, cast back, scale by the weight.
+pub const EAGER_RMS_NORM_PASSES: (f64, f64) = (18.0, 48.0);
+/// `apply_rotary_pos_emb` on one tensor: `q * cos + rotate_half(q) * sin` (a negation, a
+/// concatenation, two products and a sum); made on the queries and again on the keys.
 pub const EAGER_ROTARY_PASSES: (f64, f64) = (16.0, 12.0);
+/// GPT-2's attention between its two GEMMs, theirs included: the first writes the scores,
+/// scaling, masking and softmax each read and write them, the second reads the probabilities
+/// (8); backward the second's input gradient is written and its weight gradient reads the
+/// probabilities, softmax's backward reads both and writes one, masking's and scaling's read
+/// and write, and the first's two gradients read it (11).
+pub const EAGER_ATTENTION_PASSES: (f64, f64) = (8.0, 11.0);
+/// The same under autocast: softmax's input cast up, it and its gradient fp32, the second
+/// GEMM's input cast back.
+pub const EAGER_ATTENTION_AUTOCAST_PASSES: (f64, f64) = (16.0, 20.0);
+
+/// What an element-wise op is priced at before any of the above: its input and output
+/// forward, [`ELEMENTWISE_BWD_FACTOR`] times that backward.
+const PRICED_ELEMENTWISE_PASSES: (f64, f64) = (2.0, 2.0 * ELEMENTWISE_BWD_FACTOR);
 
 /// Under [`Kernels::Pytorch`], the passes an op's eager code makes beyond what the op's price
 /// counts: the elements per sample they run over and the (forward, backward) passes.
@@ -383,15 +404,20 @@ fn eager_passes(op: &OpSpec, config: &ModelConfig, m: &Machine) -> Option<(f64, 
         return None;
     }
     let out_elems = (op.output_bytes_per_sample / m.model_activation_bytes.max(1)) as f64;
+    let beyond = |(fwd, bwd): (f64, f64)| {
+        let (f0, b0) = PRICED_ELEMENTWISE_PASSES;
+        (out_elems, (fwd - f0).max(0.0), (bwd - b0).max(0.0))
+    };
     match op.kind {
         OpKind::Activation => config.composed_gelu.map(|g| {
-            let (fwd, bwd) = g.extra_passes(m.autocast);
-            (out_elems, fwd, bwd)
+            beyond(match (g, m.autocast) {
+                (ComposedGelu::New, false) => EAGER_GELU_NEW_PASSES,
+                (ComposedGelu::New, true) => EAGER_GELU_NEW_AUTOCAST_PASSES,
+                (ComposedGelu::Fast, _) => EAGER_GELU_FAST_PASSES,
+            })
         }),
-        OpKind::RmsNorm => {
-            let (fwd, bwd) = EAGER_RMS_NORM_EXTRA_PASSES;
-            Some((out_elems, fwd, bwd))
-        }
+        OpKind::RmsNorm => Some(beyond(EAGER_RMS_NORM_PASSES)),
+        // Inside attention's price nothing stands for it: all of it.
         OpKind::Attention if config.positional == Positional::Rotary => {
             let rotated = (config.heads + config.kv_heads) * config.head_dim * config.seq_len;
             let (fwd, bwd) = EAGER_ROTARY_PASSES;
@@ -402,15 +428,9 @@ fn eager_passes(op: &OpSpec, config: &ModelConfig, m: &Machine) -> Option<(f64, 
 }
 
 /// Passes over the `heads × seq²` score tensor of a materialised attention, forward and
-/// backward, each a read or a write of every element at the activation dtype's size, as
-/// PyTorch's eager ops make them (counted by `scripts/eager-passes.py` on transformers' GPT-2
-/// attention): forward the first GEMM writes the scores, scaling, masking and softmax each read
-/// and write them, and the second GEMM reads the probabilities (8); backward the second GEMM's
-/// input gradient is written and its weight gradient reads the probabilities, softmax's
-/// backward reads both and writes one, masking's and scaling's read and write, and the first
-/// GEMM's two gradients read it (11). Under `autocast` softmax runs in fp32: its input is cast
-/// up, it and its gradient are fp32, and the second GEMM's input is cast back (16 and 20).
-/// With `fused_softmax` (Megatron-LM's one kernel for scale, mask and softmax, and for their
+/// backward, each a read or a write of every element at the activation dtype's size: PyTorch's
+/// eager ops' ([`EAGER_ATTENTION_PASSES`], [`EAGER_ATTENTION_AUTOCAST_PASSES`]). With
+/// `fused_softmax` (Megatron-LM's one kernel for scale, mask and softmax, and for their
 /// backward, on an fp16 model) scaling's and masking's passes go: 4 and 7. Attention dropout
 /// (one fused kernel on a GPU) reads and writes the probabilities and writes a byte-per-element
 /// mask, and its backward reads the mask: 2.5 passes each way, 4.5 on fp32 probabilities.
@@ -427,8 +447,8 @@ pub fn materialised_attention_passes(
     };
     let (fwd, bwd) = match (fused_softmax, fp32) {
         (true, _) => (4.0, 7.0),
-        (false, false) => (8.0, 11.0),
-        (false, true) => (16.0, 20.0),
+        (false, false) => EAGER_ATTENTION_PASSES,
+        (false, true) => EAGER_ATTENTION_AUTOCAST_PASSES,
     };
     (fwd + dropout, bwd + dropout)
 }
@@ -638,13 +658,9 @@ mod tests {
         let m = cluster(1, 8.0);
         let per_elem = |batch: f64| batch * m.precision.activation_bytes as f64;
         for (text, kind, elems, (fwd, bwd)) in [
-            // LlamaRMSNorm's seven ops, over its output.
-            (
-                llama,
-                OpKind::RmsNorm,
-                64.0 * 256.0,
-                EAGER_RMS_NORM_EXTRA_PASSES,
-            ),
+            // LlamaRMSNorm's seven ops, over its output: 18 and 48 passes, of which the norm's
+            // own price already counts 2 and 4.
+            (llama, OpKind::RmsNorm, 64.0 * 256.0, (16.0, 44.0)),
             // Rotary embedding on the 8 query and 2 key heads of 32.
             (
                 llama,
@@ -652,8 +668,8 @@ mod tests {
                 64.0 * 10.0 * 32.0,
                 EAGER_ROTARY_PASSES,
             ),
-            // GPT-2's own gelu_new, over the MLP's width.
-            (gpt2, OpKind::Activation, 64.0 * 1024.0, (16.0, 25.0)),
+            // GPT-2's own gelu_new, over the MLP's width: 18 and 28 less the same 2 and 4.
+            (gpt2, OpKind::Activation, 64.0 * 1024.0, (16.0, 24.0)),
         ] {
             let (osdp, eager) = (import(text, Kernels::Osdp), import(text, Kernels::Pytorch));
             let i = osdp.ops.iter().position(|o| o.kind == kind).unwrap();

@@ -104,7 +104,7 @@ pub struct Machine {
     /// the Hugging Face Trainer's `--fp16` does without DeepSpeed): the ops on autocast's fp32
     /// list write fp32 and the next matmul casts back. Priced where eager code makes that a
     /// pass of its own: a materialised softmax and what follows it, and `gelu_new`'s `pow`
-    /// ([`crate::model::ComposedGelu::extra_passes`]).
+    /// ([`super::graph::EAGER_GELU_NEW_AUTOCAST_PASSES`]).
     pub autocast: bool,
     /// Bytes the optimizer step moves per updated parameter ([`OPTIMIZER_BYTES_PER_PARAM`] for
     /// a fused AdamW; [`super::precision::HF_TRAINER_STEP_BYTES_PER_PARAM`] for a step made of
