@@ -233,7 +233,14 @@ impl Cfg<'_> {
         }
     }
 
-    fn activation(&self, field: &str, default: &str) -> Result<Activation, ImportError> {
+    /// The activation the config names, and where the model is priced as transformers' eager
+    /// code, whether transformers writes it as separate PyTorch ops ([`ComposedGelu`]).
+    fn activation(
+        &self,
+        field: &str,
+        default: &str,
+        opts: &ImportOptions,
+    ) -> Result<(Activation, Option<ComposedGelu>), ImportError> {
         let name = match self.obj.get(field) {
             None | Some(Value::Null) => default.to_string(),
             Some(Value::String(s)) => s.clone(),
@@ -241,35 +248,22 @@ impl Cfg<'_> {
                 return Err(self.bad(field, format!("expected an activation name, found {v}")))
             }
         };
-        match name.as_str() {
-            "gelu" => Ok(Activation::Gelu),
-            "gelu_new" | "gelu_pytorch_tanh" | "gelu_fast" => Ok(Activation::GeluTanh),
-            "relu" => Ok(Activation::Relu),
-            "silu" | "swish" => Ok(Activation::Silu),
-            other => Err(self.bad(
-                field,
-                format!("activation {other:?} is not supported (gelu, gelu_new, gelu_pytorch_tanh, relu, silu)"),
-            )),
-        }
-    }
-
-    /// Where the model is priced as transformers' eager code, whether its GELU is one of the
-    /// composed ones ([`ComposedGelu`]); read after [`Cfg::activation`] accepted the name.
-    fn composed_gelu(
-        &self,
-        field: &str,
-        default: &str,
-        opts: &ImportOptions,
-    ) -> Option<ComposedGelu> {
-        if opts.kernels != Kernels::Pytorch {
-            return None;
-        }
-        let name = self
-            .obj
-            .get(field)
-            .and_then(Value::as_str)
-            .unwrap_or(default);
-        ComposedGelu::from_hf(name)
+        let activation = match name.as_str() {
+            "gelu" => Activation::Gelu,
+            "gelu_new" | "gelu_pytorch_tanh" | "gelu_fast" => Activation::GeluTanh,
+            "relu" => Activation::Relu,
+            "silu" | "swish" => Activation::Silu,
+            other => {
+                return Err(self.bad(
+                    field,
+                    format!("activation {other:?} is not supported (gelu, gelu_new, gelu_pytorch_tanh, relu, silu)"),
+                ))
+            }
+        };
+        let composed = (opts.kernels == Kernels::Pytorch)
+            .then(|| ComposedGelu::from_hf(&name))
+            .flatten();
+        Ok((activation, composed))
     }
 
     fn seq_len(&self, opts: &ImportOptions, max_positions: u64) -> Result<u64, ImportError> {
@@ -736,8 +730,7 @@ fn gpt2(cfg: &Cfg, opts: &ImportOptions) -> Result<(ModelConfig, Template), Impo
     let mut c = base_config(&common, cfg.seq_len(opts, common.max_positions)?, opts);
     c.ffn_hidden = cfg.opt_uint("n_inner")?.unwrap_or(4 * common.hidden);
     c.norm_eps = cfg.float("layer_norm_epsilon", 1e-5)?;
-    c.activation = cfg.activation("activation_function", "gelu_new")?;
-    c.composed_gelu = cfg.composed_gelu("activation_function", "gelu_new", opts);
+    (c.activation, c.composed_gelu) = cfg.activation("activation_function", "gelu_new", opts)?;
     c.tied_embeddings = cfg.flag("tie_word_embeddings", true)?;
     c.dropout = cfg.float("resid_pdrop", 0.1)?;
     c.attention_dropout = cfg.float("attn_pdrop", 0.1)?;
@@ -755,8 +748,7 @@ fn opt(cfg: &Cfg, opts: &ImportOptions) -> Result<(ModelConfig, Template), Impor
         .opt_uint("word_embed_proj_dim")?
         .unwrap_or(common.hidden);
     c.ffn_hidden = cfg.uint("ffn_dim", Some(3072))?;
-    c.activation = cfg.activation("activation_function", "relu")?;
-    c.composed_gelu = cfg.composed_gelu("activation_function", "relu", opts);
+    (c.activation, c.composed_gelu) = cfg.activation("activation_function", "relu", opts)?;
     c.norm_position = if pre_norm {
         NormPosition::Pre
     } else {
@@ -830,8 +822,7 @@ fn llama(
     c.ffn_hidden = cfg.uint("intermediate_size", Some(ffn))?;
     c.norm = NormKind::RmsNorm;
     c.norm_eps = cfg.float("rms_norm_eps", 1e-6)?;
-    c.activation = cfg.activation("hidden_act", "silu")?;
-    c.composed_gelu = cfg.composed_gelu("hidden_act", "silu", opts);
+    (c.activation, c.composed_gelu) = cfg.activation("hidden_act", "silu", opts)?;
     c.gated_mlp = true;
     c.tied_embeddings = cfg.flag("tie_word_embeddings", false)?;
     let (qkv_bias, o_bias, mlp_bias) = match arch {
@@ -863,8 +854,7 @@ fn bert(cfg: &Cfg, opts: &ImportOptions) -> Result<(ModelConfig, Template), Impo
     c.norm_eps = cfg.float("layer_norm_eps", 1e-12)?;
     c.norm_position = NormPosition::Post;
     c.final_norm = false;
-    c.activation = cfg.activation("hidden_act", "gelu")?;
-    c.composed_gelu = cfg.composed_gelu("hidden_act", "gelu", opts);
+    (c.activation, c.composed_gelu) = cfg.activation("hidden_act", "gelu", opts)?;
     c.tied_embeddings = cfg.flag("tie_word_embeddings", true)?;
     c.bias.lm_head = true;
     c.type_vocab_size = cfg.uint("type_vocab_size", Some(2))?;
