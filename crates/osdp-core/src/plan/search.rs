@@ -1718,6 +1718,12 @@ fn undominated(v: Vec<Opt>) -> Vec<Opt> {
 /// `host_price`: seconds each host byte adds to the option's time in the search.
 fn option(base: &OpBase, choice: Choice, m: &Machine, host: bool, host_price: f64) -> Opt {
     let c = cost::price(base, choice, m);
+    // The block sums (`ClassSum::dealt`) take a recomputation's cost from an op's first option:
+    // it must not depend on the choice, which a gather repeated for it would make it do.
+    debug_assert!(
+        c.recompute_comm_s == 0.0,
+        "the search cannot price a recomputation's gathers (Machine::regather_on_recompute)"
+    );
     let time = c.time_s() + host_price * c.host_bytes as f64;
     Opt {
         choice,
