@@ -152,6 +152,47 @@ struct BatchTable {
     coarsened: u64,
 }
 
+/// A micro-batch's frontiers while they are summed, cap by cap ([`Planner::start_building`]).
+struct Building {
+    batch: u64,
+    accumulation: u64,
+    bases: Vec<OpBase>,
+    opts: Vec<Vec<Opt>>,
+    /// Per class, per slot of its first instance: the bytes rematerialised while it runs
+    /// backward recomputed.
+    remat_of: Vec<Vec<u64>>,
+    class_floor: Vec<u64>,
+    all_floor: u64,
+    coarsened: u64,
+    /// The caps still to sum, with the best throughput each could reach (0 where that is not
+    /// asked), the next last.
+    steps: Vec<(f64, u64, Vec<Vec<usize>>)>,
+    arena: Arena,
+    /// (class, key) → (the held-bytes limit it was summed under, its frontier).
+    cache: ClassCache,
+    /// (transient cap, frontier of the whole model under it), in the order summed.
+    caps: Vec<(u64, Frontier)>,
+}
+
+impl Building {
+    /// The best throughput the next cap's plans could reach; `None` when every cap is summed.
+    fn next_reach(&self) -> Option<f64> {
+        self.steps.last().map(|s| s.0)
+    }
+
+    fn finish(self) -> BatchTable {
+        BatchTable {
+            overflow: self.arena.overflow,
+            batch: self.batch,
+            accumulation: self.accumulation,
+            bases: self.bases,
+            arena: self.arena,
+            caps: self.caps,
+            coarsened: self.coarsened,
+        }
+    }
+}
+
 /// A micro-batch's budget-free facts; see [`Planner::prepare`].
 struct Prepared {
     batch: u64,
@@ -472,28 +513,45 @@ impl<'m> Planner<'m> {
             }
         }
         if planner.reach == Reach::Only {
-            // The most promising micro-batch first (of equals, the largest): a plan found
-            // there leaves out every micro-batch and cap that cannot beat it.
+            // Best first over every micro-batch's caps: the cap whose plans could reach the
+            // most is summed next, whichever micro-batch it belongs to, so a plan found at one
+            // micro-batch leaves out every cap of another that cannot beat it. (Summing a
+            // micro-batch's caps all before the next, a cap of the first whose bound is just
+            // above its own best plan was summed although another micro-batch beats it.) Of
+            // equal bounds, the micro-batch sorted first (the most promising, then the largest).
             kept.sort_by(|a, b| b.0.total_cmp(&a.0).then(b.1.batch.cmp(&a.1.batch)));
             let mut incumbent = 0.0f64;
-            let mut tables: Vec<BatchTable> = Vec::new();
-            for (could_reach, prep) in kept {
-                if incumbent > 0.0 && could_reach < incumbent {
+            let mut building: Vec<Building> = kept
+                .into_iter()
+                .map(|(_, prep)| planner.start_building(prep, true))
+                .collect();
+            loop {
+                let mut next: Option<(usize, f64)> = None;
+                for (k, b) in building.iter().enumerate() {
+                    if let Some(r) = b.next_reach() {
+                        if next.is_none_or(|(_, best)| r > best) {
+                            next = Some((k, r));
+                        }
+                    }
+                }
+                let Some((k, could_reach)) = next else { break };
+                if could_reach < incumbent {
+                    // The most promising cap left cannot beat the plan found: nor can any.
                     break;
                 }
-                let table = planner.build(prep, max_budget_bytes, Some(&mut incumbent));
-                let overflow = table.overflow;
-                if !table.caps.is_empty() || overflow {
-                    tables.push(table);
-                }
-                if overflow {
+                planner.sum_next(&mut building[k], max_budget_bytes, Some(&mut incumbent));
+                if building[k].arena.overflow {
                     // The three-dimensional search gave up: its tables will not be read
                     // ([`Planner::best`] prices host memory instead), so nothing more is summed.
                     break;
                 }
             }
             planner.searched = prepared.iter().map(|p| p.0).collect();
-            planner.tables = tables;
+            planner.tables = building
+                .into_iter()
+                .map(Building::finish)
+                .filter(|t| !t.caps.is_empty() || t.overflow)
+                .collect();
             return planner;
         }
         // Largest micro-batches first: their plans bound what a smaller one can still win. No
@@ -532,7 +590,7 @@ impl<'m> Planner<'m> {
             if cover < max_budget_bytes && cover < min_peak {
                 continue;
             }
-            let table = planner.build(prep, cover, None);
+            let table = planner.build(prep, cover);
             let samples = table.samples();
             witnesses.extend(table.caps.iter().flat_map(|(cap, f)| {
                 f.iter().map(move |p| {
@@ -1269,18 +1327,23 @@ impl<'m> Planner<'m> {
         best
     }
 
-    /// Frontiers at one micro-batch, without the plans that cannot fit `max_budget` (each
-    /// frontier keeps its smallest point, for [`NoFit`]).
-    ///
-    /// `incumbent` (for [`Reach::Only`]): the best throughput found within `max_budget` so far,
-    /// raised by what this micro-batch finds. A cap whose plans cannot beat it at `max_budget`
-    /// ([`Planner::cap_time_bound`]) is left out; caps are summed most promising first.
-    fn build(
-        &self,
-        prep: Prepared,
-        max_budget: u64,
-        mut incumbent: Option<&mut f64>,
-    ) -> BatchTable {
+    /// Frontiers at one micro-batch, every cap summed, without the plans that cannot fit
+    /// `max_budget` (each frontier keeps its smallest point, for [`NoFit`]).
+    fn build(&self, prep: Prepared, max_budget: u64) -> BatchTable {
+        let mut b = self.start_building(prep, false);
+        while b.next_reach().is_some() {
+            self.sum_next(&mut b, max_budget, None);
+            if b.arena.overflow {
+                break;
+            }
+        }
+        b.finish()
+    }
+
+    /// A micro-batch's frontiers to be summed cap by cap ([`Planner::sum_next`]). `with_reach`
+    /// (for [`Reach::Only`]): its caps in the order of the best throughput each could reach
+    /// within the budget, the most promising first, none that cannot fit.
+    fn start_building(&self, prep: Prepared, with_reach: bool) -> Building {
         let Prepared {
             batch,
             accumulation,
@@ -1294,118 +1357,114 @@ impl<'m> Planner<'m> {
             coarsened,
             reach,
         } = prep;
-        let res = self.options.resolution_bytes;
-        let room = max_budget.saturating_sub(self.machine.overhead_bytes);
-        let mut arena = Arena {
-            host_limit: self.host_limit,
-            ..Arena::default()
-        };
-        // (class, key) → (the held-bytes limit it was summed under, its frontier).
-        let mut cache: ClassCache = HashMap::new();
-        let mut table_caps = Vec::with_capacity(steps.len());
         let remat_of: Vec<Vec<u64>> = self
             .classes
             .iter()
             .map(|c| c.instances[0].iter().map(|&i| remat[i]).collect())
             .collect();
-        let samples = (batch * accumulation) as f64;
-        let step_overhead = self.machine.step_overhead_s();
-        // With an incumbent, each cap with the best throughput its plans could reach: the
-        // most promising first, none that cannot fit.
-        let steps: Vec<(f64, u64, Vec<Vec<usize>>)> = match incumbent.as_deref() {
-            None => steps.into_iter().map(|(c, k)| (0.0, c, k)).collect(),
-            Some(_) => {
-                debug_assert_eq!(reach.len(), steps.len());
-                let mut v: Vec<_> = steps
-                    .into_iter()
-                    .zip(reach)
-                    .filter(|(_, r)| *r > 0.0)
-                    .map(|((cap, keys), r)| (r, cap, keys))
-                    .collect();
-                v.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
-                v
-            }
+        let mut steps: Vec<(f64, u64, Vec<Vec<usize>>)> = if with_reach {
+            debug_assert_eq!(reach.len(), steps.len());
+            let mut v: Vec<_> = steps
+                .into_iter()
+                .zip(reach)
+                .filter(|(_, r)| *r > 0.0)
+                .map(|((cap, keys), r)| (r, cap, keys))
+                .collect();
+            v.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+            v
+        } else {
+            steps.into_iter().map(|(c, k)| (0.0, c, k)).collect()
         };
-        for (could_reach, cap, keys) in steps {
-            if incumbent.as_deref().is_some_and(|&best| could_reach < best) {
-                // Sorted: no later cap can beat it either.
-                break;
-            }
-            // Held memory any plan under this cap may use within `max_budget`.
-            let limit = room.saturating_sub(cap);
-            let sum = CapSum {
-                opts: &opts,
-                keys: &keys,
-                cap,
-                limit,
-                batch,
-                class_floor: &class_floor,
-                all_floor,
-                remat_of: &remat_of,
-            };
-            // The first cap of a search for one budget has no plan to beat, and sums every
-            // partial sum. A sum at a coarser resolution first (a fraction of the work) finds
-            // a real plan within the budget, and that plan's time cuts the sum at the
-            // resolution asked for as a plan found under an earlier cap would. Its frontier is
-            // kept beside the fine one, so the coarse plan answers when it is the faster.
-            if res > 0
-                && self.host_limit.is_none()
-                && incumbent.as_deref().is_some_and(|&best| best == 0.0)
-            {
-                let coarse = sum.total(
-                    self,
-                    res.saturating_mul(COARSE_FIRST),
-                    None,
-                    None,
-                    &mut arena,
-                );
-                if let (Some(best), Some(p)) = (
-                    incumbent.as_deref_mut(),
-                    frontier::best_within(&coarse, limit, false),
-                ) {
-                    *best = best.max(samples / (p.time + step_overhead));
-                }
-                if !coarse.is_empty() {
-                    table_caps.push((cap, coarse));
-                }
-            }
-            // With a plan to beat: the time it takes, and each class's linear relaxation, so
-            // that partial sums that cannot beat it are left out (branch and bound). Such
-            // frontiers are cut for this cap alone and are not reused.
-            let bound: Option<(f64, Vec<Hull>)> = incumbent
-                .as_deref()
-                .filter(|&&best| best > 0.0)
-                .and_then(|&best| {
-                    let t_max = (samples / best - step_overhead) * (1.0 + 1e-7);
-                    let hulls = self
-                        .classes
-                        .iter()
-                        .zip(&keys)
-                        .map(|(class, key)| self.class_hull(class, key, &opts, batch))
-                        .collect::<Option<Vec<Hull>>>()?;
-                    Some((t_max, hulls))
-                });
-            let total = sum.total(self, res, bound, Some(&mut cache), &mut arena);
-            if let Some(best) = incumbent.as_deref_mut() {
-                if let Some(p) = frontier::best_within(&total, limit, self.host_limit.is_some()) {
-                    *best = best.max(samples / (p.time + step_overhead));
-                }
-            }
-            if !total.is_empty() {
-                table_caps.push((cap, total));
-            }
-            if arena.overflow {
-                break;
-            }
-        }
-        BatchTable {
-            overflow: arena.overflow,
+        // Taken from the end.
+        steps.reverse();
+        Building {
             batch,
             accumulation,
             bases,
-            arena,
-            caps: table_caps,
+            opts,
+            remat_of,
+            class_floor,
+            all_floor,
             coarsened,
+            steps,
+            arena: Arena {
+                host_limit: self.host_limit,
+                ..Arena::default()
+            },
+            cache: HashMap::new(),
+            caps: Vec::new(),
+        }
+    }
+
+    /// Sums the frontier under `b`'s next cap.
+    ///
+    /// `incumbent` (for [`Reach::Only`]): the best throughput found within `max_budget` so far,
+    /// raised by what this cap finds; partial sums that cannot beat it are left out.
+    fn sum_next(&self, b: &mut Building, max_budget: u64, mut incumbent: Option<&mut f64>) {
+        let Some((_, cap, keys)) = b.steps.pop() else {
+            return;
+        };
+        let res = self.options.resolution_bytes;
+        let room = max_budget.saturating_sub(self.machine.overhead_bytes);
+        let samples = (b.batch * b.accumulation) as f64;
+        let step_overhead = self.machine.step_overhead_s();
+        // Held memory any plan under this cap may use within `max_budget`.
+        let limit = room.saturating_sub(cap);
+        let sum = CapSum {
+            opts: &b.opts,
+            keys: &keys,
+            cap,
+            limit,
+            batch: b.batch,
+            class_floor: &b.class_floor,
+            all_floor: b.all_floor,
+            remat_of: &b.remat_of,
+        };
+        let arena = &mut b.arena;
+        // The first cap of a search for one budget has no plan to beat, and sums every
+        // partial sum. A sum at a coarser resolution first (a fraction of the work) finds
+        // a real plan within the budget, and that plan's time cuts the sum at the
+        // resolution asked for as a plan found under an earlier cap would. Its frontier is
+        // kept beside the fine one, so the coarse plan answers when it is the faster.
+        if res > 0
+            && self.host_limit.is_none()
+            && incumbent.as_deref().is_some_and(|&best| best == 0.0)
+        {
+            let coarse = sum.total(self, res.saturating_mul(COARSE_FIRST), None, None, arena);
+            if let (Some(best), Some(p)) = (
+                incumbent.as_deref_mut(),
+                frontier::best_within(&coarse, limit, false),
+            ) {
+                *best = best.max(samples / (p.time + step_overhead));
+            }
+            if !coarse.is_empty() {
+                b.caps.push((cap, coarse));
+            }
+        }
+        // With a plan to beat: the time it takes, and each class's linear relaxation, so
+        // that partial sums that cannot beat it are left out (branch and bound). Such
+        // frontiers are cut for this cap alone and are not reused.
+        let bound: Option<(f64, Vec<Hull>)> = incumbent
+            .as_deref()
+            .filter(|&&best| best > 0.0)
+            .and_then(|&best| {
+                let t_max = (samples / best - step_overhead) * (1.0 + 1e-7);
+                let hulls = self
+                    .classes
+                    .iter()
+                    .zip(&keys)
+                    .map(|(class, key)| self.class_hull(class, key, &b.opts, b.batch))
+                    .collect::<Option<Vec<Hull>>>()?;
+                Some((t_max, hulls))
+            });
+        let total = sum.total(self, res, bound, Some(&mut b.cache), arena);
+        if let Some(best) = incumbent {
+            if let Some(p) = frontier::best_within(&total, limit, self.host_limit.is_some()) {
+                *best = best.max(samples / (p.time + step_overhead));
+            }
+        }
+        if !total.is_empty() {
+            b.caps.push((cap, total));
         }
     }
 
