@@ -152,6 +152,41 @@ struct BatchTable {
     coarsened: u64,
 }
 
+/// Throughputs this close are equal but for rounding (the same plan summed in another order
+/// differs in the last bits): of such plans, the one of smaller peak is the better
+/// ([`Planner::best`]).
+const SAME_THROUGHPUT: f64 = 1e-12;
+
+/// What a bound on a plan's time or throughput is loosened by (to the plans' advantage): the
+/// bound and a plan's own figures are sums in different orders, which differ in the last bits.
+const ROUNDING_MARGIN: f64 = 1e-7;
+
+/// The best plan a search for one budget has found so far ([`Reach::Only`]): its throughput
+/// (0: none yet) and its peak (held memory and transient cap, without the overhead).
+#[derive(Debug, Clone, Copy, Default)]
+struct Incumbent {
+    tput: f64,
+    peak: u64,
+}
+
+impl Incumbent {
+    /// Takes a plan found if it is the better: faster, or as fast with a smaller peak.
+    fn offer(&mut self, tput: f64, peak: u64) {
+        let same = (tput - self.tput).abs() <= SAME_THROUGHPUT * self.tput.abs();
+        if (same && peak < self.peak) || (!same && tput > self.tput) {
+            *self = Incumbent { tput, peak };
+        }
+    }
+
+    /// Whether plans that could reach at most `could_reach` (a [`Planner::could_reach`]
+    /// bound, with its margin) can at best tie this one: then only a smaller peak can beat it.
+    /// The bound's own rounding (sums of a few thousand terms) is far below the tie's width.
+    fn ties_at_most(&self, could_reach: f64) -> bool {
+        self.tput > 0.0
+            && could_reach / (1.0 + ROUNDING_MARGIN) <= self.tput * (1.0 + SAME_THROUGHPUT / 2.0)
+    }
+}
+
 /// A micro-batch's frontiers while they are summed, cap by cap ([`Planner::start_building`]).
 struct Building {
     batch: u64,
@@ -520,7 +555,7 @@ impl<'m> Planner<'m> {
             // above its own best plan was summed although another micro-batch beats it.) Of
             // equal bounds, the micro-batch sorted first (the most promising, then the largest).
             kept.sort_by(|a, b| b.0.total_cmp(&a.0).then(b.1.batch.cmp(&a.1.batch)));
-            let mut incumbent = 0.0f64;
+            let mut incumbent = Incumbent::default();
             let mut building: Vec<Building> = kept
                 .into_iter()
                 .map(|(_, prep)| planner.start_building(prep, true))
@@ -535,7 +570,7 @@ impl<'m> Planner<'m> {
                     }
                 }
                 let Some((k, could_reach)) = next else { break };
-                if could_reach < incumbent {
+                if could_reach < incumbent.tput {
                     // The most promising cap left cannot beat the plan found: nor can any.
                     break;
                 }
@@ -568,7 +603,8 @@ impl<'m> Planner<'m> {
             // The best throughput a batch-`b` plan of peak `peak` could reach, with a margin
             // for rounding (sums in another order may differ in the last bits).
             let samples = (prep.batch * prep.accumulation) as f64;
-            let could_reach = |peak: u64| samples / (bound.at(peak) + step_overhead) * (1.0 + 1e-7);
+            let could_reach =
+                |peak: u64| samples / (bound.at(peak) + step_overhead) * (1.0 + ROUNDING_MARGIN);
             // Witnesses are a staircase: throughput `w.1` from peak `w.0` on. Batch `b` must
             // cover a budget only while it could match the witnesses' best within it; its bound
             // rises with the peak, so each stair is decided at its top.
@@ -763,7 +799,7 @@ impl<'m> Planner<'m> {
                         // Throughputs equal but for rounding (the same plan summed in
                         // another order differs in the last bits): the smaller peak.
                         Some((bt, bpeak, _, _)) => {
-                            let tie = (tput - *bt).abs() <= 1e-12 * bt.abs();
+                            let tie = (tput - *bt).abs() <= SAME_THROUGHPUT * bt.abs();
                             if tie {
                                 peak < *bpeak
                             } else {
@@ -1193,7 +1229,7 @@ impl<'m> Planner<'m> {
                 let t = room.checked_sub(*cap).map_or(f64::INFINITY, |held| {
                     self.cap_time_bound(&lean, keys, prep.batch, held)
                 });
-                samples / (t + step_overhead) * (1.0 + 1e-7)
+                samples / (t + step_overhead) * (1.0 + ROUNDING_MARGIN)
             })
             .collect()
     }
@@ -1398,10 +1434,10 @@ impl<'m> Planner<'m> {
 
     /// Sums the frontier under `b`'s next cap.
     ///
-    /// `incumbent` (for [`Reach::Only`]): the best throughput found within `max_budget` so far,
-    /// raised by what this cap finds; partial sums that cannot beat it are left out.
-    fn sum_next(&self, b: &mut Building, max_budget: u64, mut incumbent: Option<&mut f64>) {
-        let Some((_, cap, keys)) = b.steps.pop() else {
+    /// `incumbent` (for [`Reach::Only`]): the best plan found within `max_budget` so far,
+    /// replaced by a better one this cap finds; partial sums that cannot beat it are left out.
+    fn sum_next(&self, b: &mut Building, max_budget: u64, mut incumbent: Option<&mut Incumbent>) {
+        let Some((could_reach, cap, keys)) = b.steps.pop() else {
             return;
         };
         let res = self.options.resolution_bytes;
@@ -1409,7 +1445,15 @@ impl<'m> Planner<'m> {
         let samples = (b.batch * b.accumulation) as f64;
         let step_overhead = self.machine.step_overhead_s();
         // Held memory any plan under this cap may use within `max_budget`.
-        let limit = room.saturating_sub(cap);
+        let mut limit = room.saturating_sub(cap);
+        if let Some(best) = incumbent.as_deref().filter(|i| i.ties_at_most(could_reach)) {
+            // No plan here is faster than the best found, but one as fast with a smaller
+            // peak would be the better: only plans of a smaller peak are worth summing.
+            match best.peak.checked_sub(cap + 1) {
+                Some(held) if held >= b.all_floor => limit = limit.min(held),
+                _ => return,
+            }
+        }
         let sum = CapSum {
             opts: &b.opts,
             keys: &keys,
@@ -1428,14 +1472,14 @@ impl<'m> Planner<'m> {
         // kept beside the fine one, so the coarse plan answers when it is the faster.
         if res > 0
             && self.host_limit.is_none()
-            && incumbent.as_deref().is_some_and(|&best| best == 0.0)
+            && incumbent.as_deref().is_some_and(|best| best.tput == 0.0)
         {
             let coarse = sum.total(self, res.saturating_mul(COARSE_FIRST), None, None, arena);
             if let (Some(best), Some(p)) = (
                 incumbent.as_deref_mut(),
                 frontier::best_within(&coarse, limit, false),
             ) {
-                *best = best.max(samples / (p.time + step_overhead));
+                best.offer(samples / (p.time + step_overhead), p.mem + cap);
             }
             if !coarse.is_empty() {
                 b.caps.push((cap, coarse));
@@ -1446,9 +1490,9 @@ impl<'m> Planner<'m> {
         // frontiers are cut for this cap alone and are not reused.
         let bound: Option<(f64, Vec<Hull>)> = incumbent
             .as_deref()
-            .filter(|&&best| best > 0.0)
-            .and_then(|&best| {
-                let t_max = (samples / best - step_overhead) * (1.0 + 1e-7);
+            .filter(|best| best.tput > 0.0)
+            .and_then(|best| {
+                let t_max = (samples / best.tput - step_overhead) * (1.0 + ROUNDING_MARGIN);
                 let hulls = self
                     .classes
                     .iter()
@@ -1460,7 +1504,7 @@ impl<'m> Planner<'m> {
         let total = sum.total(self, res, bound, Some(&mut b.cache), arena);
         if let Some(best) = incumbent {
             if let Some(p) = frontier::best_within(&total, limit, self.host_limit.is_some()) {
-                *best = best.max(samples / (p.time + step_overhead));
+                best.offer(samples / (p.time + step_overhead), p.mem + cap);
             }
         }
         if !total.is_empty() {
