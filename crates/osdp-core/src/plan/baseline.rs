@@ -142,7 +142,11 @@ impl BaselineTable {
         // equal at one micro-batch are at every one, and `price_shared` compares the facts
         // before it shares a price.
         let mut same: Option<Vec<usize>> = None;
+        let mut past_fit = false;
         for (batch, accumulation) in candidates {
+            if past_fit && accumulation > 1 {
+                continue;
+            }
             let mut bases = graph.bases(model, machine, batch);
             cost::set_accumulation(&mut bases, accumulation);
             let remat = blocks.remat_at(&bases);
@@ -169,9 +173,16 @@ impl BaselineTable {
                     host_gap_s: None,
                 });
             }
-            // Peaks grow with the micro-batch: once none fits, no larger one will.
-            if ladder && !any_fits {
-                break;
+            // Peaks grow with the micro-batch: once none fits, no larger one will — at a fixed
+            // global batch, no larger one that still accumulates (the last, which does not,
+            // holds no accumulated gradients and is priced whatever came before).
+            if !any_fits {
+                if ladder {
+                    break;
+                }
+                if accumulation > 1 {
+                    past_fit = true;
+                }
             }
         }
         BaselineTable { baselines, plans }
