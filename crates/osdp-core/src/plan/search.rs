@@ -432,6 +432,7 @@ impl<'m> Planner<'m> {
             None,
             0.0,
             Reach::Every,
+            None,
         )
     }
 
@@ -452,6 +453,7 @@ impl<'m> Planner<'m> {
             None,
             0.0,
             Reach::Only,
+            None,
         )
         .best(budget_bytes);
         match only {
@@ -462,6 +464,10 @@ impl<'m> Planner<'m> {
         }
     }
 
+    /// `seed` (for [`Reach::Only`]): `(samples, cost)`, a plan of `samples` samples per step
+    /// known to take `cost` seconds per step under this search's pricing; the search then keeps
+    /// only what could beat it, and may find nothing (nothing cheaper than that plan).
+    #[allow(clippy::too_many_arguments)]
     fn with_host_limit(
         model: &'m ModelSpec,
         machine: Machine,
@@ -470,6 +476,7 @@ impl<'m> Planner<'m> {
         host_limit: Option<u64>,
         host_price: f64,
         reach: Reach,
+        seed: Option<(u64, f64)>,
     ) -> Planner<'m> {
         // Prices follow what runs the plan.
         let mut machine = machine;
@@ -556,6 +563,21 @@ impl<'m> Planner<'m> {
             // equal bounds, the micro-batch sorted first (the most promising, then the largest).
             kept.sort_by(|a, b| b.0.total_cmp(&a.0).then(b.1.batch.cmp(&a.1.batch)));
             let mut incumbent = Incumbent::default();
+            if let Some((samples, cost)) = seed {
+                // A plan of `samples` samples per step is known to cost `cost` seconds here:
+                // as the best found so far, it leaves out what cannot beat it. Its peak is
+                // unknown (the largest), so a plan as fast is never left out for its peak.
+                // Throughputs of other sample counts weigh cost otherwise: no seed then.
+                if kept
+                    .iter()
+                    .all(|(_, p)| p.batch * p.accumulation == samples)
+                {
+                    incumbent = Incumbent {
+                        tput: samples as f64 / cost,
+                        peak: u64::MAX,
+                    };
+                }
+            }
             let mut building: Vec<Building> = kept
                 .into_iter()
                 .map(|(_, prep)| planner.start_building(prep, true))
@@ -693,7 +715,7 @@ impl<'m> Planner<'m> {
     /// global batch every plan runs the same samples, so any plan's step time is at least
     /// `T(p) + λ·(host(p) − host)`: the gap to the best is at most `λ·(host − host(p))`.
     fn priced_host(&self, budget: u64, host: u64, relaxed: &Planned) -> Result<Planned, NoFit> {
-        let at = |price: f64| -> Result<Planned, NoFit> {
+        let at = |price: f64, seed: Option<(u64, f64)>| -> Result<Planned, NoFit> {
             Planner::with_host_limit(
                 self.model,
                 self.machine.clone(),
@@ -702,6 +724,7 @@ impl<'m> Planner<'m> {
                 None,
                 price,
                 self.reach,
+                seed,
             )
             .best_ignoring_host(budget)
         };
@@ -713,7 +736,7 @@ impl<'m> Planner<'m> {
         let mut price = t0 / host.max(1) as f64;
         let mut found: Option<(f64, Planned)> = None;
         for _ in 0..24 {
-            let p = at(price)?;
+            let p = at(price, None)?;
             if fits(&p) {
                 found = Some((price, p));
                 break;
@@ -739,7 +762,13 @@ impl<'m> Planner<'m> {
             } else {
                 0.5 * (over.0 + within_price)
             };
-            let p = at(price)?;
+            // Only a plan cheaper than `best` at this price matters (else `best` is proven):
+            // the search starts from `best`'s cost, and finding nothing as cheap is that proof.
+            let seed = (best.plan.batch * best.plan.accumulation, t + price * h);
+            let Ok(p) = at(price, Some(seed)) else {
+                proven = price;
+                break;
+            };
             let (pt, ph) = figures(&p);
             if pt + price * ph >= (t + price * h) * (1.0 - 1e-9) {
                 // Nothing cheaper than `best` at this price.
@@ -775,6 +804,7 @@ impl<'m> Planner<'m> {
                 self.host_can_bind,
                 0.0,
                 self.reach,
+                None,
             ))
         })
     }
