@@ -295,6 +295,32 @@ pub struct Planner<'m> {
     reach: Reach,
 }
 
+/// How one search runs: the budgets its tables answer, and what it makes of host memory.
+#[derive(Debug, Clone, Copy)]
+struct Search {
+    reach: Reach,
+    /// `Some(h)`: three-dimensional frontiers, host memory cut at `h` ([`Planner::host_limit`]).
+    host_limit: Option<u64>,
+    /// Seconds of step time each host byte costs ([`Planner::host_price`]).
+    host_price: f64,
+    /// For [`Reach::Only`]: `(samples, cost)`, a plan of `samples` samples per step known to take
+    /// `cost` seconds per step under this search's pricing; the search then keeps only what
+    /// could beat it, and may find nothing (nothing cheaper than that plan).
+    seed: Option<(u64, f64)>,
+}
+
+impl Search {
+    /// Host memory ignored (the relaxation), nothing known to beat.
+    fn relaxed(reach: Reach) -> Search {
+        Search {
+            reach,
+            host_limit: None,
+            host_price: 0.0,
+            seed: None,
+        }
+    }
+}
+
 /// Which budgets a planner's tables answer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Reach {
@@ -429,10 +455,7 @@ impl<'m> Planner<'m> {
             machine,
             options,
             max_budget_bytes,
-            None,
-            0.0,
-            Reach::Every,
-            None,
+            Search::relaxed(Reach::Every),
         )
     }
 
@@ -450,10 +473,7 @@ impl<'m> Planner<'m> {
             machine.clone(),
             options.clone(),
             budget_bytes,
-            None,
-            0.0,
-            Reach::Only,
-            None,
+            Search::relaxed(Reach::Only),
         )
         .best(budget_bytes);
         match only {
@@ -464,20 +484,19 @@ impl<'m> Planner<'m> {
         }
     }
 
-    /// `seed` (for [`Reach::Only`]): `(samples, cost)`, a plan of `samples` samples per step
-    /// known to take `cost` seconds per step under this search's pricing; the search then keeps
-    /// only what could beat it, and may find nothing (nothing cheaper than that plan).
-    #[allow(clippy::too_many_arguments)]
     fn with_host_limit(
         model: &'m ModelSpec,
         machine: Machine,
         options: PlanOptions,
         max_budget_bytes: u64,
-        host_limit: Option<u64>,
-        host_price: f64,
-        reach: Reach,
-        seed: Option<(u64, f64)>,
+        search: Search,
     ) -> Planner<'m> {
+        let Search {
+            reach,
+            host_limit,
+            host_price,
+            seed,
+        } = search;
         // Prices follow what runs the plan.
         let mut machine = machine;
         machine.target = options.target;
@@ -721,10 +740,11 @@ impl<'m> Planner<'m> {
                 self.machine.clone(),
                 self.options.clone(),
                 self.max_budget_bytes,
-                None,
-                price,
-                self.reach,
-                seed,
+                Search {
+                    host_price: price,
+                    seed,
+                    ..Search::relaxed(self.reach)
+                },
             )
             .best_ignoring_host(budget)
         };
@@ -801,10 +821,10 @@ impl<'m> Planner<'m> {
                 self.machine.clone(),
                 self.options.clone(),
                 self.max_budget_bytes,
-                self.host_can_bind,
-                0.0,
-                self.reach,
-                None,
+                Search {
+                    host_limit: self.host_can_bind,
+                    ..Search::relaxed(self.reach)
+                },
             ))
         })
     }
