@@ -385,6 +385,14 @@ impl Machine {
         }
     }
 
+    /// Whether a plan that accumulates micro-batches holds more memory for it than one that does
+    /// not: FSDP2 keeps each module's unsharded gradient, in the reduce dtype, from the first
+    /// backward to the last (`fsdp2_price`); osdp-tui's executor accumulates into the gradient
+    /// it keeps anyway.
+    pub fn accumulation_holds_memory(&self) -> bool {
+        self.target == Target::Fsdp2
+    }
+
     /// The fixed cost of a step outside operators, collectives and the optimizer (measured by
     /// calibration; 0 otherwise).
     pub fn step_overhead_s(&self) -> f64 {

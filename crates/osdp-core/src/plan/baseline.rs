@@ -8,7 +8,7 @@
 use crate::cost::{self, Choice, Machine, OpBase, OpCost, Strategy};
 use crate::model::ModelSpec;
 
-use super::search::{batch_ladder, batch_options};
+use super::search::{batch_ladder, batch_options, PastFit};
 use super::{evaluate_priced, Blocks, NoFit, Plan, PlanOptions, Planned, Planner};
 
 /// One baseline: a strategy everywhere, with or without full activation checkpointing.
@@ -142,9 +142,9 @@ impl BaselineTable {
         // equal at one micro-batch are at every one, and `price_shared` compares the facts
         // before it shares a price.
         let mut same: Option<Vec<usize>> = None;
-        let mut past_fit = false;
+        let mut past = PastFit::default();
         for (batch, accumulation) in candidates {
-            if past_fit && accumulation > 1 {
+            if past.rules_out(accumulation) {
                 continue;
             }
             let mut bases = graph.bases(model, machine, batch);
@@ -173,16 +173,8 @@ impl BaselineTable {
                     host_gap_s: None,
                 });
             }
-            // Peaks grow with the micro-batch: once none fits, no larger one will — at a fixed
-            // global batch, no larger one that still accumulates (the last, which does not,
-            // holds no accumulated gradients and is priced whatever came before).
             if !any_fits {
-                if ladder {
-                    break;
-                }
-                if accumulation > 1 {
-                    past_fit = true;
-                }
+                past.missed(accumulation, machine);
             }
         }
         BaselineTable { baselines, plans }

@@ -421,6 +421,36 @@ pub fn batch_options(options: &PlanOptions, ranks: u32) -> Result<Vec<(u64, u64)
     }
 }
 
+/// Which micro-batch candidates, taken smallest first, can still fit once some did not. A
+/// plan's peak grows with its micro-batch, so past one that does not fit no larger one does —
+/// but where accumulating holds memory ([`Machine::accumulation_holds_memory`]), a larger
+/// micro-batch that accumulates fewer micro-batches sheds that memory: past an accumulating one
+/// that does not fit, the one that accumulates nothing (the last at a fixed global batch) still
+/// may. The planner and the baselines walk their candidates by it.
+#[derive(Debug, Default)]
+pub(crate) struct PastFit {
+    /// No later candidate fits.
+    none: bool,
+    /// No later candidate that accumulates fits.
+    accumulating: bool,
+}
+
+impl PastFit {
+    /// Whether a later candidate accumulating `accumulation` micro-batches cannot fit.
+    pub(crate) fn rules_out(&self, accumulation: u64) -> bool {
+        self.none || (self.accumulating && accumulation > 1)
+    }
+
+    /// A candidate accumulating `accumulation` micro-batches did not fit.
+    pub(crate) fn missed(&mut self, accumulation: u64, m: &Machine) {
+        if accumulation > 1 && m.accumulation_holds_memory() {
+            self.accumulating = true;
+        } else {
+            self.none = true;
+        }
+    }
+}
+
 /// Micro-batch sizes tried by the automatic search: roughly 1.25–1.5× apart.
 pub(crate) fn batch_ladder() -> impl Iterator<Item = u64> {
     let head = [1u64, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32, 40, 48, 64];
@@ -557,7 +587,11 @@ impl<'m> Planner<'m> {
         // For `Reach::Only`, each micro-batch's facts are kept, with the best throughput its
         // plans could reach within the budget.
         let mut kept: Vec<(f64, Prepared)> = Vec::new();
+        let mut past = PastFit::default();
         for (batch, accumulation) in batches {
+            if past.rules_out(accumulation) {
+                continue;
+            }
             let prep = planner.prepare(batch, accumulation, &pins);
             let min_peak = planner.min_peak(&prep);
             let fits = min_peak <= max_budget_bytes;
@@ -570,7 +604,7 @@ impl<'m> Planner<'m> {
                 }
             }
             if !fits && !fixed {
-                break;
+                past.missed(accumulation, &planner.machine);
             }
         }
         if planner.reach == Reach::Only {
