@@ -438,17 +438,11 @@ fn eager_pass_counts_are_what_the_script_counts() {
     let Some(python) = test_python() else {
         return;
     };
-    let out = std::process::Command::new(python)
-        .arg(crate::root().join("scripts/eager-passes.py"))
-        .arg("--json")
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let counted = crate::json_ok(
+        assert_cmd::Command::new(python)
+            .arg(crate::root().join("scripts/eager-passes.py"))
+            .arg("--json"),
     );
-    let counted: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     for (name, (fwd, bwd)) in [
         ("EAGER_GELU_NEW_PASSES", EAGER_GELU_NEW_PASSES),
         (
