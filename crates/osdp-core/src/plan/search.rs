@@ -139,8 +139,6 @@ struct Opt {
 }
 
 struct BatchTable {
-    /// A three-dimensional search gave up ([`Arena::overflow`]): the frontiers are incomplete.
-    overflow: bool,
     batch: u64,
     accumulation: u64,
     /// The ops' base facts at this batch, for pricing the plan found.
@@ -161,26 +159,63 @@ const SAME_THROUGHPUT: f64 = 1e-12;
 /// bound and a plan's own figures are sums in different orders, which differ in the last bits.
 const ROUNDING_MARGIN: f64 = 1e-7;
 
+/// Of plans as fast as each other ([`SAME_THROUGHPUT`]), the better is the one of smaller key:
+/// its peak (held memory and transient cap, without the overhead), then its transient cap, then
+/// its micro-batch. Every search answers with the same plan of several that tie, whichever
+/// order it finds them in.
+type TieKey = (u64, u64, u64);
+
+/// Whether a plan of throughput `tput` and tie key `key` is better than one of `than`.
+fn better(tput: f64, key: TieKey, than: (f64, TieKey)) -> bool {
+    let (bt, bkey) = than;
+    if (tput - bt).abs() <= SAME_THROUGHPUT * bt.abs() {
+        key < bkey
+    } else {
+        tput > bt
+    }
+}
+
 /// The best plan a search for one budget has found so far ([`Reach::Only`]): its throughput
-/// (0: none yet) and its peak (held memory and transient cap, without the overhead).
-#[derive(Debug, Clone, Copy, Default)]
+/// (0: none yet) and its [`TieKey`].
+#[derive(Debug, Clone, Copy)]
 struct Incumbent {
     tput: f64,
-    peak: u64,
+    key: TieKey,
+}
+
+impl Default for Incumbent {
+    fn default() -> Self {
+        Incumbent {
+            tput: 0.0,
+            key: (u64::MAX, u64::MAX, u64::MAX),
+        }
+    }
 }
 
 impl Incumbent {
-    /// Takes a plan found if it is the better: faster, or as fast with a smaller peak.
-    fn offer(&mut self, tput: f64, peak: u64) {
-        let same = (tput - self.tput).abs() <= SAME_THROUGHPUT * self.tput.abs();
-        if (same && peak < self.peak) || (!same && tput > self.tput) {
-            *self = Incumbent { tput, peak };
+    /// Takes a plan found if it is the better ([`better`]).
+    fn offer(&mut self, tput: f64, key: TieKey) {
+        if self.tput == 0.0 || better(tput, key, (self.tput, self.key)) {
+            *self = Incumbent { tput, key };
+        }
+    }
+
+    /// The most held memory a plan under transient cap `cap` at micro-batch `batch` may have
+    /// and still win a tie with this one; `None` when none can.
+    fn tie_held(&self, cap: u64, batch: u64) -> Option<u64> {
+        let (peak, icap, ibatch) = self.key;
+        let room = peak.checked_sub(cap)?;
+        if (cap, batch) < (icap, ibatch) {
+            Some(room)
+        } else {
+            room.checked_sub(1)
         }
     }
 
     /// Whether plans that could reach at most `could_reach` (a [`Planner::could_reach`]
-    /// bound, with its margin) can at best tie this one: then only a smaller peak can beat it.
-    /// The bound's own rounding (sums of a few thousand terms) is far below the tie's width.
+    /// bound, with its margin) can at best tie this one: then only a smaller [`TieKey`] can
+    /// beat it. The bound's own rounding (sums of a few thousand terms) is far below the tie's
+    /// width.
     fn ties_at_most(&self, could_reach: f64) -> bool {
         self.tput > 0.0
             && could_reach / (1.0 + ROUNDING_MARGIN) <= self.tput * (1.0 + SAME_THROUGHPUT / 2.0)
@@ -189,42 +224,26 @@ impl Incumbent {
 
 /// A micro-batch's frontiers while they are summed, cap by cap ([`Planner::start_building`]).
 struct Building {
-    batch: u64,
-    accumulation: u64,
-    bases: Vec<OpBase>,
+    /// What it becomes: the frontiers summed so far (under `caps`, in the order summed), in
+    /// its arena.
+    table: BatchTable,
     opts: Vec<Vec<Opt>>,
     /// Per class, per slot of its first instance: the bytes rematerialised while it runs
     /// backward recomputed.
     remat_of: Vec<Vec<u64>>,
     class_floor: Vec<u64>,
     all_floor: u64,
-    coarsened: u64,
     /// The caps still to sum, with the best throughput each could reach (0 where that is not
     /// asked), the next last.
     steps: Vec<(f64, u64, Vec<Vec<usize>>)>,
-    arena: Arena,
     /// (class, key) → (the held-bytes limit it was summed under, its frontier).
     cache: ClassCache,
-    /// (transient cap, frontier of the whole model under it), in the order summed.
-    caps: Vec<(u64, Frontier)>,
 }
 
 impl Building {
     /// The best throughput the next cap's plans could reach; `None` when every cap is summed.
     fn next_reach(&self) -> Option<f64> {
         self.steps.last().map(|s| s.0)
-    }
-
-    fn finish(self) -> BatchTable {
-        BatchTable {
-            overflow: self.arena.overflow,
-            batch: self.batch,
-            accumulation: self.accumulation,
-            bases: self.bases,
-            arena: self.arena,
-            caps: self.caps,
-            coarsened: self.coarsened,
-        }
     }
 }
 
@@ -627,7 +646,7 @@ impl<'m> Planner<'m> {
                 {
                     incumbent = Incumbent {
                         tput: samples as f64 / cost,
-                        peak: u64::MAX,
+                        ..Incumbent::default()
                     };
                 }
             }
@@ -650,7 +669,7 @@ impl<'m> Planner<'m> {
                     break;
                 }
                 planner.sum_next(&mut building[k], max_budget_bytes, Some(&mut incumbent));
-                if building[k].arena.overflow {
+                if building[k].table.arena.overflow {
                     // The three-dimensional search gave up: its tables will not be read
                     // ([`Planner::best`] prices host memory instead), so nothing more is summed.
                     break;
@@ -659,8 +678,8 @@ impl<'m> Planner<'m> {
             planner.searched = prepared.iter().map(|p| p.0).collect();
             planner.tables = building
                 .into_iter()
-                .map(Building::finish)
-                .filter(|t| !t.caps.is_empty() || t.overflow)
+                .map(|b| b.table)
+                .filter(|t| !t.caps.is_empty() || t.arena.overflow)
                 .collect();
             return planner;
         }
@@ -754,7 +773,7 @@ impl<'m> Planner<'m> {
 
     /// Whether a three-dimensional search gave up ([`frontier::MAX_PAIRS_3D`]).
     fn overflowed(&self) -> bool {
-        self.tables.iter().any(|t| t.overflow)
+        self.tables.iter().any(|t| t.arena.overflow)
     }
 
     /// The best plan within the host budget `host` found by pricing host memory: a plan that
@@ -866,7 +885,7 @@ impl<'m> Planner<'m> {
     /// The best plan of this planner's own tables (host memory counted only in a
     /// three-dimensional planner).
     fn best_ignoring_host(&self, budget_bytes: u64) -> Result<Planned, NoFit> {
-        let mut best: Option<(f64, u64, usize, Point)> = None;
+        let mut best: Option<(f64, TieKey, usize, Point)> = None;
         for (ti, table) in self.tables.iter().enumerate() {
             for (cap, f) in &table.caps {
                 let Some(usable) = budget_bytes
@@ -877,22 +896,9 @@ impl<'m> Planner<'m> {
                 };
                 if let Some(p) = frontier::best_within(f, usable, self.host_limit.is_some()) {
                     let tput = table.samples() / (p.time + self.machine.step_overhead_s());
-                    let peak = p.mem + cap;
-                    let better = match &best {
-                        None => true,
-                        // Throughputs equal but for rounding (the same plan summed in
-                        // another order differs in the last bits): the smaller peak.
-                        Some((bt, bpeak, _, _)) => {
-                            let tie = (tput - *bt).abs() <= SAME_THROUGHPUT * bt.abs();
-                            if tie {
-                                peak < *bpeak
-                            } else {
-                                tput > *bt
-                            }
-                        }
-                    };
-                    if better {
-                        best = Some((tput, peak, ti, *p));
+                    let key = (p.mem + cap, *cap, table.batch);
+                    if best.is_none_or(|(bt, bkey, _, _)| better(tput, key, (bt, bkey))) {
+                        best = Some((tput, key, ti, *p));
                     }
                 }
             }
@@ -1453,11 +1459,11 @@ impl<'m> Planner<'m> {
         let mut b = self.start_building(prep, false);
         while b.next_reach().is_some() {
             self.sum_next(&mut b, max_budget, None);
-            if b.arena.overflow {
+            if b.table.arena.overflow {
                 break;
             }
         }
-        b.finish()
+        b.table
     }
 
     /// A micro-batch's frontiers to be summed cap by cap ([`Planner::sum_next`]). `with_reach`
@@ -1498,21 +1504,23 @@ impl<'m> Planner<'m> {
         // Taken from the end.
         steps.reverse();
         Building {
-            batch,
-            accumulation,
-            bases,
+            table: BatchTable {
+                batch,
+                accumulation,
+                bases,
+                arena: Arena {
+                    host_limit: self.host_limit,
+                    ..Arena::default()
+                },
+                caps: Vec::new(),
+                coarsened,
+            },
             opts,
             remat_of,
             class_floor,
             all_floor,
-            coarsened,
             steps,
-            arena: Arena {
-                host_limit: self.host_limit,
-                ..Arena::default()
-            },
             cache: HashMap::new(),
-            caps: Vec::new(),
         }
     }
 
@@ -1526,14 +1534,14 @@ impl<'m> Planner<'m> {
         };
         let res = self.options.resolution_bytes;
         let room = max_budget.saturating_sub(self.machine.overhead_bytes);
-        let samples = (b.batch * b.accumulation) as f64;
+        let samples = b.table.samples();
         let step_overhead = self.machine.step_overhead_s();
         // Held memory any plan under this cap may use within `max_budget`.
         let mut limit = room.saturating_sub(cap);
         if let Some(best) = incumbent.as_deref().filter(|i| i.ties_at_most(could_reach)) {
-            // No plan here is faster than the best found, but one as fast with a smaller
-            // peak would be the better: only plans of a smaller peak are worth summing.
-            match best.peak.checked_sub(cap + 1) {
+            // No plan here is faster than the best found, but one as fast with a smaller tie
+            // key would be the better: only plans that could win the tie are worth summing.
+            match best.tie_held(cap, b.table.batch) {
                 Some(held) if held >= b.all_floor => limit = limit.min(held),
                 _ => return,
             }
@@ -1543,12 +1551,12 @@ impl<'m> Planner<'m> {
             keys: &keys,
             cap,
             limit,
-            batch: b.batch,
+            batch: b.table.batch,
             class_floor: &b.class_floor,
             all_floor: b.all_floor,
             remat_of: &b.remat_of,
         };
-        let arena = &mut b.arena;
+        let arena = &mut b.table.arena;
         // The first cap of a search for one budget has no plan to beat, and sums every
         // partial sum. A sum at a coarser resolution first (a fraction of the work) finds
         // a real plan within the budget, and that plan's time cuts the sum at the
@@ -1563,10 +1571,13 @@ impl<'m> Planner<'m> {
                 incumbent.as_deref_mut(),
                 frontier::best_within(&coarse, limit, false),
             ) {
-                best.offer(samples / (p.time + step_overhead), p.mem + cap);
+                best.offer(
+                    samples / (p.time + step_overhead),
+                    (p.mem + cap, cap, b.table.batch),
+                );
             }
             if !coarse.is_empty() {
-                b.caps.push((cap, coarse));
+                b.table.caps.push((cap, coarse));
             }
         }
         // With a plan to beat: the time it takes, and each class's linear relaxation, so
@@ -1581,18 +1592,21 @@ impl<'m> Planner<'m> {
                     .classes
                     .iter()
                     .zip(&keys)
-                    .map(|(class, key)| self.class_hull(class, key, &b.opts, b.batch))
+                    .map(|(class, key)| self.class_hull(class, key, &b.opts, b.table.batch))
                     .collect::<Option<Vec<Hull>>>()?;
                 Some((t_max, hulls))
             });
         let total = sum.total(self, res, bound, Some(&mut b.cache), arena);
         if let Some(best) = incumbent {
             if let Some(p) = frontier::best_within(&total, limit, self.host_limit.is_some()) {
-                best.offer(samples / (p.time + step_overhead), p.mem + cap);
+                best.offer(
+                    samples / (p.time + step_overhead),
+                    (p.mem + cap, cap, b.table.batch),
+                );
             }
         }
         if !total.is_empty() {
-            b.caps.push((cap, total));
+            b.table.caps.push((cap, total));
         }
     }
 
