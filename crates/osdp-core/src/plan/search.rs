@@ -540,12 +540,6 @@ impl<'m> Planner<'m> {
         max_budget_bytes: u64,
         search: Search,
     ) -> Planner<'m> {
-        let Search {
-            reach,
-            host_limit,
-            host_price,
-            seed,
-        } = search;
         // Prices follow what runs the plan.
         let mut machine = machine;
         machine.target = options.target;
@@ -563,7 +557,7 @@ impl<'m> Planner<'m> {
             options.max_split,
             options.target,
         );
-        let mut planner = Planner {
+        Planner {
             model,
             machine,
             blocks,
@@ -572,17 +566,49 @@ impl<'m> Planner<'m> {
             graph,
             tables: Vec::new(),
             searched: Vec::new(),
-            host_limit,
+            host_limit: search.host_limit,
             host_can_bind,
             max_budget_bytes,
-            host_price,
+            host_price: search.host_price,
             exact_host: std::sync::OnceLock::new(),
-            reach,
-        };
+            reach: search.reach,
+        }
+        .search(search.seed)
+    }
+
+    /// Another search of the same model, machine and options: what does not depend on the
+    /// search (the op graph, the blocks, the classes) is taken from this planner, not found
+    /// again (host memory is searched by several planners in turn).
+    fn derived(&self, search: Search) -> Planner<'m> {
+        Planner {
+            model: self.model,
+            machine: self.machine.clone(),
+            blocks: self.blocks.clone(),
+            options: self.options.clone(),
+            classes: self.classes.clone(),
+            graph: self.graph.clone(),
+            tables: Vec::new(),
+            searched: Vec::new(),
+            host_limit: search.host_limit,
+            host_can_bind: self.host_can_bind,
+            max_budget_bytes: self.max_budget_bytes,
+            host_price: search.host_price,
+            exact_host: std::sync::OnceLock::new(),
+            reach: search.reach,
+        }
+        .search(search.seed)
+    }
+
+    /// Builds this planner's tables: every micro-batch's frontiers, or for [`Reach::Only`]
+    /// what answers its one budget (`seed`: [`Search::seed`]).
+    fn search(self, seed: Option<(u64, f64)>) -> Planner<'m> {
+        let mut planner = self;
+        let max_budget_bytes = planner.max_budget_bytes;
+        let pins: HashMap<usize, Choice> = planner.options.pins.iter().copied().collect();
         // A global batch the ranks cannot share leaves nothing to search (callers check it
         // first with [`batch_options`] to say why). Micro-batches past `max_batch` are never
         // priced: their figures would overflow (callers check a fixed one with `check_batch`).
-        let most = super::max_batch(model);
+        let most = super::max_batch(planner.model);
         let listed = batch_options(&planner.options, planner.machine.ranks).unwrap_or_default();
         let batches: Box<dyn Iterator<Item = (u64, u64)>> =
             if listed.is_empty() && planner.options.global_batch.is_none() {
@@ -788,17 +814,11 @@ impl<'m> Planner<'m> {
     /// `T(p) + λ·(host(p) − host)`: the gap to the best is at most `λ·(host − host(p))`.
     fn priced_host(&self, budget: u64, host: u64, relaxed: &Planned) -> Result<Planned, NoFit> {
         let at = |price: f64, seed: Option<(u64, f64)>| -> Result<Planned, NoFit> {
-            Planner::with_host_limit(
-                self.model,
-                self.machine.clone(),
-                self.options.clone(),
-                self.max_budget_bytes,
-                Search {
-                    host_price: price,
-                    seed,
-                    ..Search::relaxed(self.reach)
-                },
-            )
+            self.derived(Search {
+                host_price: price,
+                seed,
+                ..Search::relaxed(self.reach)
+            })
             .best_ignoring_host(budget)
         };
         let fits = |p: &Planned| p.prediction.host_bytes <= host;
@@ -869,16 +889,10 @@ impl<'m> Planner<'m> {
 
     fn exact_host(&self) -> &Planner<'m> {
         self.exact_host.get_or_init(|| {
-            Box::new(Planner::with_host_limit(
-                self.model,
-                self.machine.clone(),
-                self.options.clone(),
-                self.max_budget_bytes,
-                Search {
-                    host_limit: self.host_can_bind,
-                    ..Search::relaxed(self.reach)
-                },
-            ))
+            Box::new(self.derived(Search {
+                host_limit: self.host_can_bind,
+                ..Search::relaxed(self.reach)
+            }))
         })
     }
 
