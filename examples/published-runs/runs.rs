@@ -49,7 +49,7 @@ pub struct Interconnect {
 /// A model's shape as a run reports it.
 #[derive(Debug, Clone, Deserialize, Serialize)]
 pub struct Shape {
-    /// `mpt`, `gpt2` or `llama`.
+    /// `mpt`, `gpt2`, `llama` or `bert` (a BERT encoder with its masked-LM head).
     pub family: String,
     pub name: String,
     pub d_model: u64,
@@ -356,6 +356,16 @@ pub fn hf_config(shape: &Shape, seq_len: u64) -> Result<serde_json::Value, Strin
             "vocab_size": shape.vocab,
             "tie_word_embeddings": tied,
             "hidden_act": "silu",
+        }),
+        "bert" => serde_json::json!({
+            "architectures": ["BertForMaskedLM"],
+            "hidden_size": shape.d_model,
+            "num_hidden_layers": shape.n_layers,
+            "num_attention_heads": shape.n_heads,
+            "intermediate_size": ffn,
+            "max_position_embeddings": seq_len.max(512),
+            "vocab_size": shape.vocab,
+            "hidden_act": "gelu",
         }),
         other => return Err(format!("model family {other:?} is not priced here")),
     })
