@@ -28,6 +28,9 @@ pub struct PlanReady {
     pub baselines: Vec<(Baseline, Outcome)>,
     /// (peak bytes, samples/s) of the best plans over budgets.
     pub curve: Vec<(u64, f64)>,
+    /// Whether host memory was priced rather than searched ([`Planner::host_priced`]): the
+    /// curve is then empty, and the plan's step may be up to its `host_gap_s` too long.
+    pub host_priced: bool,
     pub elapsed_ms: f64,
     /// Whether the frontiers were reused (a budget-only change).
     pub reused: bool,
@@ -83,6 +86,7 @@ fn finish(
         result,
         baselines,
         curve: planner.curve(),
+        host_priced: planner.host_priced(),
         elapsed_ms: started.elapsed().as_secs_f64() * 1e3,
         reused,
     }

@@ -1269,7 +1269,15 @@ fn draw_frontier(app: &App, f: &mut Frame, area: Rect) {
     let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
     let pts: Vec<(f64, f64)> = ready.curve.iter().map(|&(m, t)| (gib(m), t)).collect();
     if pts.is_empty() {
-        f.render_widget(Paragraph::new("no plan fits any budget").block(block), area);
+        let text = if ready.host_priced {
+            host_priced_text(ready.result.as_ref().ok().and_then(|p| p.host_gap_s))
+        } else {
+            "no plan fits any budget".to_string()
+        };
+        f.render_widget(
+            Paragraph::new(text).wrap(Wrap { trim: true }).block(block),
+            area,
+        );
         return;
     }
     let x_max = gib(app.layout.memory_bytes()).max(gib(budget));
@@ -1320,6 +1328,21 @@ fn draw_frontier(app: &App, f: &mut Frame, area: Rect) {
             Span::raw(tick(y_max, y_max)),
         ]));
     f.render_widget(chart, area);
+}
+
+/// Why the frontier has no curve where host memory was priced ([`PlanReady::host_priced`]),
+/// with how much shorter the best step could at most be, where that is known.
+fn host_priced_text(gap_s: Option<f64>) -> String {
+    let bound = gap_s.map_or(String::new(), |g| {
+        format!(
+            ", and no plan's step is more than {} shorter",
+            units::seconds(g)
+        )
+    });
+    format!(
+        "no curve: the host budget binds and this model is too large to search host memory \
+         exactly, so the plan was found by pricing host memory{bound}"
+    )
 }
 
 /// What each strategy colour means (the operators panel's bottom edge; `long` in help).

@@ -106,6 +106,38 @@ fn an_impossible_budget_shows_the_smallest_that_fits() {
     );
 }
 
+/// Where the host budget binds on a model too large to search host memory exactly
+/// (tinyllama-1.1b on the `cpu` layout), the frontier panel says why it has no curve and how
+/// far from the best the plan may be, instead of claiming nothing fits; a lower budget then
+/// says the host budget is what nothing fits, as `plan` does.
+#[test]
+fn a_priced_host_budget_explains_the_missing_curve() {
+    let mut a = app("tinyllama-1.1b", "cpu", 8 * GIB);
+    // The global batch `osdp-tui` picks on this layout (a step of about 2 s): with it fixed,
+    // the plan states how much shorter the best step could be.
+    a.request.global_batch = Some(2);
+    a.replan();
+    let planned = a.planned().expect("a plan fits 8 GiB").clone();
+    let gap = planned
+        .host_gap_s
+        .expect("the plan was found by pricing host memory");
+    let screen = render_text(&a, 160, 48);
+    assert!(!screen.contains("no plan fits any budget"), "{screen}");
+    let flat = screen.split_whitespace().collect::<Vec<_>>().join(" ");
+    assert!(flat.contains("no curve: the host budget binds"), "{screen}");
+    let said = osdp_core::units::seconds(gap);
+    assert!(
+        flat.contains(&format!("more than {said} shorter")),
+        "{said}: {screen}"
+    );
+    a.update(Action::LowerBudget);
+    let screen = render_text(&a, 160, 48);
+    assert!(
+        screen.contains("nothing fits 7.0 GiB per GPU: even the plans that offload"),
+        "{screen}"
+    );
+}
+
 #[test]
 fn gpu_focus_changes_one_gpus_budget() {
     let mut a = app("gpt2", "a100-80gb-8x-nvlink", 10 * GIB);

@@ -579,7 +579,8 @@ impl<'m> Planner<'m> {
     /// Another search of the same model, machine and options: what does not depend on the
     /// search (the op graph, the blocks, the classes) is taken from this planner, not found
     /// again (host memory is searched by several planners in turn).
-    fn derived(&self, search: Search) -> Planner<'m> {
+    /// `max_budget_bytes`: the largest budget its tables answer (for [`Reach::Only`], the one).
+    fn derived(&self, search: Search, max_budget_bytes: u64) -> Planner<'m> {
         Planner {
             model: self.model,
             machine: self.machine.clone(),
@@ -591,7 +592,7 @@ impl<'m> Planner<'m> {
             searched: Vec::new(),
             host_limit: search.host_limit,
             host_can_bind: self.host_can_bind,
-            max_budget_bytes: self.max_budget_bytes,
+            max_budget_bytes,
             host_price: search.host_price,
             exact_host: std::sync::OnceLock::new(),
             reach: search.reach,
@@ -813,12 +814,18 @@ impl<'m> Planner<'m> {
     /// global batch every plan runs the same samples, so any plan's step time is at least
     /// `T(p) + λ·(host(p) − host)`: the gap to the best is at most `λ·(host − host(p))`.
     fn priced_host(&self, budget: u64, host: u64, relaxed: &Planned) -> Result<Planned, NoFit> {
+        // Each price answers this one budget, whatever budgets this planner's own tables
+        // answer: a search for one budget finds the same plan as the whole one (a budget change
+        // in the dashboard then costs these searches, not whole frontiers at every price).
         let at = |price: f64, seed: Option<(u64, f64)>| -> Result<Planned, NoFit> {
-            self.derived(Search {
-                host_price: price,
-                seed,
-                ..Search::relaxed(self.reach)
-            })
+            self.derived(
+                Search {
+                    host_price: price,
+                    seed,
+                    ..Search::relaxed(Reach::Only)
+                },
+                budget,
+            )
             .best_ignoring_host(budget)
         };
         let fits = |p: &Planned| p.prediction.host_bytes <= host;
@@ -829,7 +836,10 @@ impl<'m> Planner<'m> {
         let mut price = t0 / host.max(1) as f64;
         let mut found: Option<(f64, Planned)> = None;
         for _ in 0..24 {
-            let p = at(price, None)?;
+            // The relaxation's plan fits the device budget, so a search that finds none has
+            // priced every plan out of reach (the price has grown past what a step's time can
+            // carry): none is within the host budget at any price the walk can use.
+            let Ok(p) = at(price, None) else { break };
             if fits(&p) {
                 found = Some((price, p));
                 break;
@@ -887,12 +897,24 @@ impl<'m> Planner<'m> {
         self.exact_host.get().is_some()
     }
 
+    /// Whether the host budget binds and the model was too large to search host memory
+    /// exactly: plans were found by pricing it ([`Planner::priced_host`]), and there is no
+    /// [`Planner::curve`].
+    pub fn host_priced(&self) -> bool {
+        self.exact_host
+            .get()
+            .is_some_and(|exact| exact.overflowed())
+    }
+
     fn exact_host(&self) -> &Planner<'m> {
         self.exact_host.get_or_init(|| {
-            Box::new(self.derived(Search {
-                host_limit: self.host_can_bind,
-                ..Search::relaxed(self.reach)
-            }))
+            Box::new(self.derived(
+                Search {
+                    host_limit: self.host_can_bind,
+                    ..Search::relaxed(self.reach)
+                },
+                self.max_budget_bytes,
+            ))
         })
     }
 
@@ -945,9 +967,16 @@ impl<'m> Planner<'m> {
     ///
     /// From the planner that counts host memory once a query has needed it; before that the
     /// chart ignores the host budget (every plan found so far kept within it).
+    ///
+    /// Empty where host memory was priced ([`Planner::host_priced`]): the three-dimensional
+    /// search gave up, so no frontier says what each budget buys within the host budget.
     pub fn curve(&self) -> Vec<(u64, f64)> {
         if let Some(exact) = self.exact_host.get() {
-            return exact.curve();
+            return if exact.overflowed() {
+                Vec::new()
+            } else {
+                exact.curve()
+            };
         }
         let mut pts: Vec<(u64, f64)> = Vec::new();
         for table in &self.tables {
