@@ -578,8 +578,8 @@ impl<'m> Planner<'m> {
 
     /// Another search of the same model, machine and options: what does not depend on the
     /// search (the op graph, the blocks, the classes) is taken from this planner, not found
-    /// again (host memory is searched by several planners in turn).
-    /// `max_budget_bytes`: the largest budget its tables answer (for [`Reach::Only`], the one).
+    /// again (host memory is searched by several planners in turn). `max_budget_bytes`: the
+    /// largest budget its tables answer (for [`Reach::Only`], the one).
     fn derived(&self, search: Search, max_budget_bytes: u64) -> Planner<'m> {
         Planner {
             model: self.model,
