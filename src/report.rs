@@ -614,8 +614,8 @@ impl PlanReport {
             println!(
                 "  note: the host budget binds and the model is too large to search host memory \
                  exactly; the plan was found by pricing host memory, and no plan's step is more \
-                 than {:.1} ms shorter",
-                gap * 1e3
+                 than {} shorter",
+                units::seconds(gap)
             );
         }
         if self.planned.coarsened_bytes > 0 {
