@@ -523,10 +523,13 @@ impl<'m> Planner<'m> {
             options.clone(),
             budget_bytes,
             Search::relaxed(Reach::Only),
-        )
-        .best(budget_bytes);
-        match only {
+        );
+        match only.best(budget_bytes) {
             Ok(p) => Ok(p),
+            // Host memory was priced and no price finds a plan within the host budget: the
+            // whole frontiers' planner would search host memory for this budget first, give up
+            // the same way ([`Planner::exact_host`]) and price it to the same end.
+            Err(nf) if only.host_priced() => Err(nf),
             // Nothing fits: the smallest budget that would is read off the whole frontiers,
             // which a search for one budget leaves out.
             Err(_) => Planner::new(model, machine, options, budget_bytes).best(budget_bytes),
