@@ -611,12 +611,7 @@ impl PlanReport {
             );
         }
         if let Some(gap) = self.planned.host_gap_s {
-            println!(
-                "  note: the host budget binds and the model is too large to search host memory \
-                 exactly; the plan was found by pricing host memory, and no plan's step is more \
-                 than {} shorter",
-                units::seconds(gap)
-            );
+            println!("  note: {}", Planned::host_priced_note(Some(gap)));
         }
         if self.planned.coarsened_bytes > 0 {
             println!(

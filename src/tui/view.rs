@@ -23,6 +23,7 @@ use super::app::{App, Confirm, Focus, Row, View};
 use super::{keymap, theme};
 use osdp_core::cost::{Choice, Strategy, Target};
 use osdp_core::model::ModelSpec;
+use osdp_core::plan::Planned;
 use osdp_core::text::printable;
 use osdp_core::units;
 
@@ -1269,8 +1270,10 @@ fn draw_frontier(app: &App, f: &mut Frame, area: Rect) {
     let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
     let pts: Vec<(f64, f64)> = ready.curve.iter().map(|&(m, t)| (gib(m), t)).collect();
     if pts.is_empty() {
+        // Host memory priced: nothing says what each budget buys within the host budget.
         let text = if ready.host_priced {
-            host_priced_text(ready.result.as_ref().ok().and_then(|p| p.host_gap_s))
+            let gap = ready.result.as_ref().ok().and_then(|p| p.host_gap_s);
+            format!("no curve: {}", Planned::host_priced_note(gap))
         } else {
             "no plan fits any budget".to_string()
         };
@@ -1328,21 +1331,6 @@ fn draw_frontier(app: &App, f: &mut Frame, area: Rect) {
             Span::raw(tick(y_max, y_max)),
         ]));
     f.render_widget(chart, area);
-}
-
-/// Why the frontier has no curve where host memory was priced ([`PlanReady::host_priced`]),
-/// with how much shorter the best step could at most be, where that is known.
-fn host_priced_text(gap_s: Option<f64>) -> String {
-    let bound = gap_s.map_or(String::new(), |g| {
-        format!(
-            ", and no plan's step is more than {} shorter",
-            units::seconds(g)
-        )
-    });
-    format!(
-        "no curve: the host budget binds and this model is too large to search host memory \
-         exactly, so the plan was found by pricing host memory{bound}"
-    )
 }
 
 /// What each strategy colour means (the operators panel's bottom edge; `long` in help).

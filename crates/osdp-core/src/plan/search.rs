@@ -70,6 +70,23 @@ pub struct Planned {
     pub host_gap_s: Option<f64>,
 }
 
+impl Planned {
+    /// What pricing host memory means for a plan, in words (`plan`'s note, the dashboard's
+    /// frontier panel): `gap_s` is [`Planned::host_gap_s`], known where the global batch is fixed.
+    pub fn host_priced_note(gap_s: Option<f64>) -> String {
+        let bound = gap_s.map_or(String::new(), |g| {
+            format!(
+                ", and no plan's step is more than {} shorter",
+                crate::units::seconds(g)
+            )
+        });
+        format!(
+            "the host budget binds and the model is too large to search host memory exactly; \
+             the plan was found by pricing host memory{bound}"
+        )
+    }
+}
+
 /// Most (transient cap × class slot) pairs one micro-batch searches: each cap is a sum over
 /// every class, so a model of many distinct blocks (hundreds of caps, thousands of slots) would
 /// otherwise take gigabytes. Past it, caps closer than a resolution that doubles until they fit
@@ -919,10 +936,11 @@ impl<'m> Planner<'m> {
             };
             if self.reach == Reach::Every {
                 // The search for this one budget first, as `plan` runs it. Where it gives up,
-                // host memory is priced at every budget, as `plan` would: the search for every
-                // budget sums the same frontiers cut higher (its own cut for a micro-batch that
-                // larger ones beat may be lower), so it would give up too, later
-                // (tinyllama-1.1b on `cpu`: 1 ms against 90).
+                // host memory is priced at every budget, as `plan` prices it. The search for
+                // every budget sums the same frontiers cut at a larger budget, so it gives up
+                // too, but later (tinyllama-1.1b on `cpu`: ~1 ms against ~90) — unless the
+                // sum that gave up here belongs to a micro-batch that larger ones beat, which
+                // it covers only below this budget: such a case is priced here, not searched.
                 let one = self.derived(
                     Search {
                         reach: Reach::Only,
