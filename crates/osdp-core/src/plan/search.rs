@@ -176,6 +176,18 @@ const SAME_THROUGHPUT: f64 = 1e-12;
 /// bound and a plan's own figures are sums in different orders, which differ in the last bits.
 const ROUNDING_MARGIN: f64 = 1e-7;
 
+/// How far above each breakpoint [`Planner::priced_host`] searches, as a fraction of it.
+///
+/// At the breakpoint itself a search finds the plans over the host budget whose prices lie just
+/// above it, one per search (tinyllama-1.1b on `cpu`: breakpoints 1.934, 1.961 and 1.965 × 10⁻⁸
+/// s/B, three searches, the plan the same as the first search's). A little above it, those are
+/// no longer cheaper than the plan within, and the one search proves it. The price of that
+/// proof is a bound at most this much wider ([`Planned::host_gap_s`] is the proven price times
+/// the host bytes left), and a plan within the host budget whose price lies between the
+/// breakpoint and the probe can be missed: it is faster than the plan found by less than that
+/// bound, which the plan states.
+const PROBE_ABOVE_TIE: f64 = 1.0 / 32.0;
+
 /// Of plans as fast as each other ([`SAME_THROUGHPUT`]), the better is the one of smaller key:
 /// its peak (held memory and transient cap, without the overhead), then its transient cap, then
 /// its micro-batch. Every search answers with the same plan of several that tie, whichever
@@ -828,9 +840,10 @@ impl<'m> Planner<'m> {
     /// of its host memory or less. λ rises from a step's time over the whole host budget until
     /// the plan fits the host; then each next λ is the one at which the fastest plan over the
     /// host budget and the fastest within it found so far cost the same (the breakpoint of
-    /// the Lagrangian between them). A search at that λ finds either a plan between them, which
-    /// replaces one, or none cheaper, and then the one within is the best within the budget the
-    /// pricing can reach — in a few searches where bisecting λ took a dozen. With a fixed
+    /// the Lagrangian between them), raised by [`PROBE_ABOVE_TIE`]. A search at that λ finds
+    /// either a plan between them, which replaces one, or none cheaper, and then the one within
+    /// is the best within the budget the pricing can reach at that λ — in a few searches where
+    /// bisecting λ took a dozen. With a fixed
     /// global batch every plan runs the same samples, so any plan's step time is at least
     /// `T(p) + λ·(host(p) − host)`: the gap to the best is at most `λ·(host − host(p))`.
     fn priced_host(&self, budget: u64, host: u64, relaxed: &Planned) -> Result<Planned, NoFit> {
@@ -881,7 +894,7 @@ impl<'m> Planner<'m> {
             let tie = (t - over.1) / (over.2 - h);
             // Off the bracket (micro-batches of other sizes weigh time differently): halve it.
             let price = if tie > over.0 && tie < within_price {
-                tie
+                (tie * (1.0 + PROBE_ABOVE_TIE)).min(0.5 * (tie + within_price))
             } else {
                 0.5 * (over.0 + within_price)
             };
