@@ -635,19 +635,30 @@ impl Hull {
     }
 
     /// The least time within a memory: infinite below `mem`, then along the edges, then flat at
-    /// the fastest point (a binary search per call).
-    pub fn least_time(&self) -> impl Fn(f64) -> f64 + '_ {
+    /// the fastest point. Read at falling memories (a frontier's points, least memory first,
+    /// leave falling room), each call steps down from the last one's vertex; a rise starts
+    /// again with a binary search.
+    pub fn least_time(&self) -> impl FnMut(f64) -> f64 + '_ {
         let mut cm = Vec::with_capacity(self.edges.len() + 1);
         let mut ct = Vec::with_capacity(self.edges.len() + 1);
         for (m, t) in self.vertices() {
             cm.push(m);
             ct.push(t);
         }
+        // The last call's room and the first vertex above it.
+        let (mut last, mut k) = (f64::NEG_INFINITY, 0usize);
         move |room: f64| {
             if room < self.mem {
                 return f64::INFINITY;
             }
-            let k = cm.partition_point(|&x| x <= room);
+            if room >= last {
+                k = cm.partition_point(|&x| x <= room);
+            } else {
+                while cm[k - 1] > room {
+                    k -= 1;
+                }
+            }
+            last = room;
             if k >= cm.len() {
                 return ct[ct.len() - 1];
             }
@@ -700,7 +711,7 @@ pub struct Cut {
 impl Cut {
     /// Keep only the points that may still lead to a plan faster than `t_max`.
     pub fn apply(&self, f: Frontier) -> Frontier {
-        let rest_at = self.rest.least_time();
+        let mut rest_at = self.rest.least_time();
         f.into_iter()
             .filter(|p| {
                 let room = self.limit as f64 - p.mem as f64;

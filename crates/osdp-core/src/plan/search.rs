@@ -2661,7 +2661,7 @@ mod tests {
                     .map(|(c, k)| planner.class_hull(c, k, &prep.opts, prep.batch).unwrap())
                     .fold(Hull::default(), |acc, h| acc.plus(&h));
                 let most = sum.mem + sum.edges.iter().map(|e| e.0).sum::<f64>();
-                let least_time = sum.least_time();
+                let mut least_time = sum.least_time();
                 for frac in [0.0, 0.001, 0.1, 0.37, 0.5, 0.9, 1.0, 1.5] {
                     let held = (sum.mem + frac * (most - sum.mem)).ceil();
                     let got = planner.cap_time_bound(&lean, keys, prep.batch, held as u64);
