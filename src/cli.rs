@@ -1064,9 +1064,10 @@ fn dashboard(args: DashboardArgs) -> Result<(), Failure> {
         .clone()
         .unwrap_or_else(|| crate::run::RunDir::default_for(&spec.name).0);
     let cpu = layout.device.kind == osdp_core::cluster::DeviceKind::Cpu;
+    let machine = osdp_core::cost::Machine::new(&layout, &spec);
     let chosen = request::choose_global_batch(
         &spec,
-        &osdp_core::cost::Machine::new(&layout, &spec),
+        &machine,
         cpu,
         args.global_batch,
         args.tokens_per_step,
@@ -1074,7 +1075,7 @@ fn dashboard(args: DashboardArgs) -> Result<(), Failure> {
     )
     .map_err(Failure::input)?;
     let global_batch = chosen.samples();
-    if let Some(why) = chosen.explain_default(&spec, cpu) {
+    if let Some(why) = chosen.explain_default(&spec, &machine, cpu) {
         let note = format!(
             "{why}; B changes it, --global-batch sets it (`any`: {})",
             request::ANY_MEANS

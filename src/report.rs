@@ -408,10 +408,11 @@ fn no_fit_failure(
             .map(|n| plan::request::budget_for(n, headroom))
         {
             Some(least) => format!(
-                "no plan of {} fits {} per GPU on {}; the smallest budget that fits is {} \
+                "no plan of {} fits {} per {} on {}; the smallest budget that fits is {} \
                  (--budget {least}B)",
                 spec.name,
                 units::bytes(budget),
+                layout.device.kind.rank_noun(),
                 layout.name,
                 units::bytes(least),
             ),
@@ -419,7 +420,7 @@ fn no_fit_failure(
                 "no plan of {} on {}: {}",
                 spec.name,
                 layout.name,
-                nf.describe(usable)
+                nf.describe(usable, layout.device.kind.rank_noun())
             ),
         },
     }
@@ -562,8 +563,9 @@ impl PlanReport {
         );
         let (budget, binding_gpu, chosen, cpu) =
             (self.budget, self.binding_gpu, self.chosen, self.cpu);
+        let rank = layout.device.kind.rank_noun();
         println!(
-            "{} on {} ({} ranks), budget {} per GPU{}{}",
+            "{} on {} ({} ranks), budget {} per {rank}{}{}",
             printable(&spec.name),
             printable(&layout.name),
             layout.world_size(),
@@ -577,7 +579,9 @@ impl PlanReport {
         match chosen {
             plan::GlobalBatch::Default(_) => println!(
                 "  {} is the default; --global-batch N sets it (`any`: {})",
-                chosen.explain_default(spec, cpu).unwrap_or_default(),
+                chosen
+                    .explain_default(spec, &Machine::new(layout, spec), cpu)
+                    .unwrap_or_default(),
                 crate::cli::request::ANY_MEANS
             ),
             plan::GlobalBatch::Any => println!(
@@ -604,8 +608,8 @@ impl PlanReport {
         );
         if self.host_budget > 0 {
             println!(
-                "  host: {} of offloaded state per GPU, budget {} (--host-budget sets it; 0 never \
-                 offloads)",
+                "  host: {} of offloaded state per {rank}, budget {} (--host-budget sets it; 0 \
+                 never offloads)",
                 units::bytes(prediction.host_bytes),
                 units::bytes(self.host_budget)
             );
@@ -637,7 +641,7 @@ impl PlanReport {
                     prediction.throughput_samples_per_s / p.prediction.throughput_samples_per_s
                 ),
                 Outcome::Needs(Some(n)) => println!(
-                    "  {:<12}{:>14}  needs ≥ {} per GPU",
+                    "  {:<12}{:>14}  needs ≥ {} per {rank}",
                     b.name(),
                     "does not fit",
                     units::bytes(*n)
@@ -663,11 +667,19 @@ fn print_prediction(what: &str, p: &Prediction) {
         p.batch_size,
         p.global_batch / (p.batch_size * p.accumulation).max(1),
     );
+    // Durations in the unit that reads best: `850 µs`, `12.3 ms`, `1.24 s`, `8 min 51 s`.
+    let time = |s: f64| {
+        if s == 0.0 {
+            "0 s".to_string()
+        } else {
+            units::seconds(s)
+        }
+    };
     println!(
-        "  {:.2} samples/s ({:.0} tokens/s), step {:.1} ms, peak {}",
+        "  {:.2} samples/s ({:.0} tokens/s), step {}, peak {}",
         p.throughput_samples_per_s,
         p.tokens_per_s,
-        p.step_time_s * 1e3,
+        time(p.step_time_s),
         units::bytes(p.peak_memory_bytes)
     );
     println!(
@@ -678,16 +690,16 @@ fn print_prediction(what: &str, p: &Prediction) {
         units::bytes(p.overhead_bytes)
     );
     let other = if p.step_overhead_s > 0.0 {
-        format!(" + {:.1} ms other", p.step_overhead_s * 1e3)
+        format!(" + {} other", time(p.step_overhead_s))
     } else {
         String::new()
     };
     println!(
-        "  time: {:.1} ms compute + {:.1} ms recompute + {:.1} ms exposed comm + {:.1} ms optimizer{other}",
-        p.compute_s * 1e3,
-        p.recompute_s * 1e3,
-        p.exposed_comm_s * 1e3,
-        p.optimizer_s * 1e3
+        "  time: {} compute + {} recompute + {} exposed comm + {} optimizer{other}",
+        time(p.compute_s),
+        time(p.recompute_s),
+        time(p.exposed_comm_s),
+        time(p.optimizer_s)
     );
 }
 

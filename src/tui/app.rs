@@ -443,12 +443,7 @@ impl App {
     pub fn budget_summary(&self) -> String {
         let lo = self.request.budgets.iter().copied().min().unwrap_or(0);
         let hi = self.request.budgets.iter().copied().max().unwrap_or(0);
-        // The CPU layout's ranks are processes, not GPUs.
-        let each = if self.layout.device.kind == osdp_core::cluster::DeviceKind::Cpu {
-            "per rank"
-        } else {
-            "per GPU"
-        };
+        let each = format!("per {}", self.layout.device.kind.rank_noun());
         if lo == hi {
             format!("{} {each}", osdp_core::units::bytes(lo))
         } else {

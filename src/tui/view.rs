@@ -632,7 +632,10 @@ fn header_plan(app: &App, area: Rect) -> Vec<Line<'static>> {
                     lines.extend(split_bars(pr, budget, host, usize::from(area.width)));
                 }
             }
-            Err(nf) => lines.push(Line::from(Span::styled(nf.describe(budget), theme::BAD))),
+            Err(nf) => lines.push(Line::from(Span::styled(
+                nf.describe(budget, app.layout.device.kind.rank_noun()),
+                theme::BAD,
+            ))),
         },
     }
     lines

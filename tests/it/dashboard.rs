@@ -133,7 +133,7 @@ fn a_priced_host_budget_explains_the_missing_curve() {
     a.update(Action::LowerBudget);
     let screen = render_text(&a, 160, 48);
     assert!(
-        screen.contains("nothing fits 7.0 GiB per GPU: even the plans that offload"),
+        screen.contains("nothing fits 7.0 GiB per rank: even the plans that offload"),
         "{screen}"
     );
 }

@@ -66,7 +66,11 @@ fn a_pinned_offload_never_passes_the_host_budget() {
     let message = refused(
         &mut plan(&[&pin[..], &["--host-budget", "1KiB"]].concat()),
         3,
-        &["more than the host budget of 1.0 KiB per GPU"],
+        // The CPU layout's ranks are processes: budgets are per rank, not per GPU.
+        &[
+            "more than the host budget of 1.0 KiB per rank",
+            "or add ranks",
+        ],
     );
     assert_no_infinite_budget(&message);
     // One over it: the plan keeps within it.

@@ -576,6 +576,44 @@ fn a_layout_with_a_bad_calibration_is_refused_naming_the_field() {
 /// Without --global-batch a new user gets the batch a real run would use: on GPUs the tokens
 /// per step published runs of the model's size use, made of micro-batches with accumulation;
 /// on the cpu layout a step of a couple of seconds. `any` keeps the old objective.
+/// On the CPU layout a rank is a process, not a GPU, and a model too large for a 2 s step still
+/// gets one sample per rank: `plan` says so in those words, with long steps in minutes rather
+/// than hundreds of thousands of milliseconds. GPU layouts keep "per GPU" and the 2 s aim stays
+/// where a model meets it.
+#[test]
+fn on_the_cpu_layout_plan_speaks_of_ranks_and_says_why_its_batch_is_the_least() {
+    let text = |model: &str, layout: &str| {
+        stdout_ok(osdp().args([
+            "plan",
+            &format!("sample-models/{model}.json"),
+            "--layout",
+            layout,
+        ]))
+    };
+    let big = text("gpt2", "cpu");
+    let first = big.lines().next().unwrap();
+    assert!(first.contains("budget 8.0 GiB per rank"), "{first}");
+    assert!(
+        big.contains("global batch 2 (one sample per rank, the least: even its DDP step takes"),
+        "{big}"
+    );
+    assert!(!big.contains("a step of about 2 s"), "{big}");
+    // The step, in seconds: tens of seconds, not tens of thousands of milliseconds.
+    let step = big.lines().nth(2).unwrap();
+    assert!(
+        step.contains("step ") && step.contains(" s, peak"),
+        "{step}"
+    );
+    assert!(!step.contains(" ms, peak"), "{step}");
+    let small = text("tiny-gpt2", "cpu");
+    assert!(
+        small.contains("(a step of about 2 s on this layout)"),
+        "{small}"
+    );
+    let gpu = text("tiny-gpt2", "layouts/h100-1x.json");
+    assert!(gpu.lines().next().unwrap().contains("per GPU"), "{gpu}");
+}
+
 #[test]
 fn the_default_global_batch_is_a_real_runs_and_any_restores_the_most_samples_per_second() {
     let xl = run_json(&[

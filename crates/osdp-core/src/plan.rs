@@ -426,11 +426,19 @@ impl GlobalBatch {
 
     /// Why a default was chosen, for the user who did not choose it: `global batch 1024 (1.05 M
     /// tokens per step, as published runs of a model this size use)`. `None` unless a default.
-    pub fn explain_default(self, model: &ModelSpec, cpu: bool) -> Option<String> {
+    /// `m`: the machine the default was chosen for ([`default_global_batch`]).
+    pub fn explain_default(self, model: &ModelSpec, m: &Machine, cpu: bool) -> Option<String> {
         let GlobalBatch::Default(n) = self else {
             return None;
         };
-        let why = if cpu {
+        let least_step = || evaluate(model, m, &uniform_plan(model, Strategy::Dp, 1)).step_time_s;
+        let why = if cpu && n <= u64::from(m.ranks.max(1)) && least_step() > CPU_DEFAULT_STEP_S {
+            // The aim could not be met: one sample per rank is already slower.
+            format!(
+                "one sample per rank, the least: even its DDP step takes {} on this layout",
+                crate::units::seconds(least_step())
+            )
+        } else if cpu {
             "a step of about 2 s on this layout".to_string()
         } else {
             format!(
@@ -623,7 +631,7 @@ mod tests {
                 min_budget_bytes: None,
                 host_budget_bytes: host,
             };
-            let said = nf.describe(8 << 30);
+            let said = nf.describe(8 << 30, "GPU");
             assert!(said.starts_with("nothing fits 8.0 GiB per GPU"), "{said}");
             assert!(
                 !said.contains("EiB") && !said.contains("smallest"),

@@ -95,6 +95,17 @@ pub enum DeviceKind {
     Cpu,
 }
 
+impl DeviceKind {
+    /// What one rank is, for budgets said per rank: `8.0 GiB per GPU`, or on the CPU layout,
+    /// whose ranks are processes sharing the host, `8.0 GiB per rank`.
+    pub fn rank_noun(self) -> &'static str {
+        match self {
+            DeviceKind::Gpu => "GPU",
+            DeviceKind::Cpu => "rank",
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DeviceSpec {

@@ -105,26 +105,29 @@ pub struct NoFit {
 }
 
 impl NoFit {
-    /// What would fit, in words: `budget` per GPU is what was asked.
-    pub fn describe(&self, budget: u64) -> String {
+    /// What would fit, in words: `budget` per rank is what was asked, and `rank` names one
+    /// ([`crate::cluster::DeviceKind::rank_noun`]: `GPU`, or `rank` on the CPU layout).
+    pub fn describe(&self, budget: u64, rank: &str) -> String {
         let asked = crate::units::bytes(budget);
         match (self.min_budget_bytes, self.host_budget_bytes) {
             (Some(least), _) => format!(
-                "nothing fits {asked} per GPU; the smallest budget that fits is {}",
+                "nothing fits {asked} per {rank}; the smallest budget that fits is {}",
                 crate::units::bytes(least)
             ),
             (None, Some(0)) => format!(
-                "nothing fits {asked} per GPU, nor any budget: ops pinned to offload keep state \
-                 in host memory, but the host budget is 0 (unpin them, or give a host budget)"
+                "nothing fits {asked} per {rank}, nor any budget: ops pinned to offload keep \
+                 state in host memory, but the host budget is 0 (unpin them, or give a host \
+                 budget)"
             ),
             (None, Some(h)) => format!(
-                "nothing fits {asked} per GPU: even the plans that offload to host memory need \
-                 more than the host budget of {} per GPU (raise the host budget, or add GPUs)",
+                "nothing fits {asked} per {rank}: even the plans that offload to host memory \
+                 need more than the host budget of {} per {rank} (raise the host budget, or add \
+                 {rank}s)",
                 crate::units::bytes(h)
             ),
             (None, None) => format!(
-                "nothing fits {asked} per GPU, nor any budget: no plan of this model can be made \
-                 with these settings"
+                "nothing fits {asked} per {rank}, nor any budget: no plan of this model can be \
+                 made with these settings"
             ),
         }
     }
