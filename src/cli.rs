@@ -800,11 +800,11 @@ fn show_layout(path: &Path, json: bool) -> Result<(), Failure> {
     let d = &l.device;
     println!("{}: {}", printable(&l.name), printable(&l.description));
     println!(
-        "  {} node(s) × {} {} = {} ranks",
+        "  {} node(s) × {} {} = {}",
         l.nodes,
         l.gpus_per_node,
         printable(&d.model),
-        l.world_size()
+        osdp_core::units::counted(u64::from(l.world_size()), "rank")
     );
     layout_device_rows(d);
     layout_efficiency_rows(&l);

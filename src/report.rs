@@ -565,10 +565,10 @@ impl PlanReport {
             (self.budget, self.binding_gpu, self.chosen, self.cpu);
         let rank = layout.device.kind.rank_noun();
         println!(
-            "{} on {} ({} ranks), budget {} per {rank}{}{}",
+            "{} on {} ({}), budget {} per {rank}{}{}",
             printable(&spec.name),
             printable(&layout.name),
-            layout.world_size(),
+            units::counted(u64::from(layout.world_size()), "rank"),
             units::bytes(budget),
             headroom_words(self.headroom, self.usable),
             binding_gpu
@@ -662,10 +662,13 @@ fn print_prediction(what: &str, p: &Prediction) {
         String::new()
     };
     println!(
-        "  {what}: global batch {} (micro-batch {}{accumulation} × {} ranks)",
+        "  {what}: global batch {} (micro-batch {}{accumulation} × {})",
         p.global_batch,
         p.batch_size,
-        p.global_batch / (p.batch_size * p.accumulation).max(1),
+        units::counted(
+            p.global_batch / (p.batch_size * p.accumulation).max(1),
+            "rank"
+        ),
     );
     // Durations in the unit that reads best: `850 µs`, `12.3 ms`, `1.24 s`, `8 min 51 s`.
     let time = |s: f64| {
@@ -764,10 +767,10 @@ pub fn evaluate(
         return Ok(());
     }
     println!(
-        "{} on {} ({} ranks)",
+        "{} on {} ({})",
         printable(&spec.name),
         printable(&layout.name),
-        layout.world_size()
+        units::counted(u64::from(layout.world_size()), "rank")
     );
     print_prediction("plan", &p);
     println!("  prices: {}", printable(&machine.timing_source()));
@@ -846,11 +849,11 @@ pub fn export_fsdp2(
     osdp_core::input::write_json_atomically(output, &export)
         .map_err(|e| Failure::output(output, e))?;
     println!(
-        "wrote {}: {} modules for FSDP2 on {} ranks, micro-batch {} × {} accumulated, {} \
+        "wrote {}: {} modules for FSDP2 on {}, micro-batch {} × {} accumulated, {} \
          parameter bytes per rank",
         printable(&output.display().to_string()),
         export.modules.len(),
-        export.world_size,
+        units::counted(u64::from(export.world_size), "rank"),
         export.micro_batch,
         export.accumulation,
         export.predicted.param_bytes_per_rank

@@ -1664,11 +1664,13 @@ fn batch_breakdown(p: &osdp_core::plan::Prediction) -> String {
     let ranks = p.global_batch / (p.batch_size * p.accumulation).max(1);
     if p.accumulation > 1 {
         format!(
-            "{} × {} accum × {ranks} ranks",
-            p.batch_size, p.accumulation
+            "{} × {} accum × {}",
+            p.batch_size,
+            p.accumulation,
+            units::counted(ranks, "rank")
         )
     } else {
-        format!("{} × {ranks} ranks", p.batch_size)
+        format!("{} × {}", p.batch_size, units::counted(ranks, "rank"))
     }
 }
 

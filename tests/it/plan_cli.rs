@@ -579,7 +579,7 @@ fn a_layout_with_a_bad_calibration_is_refused_naming_the_field() {
 /// On the CPU layout a rank is a process, not a GPU, and a model too large for a 2 s step still
 /// gets one sample per rank: `plan` says so in those words, with long steps in minutes rather
 /// than hundreds of thousands of milliseconds. GPU layouts keep "per GPU" and the 2 s aim stays
-/// where a model meets it.
+/// where a model meets it; one GPU is "1 rank".
 #[test]
 fn on_the_cpu_layout_plan_speaks_of_ranks_and_says_why_its_batch_is_the_least() {
     let text = |model: &str, layout: &str| {
@@ -611,7 +611,9 @@ fn on_the_cpu_layout_plan_speaks_of_ranks_and_says_why_its_batch_is_the_least() 
         "{small}"
     );
     let gpu = text("tiny-gpt2", "layouts/h100-1x.json");
+    assert!(gpu.lines().next().unwrap().contains("(1 rank), budget"), "{gpu}");
     assert!(gpu.lines().next().unwrap().contains("per GPU"), "{gpu}");
+    assert!(!gpu.contains("1 ranks"), "{gpu}");
 }
 
 #[test]

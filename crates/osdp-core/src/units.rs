@@ -20,6 +20,15 @@ pub fn bytes(n: u64) -> String {
     ByteSize::b(n).display().iec().to_string()
 }
 
+/// A count and its noun, plural but for one: `1 rank`, `8 ranks`.
+pub fn counted(n: u64, noun: &str) -> String {
+    if n == 1 {
+        format!("1 {noun}")
+    } else {
+        format!("{n} {noun}s")
+    }
+}
+
 /// Short count with an SI suffix: `124.4 M`, `6.74 B`.
 pub fn count(n: u64) -> String {
     let x = n as f64;
