@@ -611,7 +611,10 @@ fn on_the_cpu_layout_plan_speaks_of_ranks_and_says_why_its_batch_is_the_least() 
         "{small}"
     );
     let gpu = text("tiny-gpt2", "layouts/h100-1x.json");
-    assert!(gpu.lines().next().unwrap().contains("(1 rank), budget"), "{gpu}");
+    assert!(
+        gpu.lines().next().unwrap().contains("(1 rank), budget"),
+        "{gpu}"
+    );
     assert!(gpu.lines().next().unwrap().contains("per GPU"), "{gpu}");
     assert!(!gpu.contains("1 ranks"), "{gpu}");
 }
