@@ -846,9 +846,9 @@ impl<'m> Planner<'m> {
     /// the Lagrangian between them), raised by [`PROBE_ABOVE_TIE`]. A search at that λ finds
     /// either a plan between them, which replaces one, or none cheaper, and then the one within
     /// is the best within the budget the pricing can reach at that λ — in a few searches where
-    /// bisecting λ took a dozen. With a fixed
-    /// global batch every plan runs the same samples, so any plan's step time is at least
-    /// `T(p) + λ·(host(p) − host)`: the gap to the best is at most `λ·(host − host(p))`.
+    /// bisecting λ took a dozen. With a fixed global batch every plan runs the same samples, so
+    /// any plan's step time is at least `T(p) + λ·(host(p) − host)`: the gap to the best is at
+    /// most `λ·(host − host(p))`.
     fn priced_host(&self, budget: u64, host: u64, relaxed: &Planned) -> Result<Planned, NoFit> {
         // Each price answers this one budget, whatever budgets this planner's own tables
         // answer: a search for one budget finds the same plan as the whole one (a budget change
