@@ -800,8 +800,8 @@ fn show_layout(path: &Path, json: bool) -> Result<(), Failure> {
     let d = &l.device;
     println!("{}: {}", printable(&l.name), printable(&l.description));
     println!(
-        "  {} node(s) × {} {} = {}",
-        l.nodes,
+        "  {} × {} {} = {}",
+        osdp_core::units::counted(u64::from(l.nodes), "node"),
         l.gpus_per_node,
         printable(&d.model),
         osdp_core::units::counted(u64::from(l.world_size()), "rank")
