@@ -679,8 +679,8 @@ fn print_prediction(what: &str, p: &Prediction) {
         }
     };
     println!(
-        "  {:.2} samples/s ({:.0} tokens/s), step {}, peak {}",
-        p.throughput_samples_per_s,
+        "  {} samples/s ({:.0} tokens/s), step {}, peak {}",
+        units::figure(p.throughput_samples_per_s, 2),
         p.tokens_per_s,
         time(p.step_time_s),
         units::bytes(p.peak_memory_bytes)

@@ -587,7 +587,10 @@ fn header_plan(app: &App, area: Rect) -> Vec<Line<'static>> {
                     (
                         0,
                         vec![Span::styled(
-                            format!("{:.1} samples/s", pr.throughput_samples_per_s),
+                            format!(
+                                "{} samples/s",
+                                units::figure(pr.throughput_samples_per_s, 1)
+                            ),
                             theme::GOOD_BOLD,
                         )],
                     ),
@@ -1247,23 +1250,34 @@ fn draw_frontier(app: &App, f: &mut Frame, area: Rect) {
         )
     };
     let now = within(budget);
+    // A change `{:+.1}` would print as ±0.0 (a slow model: 2.6/s gaining 0.012) keeps two
+    // significant digits.
+    let signed = |d: f64| {
+        let sign = if d < 0.0 { '−' } else { '+' };
+        if d == 0.0 || d.abs() >= 0.05 {
+            format!("{sign}{:.1}", d.abs())
+        } else {
+            format!("{sign}{}", units::figure(d.abs(), 1))
+        }
+    };
     let delta = |up: bool| {
         let b = super::app::budget_step(budget, up);
         let t = within(b);
         let step = units::bytes(b.abs_diff(budget));
         let sign = if up { '+' } else { '−' };
         match (now, t) {
-            (Some(a), Some(b)) => format!("{sign}{step} {:+.1}", b - a).replace('-', "−"),
+            (Some(a), Some(b)) => format!("{sign}{step} {}", signed(b - a)),
             (_, None) => format!("{sign}{step} no fit"),
-            (None, Some(b)) => format!("{sign}{step} {b:.1}"),
+            (None, Some(b)) => format!("{sign}{step} {}", units::figure(b, 1)),
         }
     };
     let mut block = Block::bordered().title(" samples/s vs budget (GiB) ");
     if let Some(t) = now {
         // What − would cost goes first where the edge is short: nothing is cut.
         let room = usize::from(area.width.saturating_sub(2));
-        let full = format!(" {t:.1}/s · {} · {} ", delta(true), delta(false));
-        let short = format!(" {t:.1}/s · {} ", delta(true));
+        let t = units::figure(t, 1);
+        let full = format!(" {t}/s · {} · {} ", delta(true), delta(false));
+        let short = format!(" {t}/s · {} ", delta(true));
         block = block.title_bottom(if full.chars().count() <= room {
             full
         } else {

@@ -113,8 +113,8 @@ fn an_impossible_budget_shows_the_smallest_that_fits() {
 #[test]
 fn a_priced_host_budget_explains_the_missing_curve() {
     let mut a = app("tinyllama-1.1b", "cpu", 8 * GIB);
-    // The global batch `osdp-tui` picks on this layout (a step of about 2 s): with it fixed,
-    // the plan states how much shorter the best step could be.
+    // The global batch `osdp-tui` picks on this layout (one sample per rank, the least): with
+    // it fixed, the plan states how much shorter the best step could be.
     a.request.global_batch = Some(2);
     a.replan();
     let planned = a.planned().expect("a plan fits 8 GiB").clone();
@@ -123,6 +123,16 @@ fn a_priced_host_budget_explains_the_missing_curve() {
         .expect("the plan was found by pricing host memory");
     let screen = render_text(&a, 160, 48);
     assert!(!screen.contains("no plan fits any budget"), "{screen}");
+    // A step of minutes is a rate well under one sample a second: the header still shows it.
+    let rate = format!(
+        "{} samples/s",
+        osdp_core::units::figure(planned.prediction.throughput_samples_per_s, 1)
+    );
+    assert!(planned.prediction.throughput_samples_per_s < 0.05);
+    assert!(
+        screen.contains(&rate) && !screen.contains(" 0.0 samples/s"),
+        "{rate}: {screen}"
+    );
     let flat = screen.split_whitespace().collect::<Vec<_>>().join(" ");
     assert!(flat.contains("no curve: the host budget binds"), "{screen}");
     let said = osdp_core::units::seconds(gap);

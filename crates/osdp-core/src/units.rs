@@ -20,6 +20,19 @@ pub fn bytes(n: u64) -> String {
     ByteSize::b(n).display().iec().to_string()
 }
 
+/// A figure with `decimals` places from 1 up, and two significant digits below it, so that a
+/// slow rate still reads: `96.5`, `0.25`, `0.0038` (where `{:.1}` printed `0.0`).
+pub fn figure(x: f64, decimals: usize) -> String {
+    if !x.is_finite() {
+        return "—".into();
+    }
+    if x.abs() >= 1.0 || x == 0.0 {
+        return format!("{x:.decimals$}");
+    }
+    let places = (-x.abs().log10()).ceil() as usize + 1;
+    format!("{x:.0$}", places.max(decimals))
+}
+
 /// A count and its noun, plural but for one: `1 rank`, `8 ranks`.
 pub fn counted(n: u64, noun: &str) -> String {
     if n == 1 {
@@ -161,6 +174,18 @@ pub fn rfc3339(secs: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn slow_rates_keep_two_significant_digits() {
+        assert_eq!(figure(96.53, 1), "96.5");
+        assert_eq!(figure(2.6, 1), "2.6");
+        assert_eq!(figure(0.0, 1), "0.0");
+        assert_eq!(figure(0.25, 1), "0.25");
+        assert_eq!(figure(0.003766, 1), "0.0038");
+        assert_eq!(figure(0.003766, 2), "0.0038");
+        assert_eq!(figure(0.5, 2), "0.50");
+        assert_eq!(figure(f64::NAN, 1), "—");
+    }
 
     #[test]
     fn dates_are_printed_in_utc() {
