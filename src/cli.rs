@@ -293,7 +293,8 @@ struct PlanArgs {
     /// N) that run it fastest. `any`: no accumulation, the fastest micro-batch that fits; a
     /// fixed N with accumulation can be a little faster. [default: GPU
     /// layouts, the tokens per step published runs use for the model's
-    /// size (GPT-3, Llama 2); the cpu layout, a step of about 2 s; with --batch alone, any]
+    /// size (GPT-3, Llama 2); the cpu layout, a step of about 2 s, at least one sample per
+    /// rank; with --batch alone, any]
     #[arg(long, value_name = "N|any")]
     global_batch: Option<request::GlobalBatchArg>,
     /// The global batch in tokens (a multiple of the model's sequence length).
