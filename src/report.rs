@@ -213,7 +213,9 @@ pub struct PlanReport {
     /// The GPU whose budget binds, when budgets differ per GPU.
     pub binding_gpu: Option<usize>,
     pub chosen: plan::GlobalBatch,
-    pub cpu: bool,
+    /// Why the global batch is what it is, where it is the default
+    /// ([`plan::GlobalBatch::explain_default`], for the machine it was chosen on).
+    pub default_why: Option<String>,
     pub timing_source: String,
     pub search_ms: f64,
     /// CPU time of the search on its thread, ms.
@@ -295,6 +297,7 @@ pub fn plan_report(req: &PlanCommand) -> Result<PlanReport, Failure> {
             (op, alts)
         })
         .collect();
+    let default_why = chosen.explain_default(&spec, &machine, cpu);
     Ok(PlanReport {
         target: req.target,
         blocks: Blocks::of(&spec),
@@ -311,7 +314,7 @@ pub fn plan_report(req: &PlanCommand) -> Result<PlanReport, Failure> {
         },
         binding_gpu,
         chosen,
-        cpu,
+        default_why,
         search_ms,
         search_cpu_ms,
         resolution_bytes,
@@ -561,8 +564,7 @@ impl PlanReport {
             &self.planned.prediction,
             &self.blocks,
         );
-        let (budget, binding_gpu, chosen, cpu) =
-            (self.budget, self.binding_gpu, self.chosen, self.cpu);
+        let (budget, binding_gpu, chosen) = (self.budget, self.binding_gpu, self.chosen);
         let rank = layout.device.kind.rank_noun();
         println!(
             "{} on {} ({}), budget {} per {rank}{}{}",
@@ -579,9 +581,7 @@ impl PlanReport {
         match chosen {
             plan::GlobalBatch::Default(_) => println!(
                 "  {} is the default; --global-batch N sets it (`any`: {})",
-                chosen
-                    .explain_default(spec, &Machine::new(layout, spec), cpu)
-                    .unwrap_or_default(),
+                self.default_why.as_deref().unwrap_or_default(),
                 crate::cli::request::ANY_MEANS
             ),
             plan::GlobalBatch::Any => println!(
@@ -670,19 +670,11 @@ fn print_prediction(what: &str, p: &Prediction) {
             "rank"
         ),
     );
-    // Durations in the unit that reads best: `850 µs`, `12.3 ms`, `1.24 s`, `8 min 51 s`.
-    let time = |s: f64| {
-        if s == 0.0 {
-            "0 s".to_string()
-        } else {
-            units::seconds(s)
-        }
-    };
     println!(
         "  {} samples/s ({:.0} tokens/s), step {}, peak {}",
         units::figure(p.throughput_samples_per_s, 2),
         p.tokens_per_s,
-        time(p.step_time_s),
+        units::seconds(p.step_time_s),
         units::bytes(p.peak_memory_bytes)
     );
     println!(
@@ -693,16 +685,16 @@ fn print_prediction(what: &str, p: &Prediction) {
         units::bytes(p.overhead_bytes)
     );
     let other = if p.step_overhead_s > 0.0 {
-        format!(" + {} other", time(p.step_overhead_s))
+        format!(" + {} other", units::seconds(p.step_overhead_s))
     } else {
         String::new()
     };
     println!(
         "  time: {} compute + {} recompute + {} exposed comm + {} optimizer{other}",
-        time(p.compute_s),
-        time(p.recompute_s),
-        time(p.exposed_comm_s),
-        time(p.optimizer_s)
+        units::seconds(p.compute_s),
+        units::seconds(p.recompute_s),
+        units::seconds(p.exposed_comm_s),
+        units::seconds(p.optimizer_s)
     );
 }
 

@@ -431,12 +431,13 @@ impl GlobalBatch {
         let GlobalBatch::Default(n) = self else {
             return None;
         };
-        let least_step = || evaluate(model, m, &uniform_plan(model, Strategy::Dp, 1)).step_time_s;
-        let why = if cpu && n <= u64::from(m.ranks.max(1)) && least_step() > CPU_DEFAULT_STEP_S {
-            // The aim could not be met: one sample per rank is already slower.
+        // Where the default is one sample per rank, the DDP step of it (the aim may be missed).
+        let least_step = (cpu && n <= u64::from(m.ranks.max(1)))
+            .then(|| evaluate(model, m, &uniform_plan(model, Strategy::Dp, 1)).step_time_s);
+        let why = if let Some(step) = least_step.filter(|&s| s > CPU_DEFAULT_STEP_S) {
             format!(
                 "one sample per rank, the least: even its DDP step takes {} on this layout",
-                crate::units::seconds(least_step())
+                crate::units::seconds(step)
             )
         } else if cpu {
             "a step of about 2 s on this layout".to_string()

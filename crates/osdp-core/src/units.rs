@@ -60,12 +60,14 @@ pub fn count(n: u64) -> String {
     format!("{v:.digits$} {suffix}")
 }
 
-/// A duration for people: `850 µs`, `12.3 ms`, `1.24 s`, `3 min 20 s`.
+/// A duration for people: `850 µs`, `12.3 ms`, `1.24 s`, `3 min 20 s`; none at all, `0 s`.
 pub fn seconds(s: f64) -> String {
     if !s.is_finite() {
         return "—".into();
     }
-    if s < 1e-3 {
+    if s == 0.0 {
+        "0 s".into()
+    } else if s < 1e-3 {
         format!("{:.0} µs", s * 1e6)
     } else if s < 1.0 {
         format!("{:.1} ms", s * 1e3)
@@ -185,6 +187,15 @@ mod tests {
         assert_eq!(figure(0.003766, 2), "0.0038");
         assert_eq!(figure(0.5, 2), "0.50");
         assert_eq!(figure(f64::NAN, 1), "—");
+    }
+
+    #[test]
+    fn durations_read_in_their_unit_and_none_reads_zero_seconds() {
+        assert_eq!(seconds(0.0), "0 s");
+        assert_eq!(seconds(767e-6), "767 µs");
+        assert_eq!(seconds(0.0123), "12.3 ms");
+        assert_eq!(seconds(3.48), "3.48 s");
+        assert_eq!(seconds(531.05), "8 min 51 s");
     }
 
     #[test]
