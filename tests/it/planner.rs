@@ -519,11 +519,21 @@ proptest! {
             .reduce(f64::max);
         let options = PlanOptions { batch: Some(batch), max_split: 1, ..Default::default() };
         let planner = Planner::new(&model, m.clone(), options.clone(), budget);
-        let one = Planner::best_at(&model, m.clone(), options, budget);
+        let one = Planner::best_at(&model, m.clone(), options.clone(), budget);
         prop_assert_eq!(
             one.as_ref().map(|p| p.prediction.throughput_samples_per_s).ok(),
             want.and(planner.best(budget).ok().map(|p| p.prediction.throughput_samples_per_s)),
             "one-budget search against the whole one"
+        );
+        // The same plans at a fixed global batch (this micro-batch, no accumulation): the
+        // one-budget search then stops its relaxation at its first plan where that plan is
+        // over the host budget, and searches host memory without the rest of its caps.
+        let fixed = PlanOptions { global_batch: Some(batch * u64::from(m.ranks)), ..options };
+        let at_global = Planner::best_at(&model, m.clone(), fixed, budget);
+        prop_assert_eq!(
+            at_global.as_ref().map(|p| p.prediction.throughput_samples_per_s).ok(),
+            one.as_ref().map(|p| p.prediction.throughput_samples_per_s).ok(),
+            "at a fixed global batch"
         );
         match (planner.best(budget), want) {
             (Ok(got), Some(want)) => {
@@ -658,6 +668,57 @@ fn the_one_budget_search_finds_what_the_whole_search_finds_on_shipped_models() {
         }
     }
     assert!(compared >= 15, "only {compared} budgets fit");
+}
+
+/// Where the host budget binds, `plan`'s search stops its relaxation at the first plan and
+/// sums the rest of its caps only where a plan within the host budget could be as fast (the
+/// relaxation's best is then the answer): its plan, its prediction and its stated gap are the
+/// whole frontiers' at that budget, whether host memory was searched exactly, priced, or the
+/// relaxation's best kept within it.
+#[test]
+fn where_the_host_budget_binds_the_one_budget_search_answers_as_the_whole_one() {
+    use osdp_core::model::read_model;
+    const GIB: u64 = 1 << 30;
+    // (model, layout, host budget per rank; 0: the layout's default).
+    let cases = [
+        ("tinyllama-1.1b", "cpu", 0),
+        ("tinyllama-1.1b", "cpu", 3 * GIB),
+        ("tinyllama-1.1b", "cpu", 8 * GIB),
+        ("tinyllama-1.1b", "cpu", 13 * GIB),
+        ("tinyllama-1.1b", "h100-1x", 2 * GIB),
+        ("gpt2-xl", "cpu", 13 * GIB),
+        ("gpt2-medium", "h100-1x", 2 * GIB),
+        ("gpt2-medium", "cpu", GIB),
+        ("opt-1.3b", "cpu", 2 * GIB),
+    ];
+    let mut priced = 0;
+    for (name, layout, host) in cases {
+        let model = read_model(&crate::root().join(format!("sample-models/{name}.json"))).unwrap();
+        let l = read_layout(&crate::root().join(format!("layouts/{layout}.json"))).unwrap();
+        let mut m = Machine::new(&l, &model);
+        if host > 0 {
+            m.host_budget_bytes = host;
+        }
+        // The default 5 % headroom and the memory resolution, as `plan` leaves them.
+        let budget = l.memory_bytes() / 100 * 95;
+        let options = PlanOptions {
+            global_batch: Some(u64::from(m.ranks)),
+            resolution_bytes: osdp_core::plan::request::search_resolution(
+                None,
+                &model,
+                &m,
+                l.memory_bytes(),
+            ),
+            ..Default::default()
+        };
+        let whole = Planner::new(&model, m.clone(), options.clone(), budget).best(budget);
+        let one = Planner::best_at(&model, m.clone(), options, budget);
+        assert_eq!(whole, one, "{name} on {layout}, host budget {host}");
+        if one.is_ok_and(|p| p.host_gap_s.is_some()) {
+            priced += 1;
+        }
+    }
+    assert!(priced >= 2, "only {priced} cases priced host memory");
 }
 
 /// At a fixed global batch the planner picks the micro-batch too, and what it picks is never

@@ -344,6 +344,8 @@ pub struct Planner<'m> {
     exact_host: std::sync::OnceLock<Box<Planner<'m>>>,
     /// What the tables answer: every budget up to `max_budget_bytes`, or that budget alone.
     reach: Reach,
+    /// Caps a relaxed search left to sum ([`Search::defer_proof`]); `None` when it summed all.
+    pending: Option<Pending>,
 }
 
 /// How one search runs: the budgets its tables answer, and what it makes of host memory.
@@ -358,6 +360,10 @@ struct Search {
     /// `cost` seconds per step under this search's pricing; the search then keeps only what
     /// could beat it, and may find nothing (nothing cheaper than that plan).
     seed: Option<(u64, f64)>,
+    /// For the relaxation of a search for one budget at a fixed global batch, where the host
+    /// budget can bind: stop once a plan is found, leaving the caps that could still beat it
+    /// [`Pending`] ([`Planner::best_at`] decides whether they need summing).
+    defer_proof: bool,
 }
 
 impl Search {
@@ -368,8 +374,17 @@ impl Search {
             host_limit: None,
             host_price: 0.0,
             seed: None,
+            defer_proof: false,
         }
     }
+}
+
+/// A relaxed search for one budget stopped at its first plan ([`Search::defer_proof`]): the
+/// micro-batches' sums with the caps still to sum (their tables are the planner's, in the same
+/// order, while this waits), and the best plan found so far.
+struct Pending {
+    building: Vec<Building>,
+    incumbent: Incumbent,
 }
 
 /// Which budgets a planner's tables answer.
@@ -549,14 +564,21 @@ impl<'m> Planner<'m> {
         options: PlanOptions,
         budget_bytes: u64,
     ) -> Result<Planned, NoFit> {
-        let only = Planner::with_host_limit(
+        let mut only = Planner::with_host_limit(
             model,
             machine.clone(),
             options.clone(),
             budget_bytes,
-            Search::relaxed(Reach::Only),
+            Search {
+                defer_proof: true,
+                ..Search::relaxed(Reach::Only)
+            },
         );
-        match only.best(budget_bytes) {
+        let answer = match only.answer_deferred(budget_bytes) {
+            Some(answer) => answer,
+            None => only.best(budget_bytes),
+        };
+        match answer {
             Ok(p) => Ok(p),
             // Host memory was priced and no price finds a plan within the host budget: the
             // whole frontiers' planner would search host memory for this budget first, give up
@@ -565,6 +587,52 @@ impl<'m> Planner<'m> {
             // Nothing fits: the smallest budget that would is read off the whole frontiers,
             // which a search for one budget leaves out.
             Err(_) => Planner::new(model, machine, options, budget_bytes).best(budget_bytes),
+        }
+    }
+
+    /// Where the relaxed search stopped at its first plan ([`Search::defer_proof`]): the
+    /// answer [`Planner::best`] would give, found without summing the caps it left, where they
+    /// cannot change it; `None` once they are summed (then `best` answers).
+    ///
+    /// They matter only if the relaxation's best plan keeps within the host budget (it is then
+    /// the answer): that plan is at least as fast as the first one found. So where the first
+    /// is over the host budget, host memory is searched (or priced) as `best` would, and the
+    /// caps left are summed only if a plan within the host budget could be as fast as the
+    /// first. The three-dimensional search answers exactly whatever they hold. Priced, the
+    /// answer comes with its bound: no plan within the host budget is faster than it by more
+    /// than [`Planned::host_gap_s`] (a fixed global batch: every plan runs the same samples).
+    /// Where the caps left hold a faster plan over the host budget, the walk of prices starts
+    /// from the first plan rather than from it; the bound holds either way.
+    fn answer_deferred(&mut self, budget: u64) -> Option<Result<Planned, NoFit>> {
+        self.pending.as_ref()?;
+        let (host, first) = match (self.host_can_bind, self.best_ignoring_host(budget)) {
+            (Some(host), Ok(first)) if first.prediction.host_bytes > host => (host, first),
+            _ => {
+                self.finish_pending();
+                return None;
+            }
+        };
+        let exact = self.exact_host(budget);
+        if !exact.overflowed() {
+            return Some(exact.best_ignoring_host(budget));
+        }
+        let priced = self.priced_host(budget, host, &first);
+        // Every plan within the host budget takes at least the priced plan's step less its
+        // gap: if that is longer than the first plan's, the relaxation's best plan (no slower
+        // than the first) is over the host budget.
+        if let Ok(p) = &priced {
+            if p.host_gap_s.is_some_and(|gap| {
+                p.prediction.step_time_s - gap > first.prediction.step_time_s * (1.0 + 1e-6)
+            }) {
+                return Some(priced);
+            }
+        }
+        self.finish_pending();
+        match self.best_ignoring_host(budget) {
+            // The relaxation's best is the first plan after all: host memory was priced from
+            // it, as `best` would.
+            Ok(best) if best == first => Some(priced),
+            _ => None,
         }
     }
 
@@ -607,8 +675,9 @@ impl<'m> Planner<'m> {
             host_price: search.host_price,
             exact_host: std::sync::OnceLock::new(),
             reach: search.reach,
+            pending: None,
         }
-        .search(search.seed)
+        .search(search.seed, search.defer_proof)
     }
 
     /// Another search of the same model, machine and options: what does not depend on the
@@ -631,13 +700,14 @@ impl<'m> Planner<'m> {
             host_price: search.host_price,
             exact_host: std::sync::OnceLock::new(),
             reach: search.reach,
+            pending: None,
         }
-        .search(search.seed)
+        .search(search.seed, search.defer_proof)
     }
 
     /// Builds this planner's tables: every micro-batch's frontiers, or for [`Reach::Only`]
     /// what answers its one budget (`seed`: [`Search::seed`]).
-    fn search(self, seed: Option<(u64, f64)>) -> Planner<'m> {
+    fn search(self, seed: Option<(u64, f64)>, defer_proof: bool) -> Planner<'m> {
         let mut planner = self;
         let max_budget_bytes = planner.max_budget_bytes;
         let pins: HashMap<usize, Choice> = planner.options.pins.iter().copied().collect();
@@ -716,33 +786,28 @@ impl<'m> Planner<'m> {
                 .into_iter()
                 .map(|(_, prep)| planner.start_building(prep, true))
                 .collect();
-            loop {
-                let mut next: Option<(usize, f64)> = None;
-                for (k, b) in building.iter().enumerate() {
-                    if let Some(r) = b.next_reach() {
-                        if next.is_none_or(|(_, best)| r > best) {
-                            next = Some((k, r));
-                        }
-                    }
-                }
-                let Some((k, could_reach)) = next else { break };
-                if could_reach < incumbent.tput {
-                    // The most promising cap left cannot beat the plan found: nor can any.
-                    break;
-                }
-                planner.sum_next(&mut building[k], max_budget_bytes, Some(&mut incumbent));
-                if building[k].table.arena.overflow {
-                    // The three-dimensional search gave up: its tables will not be read
-                    // ([`Planner::best`] prices host memory instead), so nothing more is summed.
-                    break;
-                }
-            }
             planner.searched = prepared.iter().map(|p| p.0).collect();
-            planner.tables = building
-                .into_iter()
-                .map(|b| b.table)
-                .filter(|t| !t.caps.is_empty() || t.arena.overflow)
-                .collect();
+            let defer = defer_proof
+                && planner.host_limit.is_none()
+                && planner.host_price == 0.0
+                && planner.host_can_bind.is_some()
+                && planner.options.global_batch.is_some();
+            if planner.sum_caps(&mut building, &mut incumbent, defer) {
+                // Its tables stay the planner's, in the micro-batches' order, while it waits.
+                planner.tables = building
+                    .iter_mut()
+                    .map(|b| {
+                        let empty = b.table.emptied();
+                        std::mem::replace(&mut b.table, empty)
+                    })
+                    .collect();
+                planner.pending = Some(Pending {
+                    building,
+                    incumbent,
+                });
+            } else {
+                planner.tables = finished(building);
+            }
             return planner;
         }
         // Largest micro-batches first: their plans bound what a smaller one can still win. No
@@ -799,6 +864,56 @@ impl<'m> Planner<'m> {
         tables.reverse();
         planner.tables = tables;
         planner
+    }
+
+    /// Sums caps of the micro-batches being built, the most promising first, until none left
+    /// could beat the best plan found (`incumbent`) or a three-dimensional sum gives up.
+    /// `defer`: stop at the first plan found instead, and say whether caps that could beat it
+    /// are left ([`Search::defer_proof`]).
+    fn sum_caps(&self, building: &mut [Building], incumbent: &mut Incumbent, defer: bool) -> bool {
+        let max_budget_bytes = self.max_budget_bytes;
+        loop {
+            let mut next: Option<(usize, f64)> = None;
+            for (k, b) in building.iter().enumerate() {
+                if let Some(r) = b.next_reach() {
+                    if next.is_none_or(|(_, best)| r > best) {
+                        next = Some((k, r));
+                    }
+                }
+            }
+            let Some((k, could_reach)) = next else {
+                return false;
+            };
+            if could_reach < incumbent.tput {
+                // The most promising cap left cannot beat the plan found: nor can any.
+                return false;
+            }
+            if defer && incumbent.tput > 0.0 {
+                return true;
+            }
+            self.sum_next(&mut building[k], max_budget_bytes, Some(&mut *incumbent));
+            if building[k].table.arena.overflow {
+                // The three-dimensional search gave up: its tables will not be read
+                // ([`Planner::best`] prices host memory instead), so nothing more is summed.
+                return false;
+            }
+        }
+    }
+
+    /// Sums the caps a relaxed search left ([`Pending`]), as it would have without stopping.
+    fn finish_pending(&mut self) {
+        let Some(Pending {
+            mut building,
+            mut incumbent,
+        }) = self.pending.take()
+        else {
+            return;
+        };
+        for (b, t) in building.iter_mut().zip(std::mem::take(&mut self.tables)) {
+            b.table = t;
+        }
+        self.sum_caps(&mut building, &mut incumbent, false);
+        self.tables = finished(building);
     }
 
     pub fn machine(&self) -> &Machine {
@@ -1966,7 +2081,30 @@ fn lean_prefixes(points: impl Iterator<Item = (u64, f64)>) -> Vec<Vec<(u64, f64)
 /// Class frontiers by (class, key): the held-bytes limit each was summed under, and it.
 type ClassCache = HashMap<(usize, Vec<usize>), (u64, Frontier)>;
 
+/// The tables of a search for one budget once summed: those with a frontier (or a
+/// three-dimensional sum that gave up).
+fn finished(building: Vec<Building>) -> Vec<BatchTable> {
+    building
+        .into_iter()
+        .map(|b| b.table)
+        .filter(|t| !t.caps.is_empty() || t.arena.overflow)
+        .collect()
+}
+
 impl BatchTable {
+    /// A table of the same micro-batch with nothing in it (a place holder while the table is
+    /// lent to the planner, [`Pending`]).
+    fn emptied(&self) -> BatchTable {
+        BatchTable {
+            batch: self.batch,
+            accumulation: self.accumulation,
+            bases: Vec::new(),
+            arena: Arena::default(),
+            caps: Vec::new(),
+            coarsened: self.coarsened,
+        }
+    }
+
     /// Samples one rank runs per step: micro-batch × accumulation.
     fn samples(&self) -> f64 {
         (self.batch * self.accumulation) as f64
