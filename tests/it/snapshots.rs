@@ -481,16 +481,28 @@ fn assert_nothing_cut(a: &App, screen: &str, w: u16, h: u16, what: &str) {
             .find(|c| !"│║".contains(*c))
             .is_some_and(|c| "┌╔".contains(c))
     };
+    // A popup's right edge stands over what it hides too (`choice…│ted│`): a vertical edge
+    // whose top corner is `┐` or `╗` is a right one.
+    let right_edge = |y: usize, x: usize| {
+        (0..y)
+            .rev()
+            .map(|y| grid[y].get(x).copied().unwrap_or(' '))
+            .find(|c| !"│║".contains(*c))
+            .is_some_and(|c| "┐╗".contains(c))
+    };
     for (y, chars) in grid.iter().enumerate().skip(header) {
         for (x, pair) in chars.windows(2).enumerate() {
             if !(pair[0].is_alphanumeric() && "│║┐╗┘╝".contains(pair[1])) || left_edge(y, x + 1)
             {
                 continue;
             }
-            let start = chars[..x]
-                .iter()
-                .rposition(|c| "│║".contains(*c))
-                .map_or(0, |p| p + 1);
+            let edge = chars[..x].iter().rposition(|c| "│║".contains(*c));
+            // Text right of a popup's right edge is what the popup hides the rest of, not
+            // text cut by a border.
+            if edge.is_some_and(|e| right_edge(y, e)) {
+                continue;
+            }
+            let start = edge.map_or(0, |p| p + 1);
             let text: String = chars[start..=x].iter().collect();
             // A line that fills its panel exactly ends with a word the wide screen has
             // whole too.

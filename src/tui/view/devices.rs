@@ -337,13 +337,19 @@ fn rank_lines(app: &App, inner: usize) -> (Vec<Line<'static>>, std::ops::Range<u
             }
         }
     }
-    lines.push(Line::styled(
-        match r.step {
-            Some(s) => format!("measured peaks, step {s}"),
-            None => "no step yet: the plan's figures".into(),
-        },
-        theme::MUTED,
-    ));
+    // What the bars' lighter part is goes above the ranks, beside what their figures are: with
+    // many ranks the panel's end is out of sight, and each rank's figure leaves the runtime out.
+    let mut head = vec![item(match r.step {
+        Some(s) => format!("measured peaks, step {s}"),
+        None => "no step yet".into(),
+    })];
+    if let Some(p) = r.plan {
+        head.push(item(format!(
+            "▒ runtime ≈{}/rank, estimated",
+            units::bytes(p.runtime_bytes)
+        )));
+    }
+    lines.extend(pack(head, inner).into_iter().map(|l| l.style(theme::MUTED)));
     let bar_width = (inner / 4).clamp(8, 30);
     let mut selected = 0..0;
     for rank in &r.ranks {
@@ -395,19 +401,13 @@ fn rank_lines(app: &App, inner: usize) -> (Vec<Line<'static>>, std::ops::Range<u
             selected = start..lines.len();
         }
     }
-    if let Some(p) = r.plan {
-        let items = vec![
-            item(format!(
-                "▒ runtime ≈{}/rank, estimated",
-                units::bytes(p.runtime_bytes)
-            )),
-            item(format!(
-                "not measured: {}",
-                printable(&app.layout.runtime_overhead_gib.source)
-            )),
-        ];
+    if r.plan.is_some() {
+        let source = format!(
+            "runtime not measured: {}",
+            printable(&app.layout.runtime_overhead_gib.source)
+        );
         lines.extend(
-            pack(items, inner)
+            pack(vec![item(source)], inner)
                 .into_iter()
                 .map(|l| l.style(theme::MUTED)),
         );
