@@ -2766,6 +2766,98 @@ mod tests {
     use crate::model::read_model;
     use crate::plan::frontier::test_rng;
 
+    /// Where the host budget binds, `plan`'s search stops its relaxation at its first plan
+    /// ([`Search::defer_proof`]) and sums the caps it left only where they could change the
+    /// answer: on shipped models, at `plan`'s defaults (headroom, global batch, resolution), its
+    /// answer is the one the relaxation summed whole gives — the same plan, prediction and
+    /// stated gap — whether the deferral answered (host memory priced and no plan within the
+    /// host budget as fast as the first) or the caps were summed after all (the first plan
+    /// within the host budget; a plan within it that could be as fast; the relaxation's best
+    /// within it, or over it and priced again).
+    #[test]
+    fn stopping_the_relaxation_at_its_first_plan_changes_no_answer() {
+        const GIB: u64 = 1 << 30;
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+        // (model, layout, host budget in tenths of a GiB, 0 for the layout's).
+        let cases = [
+            ("tinyllama-1.1b", "cpu", 0),
+            ("tinyllama-1.1b", "cpu", 84),
+            ("tinyllama-1.1b", "cpu", 130),
+            ("gpt2-xl", "cpu", 80),
+            ("gpt2-xl", "v100-dgx2-1x", 80),
+            ("gpt2-medium", "h100-1x", 20),
+        ];
+        let (mut answered, mut summed) = (0, 0);
+        for (name, layout, tenths) in cases {
+            let model = read_model(&root.join(format!("sample-models/{name}.json"))).unwrap();
+            let l = read_layout(&root.join(format!("layouts/{layout}.json"))).unwrap();
+            let mut m = Machine::new(&l, &model);
+            if tenths > 0 {
+                m.host_budget_bytes = tenths * GIB / 10;
+            }
+            let budget = l.memory_bytes() / 100 * 95;
+            let options = PlanOptions {
+                global_batch: Some(crate::plan::default_global_batch(
+                    &model,
+                    &m,
+                    layout == "cpu",
+                )),
+                resolution_bytes: crate::plan::request::search_resolution(
+                    None,
+                    &model,
+                    &m,
+                    l.memory_bytes(),
+                ),
+                ..PlanOptions::default()
+            };
+            let search = |defer_proof| {
+                Planner::with_host_limit(
+                    &model,
+                    m.clone(),
+                    options.clone(),
+                    budget,
+                    Search {
+                        defer_proof,
+                        ..Search::relaxed(Reach::Only)
+                    },
+                )
+            };
+            let whole = search(false).best(budget);
+            let mut deferred = search(true);
+            assert!(
+                deferred.pending.is_some(),
+                "{name} on {layout}: nothing deferred"
+            );
+            let got = match deferred.answer_deferred(budget) {
+                Some(answer) => {
+                    answered += 1;
+                    answer
+                }
+                None => {
+                    summed += 1;
+                    assert!(deferred.pending.is_none());
+                    deferred.best(budget)
+                }
+            };
+            let figures = |r: &Result<Planned, NoFit>| {
+                r.clone().map(|p| {
+                    let f = p.prediction;
+                    (f.throughput_samples_per_s, f.host_bytes, p.host_gap_s)
+                })
+            };
+            assert!(
+                got == whole,
+                "{name} on {layout}, host budget {tenths}/10 GiB: deferred {:?}, whole {:?}",
+                figures(&got),
+                figures(&whole)
+            );
+        }
+        assert!(
+            answered >= 2 && summed >= 3,
+            "answered {answered}, summed {summed}"
+        );
+    }
+
     /// A cap's bound is the peak of its Lagrangian dual, which is the linear relaxation: the
     /// classes' hulls ([`Planner::class_hull`]) summed and read at the held bytes give the same
     /// time, at every cap of real models, from the least held memory to more than any plan
