@@ -472,24 +472,17 @@ fn assert_nothing_cut(a: &App, screen: &str, w: u16, h: u16, what: &str) {
     // Text that runs into a border was cut there (a chart's axis labels stand against their
     // axis and its right edge: `0.46│`, `│ 0.0   4.0   8.0│`).
     let grid: Vec<Vec<char>> = screen.lines().map(|l| l.chars().collect()).collect();
-    // A popup's left edge stands over what it hides (`║ h0│choice`): a vertical edge whose
-    // top corner is `┌` or `╔` is a left one.
-    let left_edge = |y: usize, x: usize| {
+    // What a vertical edge at (y, x) starts from: the first other character above it.
+    let top = |y: usize, x: usize| {
         (0..y)
             .rev()
             .map(|y| grid[y].get(x).copied().unwrap_or(' '))
             .find(|c| !"│║".contains(*c))
-            .is_some_and(|c| "┌╔".contains(c))
     };
-    // A popup's right edge stands over what it hides too (`choice…│ted│`): a vertical edge
-    // whose top corner is `┐` or `╗` is a right one.
-    let right_edge = |y: usize, x: usize| {
-        (0..y)
-            .rev()
-            .map(|y| grid[y].get(x).copied().unwrap_or(' '))
-            .find(|c| !"│║".contains(*c))
-            .is_some_and(|c| "┐╗".contains(c))
-    };
+    // A popup's edges stand over what it hides: its left one (`║ h0│choice`) under `┌` or
+    // `╔`, its right one (`choice…│ted│`) under `┐` or `╗`.
+    let left_edge = |y: usize, x: usize| top(y, x).is_some_and(|c| "┌╔".contains(c));
+    let right_edge = |y: usize, x: usize| top(y, x).is_some_and(|c| "┐╗".contains(c));
     for (y, chars) in grid.iter().enumerate().skip(header) {
         for (x, pair) in chars.windows(2).enumerate() {
             if !(pair[0].is_alphanumeric() && "│║┐╗┘╝".contains(pair[1])) || left_edge(y, x + 1)
