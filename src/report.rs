@@ -665,10 +665,7 @@ fn print_prediction(what: &str, p: &Prediction) {
         "  {what}: global batch {} (micro-batch {}{accumulation} × {})",
         p.global_batch,
         p.batch_size,
-        units::counted(
-            p.global_batch / (p.batch_size * p.accumulation).max(1),
-            "rank"
-        ),
+        units::counted(p.ranks(), "rank"),
     );
     println!(
         "  {} samples/s ({:.0} tokens/s), step {}, peak {}",

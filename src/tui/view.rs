@@ -578,7 +578,7 @@ fn header_plan(app: &App, area: Rect) -> Vec<Line<'static>> {
                         "global batch {} = {}×{}",
                         pr.global_batch,
                         pr.batch_label(),
-                        pr.global_batch / (pr.batch_size * pr.accumulation).max(1)
+                        pr.ranks()
                     )
                 };
                 // Fields by priority (0 first to stay): what does not fit is dropped whole.
@@ -1675,7 +1675,7 @@ fn draw_graph(app: &App, f: &mut Frame, area: Rect) {
 
 /// `8 × 4 accum × 16 ranks`: how a step's samples are made.
 fn batch_breakdown(p: &osdp_core::plan::Prediction) -> String {
-    let ranks = p.global_batch / (p.batch_size * p.accumulation).max(1);
+    let ranks = p.ranks();
     if p.accumulation > 1 {
         format!(
             "{} × {} accum × {}",

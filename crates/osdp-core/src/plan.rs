@@ -115,6 +115,11 @@ impl Prediction {
             self.batch_size.to_string()
         }
     }
+
+    /// Ranks the global batch is shared by: global batch over micro-batch × accumulation.
+    pub fn ranks(&self) -> u64 {
+        self.global_batch / (self.batch_size * self.accumulation).max(1)
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]

@@ -158,6 +158,7 @@ struct Opt {
     host: u64,
 }
 
+#[derive(Default)]
 struct BatchTable {
     batch: u64,
     accumulation: u64,
@@ -622,7 +623,8 @@ impl<'m> Planner<'m> {
         // than the first) is over the host budget.
         if let Ok(p) = &priced {
             if p.host_gap_s.is_some_and(|gap| {
-                p.prediction.step_time_s - gap > first.prediction.step_time_s * (1.0 + 1e-6)
+                p.prediction.step_time_s - gap
+                    > first.prediction.step_time_s * (1.0 + ROUNDING_MARGIN)
             }) {
                 return Some(priced);
             }
@@ -787,19 +789,18 @@ impl<'m> Planner<'m> {
                 .map(|(_, prep)| planner.start_building(prep, true))
                 .collect();
             planner.searched = prepared.iter().map(|p| p.0).collect();
+            // Only a relaxation stops early ([`Planner::best_at`] asks it of no other search).
+            debug_assert!(
+                !defer_proof || (planner.host_limit.is_none() && planner.host_price == 0.0)
+            );
             let defer = defer_proof
-                && planner.host_limit.is_none()
-                && planner.host_price == 0.0
                 && planner.host_can_bind.is_some()
                 && planner.options.global_batch.is_some();
             if planner.sum_caps(&mut building, &mut incumbent, defer) {
                 // Its tables stay the planner's, in the micro-batches' order, while it waits.
                 planner.tables = building
                     .iter_mut()
-                    .map(|b| {
-                        let empty = b.table.emptied();
-                        std::mem::replace(&mut b.table, empty)
-                    })
+                    .map(|b| std::mem::take(&mut b.table))
                     .collect();
                 planner.pending = Some(Pending {
                     building,
@@ -2092,19 +2093,6 @@ fn finished(building: Vec<Building>) -> Vec<BatchTable> {
 }
 
 impl BatchTable {
-    /// A table of the same micro-batch with nothing in it (a place holder while the table is
-    /// lent to the planner, [`Pending`]).
-    fn emptied(&self) -> BatchTable {
-        BatchTable {
-            batch: self.batch,
-            accumulation: self.accumulation,
-            bases: Vec::new(),
-            arena: Arena::default(),
-            caps: Vec::new(),
-            coarsened: self.coarsened,
-        }
-    }
-
     /// Samples one rank runs per step: micro-batch × accumulation.
     fn samples(&self) -> f64 {
         (self.batch * self.accumulation) as f64
