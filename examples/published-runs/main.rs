@@ -276,6 +276,11 @@ fn breakdown(r: &PublishedRun, layouts: &Path) {
     for (k, t) in by {
         println!("{k:<16} {:>9.4} s {:>5.1} %", t, 100.0 * t / step);
     }
+    let f = &p.prediction;
+    println!(
+        "compute {:.4} s (of which recompute {:.4} s), exposed communication {:.4} s, optimizer {:.4} s, step overhead {:.4} s",
+        f.compute_s, f.recompute_s, f.exposed_comm_s, f.optimizer_s, f.step_overhead_s
+    );
     println!("step {step:.4} s, ratio {:.2}", p.ratio);
 }
 

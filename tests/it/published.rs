@@ -159,10 +159,10 @@ fn tokens_per_gpu_stay_flat_from_one_node_to_many_where_published_runs_do() {
 /// DeepSpeed ZeRO-3 of 2021 at 384 to 2,240 A100s (arXiv:2104.04473 Table 2): as the GPUs
 /// double and the micro-batch halves, published tokens/s per GPU fall to 0.49–0.71×, because
 /// the step stops shrinking: its parameter gathers, tensor by tensor with the device
-/// synchronised, cost the same or more over more ranks. The predicted fall follows within 30 %
-/// (with the gathers overlapped it was 1.2–1.5× too shallow; within 15 % while every bias and
-/// norm weight was counted as a gather of its own, which DeepSpeed's persistence threshold
-/// keeps from being one: docs/collectives.md).
+/// synchronised, and its gradients' reduce-scatters, tensor by tensor between two
+/// synchronisations, cost the same or more over more ranks. The predicted fall follows within
+/// 15 % (with the gathers overlapped it was 1.2–1.5× too shallow; with the reduce-scatters
+/// hidden behind the backward, up to 30 % too steep: docs/collectives.md).
 #[test]
 fn tokens_per_gpu_fall_with_scale_where_deepspeed_2021_runs_do() {
     let all = priced();
@@ -179,7 +179,7 @@ fn tokens_per_gpu_fall_with_scale_where_deepspeed_2021_runs_do() {
             "{fewer} → {more}: published runs do not fall ({published:.2})"
         );
         assert!(
-            (0.85..=1.3).contains(&(predicted / published)),
+            (0.85..=1.15).contains(&(predicted / published)),
             "{fewer} → {more}: predicted tokens/s per GPU change by {predicted:.2}×, published by {published:.2}×"
         );
     }

@@ -483,6 +483,15 @@ impl Machine {
         DS_2021_GATHER_HOST_S + f64::from(more) * self.launch_s
     }
 
+    /// Time of the copies one tensor's gradient reduce-scatter makes where gathers are serial
+    /// ([`Machine::serial_gathers`]): DeepSpeed ZeRO-3 of 2021 (`_reduce_scatter_gradient`)
+    /// hands PyTorch's list `reduce_scatter` one view of the gradient per rank, and PyTorch
+    /// (before `_reduce_scatter_base`, 1.10) copies each into a flat buffer of its own first,
+    /// one `copy_` per rank on the collective's stream. Each copy is priced at a kernel launch.
+    pub fn serial_reduce_copies_s(&self) -> f64 {
+        f64::from(self.ranks) * self.launch_s
+    }
+
     /// Ring all-reduce = reduce-scatter + all-gather.
     pub fn all_reduce_s(&self, bytes: f64) -> f64 {
         2.0 * self.all_gather_s(bytes)

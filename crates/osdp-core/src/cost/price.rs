@@ -143,6 +143,7 @@ fn fsdp2_price(base: &OpBase, choice: Choice, m: &Machine) -> OpCost {
         step_fwd: 0.0,
         step_bwd: sync,
         micro_serial: 0.0,
+        micro_serial_reduce: 0.0,
     };
     // Offloaded: the shard fetched before every all-gather, a sharded gradient sent once a
     // step (a replicated one is the optimizer step's copy); in line, like the trainer's copies.
@@ -286,9 +287,19 @@ fn collectives(base: &OpBase, choice: Choice, m: &Machine, replicated: u64) -> (
                 } else {
                     0.0
                 };
+                // The gradients go the same way: one list reduce-scatter per tensor, persistent
+                // ones included, each after one copy per rank into the collective's flat input
+                // (`Machine::serial_reduce_copies_s`), and the next module's synchronisation
+                // before its gather drains them, so the backward hides none of it.
+                let reduced = base.tensors.iter().filter(|t| t.numel > 0).count() as f64;
+                let reduce = if reduced > 0.0 {
+                    slices * (m.ring_s(grad_slice, reduced) + reduced * m.serial_reduce_copies_s())
+                } else {
+                    0.0
+                };
                 Comm {
-                    micro_bwd: reduce,
                     micro_serial: 2.0 * gathers * one,
+                    micro_serial_reduce: reduce,
                     step_bwd,
                     ..none
                 }
@@ -410,11 +421,15 @@ struct Comm {
     /// Per micro-batch, between kernels: collectives and their host time that a stack runs
     /// with the device synchronised ([`Machine::serial_gathers`]), hidden behind nothing.
     micro_serial: f64,
+    /// Per micro-batch, in the backward: the gradients' collectives such a stack runs between
+    /// two synchronisations, hidden behind nothing either (a recomputation repeats none).
+    micro_serial_reduce: f64,
 }
 
 impl Comm {
     fn total(&self, accumulation: f64) -> f64 {
-        accumulation * (self.micro_fwd + self.micro_bwd + self.micro_serial)
+        accumulation
+            * (self.micro_fwd + self.micro_bwd + self.micro_serial + self.micro_serial_reduce)
             + self.step_fwd
             + self.step_bwd
     }
@@ -444,7 +459,7 @@ impl Comm {
             (a - 1.0) * (hidden(comm.micro_fwd, base.fwd_s) + hidden(comm.micro_bwd, base.bwd_s))
                 + hidden(comm.micro_fwd + comm.step_fwd, base.fwd_s)
                 + hidden(comm.micro_bwd + comm.step_bwd, base.bwd_s)
-                + a * comm.micro_serial
+                + a * (comm.micro_serial + comm.micro_serial_reduce)
         } else {
             comm.total(a)
         }
@@ -553,7 +568,9 @@ mod tests {
     /// A stack that gathers tensor by tensor after a device synchronisation (DeepSpeed ZeRO-3 of
     /// 2021) hides none of its gathers behind compute, however long the op computes: each
     /// tensor pays its own collective latency and its host time, forward and backward, every
-    /// micro-batch; and that host time grows with the ranks (one copy per rank).
+    /// micro-batch; and that host time grows with the ranks (one copy per rank). Its gradients'
+    /// reduce-scatters, tensor by tensor too and drained by the next synchronisation, hide
+    /// behind nothing either, and copy every rank's view first.
     #[test]
     fn serial_gathers_hide_behind_no_compute_and_cost_more_with_more_ranks() {
         let p = 1u64 << 20;
@@ -574,8 +591,10 @@ mod tests {
             ..machine(8)
         };
         let gather = serial.ring_s((2 * p) as f64, 2.0) + 2.0 * DS_2021_GATHER_HOST_S;
+        let reduce =
+            serial.ring_s((serial.reduce_bytes * p) as f64, 2.0) + 2.0 * 8.0 * serial.launch_s;
         let one = price(&base, z3, &serial);
-        assert!((one.exposed_comm_s - 2.0 * gather).abs() < 1e-12);
+        assert!((one.exposed_comm_s - (2.0 * gather + reduce)).abs() < 1e-12);
         // A block sharing its latency does not help: each tensor is a collective of its own.
         let shared = OpBase {
             latency_share: 0.25,
@@ -585,13 +604,16 @@ mod tests {
             price(&shared, z3, &serial).exposed_comm_s,
             one.exposed_comm_s
         );
-        // Every micro-batch gathers again; the reduce-scatter still hides behind the backward.
+        // Every micro-batch gathers and reduce-scatters again.
         let four = OpBase {
             accumulation: 4,
             ..base.clone()
         };
         let more = price(&four, z3, &serial).exposed_comm_s;
-        assert!((more - 8.0 * gather).abs() < 1e-12, "{more}");
+        assert!(
+            (more - 4.0 * (2.0 * gather + reduce)).abs() < 1e-12,
+            "{more}"
+        );
         // On 1,536 ranks a tensor's gather costs 1,528 more copy launches on the host: 8 ms.
         let wide = Machine {
             serial_gathers: true,
@@ -599,7 +621,9 @@ mod tests {
         };
         let host = wide.serial_gather_host_s();
         assert!((host - (DS_2021_GATHER_HOST_S + 1528.0 * 5e-6)).abs() < 1e-12);
-        assert!(price(&base, z3, &wide).exposed_comm_s > one.exposed_comm_s + 4.0 * 7e-3);
+        // ... and its reduce-scatter 1,536 copies on the collective's stream: 7.7 ms a tensor.
+        assert!((wide.serial_reduce_copies_s() - 1536.0 * 5e-6).abs() < 1e-12);
+        assert!(price(&base, z3, &wide).exposed_comm_s > one.exposed_comm_s + 6.0 * 7e-3);
     }
 
     /// DeepSpeed ZeRO-3 (2021) keeps tensors under its persistence threshold whole, so a linear
@@ -626,14 +650,19 @@ mod tests {
             ..machine(8)
         };
         let weight = ds.ring_s((2 * p) as f64, 1.0) + DS_2021_GATHER_HOST_S;
+        // Gradients are reduce-scattered tensor by tensor, the persistent ones too.
+        let reduce = |params: u64| {
+            ds.ring_s((ds.reduce_bytes * params) as f64, 2.0) + 2.0 * ds.serial_reduce_copies_s()
+        };
         let linear = price(&base, z3, &ds);
-        assert!((linear.exposed_comm_s - 2.0 * weight).abs() < 1e-12);
+        assert!((linear.exposed_comm_s - (2.0 * weight + reduce(p))).abs() < 1e-12);
         let norm = OpBase {
             params: 2048,
             tensors: [small, small],
             ..base.clone()
         };
-        assert_eq!(price(&norm, z3, &ds).exposed_comm_s, 0.0);
+        let gathers_nothing = price(&norm, z3, &ds).exposed_comm_s;
+        assert!((gathers_nothing - reduce(2048)).abs() < 1e-12);
         // Serial: the recomputation's gather hides behind nothing.
         assert!((linear.recompute_comm_s - weight).abs() < 1e-12);
         assert!((linear.recompute_s(&base) - (base.fwd_s + weight)).abs() < 1e-12);
