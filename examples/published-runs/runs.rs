@@ -17,7 +17,7 @@ use serde::{Deserialize, Serialize};
 use osdp_core::cluster::{read_layout, Figure, Layout};
 use osdp_core::cost::{Machine, Strategy, HF_TRAINER_STEP_BYTES_PER_PARAM};
 use osdp_core::model::hf::{import_str, ImportOptions};
-use osdp_core::model::{Kernels, ModelSpec};
+use osdp_core::model::{AttentionImpl, Kernels, ModelSpec};
 use osdp_core::plan::baseline::Baseline;
 use osdp_core::plan::{evaluate, Prediction};
 
@@ -66,6 +66,11 @@ pub struct Shape {
     pub gated_mlp: Option<bool>,
     #[serde(default)]
     pub params: Option<f64>,
+    /// Dropout probability the run trains with, on attention's probabilities and the hidden
+    /// states (the code's default where the source sets none, with where it comes from in the
+    /// run's notes); absent: none.
+    #[serde(default)]
+    pub dropout: Option<f64>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
@@ -331,6 +336,7 @@ pub fn read_runs(path: &Path) -> Result<RunSet, String> {
 /// under 1 % of the parameters and nothing measurable to the step.
 pub fn hf_config(shape: &Shape, seq_len: u64) -> Result<serde_json::Value, String> {
     let ffn = shape.ffn_hidden.unwrap_or(4 * shape.d_model);
+    let dropout = shape.dropout.unwrap_or(0.0);
     let tied = shape.tied_embeddings.unwrap_or(shape.family != "llama");
     Ok(match shape.family.as_str() {
         "mpt" | "gpt2" => serde_json::json!({
@@ -343,7 +349,7 @@ pub fn hf_config(shape: &Shape, seq_len: u64) -> Result<serde_json::Value, Strin
             "vocab_size": shape.vocab,
             "activation_function": "gelu_new",
             "tie_word_embeddings": tied,
-            "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0,
+            "resid_pdrop": dropout, "embd_pdrop": dropout, "attn_pdrop": dropout,
         }),
         "llama" => serde_json::json!({
             "architectures": ["LlamaForCausalLM"],
@@ -375,6 +381,9 @@ pub fn hf_config(shape: &Shape, seq_len: u64) -> Result<serde_json::Value, Strin
 pub fn model_of(run: &PublishedRun) -> Result<ModelSpec, String> {
     let config = hf_config(&run.model, run.seq_len)?;
     let eager = run.stack.as_ref().is_some_and(|s| s.eager_modules);
+    // A stack that materialises attention keeps its scores for backward (the probabilities,
+    // and with attention dropout its mask and output), as the model's eager attention says.
+    let materialised = run.stack.as_ref().is_some_and(|s| !s.fused_attention);
     let opts = ImportOptions {
         seq_len: Some(run.seq_len),
         name: Some(run.model.name.clone()),
@@ -383,6 +392,7 @@ pub fn model_of(run: &PublishedRun) -> Result<ModelSpec, String> {
         } else {
             Kernels::Osdp
         },
+        attention: materialised.then_some(AttentionImpl::Eager),
         ..Default::default()
     };
     import_str(
