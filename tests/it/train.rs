@@ -346,6 +346,45 @@ fn train_global_batch_accumulates_the_plans_micro_batches() {
     );
 }
 
+/// A model whose config asks for dropout trains without it, and the trainer says so at the
+/// start (what the run leaves out, and that the plan's memory counts dropout's masks); a model
+/// without dropout gets no such line.
+#[test]
+fn the_trainer_says_it_applies_no_dropout_where_the_config_asks_for_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let dry = tiny("tiny-gpt2");
+    let mut wet = dry.clone();
+    wet.config.dropout = 0.1;
+    wet.config.attention_dropout = 0.1;
+    let wet_file = dir.path().join("tiny-gpt2-dropout.json");
+    std::fs::write(&wet_file, serde_json::to_string(&wet).unwrap()).unwrap();
+    let log = |model: &Path, m: &ModelSpec, name: &str| {
+        let plan = write_plan(dir.path(), m, &dp_plan(m), &format!("{name}.plan.json"));
+        let out = osdp()
+            .arg("train")
+            .arg(model)
+            .arg("--plan")
+            .arg(&plan)
+            .args(["--steps", "1", "--metrics"])
+            .arg(dir.path().join(format!("{name}.jsonl")))
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr).to_string();
+        assert!(out.status.success(), "{err}");
+        err
+    };
+    let said = log(&wet_file, &wet, "wet");
+    assert!(
+        said.contains(
+            "note: tiny-gpt2's config sets dropout 0.1 (attention 0.1); osdp-tui's trainer \
+             applies no dropout"
+        ),
+        "{said}"
+    );
+    let quiet = log(&sample("tiny-gpt2"), &dry, "dry");
+    assert!(!quiet.contains("dropout"), "{quiet}");
+}
+
 #[test]
 fn mixed_plans_on_two_and_four_ranks_train_exactly_like_one_dp_rank_gpt2() {
     check_equivalence("tiny-gpt2", false);

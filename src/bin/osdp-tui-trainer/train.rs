@@ -527,6 +527,9 @@ impl Progress<'_> {
                     self.cfg.model.name,
                     last_step.map_or("until stopped".to_string(), |l| format!("to {l}"))
                 );
+                if let Some(note) = dropout_note(&self.cfg.model) {
+                    eprintln!("{note}");
+                }
             }
             WorkerEvent::Step {
                 step,
@@ -643,6 +646,24 @@ fn open_metrics(path: &std::path::Path, append: bool) -> Result<std::fs::File, F
         osdp_tui::run::end_cut_line(path, &mut f).map_err(|e| Failure::output(path, e))?;
     }
     Ok(f)
+}
+
+/// What a user of a model whose config asks for dropout should know: the trainer applies none
+/// (its equivalence with PyTorch holds step for step without it), so the run regularises less
+/// than transformers' training would, and keeps less memory than the plan, which counts
+/// dropout's masks as the model describes them.
+fn dropout_note(model: &osdp_core::model::ModelSpec) -> Option<String> {
+    let c = &model.config;
+    (c.dropout > 0.0 || c.attention_dropout > 0.0).then(|| {
+        format!(
+            "note: {}'s config sets dropout {} (attention {}); osdp-tui's trainer applies no \
+             dropout, so this run regularises less than transformers' training would, and keeps \
+             a little less memory than the plan counts for dropout's masks",
+            osdp_core::text::printable(&model.name),
+            c.dropout,
+            c.attention_dropout
+        )
+    })
 }
 
 #[cfg(test)]
