@@ -134,7 +134,9 @@ pub struct Machine {
     /// synchronisation, as DeepSpeed ZeRO-3 did before its PR #1188 (opened June 2021: "the async
     /// version is not async at all, because each all_gather calls torch.cuda.synchronize()"):
     /// they and their host time ([`Machine::serial_gather_host_s`]) run between the kernels,
-    /// none hidden behind compute. False for FSDP and osdp-tui's trainer.
+    /// none hidden behind compute; so do the gradients' reduce-scatters, tensor by tensor
+    /// ([`Machine::serial_reduce_copies_s`]), which the next gather's synchronisation drains.
+    /// False for FSDP and osdp-tui's trainer.
     pub serial_gathers: bool,
     /// Fixed cost of launching one kernel, seconds.
     pub launch_s: f64,
