@@ -169,6 +169,20 @@ pub const VOLTA_TURING: Generation = Generation {
     ..OTHER
 };
 
+/// The H100 SXM's row, which the H800 and H20 (export variants of the same die) start from.
+const H100_SXM: KnownGpu = KnownGpu {
+    pattern: "H100",
+    bf16_tflops: Some(989.0),
+    fp16_tflops: 989.0,
+    fp32_tflops: 66.9,
+    memory_gb_per_s: 3350.0,
+    link_gb_per_s: 370.0,
+    link: LinkKind::Nvlink,
+    single_gpu_layout: Some("h100-1x"),
+    efficiency: &HOPPER,
+    source: "NVIDIA H100 SXM datasheet",
+};
+
 /// Most specific names first.
 /// The A100s' rows, which the A800s (the same part, a slower NVLink) start from.
 const A100_PCIE: KnownGpu = KnownGpu {
@@ -221,17 +235,33 @@ pub const KNOWN_GPUS: &[KnownGpu] = &[
         efficiency: &HOPPER,
         source: "NVIDIA H100 PCIe datasheet",
     },
+    H100_SXM,
+    // The H800 and the H20 are Hopper parts cut for export (as the A800 below is an A100): the
+    // H800 the H100's die and compute with NVLink cut from 900 to 400 GB/s; the H20 78 of the
+    // H100's SMs, 148 TFLOP/s of FP16/BF16, 96 GB of HBM3 at 4.0 TB/s and the full NVLink.
+    // Before these rows both matched nothing and got the unknown-GPU guess (A100 rates: the
+    // H20 at twice its compute, the H800 at a third of it).
     KnownGpu {
-        pattern: "H100",
-        bf16_tflops: Some(989.0),
-        fp16_tflops: 989.0,
-        fp32_tflops: 66.9,
-        memory_gb_per_s: 3350.0,
-        link_gb_per_s: 370.0,
-        link: LinkKind::Nvlink,
-        single_gpu_layout: Some("h100-1x"),
-        efficiency: &HOPPER,
-        source: "NVIDIA H100 SXM datasheet",
+        pattern: "H800",
+        link_gb_per_s: 164.0,
+        single_gpu_layout: None,
+        source: "NVIDIA H800 SXM: H100 SXM datasheet rates, the same die with NVLink 400 GB/s \
+                 instead of 900 (https://www.philisun.com/technical-analysis/\
+                 nvidia-h800-vs-h100-a-technical-deep-dive-into-politically-defined-ai-chips/); \
+                 bus bandwidth estimated as 400/900 of the H100's 370 GB/s",
+        ..H100_SXM
+    },
+    KnownGpu {
+        pattern: "H20",
+        bf16_tflops: Some(148.0),
+        fp16_tflops: 148.0,
+        fp32_tflops: 44.0,
+        memory_gb_per_s: 4000.0,
+        single_gpu_layout: None,
+        source: "NVIDIA H20 (96 GB): 148 TFLOP/s dense FP16, 44 FP32, 96 GB HBM3 at 4.0 TB/s, \
+                 NVLink 900 GB/s (https://willitrunai.com/es/gpus/h20-96gb, \
+                 https://zangshuxian.com/new/674733024499207168); Hopper efficiencies assumed",
+        ..H100_SXM
     },
     A100_PCIE,
     A100_SXM,
@@ -328,7 +358,7 @@ pub fn lookup(name: &str) -> Option<&'static KnownGpu> {
 pub fn local_layout(name: &str, count: u32, memory_bytes: u64) -> Layout {
     let (g, known) = match lookup(name) {
         Some(g) => (*g, true),
-        None => (KNOWN_GPUS[4], false),
+        None => (A100_SXM, false),
     };
     let src = |what: &str| {
         if known {
@@ -433,6 +463,32 @@ mod tests {
             Some(Some(165.2))
         );
         assert!(lookup("Matrox G200").is_none());
+    }
+
+    /// The H800 and the H20 are Hopper devices, not unknown ones: the H800 an H100 with a
+    /// slower NVLink, the H20 a seventh of its compute with more memory bandwidth. The H20's
+    /// row does not catch the H200 (listed first), nor a GH200, which is an H200-class part.
+    #[test]
+    fn export_variants_of_hopper_are_hopper_class_devices() {
+        let h100 = lookup("NVIDIA H100 80GB HBM3").unwrap();
+        let h800 = lookup("NVIDIA H800").expect("H800 known");
+        assert_eq!(h800.efficiency.name, "Hopper");
+        assert_eq!(h800.bf16_tflops, h100.bf16_tflops);
+        assert!(h800.link_gb_per_s < h100.link_gb_per_s);
+        let h20 = lookup("NVIDIA H20").expect("H20 known");
+        assert_eq!(h20.efficiency.name, "Hopper");
+        assert_eq!(h20.bf16_tflops, Some(148.0));
+        assert_eq!(h20.memory_gb_per_s, 4000.0);
+        assert_eq!(h20.link_gb_per_s, h100.link_gb_per_s);
+        for h200 in ["NVIDIA H200", "NVIDIA GH200 480GB"] {
+            assert_eq!(lookup(h200).map(|g| g.pattern), Some("H200"), "{h200}");
+        }
+        for name in ["NVIDIA H800", "NVIDIA H20"] {
+            let l = local_layout(name, 8, 80 << 30);
+            validate_layout(&l).unwrap();
+            let src = &l.device.dense_tflops.bf16.as_ref().unwrap().source;
+            assert!(!src.starts_with("guess"), "{name}: {src}");
+        }
     }
 
     #[test]
