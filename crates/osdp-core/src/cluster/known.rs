@@ -344,6 +344,36 @@ pub const KNOWN_GPUS: &[KnownGpu] = &[
         efficiency: &VOLTA_TURING,
         source: "NVIDIA TITAN RTX specifications",
     },
+    // Two common GPUs that got the unknown-GPU guess (A100 rates, 4–5× theirs) until 2026-11-27.
+    KnownGpu {
+        pattern: "RTX 3090",
+        bf16_tflops: Some(71.0),
+        fp16_tflops: 71.0,
+        fp32_tflops: 35.6,
+        memory_gb_per_s: 936.0,
+        link_gb_per_s: 12.0,
+        link: LinkKind::Pcie,
+        single_gpu_layout: None,
+        efficiency: &OTHER,
+        source: "NVIDIA Ampere GA102 GPU architecture whitepaper v2.0, appendix A (GeForce RTX \
+                 3090): 71 TFLOP/s dense FP16/BF16 tensor with FP32 accumulate, 35.6 FP32, \
+                 936 GB/s (https://docslib.org/doc/759549/nvidia-ampere-ga102-gpu-architecture-whitepaper)",
+    },
+    KnownGpu {
+        // "Tesla T4" as NVML names it; the space keeps names with "t4" inside a word out.
+        pattern: " T4",
+        bf16_tflops: None,
+        fp16_tflops: 65.0,
+        fp32_tflops: 8.1,
+        memory_gb_per_s: 320.0,
+        link_gb_per_s: 10.0,
+        link: LinkKind::Pcie,
+        single_gpu_layout: None,
+        efficiency: &VOLTA_TURING,
+        source: "NVIDIA T4 (Turing TU104): 65 TFLOP/s FP16 tensor, 8.1 FP32, 16 GB GDDR6 at \
+                 320 GB/s, PCIe 3.0 (https://sysrqmts.com/en/gpus/nvidia/tesla/t4, \
+                 https://www.tomshardware.co.uk/nvidia-tesla-t4-turing-gpu,news-59152.html)",
+    },
 ];
 
 pub fn lookup(name: &str) -> Option<&'static KnownGpu> {
@@ -465,6 +495,19 @@ mod tests {
         assert!(lookup("Matrox G200").is_none());
     }
 
+    /// A T4 is a Turing device (no FlashAttention-2, no bf16) and an RTX 3090 a GA102 with a
+    /// quarter of the A100's tensor rate, not the unknown-GPU guess.
+    #[test]
+    fn a_t4_and_an_rtx_3090_get_their_own_rates() {
+        let t4 = lookup("Tesla T4").expect("T4 known");
+        assert_eq!(t4.efficiency.name, "Volta/Turing");
+        assert!(!t4.efficiency.flash_attention);
+        assert_eq!((t4.bf16_tflops, t4.fp16_tflops), (None, 65.0));
+        let rtx = lookup("NVIDIA GeForce RTX 3090").expect("RTX 3090 known");
+        assert_eq!(rtx.bf16_tflops, Some(71.0));
+        assert!(lookup("NVIDIA GeForce RTX 4070 Ti").is_none());
+    }
+
     /// The H800 and the H20 are Hopper devices, not unknown ones: the H800 an H100 with a
     /// slower NVLink, the H20 a seventh of its compute with more memory bandwidth. The H20's
     /// row does not catch the H200 (listed first), nor a GH200, which is an H200-class part.
@@ -483,10 +526,15 @@ mod tests {
         for h200 in ["NVIDIA H200", "NVIDIA GH200 480GB"] {
             assert_eq!(lookup(h200).map(|g| g.pattern), Some("H200"), "{h200}");
         }
-        for name in ["NVIDIA H800", "NVIDIA H20"] {
+        for name in [
+            "NVIDIA H800",
+            "NVIDIA H20",
+            "Tesla T4",
+            "NVIDIA GeForce RTX 3090",
+        ] {
             let l = local_layout(name, 8, 80 << 30);
             validate_layout(&l).unwrap();
-            let src = &l.device.dense_tflops.bf16.as_ref().unwrap().source;
+            let src = &l.device.dense_tflops.fp16.as_ref().unwrap().source;
             assert!(!src.starts_with("guess"), "{name}: {src}");
         }
     }
