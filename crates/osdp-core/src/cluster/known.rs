@@ -309,6 +309,23 @@ pub const KNOWN_GPUS: &[KnownGpu] = &[
         source: "NVIDIA Ada Lovelace architecture whitepaper",
     },
     KnownGpu {
+        // "NVIDIA A40"; the prefix keeps the "RTX A4000" out.
+        pattern: "NVIDIA A40",
+        bf16_tflops: Some(149.7),
+        fp16_tflops: 149.7,
+        fp32_tflops: 37.4,
+        memory_gb_per_s: 696.0,
+        link_gb_per_s: 12.0,
+        link: LinkKind::Pcie,
+        single_gpu_layout: None,
+        efficiency: &AMPERE,
+        source: "NVIDIA A40 (GA102): 149.7 TFLOP/s dense FP16/BF16 tensor with FP32 accumulate, \
+                 37.4 FP32, 48 GB GDDR6 at 696 GB/s, PCIe 4.0 \
+                 (https://hmc-tech.com/gpu/nvidia-a100-vs-nvidia-a40, \
+                 http://www.relationship-nepal.org/900-2g133-0000-000.html); Ampere efficiencies \
+                 as the A10's",
+    },
+    KnownGpu {
         pattern: "A10",
         bf16_tflops: Some(125.0),
         fp16_tflops: 125.0,
@@ -495,10 +512,11 @@ mod tests {
         assert!(lookup("Matrox G200").is_none());
     }
 
-    /// A T4 is a Turing device (no FlashAttention-2, no bf16) and an RTX 3090 a GA102 with a
-    /// quarter of the A100's tensor rate, not the unknown-GPU guess.
+    /// A T4 is a Turing device (no FlashAttention-2, no bf16), an RTX 3090 a GA102 with a
+    /// quarter of the A100's tensor rate and an A40 one with half of it, not the unknown-GPU
+    /// guess.
     #[test]
-    fn a_t4_and_an_rtx_3090_get_their_own_rates() {
+    fn a_t4_an_rtx_3090_and_an_a40_get_their_own_rates() {
         let t4 = lookup("Tesla T4").expect("T4 known");
         assert_eq!(t4.efficiency.name, "Volta/Turing");
         assert!(!t4.efficiency.flash_attention);
@@ -506,6 +524,11 @@ mod tests {
         let rtx = lookup("NVIDIA GeForce RTX 3090").expect("RTX 3090 known");
         assert_eq!(rtx.bf16_tflops, Some(71.0));
         assert!(lookup("NVIDIA GeForce RTX 4070 Ti").is_none());
+        // An A40 is a GA102 datacenter part at half the A100's tensor rate; an RTX A4000 is
+        // not an A40.
+        let a40 = lookup("NVIDIA A40").expect("A40 known");
+        assert_eq!((a40.bf16_tflops, a40.memory_gb_per_s), (Some(149.7), 696.0));
+        assert!(lookup("NVIDIA RTX A4000").is_none());
     }
 
     /// The H800 and the H20 are Hopper devices, not unknown ones: the H800 an H100 with a
