@@ -211,6 +211,23 @@ const A100_SXM: KnownGpu = KnownGpu {
 };
 
 pub const KNOWN_GPUS: &[KnownGpu] = &[
+    // Blackwell, HGX B200 at 1,000 W (a GB200's GPUs, at 1,200 W, reach ~10 % more). No
+    // published Blackwell run is fitted: the generic efficiencies.
+    KnownGpu {
+        pattern: "B200",
+        bf16_tflops: Some(2250.0),
+        fp16_tflops: 2250.0,
+        fp32_tflops: 80.0,
+        memory_gb_per_s: 8000.0,
+        link_gb_per_s: 740.0,
+        link: LinkKind::Nvlink,
+        single_gpu_layout: None,
+        efficiency: &OTHER,
+        source: "NVIDIA HGX B200 (1,000 W): 2,250 TFLOP/s dense FP16/BF16, 80 FP32, 192 GB HBM3e \
+                 at 8 TB/s, NVLink 5 at 1.8 TB/s (https://glennklockwood.com/garden/processors/B200, \
+                 https://hmc-tech.com/gpu/nvidia-b200-vs-nvidia-gb200); NCCL bus bandwidth \
+                 estimated as twice the H100's 370 GB/s, NVLink 5 being twice NVLink 4",
+    },
     KnownGpu {
         pattern: "H200",
         bf16_tflops: Some(989.0),
@@ -513,10 +530,10 @@ mod tests {
     }
 
     /// A T4 is a Turing device (no FlashAttention-2, no bf16), an RTX 3090 a GA102 with a
-    /// quarter of the A100's tensor rate and an A40 one with half of it, not the unknown-GPU
-    /// guess.
+    /// quarter of the A100's tensor rate, an A40 one with half of it and a B200 seven times it,
+    /// not the unknown-GPU guess.
     #[test]
-    fn a_t4_an_rtx_3090_and_an_a40_get_their_own_rates() {
+    fn a_t4_an_rtx_3090_an_a40_and_a_b200_get_their_own_rates() {
         let t4 = lookup("Tesla T4").expect("T4 known");
         assert_eq!(t4.efficiency.name, "Volta/Turing");
         assert!(!t4.efficiency.flash_attention);
@@ -526,6 +543,12 @@ mod tests {
         assert!(lookup("NVIDIA GeForce RTX 4070 Ti").is_none());
         // An A40 is a GA102 datacenter part at half the A100's tensor rate; an RTX A4000 is
         // not an A40.
+        // A B200 is a Blackwell part at 2.25 PFLOP/s, not the A100 guess at a seventh of it.
+        let b200 = lookup("NVIDIA B200").expect("B200 known");
+        assert_eq!(
+            (b200.bf16_tflops, b200.memory_gb_per_s),
+            (Some(2250.0), 8000.0)
+        );
         let a40 = lookup("NVIDIA A40").expect("A40 known");
         assert_eq!((a40.bf16_tflops, a40.memory_gb_per_s), (Some(149.7), 696.0));
         assert!(lookup("NVIDIA RTX A4000").is_none());
@@ -554,6 +577,8 @@ mod tests {
             "NVIDIA H20",
             "Tesla T4",
             "NVIDIA GeForce RTX 3090",
+            "NVIDIA A40",
+            "NVIDIA B200",
         ] {
             let l = local_layout(name, 8, 80 << 30);
             validate_layout(&l).unwrap();
