@@ -68,7 +68,8 @@ pub struct Shape {
     pub params: Option<f64>,
     /// Dropout probability the run trains with, on attention's probabilities and the hidden
     /// states (the code's default where the source sets none, with where it comes from in the
-    /// run's notes); absent: none.
+    /// run's notes); absent: the family's config default (none for GPT-style and Llama runs,
+    /// BERT's 0.1).
     #[serde(default)]
     pub dropout: Option<f64>,
 }
@@ -336,7 +337,7 @@ pub fn read_runs(path: &Path) -> Result<RunSet, String> {
 /// under 1 % of the parameters and nothing measurable to the step.
 pub fn hf_config(shape: &Shape, seq_len: u64) -> Result<serde_json::Value, String> {
     let ffn = shape.ffn_hidden.unwrap_or(4 * shape.d_model);
-    let dropout = shape.dropout.unwrap_or(0.0);
+    let dropout = |default: f64| shape.dropout.unwrap_or(default);
     let tied = shape.tied_embeddings.unwrap_or(shape.family != "llama");
     Ok(match shape.family.as_str() {
         "mpt" | "gpt2" => serde_json::json!({
@@ -349,7 +350,7 @@ pub fn hf_config(shape: &Shape, seq_len: u64) -> Result<serde_json::Value, Strin
             "vocab_size": shape.vocab,
             "activation_function": "gelu_new",
             "tie_word_embeddings": tied,
-            "resid_pdrop": dropout, "embd_pdrop": dropout, "attn_pdrop": dropout,
+            "resid_pdrop": dropout(0.0), "embd_pdrop": dropout(0.0), "attn_pdrop": dropout(0.0),
         }),
         "llama" => serde_json::json!({
             "architectures": ["LlamaForCausalLM"],
@@ -362,6 +363,7 @@ pub fn hf_config(shape: &Shape, seq_len: u64) -> Result<serde_json::Value, Strin
             "vocab_size": shape.vocab,
             "tie_word_embeddings": tied,
             "hidden_act": "silu",
+            "attention_dropout": dropout(0.0),
         }),
         "bert" => serde_json::json!({
             "architectures": ["BertForMaskedLM"],
@@ -372,6 +374,8 @@ pub fn hf_config(shape: &Shape, seq_len: u64) -> Result<serde_json::Value, Strin
             "max_position_embeddings": seq_len.max(512),
             "vocab_size": shape.vocab,
             "hidden_act": "gelu",
+            "hidden_dropout_prob": dropout(0.1),
+            "attention_probs_dropout_prob": dropout(0.1),
         }),
         other => return Err(format!("model family {other:?} is not priced here")),
     })

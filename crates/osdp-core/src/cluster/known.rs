@@ -572,14 +572,17 @@ mod tests {
         for h200 in ["NVIDIA H200", "NVIDIA GH200 480GB"] {
             assert_eq!(lookup(h200).map(|g| g.pattern), Some("H200"), "{h200}");
         }
-        for name in [
-            "NVIDIA H800",
-            "NVIDIA H20",
-            "Tesla T4",
-            "NVIDIA GeForce RTX 3090",
-            "NVIDIA A40",
-            "NVIDIA B200",
-        ] {
+    }
+
+    /// The first matching row wins, so a row listed before another must not take its names:
+    /// each row's own pattern finds that row (an "H20" row above the "H200" one, or an "A10"
+    /// one above the A100s, would fail here), and builds a valid local layout that does not
+    /// guess.
+    #[test]
+    fn no_row_shadows_a_later_one() {
+        for g in KNOWN_GPUS {
+            let name = g.pattern;
+            assert_eq!(lookup(name).map(|k| k.pattern), Some(g.pattern), "{name}");
             let l = local_layout(name, 8, 80 << 30);
             validate_layout(&l).unwrap();
             let src = &l.device.dense_tflops.fp16.as_ref().unwrap().source;

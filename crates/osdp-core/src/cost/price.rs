@@ -270,7 +270,6 @@ fn collectives(base: &OpBase, choice: Choice, m: &Machine, replicated: u64) -> (
                 0.0
             };
             let gathers = extra_gathers * slices;
-            let reduce = slices * gather(grad_slice);
             let comm = if m.serial_gathers {
                 // Tensor by tensor after a synchronisation (`Machine::serial_gathers`): each
                 // tensor pays a whole collective's latency (whatever the block would share) and
@@ -281,32 +280,24 @@ fn collectives(base: &OpBase, choice: Choice, m: &Machine, replicated: u64) -> (
                 };
                 let tensors = base.tensors.iter().filter(gathered).count() as f64;
                 let bytes: u64 = base.tensors.iter().filter(gathered).map(|t| t.numel).sum();
-                let slice = (pb * bytes.min(p)) as f64 / k as f64;
-                let one = if tensors > 0.0 {
-                    m.ring_s(slice, tensors) + tensors * m.serial_gather_host_s()
-                } else {
-                    0.0
-                };
+                let gathered_slice = (pb * bytes.min(p)) as f64 / k as f64;
+                let one = m.ring_s(gathered_slice, tensors) + tensors * m.serial_gather_host_s();
                 // The gradients go the same way: one list reduce-scatter per tensor, persistent
                 // ones included, each after one copy per rank into the collective's flat input
                 // (`Machine::serial_reduce_copies_s`), and the next module's synchronisation
                 // before its gather drains them, so the backward hides none of it.
                 let reduced = base.tensors.iter().filter(|t| t.numel > 0).count() as f64;
-                let reduce = if reduced > 0.0 {
-                    slices * (m.ring_s(grad_slice, reduced) + reduced * m.serial_reduce_copies_s())
-                } else {
-                    0.0
-                };
                 Comm {
                     micro_serial: 2.0 * gathers * one,
-                    micro_serial_reduce: reduce,
+                    micro_serial_reduce: slices
+                        * (m.ring_s(grad_slice, reduced) + reduced * m.serial_reduce_copies_s()),
                     step_bwd,
                     ..none
                 }
             } else {
                 Comm {
                     micro_fwd: gathers * gather(slice),
-                    micro_bwd: gathers * gather(slice) + reduce,
+                    micro_bwd: gathers * gather(slice) + slices * gather(grad_slice),
                     step_bwd,
                     ..none
                 }
