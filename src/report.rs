@@ -82,6 +82,10 @@ struct BaselineOut {
     /// When it does not fit: the smallest per-GPU budget any of its plans needs.
     #[serde(skip_serializing_if = "Option::is_none")]
     needs_bytes: Option<u64>,
+    /// Where osdp-tui's trainer would run this baseline's plan slower than its users do (it
+    /// gathers a recomputed op's parameters again; FSDP keeps them): the trainer's figure.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    trainer_throughput_samples_per_s: Option<f64>,
 }
 
 impl BaselineOut {
@@ -100,6 +104,10 @@ impl BaselineOut {
                 Outcome::Needs(n) => *n,
                 Outcome::Fits(_) => None,
             },
+            trainer_throughput_samples_per_s: o
+                .planned()
+                .and_then(|p| p.trainer_prediction.as_ref())
+                .map(|p| p.throughput_samples_per_s),
         }
     }
 }
@@ -648,6 +656,18 @@ impl PlanReport {
                 ),
                 Outcome::Needs(None) => println!("  {:<12}{:>14}", b.name(), "does not fit"),
             }
+        }
+        let faster = self.baselines.iter().filter_map(|(b, o)| {
+            let p = o.planned()?;
+            (p.prediction.throughput_samples_per_s > prediction.throughput_samples_per_s)
+                .then_some(b.name())
+        });
+        let faster: Vec<&str> = faster.collect();
+        if !faster.is_empty() {
+            println!(
+                "  note: {} as FSDP runs it beats the plan: FSDP keeps a recomputed unit's parameters gathered into its backward, where osdp-tui's trainer gathers them again (run by the trainer, it would not beat it)",
+                faster.join(", ")
+            );
         }
         for (op, alts) in &self.explained {
             print_alternatives(spec, *op, alts);

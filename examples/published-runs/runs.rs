@@ -538,6 +538,9 @@ pub fn price_run_tuned(
     let mut layout = layout_of(run, layouts)?;
     adjust(&mut layout);
     let mut m = Machine::new(&layout, &model);
+    // A run fetches again to recompute only where its stack says so (DeepSpeed ZeRO-3 of
+    // 2021); FSDP keeps a unit gathered from its backward's gather through the recomputation.
+    m.regather_on_recompute = false;
     if let Some(stack) = &run.stack {
         m.fused_attention &= stack.fused_attention;
         m.loss_fp32_logit_copies = stack.loss_fp32_logit_copies;

@@ -410,3 +410,93 @@ fn the_trainer_refuses_a_model_priced_for_pytorchs_kernels() {
     let err = osdp_train::exec::check_runnable(&m, &plan).unwrap_err();
     assert!(err.to_string().contains("--kernels pytorch"), "{err}");
 }
+
+/// Every collective one rank makes in one step of `plan` (bytes of the full tensor), in order.
+fn collectives_of_one_step(m: &ModelSpec, plan: &Plan) -> Vec<f64> {
+    let sampler = Sampler {
+        source: Source::Random,
+        seed: 0,
+        seq: m.config.seq_len as usize,
+        vocab: m.config.vocab_size,
+    };
+    let rows = plan.batch as usize;
+    let per_rank = on_rank_threads_in_nodes(RANKS.0, RANKS.1, |group| {
+        let rank = group.rank();
+        let failed = |e: osdp_train::exec::ExecError| TrainError::Invalid(e.to_string());
+        let mut exec = Executor::new(
+            m,
+            plan,
+            Box::new(group),
+            Target::CPU,
+            Init::Fresh { seed: 0 },
+            OptimConfig::default(),
+        )
+        .map_err(failed)?;
+        exec.enable_profiling();
+        exec.train_step(&sampler.batch(0, rank * rows, rows))
+            .map_err(failed)?;
+        let profile = exec.profile.clone().unwrap_or_default();
+        Ok(profile
+            .collectives
+            .iter()
+            .map(|c| c.0)
+            .collect::<Vec<f64>>())
+    })
+    .expect("the step runs");
+    per_rank.into_iter().next().expect("a rank")
+}
+
+/// A recomputed block's sharded weights are gathered a third time, as the trainer runs it, and
+/// the cost model prices exactly that: the bytes one step gathers more with every block
+/// recomputed are the parameters of the blocks' ops it prices a recomputation's gathers for
+/// (`OpCost::recompute_comm_s`), and of no others.
+#[test]
+fn a_recomputation_gathers_again_what_the_cost_model_prices_it_to() {
+    for name in ["tiny-gpt2", "tiny-llama"] {
+        let m = tiny(name);
+        let machine = machine(&m, RANKS);
+        assert!(machine.regather_on_recompute);
+        let zero3 = Choice::zero3(1, 1);
+        let plain = plan_of(&m, zero3, zero3, false);
+        let recomputed = plan_of(&m, zero3, zero3, true);
+        let bases = cost::op_bases(&m, &machine, BATCH);
+        let priced: f64 = m
+            .ops
+            .iter()
+            .zip(&bases)
+            .zip(&recomputed.choices)
+            // A recomputation is priced per block: its ops' refetches.
+            .filter(|((op, base), &c)| {
+                op.block.is_some() && cost::price(base, c, &machine).recompute_comm_s > 0.0
+            })
+            .map(|((op, _), _)| {
+                // fp32 on the CPU; each tensor padded to a whole shard per rank.
+                op.params
+                    .iter()
+                    .filter(|p| p.tied_to.is_none())
+                    .map(|p| {
+                        let numel: u64 = p.shape.iter().map(|&d| d as u64).product();
+                        (numel.div_ceil(RANKS.0 as u64) * RANKS.0 as u64 * 4) as f64
+                    })
+                    .sum::<f64>()
+            })
+            .sum();
+        let (before, after) = (
+            collectives_of_one_step(&m, &plain),
+            collectives_of_one_step(&m, &recomputed),
+        );
+        let more = after.iter().sum::<f64>() - before.iter().sum::<f64>();
+        assert!(priced > 0.0, "{name}: no recomputation gathers priced");
+        assert_eq!(more, priced, "{name}: {before:?} then {after:?}");
+        // Without the trainer's refetch priced, the planner would count none of them.
+        let fsdp = Machine {
+            regather_on_recompute: false,
+            ..machine.clone()
+        };
+        let none = bases
+            .iter()
+            .zip(&recomputed.choices)
+            .all(|(base, &c)| cost::price(base, c, &fsdp).recompute_comm_s == 0.0);
+        assert!(none, "{name}");
+    }
+}

@@ -31,7 +31,7 @@ pub(super) fn machine(ranks: u32) -> Machine {
         fused_softmax: false,
         autocast: false,
         optimizer_bytes_per_param: super::OPTIMIZER_BYTES_PER_PARAM,
-        regather_on_recompute: false,
+        regather_on_recompute: true,
         persistence_threshold: 0,
         loss_fp32_logit_copies: 0,
         serial_gathers: false,

@@ -110,14 +110,13 @@ pub struct Machine {
     /// a fused AdamW; [`super::precision::HF_TRAINER_STEP_BYTES_PER_PARAM`] for a step made of
     /// one PyTorch op per update term).
     pub optimizer_bytes_per_param: u64,
-    /// A recomputed op's sharded parameters are gathered again for the recomputation, beside
-    /// the forward's and the backward's gathers, as DeepSpeed ZeRO-3 does (it releases each
-    /// submodule after every forward, recomputed ones included); PyTorch FSDP keeps a unit
-    /// unsharded from its pre-backward gather through the recomputation. Set for the published
-    /// runs that say so, which are evaluated, not searched. Off in the planner: its sums over
-    /// blocks take a recomputation's cost to be the same whatever the op's choice, so osdp-tui's
-    /// trainer, which also gathers again to recompute (`exec::forward`), is priced as FSDP is
-    /// (docs/collectives.md).
+    /// A recomputed op fetches its parameters again for the recomputation, beside the
+    /// forward's and the backward's fetches: sharded ones gathered (as DeepSpeed ZeRO-3 does,
+    /// releasing each submodule after every forward, recomputed ones included), offloaded ones
+    /// copied from host memory. osdp-tui's trainer does both (`exec::forward` fetches and
+    /// releases per op), so the planner prices it: on by default. PyTorch FSDP keeps a unit
+    /// unsharded from its pre-backward gather through the recomputation, so the FSDP2 target and
+    /// the published FSDP runs price none (docs/collectives.md).
     pub regather_on_recompute: bool,
     /// Parameter tensors of fewer elements stay whole on every rank and are never gathered
     /// (DeepSpeed ZeRO-3's `stage3_param_persistence_threshold`, 1e5 by default: biases and
@@ -312,7 +311,7 @@ impl Machine {
             fused_softmax: false,
             autocast: false,
             optimizer_bytes_per_param: OPTIMIZER_BYTES_PER_PARAM,
-            regather_on_recompute: false,
+            regather_on_recompute: true,
             persistence_threshold: 0,
             loss_fp32_logit_copies: 0,
             serial_gathers: false,

@@ -23,9 +23,10 @@ pub struct OpCost {
     /// Communication left after overlapping with the op's compute.
     pub exposed_comm_s: f64,
     pub optimizer_s: f64,
-    /// Exposed time of the gathers a recomputation of the op repeats, over a step: where the
+    /// Exposed time of the fetches a recomputation of the op repeats, over a step: where the
     /// executor gathers a sharded op's parameters again to recompute it
-    /// ([`Machine::regather_on_recompute`]), hidden only behind the recomputed forward.
+    /// ([`Machine::regather_on_recompute`]), hidden only behind the recomputed forward, and
+    /// copies an offloaded op's parameters from host memory again, in line.
     pub recompute_comm_s: f64,
 }
 
@@ -55,6 +56,19 @@ pub fn price(base: &OpBase, choice: Choice, m: &Machine) -> OpCost {
     let (fetched, host_micro_s) = host_copies(base, choice, m, &held);
     let a = f64::from(base.accumulation.max(1));
     let exposed = comm.exposed_s(base, m, a);
+    // A recomputation fetches the op's parameters as its forward did: gathered where sharded,
+    // copied from host memory (once a use) where offloaded.
+    let refetched_s = if m.regather_on_recompute {
+        let refetch = if choice.offload == Offload::Param {
+            f64::from(base.uses.max(1))
+                * m.host_copy_s((m.precision.param_bytes * held.params) as f64)
+        } else {
+            0.0
+        };
+        comm.regathered_s(base, m, a) + a * refetch
+    } else {
+        0.0
+    };
     OpCost {
         persistent_bytes: held.device,
         transient_bytes: param_transient + fetched + base.working_bytes,
@@ -63,11 +77,7 @@ pub fn price(base: &OpBase, choice: Choice, m: &Machine) -> OpCost {
         comm_s: comm.total(a) + a * host_micro_s,
         exposed_comm_s: exposed + a * host_micro_s,
         optimizer_s: optimizer_s(base, choice, m, &held),
-        recompute_comm_s: if m.regather_on_recompute {
-            comm.regathered_s(base, m, a)
-        } else {
-            0.0
-        },
+        recompute_comm_s: refetched_s,
     }
 }
 
@@ -669,10 +679,45 @@ mod tests {
         };
         let gather = m.ring_s((2 * p) as f64, 1.0);
         assert!((price(&quick, z3, &m).recompute_comm_s - gather).abs() < 1e-12);
-        // FSDP keeps the unit gathered through the recomputation (the default); replicated ops
-        // gather nothing.
-        assert_eq!(price(&quick, z3, &machine(8)).recompute_comm_s, 0.0);
+        // FSDP keeps the unit gathered through the recomputation; replicated ops gather nothing.
+        let fsdp = Machine {
+            regather_on_recompute: false,
+            ..machine(8)
+        };
+        assert_eq!(price(&quick, z3, &fsdp).recompute_comm_s, 0.0);
+        let fsdp2 = Machine {
+            target: Target::Fsdp2,
+            ..machine(8)
+        };
+        assert_eq!(price(&quick, z3, &fsdp2).recompute_comm_s, 0.0);
         assert_eq!(price(&quick, Choice::DP, &m).recompute_comm_s, 0.0);
+    }
+
+    /// osdp-tui's trainer fetches a recomputed op's parameters again, as its forward did: an
+    /// offloaded op's are copied from host memory once more, in line, and the planner prices it.
+    #[test]
+    fn a_recomputation_copies_offloaded_parameters_again() {
+        let m = with_host(machine(1));
+        assert!(
+            m.regather_on_recompute,
+            "the trainer's machine prices what it does"
+        );
+        let base = linear_base(1 << 20);
+        let off = price(&base, Choice::DP.offloaded(Offload::Param), &m);
+        let copy = m.host_copy_s((m.precision.param_bytes << 20) as f64);
+        assert!(
+            (off.recompute_comm_s - copy).abs() < 1e-12,
+            "{}",
+            off.recompute_comm_s
+        );
+        // Kept on the device, nothing is copied; without the trainer's refetch, neither.
+        assert_eq!(price(&base, Choice::DP, &m).recompute_comm_s, 0.0);
+        let fsdp = Machine {
+            regather_on_recompute: false,
+            ..m
+        };
+        let off = price(&base, Choice::DP.offloaded(Offload::Param), &fsdp);
+        assert_eq!(off.recompute_comm_s, 0.0);
     }
 
     /// On a calibrated layout a tiny tensor's host AdamW step pays the curve's fixed cost, as

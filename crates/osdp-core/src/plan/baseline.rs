@@ -104,10 +104,23 @@ impl BaselineTable {
         options: &PlanOptions,
         max_budget: u64,
     ) -> BaselineTable {
-        // Baselines are priced as the plan's target runs them.
-        let mut machine = machine.clone();
-        machine.target = options.target;
+        // Baselines are priced as the plan's target runs them, but as their users run them
+        // where the trainer differs: FSDP keeps a unit gathered from its backward's gather
+        // through its recomputation, where the trainer fetches a recomputed op's parameters
+        // again (`Machine::regather_on_recompute`); pricing that into a baseline would flatter
+        // the plan. What the trainer would make of a baseline's plan is kept beside it
+        // (`Planned::trainer_prediction`), for `adopt`.
+        let mut trainer = machine.clone();
+        trainer.target = options.target;
+        let mut machine = trainer.clone();
+        machine.regather_on_recompute = false;
         let machine = &machine;
+        // Only a checkpointed baseline that gathers its parameters prices differently.
+        let differs = |b: &Baseline| {
+            trainer.regather_on_recompute
+                && b.checkpointing
+                && matches!(b.strategy, Strategy::Zero3 | Strategy::Hsdp)
+        };
         // Micro-batches past `max_batch` are never priced (their figures would overflow).
         let most = super::max_batch(model);
         let listed = batch_options(options, machine.ranks).unwrap_or_default();
@@ -153,6 +166,7 @@ impl BaselineTable {
             let same = &*same.get_or_insert_with(|| super::search::same_priced(&bases));
             let mut any_fits = false;
             let mut costs: Vec<Option<Vec<OpCost>>> = vec![None; templates.len()];
+            let mut trainer_costs: Vec<Option<Vec<OpCost>>> = vec![None; templates.len()];
             for (k, template) in templates.iter().enumerate() {
                 let first = priced_as[k];
                 let priced = costs[first].get_or_insert_with(|| {
@@ -165,12 +179,22 @@ impl BaselineTable {
                 };
                 let prediction =
                     evaluate_priced(model, machine, &plan, &bases, &blocks, &remat, priced);
+                let trainer_prediction = differs(&baselines[k]).then(|| {
+                    let priced = trainer_costs[first].get_or_insert_with(|| {
+                        Self::price_shared(&trainer, &template.choices, &bases, same)
+                    });
+                    let p =
+                        evaluate_priced(model, &trainer, &plan, &bases, &blocks, &remat, priced);
+                    Box::new(p)
+                });
                 any_fits |= prediction.peak_memory_bytes <= max_budget;
+                let trainer_prediction = trainer_prediction.filter(|p| **p != prediction);
                 plans[k].push(Planned {
                     plan,
                     prediction,
                     coarsened_bytes: 0,
                     host_gap_s: None,
+                    trainer_prediction,
                 });
             }
             if !any_fits {
@@ -259,9 +283,10 @@ pub fn best_of(
         })
 }
 
-/// Take a baseline instead of the searched plan when it is faster: with a memory resolution
-/// the search may miss a plan within a few MiB of the budget, and a baseline must never beat
-/// the plan. Only baselines inside the search's space count: none when ops are pinned, and
+/// Take a baseline instead of the searched plan when it is faster as the trainer runs it: with
+/// a memory resolution the search may miss a plan within a few MiB of the budget, and a
+/// baseline's plan must never beat the plan. (A baseline as its users run it may: FSDP keeps
+/// a recomputed unit gathered, which the trainer does not.) Only baselines inside the search's space count: none when ops are pinned, and
 /// no checkpointing one when the search may not recompute, none that breaks a block's fixed
 /// recomputation.
 pub fn adopt(searched: &mut Planned, results: &[(Baseline, Outcome)], options: &PlanOptions) {
@@ -277,8 +302,14 @@ pub fn adopt(searched: &mut Planned, results: &[(Baseline, Outcome)], options: &
         if !options.block_recompute.iter().all(honours) {
             continue;
         }
-        if p.prediction.throughput_samples_per_s > searched.prediction.throughput_samples_per_s {
-            *searched = p.clone();
+        // Compared, and taken, as the trainer would run it.
+        let run = p.trainer_prediction.as_deref().unwrap_or(&p.prediction);
+        if run.throughput_samples_per_s > searched.prediction.throughput_samples_per_s {
+            *searched = Planned {
+                prediction: run.clone(),
+                trainer_prediction: None,
+                ..p.clone()
+            };
         }
     }
 }

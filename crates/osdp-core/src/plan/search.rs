@@ -68,6 +68,10 @@ pub struct Planned {
     /// by more than this many seconds (a Lagrangian bound; `Some(0.0)`: it is the best).
     /// `None`: exact.
     pub host_gap_s: Option<f64>,
+    /// A baseline's plan as osdp-tui's trainer would run it, where that differs from how its
+    /// users run it (`prediction`): the trainer fetches a recomputed op's parameters again,
+    /// which FSDP does not ([`crate::cost::Machine::regather_on_recompute`]). `None`: the same.
+    pub trainer_prediction: Option<Box<Prediction>>,
 }
 
 impl Planned {
@@ -154,6 +158,9 @@ struct Opt {
     /// With recomputation: nothing kept, forward run again.
     held_r: u64,
     time_r: f64,
+    /// Of `time_r`, the fetches a recomputation repeats (`OpCost::recompute_comm_s`): the
+    /// only part of a recomputation's cost that depends on the choice.
+    refetch: f64,
     /// Host memory (offloaded state), where it can bind; 0 otherwise.
     host: u64,
 }
@@ -1129,6 +1136,7 @@ impl<'m> Planner<'m> {
             prediction,
             coarsened_bytes: table.coarsened,
             host_gap_s: None,
+            trainer_prediction: None,
         })
     }
 
@@ -2154,12 +2162,6 @@ fn undominated(v: Vec<Opt>) -> Vec<Opt> {
 /// `host_price`: seconds each host byte adds to the option's time in the search.
 fn option(base: &OpBase, choice: Choice, m: &Machine, host: bool, host_price: f64) -> Opt {
     let c = cost::price(base, choice, m);
-    // The block sums (`ClassSum::dealt`) take a recomputation's cost from an op's first option:
-    // it must not depend on the choice, which a gather repeated for it would make it do.
-    debug_assert!(
-        c.recompute_comm_s == 0.0,
-        "the search cannot price a recomputation's gathers (Machine::regather_on_recompute)"
-    );
     let time = c.time_s() + host_price * c.host_bytes as f64;
     Opt {
         choice,
@@ -2168,6 +2170,7 @@ fn option(base: &OpBase, choice: Choice, m: &Machine, host: bool, host_price: f6
         transient: c.transient_bytes,
         held_r: c.persistent_bytes,
         time_r: time + c.recompute_s(base),
+        refetch: c.recompute_comm_s,
         host: if host { c.host_bytes } else { 0 },
     }
 }
@@ -2418,8 +2421,17 @@ fn class_total(
     if let Some(r) = &recompute {
         ways.push((true, r.kept));
     }
+    // Instances split into independent parts only where an op's choice does not change what
+    // recomputing it costs: where a recomputation fetches again what the op's choice gathers
+    // or copies from host (`Opt::refetch`), its choices and its way are priced together.
     let separable = match &recompute {
-        Some(r) => !plain_ok || admitted(&|s| r.remat[s]) == plain_n,
+        Some(r) => {
+            !plain_ok
+                || (admitted(&|s| r.remat[s]) == plain_n
+                    && slots
+                        .iter()
+                        .all(|&i| opts[i].iter().all(|o| o.refetch == opts[i][0].refetch)))
+        }
         None => true,
     };
     if ways.is_empty() {
@@ -2467,15 +2479,19 @@ impl ClassSum<'_> {
         only_recompute: bool,
         arena: &mut Arena,
     ) -> Frontier {
-        // Slots priced as recomputed (no kept activations, the forward again) under the
-        // admitted options; the plain way then gives back the forward and holds `saved`.
-        let fwd: Vec<f64> = self
-            .slots
-            .iter()
-            .map(|&i| self.opts[i][0].time_r - self.opts[i][0].time)
-            .collect();
-        let mut parts = self.slot_parts(remat.filter(|_| only_recompute), arena);
-        let total_fwd: f64 = fwd.iter().sum();
+        // Slots priced held without activations, at plain time; the recomputed way adds the
+        // forward again (the same whatever the choice, as `class_total` checked) and the plain
+        // way holds `saved`. Where only the recomputed way is open, each slot is priced at its
+        // own recomputed time, which may depend on the choice (`Opt::refetch`).
+        let total_fwd: f64 = if only_recompute {
+            0.0
+        } else {
+            self.slots
+                .iter()
+                .map(|&i| self.opts[i][0].time_r - self.opts[i][0].time)
+                .sum()
+        };
+        let mut parts = self.slot_parts(remat.filter(|_| only_recompute), only_recompute, arena);
         parts.push(way_part(ways, total_fwd, arena));
         let Some(repeated) = self.repeat_parts(&parts, arena) else {
             // A part with no point within the host limit leaves the class nothing.
@@ -2505,8 +2521,14 @@ impl ClassSum<'_> {
 
     /// Each slot's options whose transient, plus the slot's `extra` (rematerialised bytes,
     /// when only the recomputed way is open), fits the cap; priced held without activations,
-    /// at plain time. The vector has room for the ways' part.
-    fn slot_parts(&self, extra: Option<&[u64]>, arena: &mut Arena) -> Vec<Frontier> {
+    /// at plain time or, `recomputed`, at recomputed time. The vector has room for the ways'
+    /// part.
+    fn slot_parts(
+        &self,
+        extra: Option<&[u64]>,
+        recomputed: bool,
+        arena: &mut Arena,
+    ) -> Vec<Frontier> {
         let mut parts: Vec<Frontier> = Vec::with_capacity(self.slots.len() + 1);
         for (s, &i) in self.slots.iter().enumerate() {
             let extra = extra.map_or(0, |r| r[s]);
@@ -2515,7 +2537,7 @@ impl ClassSum<'_> {
                 .filter(|o| o.transient + extra <= self.cap)
                 .map(|o| Point {
                     mem: o.held_r,
-                    time: o.time,
+                    time: if recomputed { o.time_r } else { o.time },
                     node: arena.push(Node::Op {
                         slot: s as u32,
                         choice: o.choice,
