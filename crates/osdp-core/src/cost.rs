@@ -27,10 +27,11 @@ mod target;
 mod fixtures;
 
 pub use graph::{
-    input_bytes_per_sample, kernel_key, op_bases, op_work, owns_params, parameter_uses,
-    set_accumulation, OpBase, OpGraph, Owned, ParamTensor, EAGER_ATTENTION_AUTOCAST_PASSES,
-    EAGER_ATTENTION_PASSES, EAGER_GELU_FAST_PASSES, EAGER_GELU_NEW_AUTOCAST_PASSES,
-    EAGER_GELU_NEW_PASSES, EAGER_RMS_NORM_PASSES, EAGER_ROTARY_PASSES,
+    ends_block_params, input_bytes_per_sample, kernel_key, op_bases, op_work, owns_params,
+    parameter_uses, set_accumulation, OpBase, OpGraph, Owned, ParamTensor,
+    EAGER_ATTENTION_AUTOCAST_PASSES, EAGER_ATTENTION_PASSES, EAGER_GELU_FAST_PASSES,
+    EAGER_GELU_NEW_AUTOCAST_PASSES, EAGER_GELU_NEW_PASSES, EAGER_RMS_NORM_PASSES,
+    EAGER_ROTARY_PASSES,
 };
 pub use machine::{
     param_pass_bytes, Efficiencies, Machine, ATTENTION_BWD_FACTOR, DS_2021_GATHER_HOST_RANKS,

@@ -192,6 +192,11 @@ pub struct Executor {
     pub profile: Option<Profile>,
     /// Filled by each forward pass when set (see [`Executor::enable_memory_trace`]).
     pub forward_memory: Option<ForwardMemory>,
+    /// Units a recomputation gathered and kept for the backward that follows it
+    /// (`Dataflow::keeps_gathered`), by unit.
+    kept: std::collections::HashMap<usize, Tensor>,
+    /// While a block is recomputed: the op whose gathered weights are kept.
+    keeping: Option<usize>,
 }
 
 /// What one training step measured on one rank.
@@ -281,6 +286,8 @@ impl Executor {
             labels: None,
             profile: None,
             forward_memory: None,
+            kept: Default::default(),
+            keeping: None,
         })
     }
 

@@ -77,6 +77,7 @@ pub(super) fn linear_base(params: u64) -> OpBase {
         ],
         accumulation: 1,
         latency_share: 1.0,
+        ends_block_params: false,
     }
 }
 

@@ -41,6 +41,10 @@ pub struct OpBase {
     /// The share of a collective's latency this op pays: 1 where each op communicates on its
     /// own; its fraction of its block's parameters where a block's ops communicate together.
     pub latency_share: f64,
+    /// The last op of its block that owns parameters ([`ends_block_params`]): when the block
+    /// is recomputed, its backward follows its recomputation at once, so what the recomputation
+    /// fetched (an unsplit weight) serves the backward too and nothing is fetched again.
+    pub ends_block_params: bool,
 }
 
 /// What an op owns, whatever the batch: made once per graph ([`OpGraph`]).
@@ -218,6 +222,7 @@ impl OpBase {
             tensors: owned.tensors,
             accumulation: 1,
             latency_share: 1.0,
+            ends_block_params: false,
         }
     }
 
@@ -304,6 +309,8 @@ pub struct OpGraph {
     inputs: Vec<u64>,
     /// Each op's fraction of its block's parameters (1 outside blocks).
     block_share: Vec<f64>,
+    /// [`ends_block_params`].
+    ends_block: Vec<bool>,
     owned: Vec<Owned>,
 }
 
@@ -326,6 +333,7 @@ impl OpGraph {
         OpGraph {
             inputs: input_bytes_per_sample(model),
             block_share,
+            ends_block: ends_block_params(model),
             owned: model
                 .ops
                 .iter()
@@ -352,13 +360,14 @@ impl OpGraph {
                     &self.owned[i],
                 )
             })
-            .zip(&self.block_share)
-            .map(|(mut base, &share)| {
+            .zip(self.block_share.iter().zip(&self.ends_block))
+            .map(|(mut base, (&share, &ends))| {
                 // `osdp_torch.apply_plan` makes each planned module an FSDP2 unit of its own,
                 // with its own collectives: there a block's ops share no latency.
                 if m.block_collectives && m.target != Target::Fsdp2 {
                     base.latency_share = share;
                 }
+                base.ends_block_params = ends;
                 base
             })
             .collect()
@@ -464,6 +473,27 @@ pub fn set_accumulation(bases: &mut [OpBase], accumulation: u64) {
 /// Whether the op owns parameters (and so has a sharding choice).
 pub fn owns_params(op: &OpSpec) -> bool {
     ModelSpec::op_param_count(op) > 0
+}
+
+/// Per op: whether it is the last op of its block that owns parameters. A recomputed block
+/// runs its forward again and then its backward from its last op down, so that op's backward
+/// comes right after its own recomputation (only parameter-free ops, whose outputs the next
+/// block already holds, between them): osdp-tui's trainer keeps the weight the recomputation
+/// gathered for it (unsplit) into its backward, as DeepSpeed's ZeRO-3 does for a module used
+/// again within its reuse distance.
+pub fn ends_block_params(model: &ModelSpec) -> Vec<bool> {
+    let mut last: std::collections::HashMap<u32, usize> = Default::default();
+    for (i, op) in model.ops.iter().enumerate() {
+        if let (Some(b), true) = (op.block, owns_params(op)) {
+            last.insert(b, i);
+        }
+    }
+    model
+        .ops
+        .iter()
+        .enumerate()
+        .map(|(i, op)| op.block.is_some_and(|b| last.get(&b) == Some(&i)))
+        .collect()
 }
 
 #[cfg(test)]

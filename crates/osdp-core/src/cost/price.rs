@@ -5,7 +5,9 @@
 
 use crate::cluster::Calibration;
 
-use super::{Choice, Holding, Machine, Offload, OpBase, Strategy, Target, LINEAR_BWD_FACTOR};
+use super::{
+    Choice, Holding, Machine, Offload, OpBase, ParamTensor, Strategy, Target, LINEAR_BWD_FACTOR,
+};
 
 /// What one op costs under one choice.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
@@ -56,16 +58,8 @@ pub fn price(base: &OpBase, choice: Choice, m: &Machine) -> OpCost {
     let (fetched, host_micro_s) = host_copies(base, choice, m, &held);
     let a = f64::from(base.accumulation.max(1));
     let exposed = comm.exposed_s(base, m, a);
-    // A recomputation fetches the op's parameters as its forward did: gathered where sharded,
-    // copied from host memory (once a use) where offloaded.
     let refetched_s = if m.regather_on_recompute {
-        let refetch = if choice.offload == Offload::Param {
-            f64::from(base.uses.max(1))
-                * m.host_copy_s((m.precision.param_bytes * held.params) as f64)
-        } else {
-            0.0
-        };
-        comm.regathered_s(base, m, a) + a * refetch
+        refetch_s(base, choice, m, (&held, &comm))
     } else {
         0.0
     };
@@ -79,6 +73,40 @@ pub fn price(base: &OpBase, choice: Choice, m: &Machine) -> OpCost {
         optimizer_s: optimizer_s(base, choice, m, &held),
         recompute_comm_s: refetched_s,
     }
+}
+
+/// What recomputing the op fetches again, over a step: its parameters as its forward fetched
+/// them — gathered where sharded (hidden only behind the recomputed forward), copied from host
+/// memory once a use where offloaded. The block's last op with parameters keeps the unsplit
+/// weight its recomputation fetched for its backward, which comes next
+/// ([`OpBase::ends_block_params`]); only its second tensor, a bias its backward does not read,
+/// is fetched again. `priced`: the op's own units and collectives under `choice`.
+fn refetch_s(base: &OpBase, choice: Choice, m: &Machine, priced: (&Held, &Comm)) -> f64 {
+    let a = f64::from(base.accumulation.max(1));
+    let of = |base: &OpBase, (held, comm): (&Held, &Comm)| {
+        let copies = if choice.offload == Offload::Param {
+            f64::from(base.uses.max(1))
+                * m.host_copy_s((m.precision.param_bytes * held.params) as f64)
+        } else {
+            0.0
+        };
+        comm.regathered_s(base, m, a) + a * copies
+    };
+    if !(base.ends_block_params && choice.split <= 1) {
+        return of(base, priced);
+    }
+    let bias = base.tensors[1];
+    if bias.numel == 0 {
+        return 0.0;
+    }
+    let rest = OpBase {
+        params: bias.numel,
+        tensors: [bias, ParamTensor::default()],
+        ..base.clone()
+    };
+    let held = Held::of(&rest, choice, m);
+    let (_, comm) = collectives(&rest, choice, m, held.replicated);
+    of(&rest, (&held, &comm))
 }
 
 /// `choice` as PyTorch FSDP2 runs it: `fully_shard` per module as `osdp_torch.apply_plan` wraps
@@ -691,6 +719,41 @@ mod tests {
         };
         assert_eq!(price(&quick, z3, &fsdp2).recompute_comm_s, 0.0);
         assert_eq!(price(&quick, Choice::DP, &m).recompute_comm_s, 0.0);
+    }
+
+    /// The block's last op with parameters keeps the weight its recomputation gathered for its
+    /// backward, which follows at once: only its bias is gathered again, and a split op, whose
+    /// slices are gathered one at a time, keeps nothing.
+    #[test]
+    fn a_blocks_last_op_gathers_only_its_bias_again() {
+        let p = 1u64 << 20;
+        let mut base = OpBase {
+            fwd_s: 0.0,
+            ends_block_params: true,
+            ..linear_base(p)
+        };
+        base.tensors[1] = ParamTensor {
+            numel: 1024,
+            cut: false,
+        };
+        let m = machine(8);
+        let z3 = Choice::plain(Strategy::Zero3);
+        let bias = m.ring_s((2 * 1024) as f64, 1.0);
+        let kept = price(&base, z3, &m).recompute_comm_s;
+        assert!((kept - bias).abs() < 1e-12, "{kept} vs {bias}");
+        let inside = OpBase {
+            ends_block_params: false,
+            ..base.clone()
+        };
+        let whole = price(&inside, z3, &m).recompute_comm_s;
+        // Inside the block the weight's 2 MiB are gathered again as well.
+        assert!(
+            whole - kept > 0.5 * (2 * p) as f64 * 7.0 / 8.0 / m.link_bytes_per_s,
+            "{whole}"
+        );
+        let split = price(&base, Choice::zero3(2, 2), &m).recompute_comm_s;
+        let split_inside = price(&inside, Choice::zero3(2, 2), &m).recompute_comm_s;
+        assert_eq!(split, split_inside);
     }
 
     /// osdp-tui's trainer fetches a recomputed op's parameters again, as its forward did: an

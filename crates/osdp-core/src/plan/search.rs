@@ -2216,7 +2216,7 @@ fn host_can_bind(
 
 /// What makes two ops price the same under the same choice: their facts (a key for finding
 /// equal ones; callers compare the facts themselves).
-fn op_signature(b: &OpBase) -> [u64; 15] {
+fn op_signature(b: &OpBase) -> [u64; 16] {
     [
         u64::from(b.accumulation),
         b.latency_share.to_bits(),
@@ -2233,13 +2233,14 @@ fn op_signature(b: &OpBase) -> [u64; 15] {
         u64::from(b.tensors[0].cut),
         b.tensors[1].numel,
         u64::from(b.tensors[1].cut),
+        u64::from(b.ends_block_params),
     ]
 }
 
 /// For each op, the first op with the same facts' key (itself if none before has it): where
 /// their facts are equal, it prices the same under the same choice.
 pub(crate) fn same_priced(bases: &[OpBase]) -> Vec<usize> {
-    let mut first: HashMap<[u64; 15], usize> = HashMap::new();
+    let mut first: HashMap<[u64; 16], usize> = HashMap::new();
     bases
         .iter()
         .enumerate()

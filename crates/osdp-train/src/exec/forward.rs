@@ -159,9 +159,9 @@ impl Executor {
             let (y, rstd) = ops::rms_norm_fwd(&x, &w, self.norm_eps);
             (y, vec![rstd])
         };
-        self.release(uw, w);
+        self.done_with(i, uw, w);
         if let (Some(ub), Some(b)) = (ub, b) {
-            self.release(ub, b);
+            self.done_with(i, ub, b);
         }
         if keep_extras {
             self.set_extras(i, stats);
@@ -182,7 +182,7 @@ impl Executor {
                 None => x.shallow_clone(),
             };
             let part = ops::linear_fwd(&xs, &w);
-            self.release(u, w);
+            self.done_with(i, u, w);
             y = Some(match y {
                 Some(acc) => acc + part,
                 None => part,
@@ -192,7 +192,7 @@ impl Executor {
         if let Some(bias) = self.uses[i].get(1).map(|v| v[0]) {
             let b = self.weight(bias)?;
             y += &b;
-            self.release(bias, b);
+            self.done_with(i, bias, b);
         }
         Ok(y)
     }

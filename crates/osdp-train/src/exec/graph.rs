@@ -95,6 +95,10 @@ pub(super) struct Dataflow {
     pub(super) keep_fwd: Vec<bool>,
     /// Block of each op when that block recomputes.
     pub(super) recomputed_block: Vec<Option<usize>>,
+    /// Ops whose recomputation keeps the weights it gathered for their backward: the last op
+    /// with parameters of a recomputed block, unsplit (`cost::ends_block_params`, which the
+    /// cost model prices as fetching nothing again).
+    pub(super) keeps_gathered: Vec<bool>,
     pub(super) blocks: Blocks,
 }
 
@@ -138,12 +142,18 @@ impl Dataflow {
             })
             .collect();
 
+        let keeps_gathered = osdp_core::cost::ends_block_params(model)
+            .into_iter()
+            .enumerate()
+            .map(|(i, ends)| ends && recomputed_block[i].is_some() && plan.choices[i].split <= 1)
+            .collect();
         Dataflow {
             inputs,
             consumers,
             need_bwd,
             keep_fwd,
             recomputed_block,
+            keeps_gathered,
             blocks,
         }
     }

@@ -29,6 +29,10 @@ impl Executor {
 
     /// The full weight of a unit for compute: gathered (and counted) for ZeRO-3 and hsdp.
     pub(super) fn weight(&mut self, u: usize) -> Result<Tensor> {
+        // What a recomputation gathered and kept for this backward: no fetch, no new bytes.
+        if let Some(w) = self.kept.remove(&u) {
+            return Ok(w);
+        }
         let class = self.units[u].class;
         // An offloaded compute copy is fetched from host memory first (this rank's part).
         let fetched = (self.units[u].offload == Offload::Param).then(|| {
@@ -56,6 +60,16 @@ impl Executor {
             self.ledger.sub(Category::Gathered, nbytes(&f));
         }
         Ok(w)
+    }
+
+    /// Op `i`'s forward is done with unit `u`'s weight: released, or kept for its backward
+    /// while its block is recomputed and it is the op that keeps them.
+    pub(super) fn done_with(&mut self, i: usize, u: usize, w: Tensor) {
+        if self.keeping == Some(i) {
+            self.kept.insert(u, w);
+        } else {
+            self.release(u, w);
+        }
     }
 
     pub(super) fn release(&mut self, u: usize, w: Tensor) {

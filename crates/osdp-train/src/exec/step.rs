@@ -137,7 +137,12 @@ impl Executor {
             if let Some(b) = self.flow.recomputed_block[i] {
                 if self.flow.blocks.ops[b].last() == Some(&i) {
                     let first = self.flow.blocks.ops[b][0];
-                    self.forward_range(first..i + 1, false)?;
+                    // The block's last op with parameters keeps what it gathers for its
+                    // backward, which comes next (`Dataflow::keeps_gathered`).
+                    self.keeping = (first..i + 1).find(|&k| self.flow.keeps_gathered[k]);
+                    let ran = self.forward_range(first..i + 1, false);
+                    self.keeping = None;
+                    ran?;
                 }
             }
             let g = if self.model.ops[i].kind == OpKind::CrossEntropy {
@@ -160,6 +165,10 @@ impl Executor {
             }
             self.drop_extras(i);
             self.drop_out(i);
+        }
+        // Kept weights a backward did not take (an op no gradient reached): released.
+        for (u, w) in std::mem::take(&mut self.kept) {
+            self.release(u, w);
         }
         Ok(loss)
     }
