@@ -118,13 +118,15 @@ fn plans(m: &ModelSpec) -> Vec<(String, Plan)> {
     out
 }
 
-/// One training step on each rank thread of `(ranks, ranks per node)`: what each held when
-/// its forward pass ended, and its ledger's peak over the step.
-fn one_step(
+/// One training step on each rank thread of `(ranks, ranks per node)`, `watch` switching on
+/// what to record first and `read` taking what the step left: each rank's reading.
+fn step_on_ranks<R: Send>(
     m: &ModelSpec,
     plan: &Plan,
     (ranks, per_node): (usize, usize),
-) -> Vec<(ForwardMemory, Breakdown)> {
+    watch: fn(&mut Executor),
+    read: fn(&Executor) -> R,
+) -> Vec<R> {
     let sampler = Sampler {
         source: Source::Random,
         seed: 0,
@@ -144,13 +146,21 @@ fn one_step(
             OptimConfig::default(),
         )
         .map_err(failed)?;
-        exec.enable_memory_trace();
+        watch(&mut exec);
         exec.train_step(&sampler.batch(0, rank * rows, rows))
             .map_err(failed)?;
-        let traced = exec.forward_memory.clone().unwrap_or_default();
-        Ok((traced, exec.ledger.peak()))
+        Ok(read(&exec))
     })
     .expect("the step runs")
+}
+
+/// One training step on each rank thread of `(ranks, ranks per node)`: what each held when
+/// its forward pass ended, and its ledger's peak over the step.
+fn one_step(m: &ModelSpec, plan: &Plan, ranks: (usize, usize)) -> Vec<(ForwardMemory, Breakdown)> {
+    step_on_ranks(m, plan, ranks, Executor::enable_memory_trace, |exec| {
+        let traced = exec.forward_memory.clone().unwrap_or_default();
+        (traced, exec.ledger.peak())
+    })
 }
 
 /// Bytes per sample the trainer keeps that the model's saved figures leave out, as
@@ -413,36 +423,14 @@ fn the_trainer_refuses_a_model_priced_for_pytorchs_kernels() {
 
 /// Every collective one rank makes in one step of `plan` (bytes of the full tensor), in order.
 fn collectives_of_one_step(m: &ModelSpec, plan: &Plan) -> Vec<f64> {
-    let sampler = Sampler {
-        source: Source::Random,
-        seed: 0,
-        seq: m.config.seq_len as usize,
-        vocab: m.config.vocab_size,
-    };
-    let rows = plan.batch as usize;
-    let per_rank = on_rank_threads_in_nodes(RANKS.0, RANKS.1, |group| {
-        let rank = group.rank();
-        let failed = |e: osdp_train::exec::ExecError| TrainError::Invalid(e.to_string());
-        let mut exec = Executor::new(
-            m,
-            plan,
-            Box::new(group),
-            Target::CPU,
-            Init::Fresh { seed: 0 },
-            OptimConfig::default(),
-        )
-        .map_err(failed)?;
-        exec.enable_profiling();
-        exec.train_step(&sampler.batch(0, rank * rows, rows))
-            .map_err(failed)?;
+    let per_rank = step_on_ranks(m, plan, RANKS, Executor::enable_profiling, |exec| {
         let profile = exec.profile.clone().unwrap_or_default();
-        Ok(profile
+        profile
             .collectives
             .iter()
             .map(|c| c.0)
-            .collect::<Vec<f64>>())
-    })
-    .expect("the step runs");
+            .collect::<Vec<f64>>()
+    });
     per_rank.into_iter().next().expect("a rank")
 }
 
