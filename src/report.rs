@@ -657,9 +657,14 @@ impl PlanReport {
                 Outcome::Needs(None) => println!("  {:<12}{:>14}", b.name(), "does not fit"),
             }
         }
+        // Baselines ahead of the plan only as FSDP runs them: the trainer's figure for them,
+        // which differs by its refetch, is not.
         let faster = self.baselines.iter().filter_map(|(b, o)| {
             let p = o.planned()?;
-            (p.prediction.throughput_samples_per_s > prediction.throughput_samples_per_s)
+            let trainer = p.trainer_prediction.as_deref()?;
+            let plan = prediction.throughput_samples_per_s;
+            (p.prediction.throughput_samples_per_s > plan
+                && trainer.throughput_samples_per_s <= plan)
                 .then_some(b.name())
         });
         let faster: Vec<&str> = faster.collect();

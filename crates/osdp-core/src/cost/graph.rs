@@ -475,24 +475,34 @@ pub fn owns_params(op: &OpSpec) -> bool {
     ModelSpec::op_param_count(op) > 0
 }
 
-/// Per op: whether it is the last op of its block that owns parameters. A recomputed block
-/// runs its forward again and then its backward from its last op down, so that op's backward
-/// comes right after its own recomputation (only parameter-free ops, whose outputs the next
-/// block already holds, between them): osdp-tui's trainer keeps the weight the recomputation
+/// Per op: whether it is the last op of its block that owns parameters, followed in the block
+/// only by parameter-free ops. A recomputed block runs its forward again and then its backward
+/// from its last op down, so that op's backward comes right after its own recomputation (only
+/// the parameter-free ops after it between them: a pre-norm block's residual add, whose output
+/// the next block already holds): osdp-tui's trainer keeps the weight the recomputation
 /// gathered for it (unsplit) into its backward, as DeepSpeed's ZeRO-3 does for a module used
-/// again within its reuse distance.
+/// again within its reuse distance. A post-norm block (BERT) ends with its norm, whose output
+/// the next block holds, so the recomputation never runs it again: no op of it is flagged.
 pub fn ends_block_params(model: &ModelSpec) -> Vec<bool> {
-    let mut last: std::collections::HashMap<u32, usize> = Default::default();
+    use std::collections::HashMap;
+    let (mut last_params, mut last): (HashMap<u32, usize>, HashMap<u32, usize>) =
+        Default::default();
     for (i, op) in model.ops.iter().enumerate() {
-        if let (Some(b), true) = (op.block, owns_params(op)) {
+        if let Some(b) = op.block {
             last.insert(b, i);
+            if owns_params(op) {
+                last_params.insert(b, i);
+            }
         }
     }
     model
         .ops
         .iter()
         .enumerate()
-        .map(|(i, op)| op.block.is_some_and(|b| last.get(&b) == Some(&i)))
+        .map(|(i, op)| {
+            op.block
+                .is_some_and(|b| last_params.get(&b) == Some(&i) && last.get(&b) != Some(&i))
+        })
         .collect()
 }
 

@@ -138,7 +138,7 @@ impl Executor {
             self.positions()
         };
         let y = ops::embedding_fwd(&w, &ids);
-        self.release(u, w);
+        self.done_with(i, u, w);
         Ok(y)
     }
 

@@ -63,11 +63,19 @@ impl Executor {
     }
 
     /// Op `i`'s forward is done with unit `u`'s weight: released, or kept for its backward
-    /// while its block is recomputed and it is the op that keeps them.
+    /// while its block is recomputed and it is the op that keeps its weight (its first
+    /// parameter; a bias, which the backward does not read, is released).
     pub(super) fn done_with(&mut self, i: usize, u: usize, w: Tensor) {
-        if self.keeping == Some(i) {
+        if self.keeping == Some(i) && self.uses[i][0].contains(&u) {
             self.kept.insert(u, w);
         } else {
+            self.release(u, w);
+        }
+    }
+
+    /// Release what a recomputation kept and no backward took.
+    pub(super) fn release_kept(&mut self) {
+        for (u, w) in std::mem::take(&mut self.kept) {
             self.release(u, w);
         }
     }

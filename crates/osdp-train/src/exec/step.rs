@@ -129,6 +129,8 @@ impl Executor {
     /// `loss_scale` × its mean loss) to the step's; returns its mean loss.
     fn forward_backward(&mut self, loss_scale: f64) -> Result<Tensor> {
         let n = self.model.ops.len();
+        // Nothing kept from a micro-batch that ended early (an error on its way).
+        self.release_kept();
         let loss = self
             .forward_range(0..n, true)?
             .ok_or_else(|| ExecError::Unsupported("the graph has no loss op".into()))?;
@@ -167,9 +169,7 @@ impl Executor {
             self.drop_out(i);
         }
         // Kept weights a backward did not take (an op no gradient reached): released.
-        for (u, w) in std::mem::take(&mut self.kept) {
-            self.release(u, w);
-        }
+        self.release_kept();
         Ok(loss)
     }
 }
