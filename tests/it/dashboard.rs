@@ -65,6 +65,29 @@ fn once_prints_the_screen_without_a_terminal() {
     assert!(screen.lines().count() >= 40);
 }
 
+/// Where FSDP with checkpointing is ahead of the plan only because FSDP keeps a recomputed
+/// unit's weights gathered (the trainer gathers them again), the header says why, as `plan`
+/// does: the OSDP paper's GPT 48×2048 at global batch 256 on its 8 TITAN RTX.
+#[test]
+fn the_header_says_why_fsdp_is_ahead_where_it_is() {
+    let mut a = app("osdp-gpt-48x2048", "osdp-paper-8x-titan-rtx-pcie3", 8 * GIB);
+    a.request.global_batch = Some(256);
+    a.replan();
+    let screen = render_text(&a, 200, 48);
+    let line = screen
+        .lines()
+        .find(|l| l.contains("vs FSDP"))
+        .unwrap_or_else(|| panic!("no vs FSDP in:\n{screen}"));
+    assert!(
+        line.contains("0.97× fsdp+ckpt @ 32 (FSDP keeps recomputed weights)"),
+        "{line}"
+    );
+    // Where the plan is ahead, nothing is added.
+    let b = app("gpt2", "a100-80gb-8x-nvlink", 8 * GIB);
+    let screen = render_text(&b, 200, 48);
+    assert!(!screen.contains("FSDP keeps"), "{screen}");
+}
+
 #[test]
 fn without_a_layout_it_says_what_it_plans_for() {
     let out = osdp()
