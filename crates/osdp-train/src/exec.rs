@@ -1,7 +1,9 @@
 //! The executor: runs a model.json graph forward and backward op by op under a plan, holding
 //! exactly the tensors the plan says. A `zero3` weight is gathered for its op and dropped, then
 //! gathered again in backward; a split linear gathers one column slice at a time; a recomputed
-//! block keeps only its inputs and re-runs its forward when backward reaches it. Every byte it
+//! block keeps only its inputs and re-runs its forward when backward reaches it, gathering its
+//! weights again (all but its last op with parameters, whose weight it keeps for that op's
+//! backward, which comes next: `cost::ends_block_params`, priced the same way). Every byte it
 //! holds goes through the [`Ledger`], which is the "measured" side of predicted vs measured.
 //!
 //! This file holds the executor's types and its construction; the work is split by concern:
