@@ -657,17 +657,16 @@ impl PlanReport {
                 Outcome::Needs(None) => println!("  {:<12}{:>14}", b.name(), "does not fit"),
             }
         }
-        // Baselines ahead of the plan only as FSDP runs them: the trainer's figure for them,
-        // which differs by its refetch, is not.
-        let faster = self.baselines.iter().filter_map(|(b, o)| {
-            let p = o.planned()?;
-            let trainer = p.trainer_prediction.as_deref()?;
-            let plan = prediction.throughput_samples_per_s;
-            (p.prediction.throughput_samples_per_s > plan
-                && trainer.throughput_samples_per_s <= plan)
-                .then_some(b.name())
-        });
-        let faster: Vec<&str> = faster.collect();
+        let faster: Vec<&str> = self
+            .baselines
+            .iter()
+            .filter(|(_, o)| {
+                o.planned().is_some_and(|p| {
+                    p.ahead_only_as_users_run_it(prediction.throughput_samples_per_s)
+                })
+            })
+            .map(|(b, _)| b.name())
+            .collect();
         if !faster.is_empty() {
             println!(
                 "  note: {} as FSDP runs it beats the plan: FSDP keeps a recomputed unit's parameters gathered into its backward, where osdp-tui's trainer gathers them again (run by the trainer, it would not beat it)",

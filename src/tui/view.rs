@@ -1704,14 +1704,10 @@ fn versus(
         // Ahead only as FSDP runs it, which keeps a recomputed unit's weights gathered where
         // the trainer gathers them again (`plan` prints the same note).
         let plan = pr.throughput_samples_per_s;
-        let why = match p.trainer_prediction.as_deref() {
-            Some(t)
-                if p.prediction.throughput_samples_per_s > plan
-                    && t.throughput_samples_per_s <= plan =>
-            {
-                " (FSDP keeps recomputed weights)"
-            }
-            _ => "",
+        let why = if p.ahead_only_as_users_run_it(plan) {
+            " (FSDP keeps recomputed weights)"
+        } else {
+            ""
         };
         return format!(
             "{:.2}× {} @ {}{why}",

@@ -107,20 +107,13 @@ impl BaselineTable {
         // Baselines are priced as the plan's target runs them, but as their users run them
         // where the trainer differs: FSDP keeps a unit gathered from its backward's gather
         // through its recomputation, where the trainer fetches a recomputed op's parameters
-        // again (`Machine::regather_on_recompute`); pricing that into a baseline would flatter
-        // the plan. What the trainer would make of a baseline's plan is kept beside it
-        // (`Planned::trainer_prediction`), for `adopt`.
-        let mut trainer = machine.clone();
-        trainer.target = options.target;
-        let mut machine = trainer.clone();
-        machine.regather_on_recompute = false;
+        // again (`OpCost::recompute_comm_s`, the one cost `Machine::regather_on_recompute`
+        // adds); pricing that into a baseline would flatter the plan. What the trainer would
+        // make of a baseline's plan is kept beside it (`Planned::trainer_prediction`), for
+        // `adopt`.
+        let mut machine = machine.clone();
+        machine.target = options.target;
         let machine = &machine;
-        // Only a checkpointed baseline that gathers its parameters prices differently.
-        let differs = |b: &Baseline| {
-            trainer.regather_on_recompute
-                && b.checkpointing
-                && matches!(b.strategy, Strategy::Zero3 | Strategy::Hsdp)
-        };
         // Micro-batches past `max_batch` are never priced (their figures would overflow).
         let most = super::max_batch(model);
         let listed = batch_options(options, machine.ranks).unwrap_or_default();
@@ -165,11 +158,13 @@ impl BaselineTable {
             let remat = blocks.remat_at(&bases);
             let same = &*same.get_or_insert_with(|| super::search::same_priced(&bases));
             let mut any_fits = false;
+            // Per strategy: its ops priced as the trainer runs them, and as FSDP does where
+            // that differs (the same costs without the recomputation's refetch).
             let mut costs: Vec<Option<Vec<OpCost>>> = vec![None; templates.len()];
-            let mut trainer_costs: Vec<Option<Vec<OpCost>>> = vec![None; templates.len()];
+            let mut fsdp_costs: Vec<Option<Option<Vec<OpCost>>>> = vec![None; templates.len()];
             for (k, template) in templates.iter().enumerate() {
                 let first = priced_as[k];
-                let priced = costs[first].get_or_insert_with(|| {
+                let trainer = costs[first].get_or_insert_with(|| {
                     Self::price_shared(machine, &template.choices, &bases, same)
                 });
                 let plan = Plan {
@@ -177,18 +172,23 @@ impl BaselineTable {
                     accumulation,
                     ..template.clone()
                 };
-                let prediction =
-                    evaluate_priced(model, machine, &plan, &bases, &blocks, &remat, priced);
-                let trainer_prediction = differs(&baselines[k]).then(|| {
-                    let priced = trainer_costs[first].get_or_insert_with(|| {
-                        Self::price_shared(&trainer, &template.choices, &bases, same)
-                    });
-                    let p =
-                        evaluate_priced(model, &trainer, &plan, &bases, &blocks, &remat, priced);
-                    Box::new(p)
-                });
+                let run = |priced: &[OpCost]| {
+                    evaluate_priced(model, machine, &plan, &bases, &blocks, &remat, priced)
+                };
+                let as_trainer = run(trainer);
+                let fsdp = template
+                    .recompute
+                    .contains(&true)
+                    .then(|| fsdp_costs[first].get_or_insert_with(|| without_refetch(trainer)));
+                let (prediction, trainer_prediction) = match fsdp.and_then(|c| c.as_deref()) {
+                    Some(fsdp) => {
+                        let prediction = run(fsdp);
+                        let differs = as_trainer != prediction;
+                        (prediction, differs.then(|| Box::new(as_trainer)))
+                    }
+                    None => (as_trainer, None),
+                };
                 any_fits |= prediction.peak_memory_bytes <= max_budget;
-                let trainer_prediction = trainer_prediction.filter(|p| **p != prediction);
                 plans[k].push(Planned {
                     plan,
                     prediction,
@@ -253,6 +253,20 @@ impl BaselineTable {
             })
             .collect()
     }
+}
+
+/// `costs` as FSDP runs the ops: without the parameters a recomputation fetches again
+/// (`OpCost::recompute_comm_s`), which FSDP keeps gathered; `None` where no op fetches any.
+fn without_refetch(costs: &[OpCost]) -> Option<Vec<OpCost>> {
+    costs.iter().any(|c| c.recompute_comm_s > 0.0).then(|| {
+        costs
+            .iter()
+            .map(|&c| OpCost {
+                recompute_comm_s: 0.0,
+                ..c
+            })
+            .collect()
+    })
 }
 
 /// Every baseline of the machine ([`Baseline::of`]) under `budget`, at the batch `options` fixes (a

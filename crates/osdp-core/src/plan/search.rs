@@ -75,6 +75,15 @@ pub struct Planned {
 }
 
 impl Planned {
+    /// Whether this baseline's plan outruns a plan of `plan_samples_per_s` only as its users
+    /// run it: as osdp-tui's trainer would run it ([`Planned::trainer_prediction`]) it does not.
+    pub fn ahead_only_as_users_run_it(&self, plan_samples_per_s: f64) -> bool {
+        self.trainer_prediction.as_deref().is_some_and(|t| {
+            self.prediction.throughput_samples_per_s > plan_samples_per_s
+                && t.throughput_samples_per_s <= plan_samples_per_s
+        })
+    }
+
     /// What pricing host memory means for a plan, in words (`plan`'s note, the dashboard's
     /// frontier panel): `gap_s` is [`Planned::host_gap_s`], known where the global batch is fixed.
     pub fn host_priced_note(gap_s: Option<f64>) -> String {
