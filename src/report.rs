@@ -122,6 +122,10 @@ struct OpOut<'a> {
     #[serde(skip_serializing_if = "osdp_core::cost::Offload::is_none")]
     offload: osdp_core::cost::Offload,
     recompute: bool,
+    /// The op's recomputed block keeps the weights its recomputation fetches for the backward
+    /// (`Plan::keep_weights`); absent when not.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    keep_weights: bool,
     memory_bytes: u64,
     time_s: f64,
 }
@@ -542,6 +546,7 @@ impl PlanReport {
                     sharded_slices: plan.choices[i].sharded,
                     offload: plan.choices[i].offload,
                     recompute: blocks.of_op[i].is_some_and(|b| plan.recompute[b]),
+                    keep_weights: blocks.of_op[i].is_some_and(|b| plan.keeps(b)),
                     memory_bytes: prediction.ops[i].memory_bytes,
                     time_s: prediction.ops[i].time_s,
                 })

@@ -68,6 +68,7 @@ fn plan_of(m: &ModelSpec, linear: Choice, other: Choice, recompute: bool) -> Pla
             })
             .collect(),
         recompute: vec![recompute; m.config.layers as usize],
+        keep_weights: Vec::new(),
     }
 }
 
@@ -102,6 +103,13 @@ fn plans(m: &ModelSpec) -> Vec<(String, Plan)> {
             out.push((what, plan_of(m, linear, other, recompute)));
         }
     }
+    // Recomputed blocks that keep the weights their recomputation fetches whole.
+    for (linear, other) in each {
+        if linear.fetches_whole() || other.fetches_whole() {
+            let what = format!("{} (recompute, keep)", linear.label());
+            out.push((what, kept(plan_of(m, linear, other, true))));
+        }
+    }
     let mut mixed = plan_of(m, Choice::DP, Choice::DP, false);
     for (i, (choice, op)) in mixed.choices.iter_mut().zip(&m.ops).enumerate() {
         if *choice != Choice::NONE {
@@ -114,8 +122,17 @@ fn plans(m: &ModelSpec) -> Vec<(String, Plan)> {
         }
     }
     mixed.recompute = (0..m.config.layers).map(|b| b % 2 == 1).collect();
-    out.push(("mixed".into(), mixed));
+    out.push(("mixed".into(), mixed.clone()));
+    out.push(("mixed, keep".into(), kept(mixed)));
     out
+}
+
+/// `plan` with every block keeping what its recomputation fetches (where it recomputes).
+fn kept(plan: Plan) -> Plan {
+    Plan {
+        keep_weights: vec![true; plan.recompute.len()],
+        ..plan
+    }
 }
 
 /// One training step on each rank thread of `(ranks, ranks per node)`, `watch` switching on
@@ -394,7 +411,8 @@ fn the_ledger_holds_exactly_what_the_cost_model_prices_for_hsdp() {
             .map(|r| (format!("hsdp (recompute: {r})"), plan_of(&m, hsdp, hsdp, r)))
             .collect();
         let mixed = plan_of(&m, hsdp, Choice::zero3(1, 1), true);
-        plans.push(("hsdp linears, zero3 others".into(), mixed));
+        plans.push(("hsdp linears, zero3 others".into(), mixed.clone()));
+        plans.push(("hsdp linears, zero3 others, keep".into(), kept(mixed)));
         check_plans(&m, name, NODES, plans);
     }
 }
@@ -497,5 +515,71 @@ fn a_recomputation_gathers_again_what_the_cost_model_prices_it_to() {
             .zip(&recomputed.choices)
             .all(|(base, &c)| cost::price(base, c, &fsdp).recompute_comm_s == 0.0);
         assert!(none, "{name}");
+    }
+}
+
+/// A recomputed block that keeps what its recomputation fetched gathers again only the biases
+/// of the ops it keeps (their backward reads no bias), as the cost model prices it
+/// (`OpCost::kept_recompute_comm_s`); and it holds those weights through the block's backward,
+/// which its peak shows and the cost model prices (`plan::kept_weight_bytes`).
+#[test]
+fn a_block_that_keeps_gathers_again_only_its_biases() {
+    for name in ["tiny-gpt2", "tiny-llama"] {
+        let m = tiny(name);
+        let machine = Machine {
+            link_latency_s: 0.0,
+            cross_node_latency_s: 0.0,
+            collective_base_s: 0.0,
+            ..machine(&m, RANKS)
+        };
+        let zero3 = Choice::zero3(1, 1);
+        let plain = plan_of(&m, zero3, zero3, false);
+        let recomputed = plan_of(&m, zero3, zero3, true);
+        let keeping = kept(recomputed.clone());
+        let bases = cost::op_bases(&m, &machine, BATCH);
+        let n = RANKS.0 as f64;
+        let per_byte = (n - 1.0) / n / machine.link_bytes_per_s;
+        let keeps = plan::kept_ops(&m, &keeping);
+        assert!(keeps.iter().filter(|&&k| k).count() > m.config.layers as usize);
+        let priced: f64 = m
+            .ops
+            .iter()
+            .enumerate()
+            .filter(|(_, op)| op.block.is_some())
+            .map(|(i, _)| {
+                let c = cost::price(&bases[i], keeping.choices[i], &machine);
+                let fetched = if keeps[i] {
+                    c.kept_recompute_comm_s.expect("a kept op fetches whole")
+                } else {
+                    c.recompute_comm_s
+                };
+                fetched / per_byte
+            })
+            .sum();
+        let before = collectives_of_one_step(&m, &plain).iter().sum::<f64>();
+        let again = collectives_of_one_step(&m, &recomputed).iter().sum::<f64>() - before;
+        let kept_again = collectives_of_one_step(&m, &keeping).iter().sum::<f64>() - before;
+        assert!(
+            (kept_again - priced).abs() <= 1e-6 * again,
+            "{name}: {kept_again} bytes gathered again, {priced} priced"
+        );
+        // Only biases: a small part of what the block gathers again otherwise.
+        assert!(kept_again < 0.1 * again, "{name}: {kept_again} of {again}");
+        // Held through the backward: the keeping plan's peak is above the other's, and its
+        // prediction says so by the weights kept.
+        let peak = |plan: &Plan| one_step(&m, plan, RANKS)[0].1.total();
+        let (p_again, p_kept) = (peak(&recomputed), peak(&keeping));
+        let (e_again, e_kept) = (
+            plan::evaluate(&m, &machine, &recomputed),
+            plan::evaluate(&m, &machine, &keeping),
+        );
+        assert!(p_kept > p_again, "{name}: {p_kept} vs {p_again}");
+        assert!(
+            e_kept.peak_memory_bytes >= e_again.peak_memory_bytes + (p_kept - p_again),
+            "{name}: predicted {} → {}, held {p_again} → {p_kept}",
+            e_again.peak_memory_bytes,
+            e_kept.peak_memory_bytes
+        );
+        assert!(e_kept.step_time_s < e_again.step_time_s, "{name}");
     }
 }

@@ -223,7 +223,8 @@ fn auto_batch_search_matches_exhaustive_over_the_ladder() {
     );
 }
 
-/// Every plan over `batches` as (peak bytes, samples/s): all choices per op, all recompute flags.
+/// Every plan over `batches` as (peak bytes, samples/s): all choices per op, every block plain,
+/// recomputed or recomputed keeping its weights ([`ways`]).
 fn all_plans(model: &ModelSpec, m: &Machine, batches: &[u64], max_split: u32) -> Vec<(u64, f64)> {
     let pairs: Vec<(u64, u64)> = batches.iter().map(|&b| (b, 1)).collect();
     all_plans_accumulated(model, m, &pairs, max_split)
@@ -237,6 +238,38 @@ fn all_plans_accumulated(
     max_split: u32,
 ) -> Vec<(u64, f64)> {
     all_plans_where(model, m, batches, max_split, &|_| true, &|_| true)
+}
+
+/// Each block's way, three to a block: plain, recomputed, recomputed keeping the weights its
+/// recomputation fetches — where every op the block keeps fetches its weight whole (the
+/// planner's search space; a plan mixing kept and unkept weights in one block is priced, not
+/// searched).
+fn ways(model: &ModelSpec, m: &Machine, plan: &Plan) -> Vec<(Vec<bool>, Vec<bool>)> {
+    let blocks = osdp_core::plan::Blocks::of(model);
+    let bases = cost::op_bases(model, m, 1);
+    let layers = model.config.layers as usize;
+    let keepable: Vec<bool> = (0..layers)
+        .map(|b| {
+            blocks.ops[b].iter().all(|&i| {
+                !(blocks.reruns(i) && bases[i].params > 0)
+                    || cost::price(&bases[i], plan.choices[i], m)
+                        .kept_recompute_comm_s
+                        .is_some()
+            })
+        })
+        .collect();
+    let mut out = Vec::new();
+    for code in 0..3u32.pow(layers as u32) {
+        let digit = |l: usize| code / 3u32.pow(l as u32) % 3;
+        if (0..layers).any(|l| digit(l) == 2 && !keepable[l]) {
+            continue;
+        }
+        out.push((
+            (0..layers).map(|l| digit(l) >= 1).collect(),
+            (0..layers).map(|l| digit(l) == 2).collect(),
+        ));
+    }
+    out
 }
 
 /// [`all_plans_accumulated`] whose recompute flags pass `keep`, of the choices `allow` passes.
@@ -258,21 +291,22 @@ pub(crate) fn all_plans_where(
                 .collect()
         })
         .collect();
-    let layers = model.config.layers as usize;
     let mut out = Vec::new();
     for &(batch, accumulation) in batches {
         let mut idx = vec![0usize; options.len()];
         'plans: loop {
-            for flags in 0..(1u32 << layers) {
-                let plan = Plan {
-                    batch,
-                    accumulation,
-                    choices: idx.iter().zip(&options).map(|(&i, o)| o[i]).collect(),
-                    recompute: (0..layers).map(|l| flags >> l & 1 == 1).collect(),
-                };
-                if !keep(&plan.recompute) {
+            let mut plan = Plan {
+                batch,
+                accumulation,
+                choices: idx.iter().zip(&options).map(|(&i, o)| o[i]).collect(),
+                recompute: Vec::new(),
+                keep_weights: Vec::new(),
+            };
+            for (recompute, kept) in ways(model, m, &plan) {
+                if !keep(&recompute) {
                     continue;
                 }
+                (plan.recompute, plan.keep_weights) = (recompute, kept);
                 let p = evaluate(model, m, &plan);
                 out.push((p.peak_memory_bytes, p.throughput_samples_per_s));
             }
@@ -460,17 +494,18 @@ pub(crate) fn offload_machine(model: &ModelSpec, host_budget: u64) -> Machine {
 fn all_offload_plans(model: &ModelSpec, m: &Machine, batch: u64) -> Vec<(u64, u64, f64)> {
     let bases = cost::op_bases(model, m, 1);
     let options: Vec<Vec<Choice>> = bases.iter().map(|b| cost::choices(b, m, 1)).collect();
-    let layers = model.config.layers as usize;
     let mut out = Vec::new();
     let mut idx = vec![0usize; options.len()];
     'plans: loop {
-        for flags in 0..(1u32 << layers) {
-            let plan = Plan {
-                batch,
-                accumulation: 1,
-                choices: idx.iter().zip(&options).map(|(&i, o)| o[i]).collect(),
-                recompute: (0..layers).map(|l| flags >> l & 1 == 1).collect(),
-            };
+        let mut plan = Plan {
+            batch,
+            accumulation: 1,
+            choices: idx.iter().zip(&options).map(|(&i, o)| o[i]).collect(),
+            recompute: Vec::new(),
+            keep_weights: Vec::new(),
+        };
+        for (recompute, kept) in ways(model, m, &plan) {
+            (plan.recompute, plan.keep_weights) = (recompute, kept);
             let p = evaluate(model, m, &plan);
             out.push((
                 p.peak_memory_bytes,

@@ -35,6 +35,7 @@ pub(crate) fn dp_plan(m: &ModelSpec) -> Plan {
             })
             .collect(),
         recompute: vec![false; m.config.layers as usize],
+        keep_weights: Vec::new(),
     }
 }
 
@@ -76,6 +77,7 @@ fn mixed_plan(m: &ModelSpec, per_rank_batch: u64) -> Plan {
         accumulation: 1,
         choices,
         recompute: (0..m.config.layers).map(|b| b % 2 == 1).collect(),
+        keep_weights: Vec::new(),
     }
 }
 
@@ -119,6 +121,7 @@ fn hsdp_plan(m: &ModelSpec, micro_batch: u64, accumulation: u64) -> Plan {
         accumulation,
         choices,
         recompute: (0..m.config.layers).map(|b| b % 2 == 0).collect(),
+        keep_weights: Vec::new(),
     }
 }
 
@@ -139,6 +142,7 @@ fn zero3_plan(m: &ModelSpec, per_rank_batch: u64) -> Plan {
             })
             .collect(),
         recompute: vec![true; m.config.layers as usize],
+        keep_weights: Vec::new(),
     }
 }
 
@@ -1207,6 +1211,7 @@ fn offload_plan(m: &ModelSpec, micro_batch: u64, accumulation: u64, hybrid: bool
         accumulation,
         choices,
         recompute: (0..m.config.layers).map(|b| b % 2 == 1).collect(),
+        keep_weights: Vec::new(),
     }
 }
 

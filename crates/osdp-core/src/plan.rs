@@ -76,6 +76,44 @@ pub struct Plan {
     pub choices: Vec<Choice>,
     /// Recompute flag per block index (`config.layers` entries).
     pub recompute: Vec<bool>,
+    /// Per block index, whether a recomputed block keeps the weights its recomputation fetches
+    /// for the backward that follows, as FSDP keeps a unit gathered, instead of fetching them a
+    /// third time ([`kept_weights`]): faster where those fetches show, at the price of the
+    /// block's weights held through its backward. Missing entries are `false`.
+    pub keep_weights: Vec<bool>,
+}
+
+impl Plan {
+    /// Whether block `b` recomputes and keeps the weights its recomputation fetches.
+    pub fn keeps(&self, b: usize) -> bool {
+        self.recompute.get(b) == Some(&true) && self.keep_weights.get(b) == Some(&true)
+    }
+}
+
+/// Per op, whether a block's recomputation keeps the weight it fetched for the op's backward:
+/// ops of a block that keeps ([`Plan::keeps`]) which its recomputation runs again
+/// ([`Blocks::reruns`]), that own parameters used once, and whose choice fetches them whole
+/// ([`Choice::fetches_whole`]). The trainer keeps exactly these; the cost model prices each
+/// one's weight held from its recomputation to its backward ([`kept_weight_bytes`]) and its
+/// fetches as [`OpCost::kept_recompute_comm_s`] says.
+pub fn kept_ops(model: &ModelSpec, plan: &Plan) -> Vec<bool> {
+    let blocks = Blocks::of(model);
+    let uses = cost::parameter_uses(model);
+    (0..model.ops.len())
+        .map(|i| {
+            blocks.of_op[i].is_some_and(|b| plan.keeps(b))
+                && blocks.reruns(i)
+                && cost::owns_params(&model.ops[i])
+                && uses[i] <= 1
+                && plan.choices[i].fetches_whole()
+        })
+        .collect()
+}
+
+/// The bytes a block that keeps holds of op `base`'s weight from its recomputation to its
+/// backward: its first tensor whole in the compute dtype (the second, a bias, is released).
+pub fn kept_weight_bytes(base: &OpBase, m: &Machine) -> u64 {
+    m.precision.param_bytes * base.tensors[0].numel
 }
 
 /// The cost model's figures for a plan.
@@ -140,7 +178,8 @@ pub struct Blocks {
 }
 
 /// Consecutive blocks a plan treats alike: `first..=last`, and what it does to each op that
-/// owns parameters (`attn.c_attn=zero3 mlp.c_fc=zero2 recompute`, ids without the block prefix).
+/// owns parameters (`attn.c_attn=zero3 mlp.c_fc=zero2 recompute`, ids without the block prefix;
+/// `recompute+keep-weights` where the block keeps the weights its recomputation fetches).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BlockRun {
     pub first: usize,
@@ -175,7 +214,9 @@ impl Blocks {
                 )
             })
             .collect();
-        if plan.recompute.get(b).copied().unwrap_or(false) {
+        if plan.keeps(b) {
+            parts.push("recompute+keep-weights".into());
+        } else if plan.recompute.get(b).copied().unwrap_or(false) {
             parts.push("recompute".into());
         }
         parts.join(" ")
@@ -252,6 +293,13 @@ impl Blocks {
             ops,
             input_bytes_per_sample,
         }
+    }
+
+    /// Whether op `i`'s block's recomputation runs it again: every op of a block but its last,
+    /// whose output the next block holds as its own input (the trainer skips an op whose output
+    /// it still holds).
+    pub fn reruns(&self, i: usize) -> bool {
+        self.of_op[i].is_some_and(|b| self.ops[b].last() != Some(&i))
     }
 
     /// Activations a block keeps for backward at micro-batch `batch` without recomputation.
@@ -334,16 +382,40 @@ pub(crate) fn evaluate_priced(
     let (mut persistent, mut activations, mut max_transient, mut host) = (0u64, 0u64, 0u64, 0u64);
     let (mut compute, mut exposed, mut optimizer, mut recompute) = (0.0, 0.0, 0.0, 0.0);
     let mut ops = Vec::with_capacity(model.ops.len());
+    let keeps: Vec<bool> = if plan.keep_weights.iter().any(|&k| k) {
+        kept_ops(model, plan)
+    } else {
+        vec![false; bases.len()]
+    };
+    // Weights a keeping block's ops before this one hold through its backward.
+    let mut held_before = 0u64;
     for (i, base) in bases.iter().enumerate() {
         let c = &costs[i];
         let block = blocks.of_op[i];
+        if i == 0 || block != blocks.of_op[i - 1] {
+            held_before = 0;
+        }
         let recomputed = block.is_some_and(|b| plan.recompute.get(b).copied().unwrap_or(false));
         let kept = if recomputed { 0 } else { base.saved_bytes };
-        let extra_s = if recomputed { c.recompute_s(base) } else { 0.0 };
+        // A machine that fetches nothing again (`kept_recompute_comm_s` is `None`) keeps
+        // nothing either.
+        let keeps_i = keeps[i] && c.kept_recompute_comm_s.is_some();
+        let extra_s = match c.kept_recompute_comm_s.filter(|_| keeps_i) {
+            Some(fetched) => base.recompute_s() + fetched,
+            None if recomputed => c.recompute_s(base),
+            None => 0.0,
+        };
         persistent += c.persistent_bytes;
         host += c.host_bytes;
         activations += kept;
-        let rematerialised = if recomputed { remat[i] } else { 0 };
+        let rematerialised = if recomputed {
+            remat[i] + held_before
+        } else {
+            0
+        };
+        if keeps_i {
+            held_before += kept_weight_bytes(base, m);
+        }
         max_transient = max_transient.max(c.transient_bytes + rematerialised);
         compute += c.compute_s;
         exposed += c.exposed_comm_s;
@@ -511,6 +583,7 @@ pub fn uniform_plan(model: &ModelSpec, strategy: Strategy, batch: u64) -> Plan {
             })
             .collect(),
         recompute: vec![false; model.config.layers as usize],
+        keep_weights: Vec::new(),
     }
 }
 

@@ -197,8 +197,9 @@ pub struct Executor {
     /// Units a recomputation gathered and kept for the backward that follows it
     /// (`Dataflow::keeps_gathered`), by unit.
     kept: std::collections::HashMap<usize, Tensor>,
-    /// While a block is recomputed: the op whose gathered weights are kept.
-    keeping: Option<usize>,
+    /// While a block is recomputed: its ops flagged in `Dataflow::keeps_gathered` keep the
+    /// weights they gather.
+    keeping: bool,
 }
 
 /// What one training step measured on one rank.
@@ -289,7 +290,7 @@ impl Executor {
             profile: None,
             forward_memory: None,
             kept: Default::default(),
-            keeping: None,
+            keeping: false,
         })
     }
 

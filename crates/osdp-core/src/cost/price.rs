@@ -30,6 +30,13 @@ pub struct OpCost {
     /// ([`Machine::regather_on_recompute`]), hidden only behind the recomputed forward, and
     /// copies an offloaded op's parameters from host memory again, in line.
     pub recompute_comm_s: f64,
+    /// Where the op's recomputation fetches its parameters whole and a block may keep them for
+    /// the op's backward ([`Plan::keep_weights`](crate::plan::Plan::keep_weights)): the exposed time of what
+    /// it then fetches again — only its second tensor, a bias its backward does not read (the
+    /// block's last op with parameters is priced so in every recomputed block). `None` where
+    /// there is nothing whole to keep: a replicated op's own copy, a split op's slices, an op
+    /// used twice, or a stack that does not fetch again.
+    pub kept_recompute_comm_s: Option<f64>,
 }
 
 impl OpCost {
@@ -59,10 +66,13 @@ pub fn price(base: &OpBase, choice: Choice, m: &Machine) -> OpCost {
     let a = f64::from(base.accumulation.max(1));
     let exposed = comm.exposed_s(base, m, a);
     let refetched_s = if m.regather_on_recompute {
-        refetch_s(base, choice, m, (&held, &comm))
+        refetch_s(base, choice, m, (&held, &comm), base.ends_block_params)
     } else {
         0.0
     };
+    let keeps =
+        m.regather_on_recompute && base.params > 0 && base.uses <= 1 && choice.fetches_whole();
+    let kept_s = keeps.then(|| refetch_s(base, choice, m, (&held, &comm), true));
     OpCost {
         persistent_bytes: held.device,
         transient_bytes: param_transient + fetched + base.working_bytes,
@@ -72,16 +82,24 @@ pub fn price(base: &OpBase, choice: Choice, m: &Machine) -> OpCost {
         exposed_comm_s: exposed + a * host_micro_s,
         optimizer_s: optimizer_s(base, choice, m, &held),
         recompute_comm_s: refetched_s,
+        kept_recompute_comm_s: kept_s,
     }
 }
 
 /// What recomputing the op fetches again, over a step: its parameters as its forward fetched
 /// them — gathered where sharded (hidden only behind the recomputed forward), copied from host
-/// memory once a use where offloaded. The block's last op with parameters keeps the unsplit
-/// weight its recomputation fetched for its backward, which comes next
-/// ([`OpBase::ends_block_params`]); only its second tensor, a bias its backward does not read,
-/// is fetched again. `priced`: the op's own units and collectives under `choice`.
-fn refetch_s(base: &OpBase, choice: Choice, m: &Machine, priced: (&Held, &Comm)) -> f64 {
+/// memory once a use where offloaded. An op that keeps the unsplit weight its recomputation
+/// fetched for its backward (`keeps`: the block's last op with parameters, whose backward comes
+/// next, [`OpBase::ends_block_params`]; every op of a block that keeps them) fetches only its
+/// second tensor again, a bias its backward does not read. `priced`: the op's own units and
+/// collectives under `choice`.
+fn refetch_s(
+    base: &OpBase,
+    choice: Choice,
+    m: &Machine,
+    priced: (&Held, &Comm),
+    keeps: bool,
+) -> f64 {
     let a = f64::from(base.accumulation.max(1));
     let of = |base: &OpBase, (held, comm): (&Held, &Comm)| {
         let copies = if choice.offload == Offload::Param {
@@ -92,7 +110,7 @@ fn refetch_s(base: &OpBase, choice: Choice, m: &Machine, priced: (&Held, &Comm))
         };
         comm.regathered_s(base, m, a) + a * copies
     };
-    if !(base.ends_block_params && choice.split <= 1) {
+    if !(keeps && choice.split <= 1) {
         return of(base, priced);
     }
     let bias = base.tensors[1];
@@ -205,6 +223,7 @@ fn fsdp2_price(base: &OpBase, choice: Choice, m: &Machine) -> OpCost {
         optimizer_s: optimizer_s(base, sharded, m, &held),
         // FSDP2 keeps a unit unsharded from its pre-backward gather through the recomputation.
         recompute_comm_s: 0.0,
+        kept_recompute_comm_s: None,
     }
 }
 

@@ -284,6 +284,16 @@ impl Choice {
         Choice { offload, ..self }
     }
 
+    /// Whether the op's parameters are fetched whole for each use: gathered where sharded
+    /// (zero3, hsdp) or copied from host memory where offloaded, unsplit — what a recomputed
+    /// block can keep from its recomputation to its backward ([`crate::plan::kept_ops`]).
+    pub fn fetches_whole(&self) -> bool {
+        self.split <= 1
+            && (self.strategy == Strategy::Hsdp
+                || (self.strategy == Strategy::Zero3 && self.sharded >= 1)
+                || self.offload == Offload::Param)
+    }
+
     /// `zero3/4:3` for split ops, `zero2+offload-opt` for offloaded ones, the strategy name
     /// otherwise.
     pub fn label(&self) -> String {

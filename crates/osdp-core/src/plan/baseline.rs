@@ -63,6 +63,7 @@ impl Baseline {
                 })
                 .collect(),
             recompute: vec![self.checkpointing; model.config.layers as usize],
+            keep_weights: Vec::new(),
         }
     }
 }

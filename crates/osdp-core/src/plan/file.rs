@@ -45,6 +45,10 @@ fn is_one(v: &u64) -> bool {
     *v == 1
 }
 
+fn is_false(v: &bool) -> bool {
+    !*v
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PlanFileOp {
@@ -58,6 +62,10 @@ pub struct PlanFileOp {
     pub offload: Offload,
     /// Whether the op's block recomputes its activations (the same for every op of a block).
     pub recompute: bool,
+    /// Whether the op's recomputed block keeps the weights its recomputation fetches for the
+    /// backward ([`Plan::keep_weights`]; the same for every op of a block); absent: `false`.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub keep_weights: bool,
     /// Predicted figures when the plan was written (informational).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory_bytes: Option<u64>,
@@ -116,6 +124,7 @@ impl PlanFile {
                         sharded_slices: c.sharded,
                         offload: c.offload,
                         recompute: blocks.of_op[i].is_some_and(|b| plan.recompute[b]),
+                        keep_weights: blocks.of_op[i].is_some_and(|b| plan.keeps(b)),
                         memory_bytes: prediction.map(|p| p.ops[i].memory_bytes),
                         time_s: prediction.map(|p| p.ops[i].time_s),
                     }
@@ -158,6 +167,7 @@ impl PlanFile {
         let index = model.op_index();
         let mut choices: Vec<Option<Choice>> = vec![None; model.ops.len()];
         let mut recompute: Vec<Option<bool>> = vec![None; blocks.ops.len()];
+        let mut keep: Vec<Option<bool>> = vec![None; blocks.ops.len()];
         for (k, entry) in self.ops.iter().enumerate() {
             let at = format!("ops[{k}] ({:?})", entry.id);
             let Some(&i) = index.get(entry.id.as_str()) else {
@@ -180,6 +190,23 @@ impl PlanFile {
                 Problem::field(&at, format!("target {}: {why}", self.target.as_str()))
             })?;
             choices[i] = Some(choice);
+            if entry.keep_weights && !entry.recompute {
+                return Err(Problem::field(
+                    &at,
+                    "keep_weights applies to recomputed blocks only (set recompute too)",
+                ));
+            }
+            if let Some(b) = blocks.of_op[i] {
+                match keep[b] {
+                    Some(prev) if prev != entry.keep_weights => {
+                        return Err(Problem::field(
+                            &at,
+                            format!("block {b} must keep_weights for all its ops or none"),
+                        ))
+                    }
+                    _ => keep[b] = Some(entry.keep_weights),
+                }
+            }
             match (blocks.of_op[i], entry.recompute) {
                 (None, true) => {
                     return Err(Problem::field(
@@ -213,6 +240,7 @@ impl PlanFile {
                 .map(|c| c.unwrap_or(Choice::NONE))
                 .collect(),
             recompute: recompute.into_iter().map(|r| r.unwrap_or(false)).collect(),
+            keep_weights: keep.into_iter().map(|k| k.unwrap_or(false)).collect(),
         })
     }
 }

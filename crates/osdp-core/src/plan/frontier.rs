@@ -24,23 +24,35 @@ pub struct Point {
 pub enum Node {
     /// Op at `slot` of its group runs with `choice`.
     Op { slot: u32, choice: Choice },
-    /// One instance of group class `class`, recomputed or not, with its ops under `inner`.
-    Instance {
-        class: u32,
-        recompute: bool,
-        inner: u32,
-    },
+    /// One instance of group class `class`, run `way`, with its ops under `inner`.
+    Instance { class: u32, way: Way, inner: u32 },
     /// Every instance of group class `class`: under `inner`, for each of its slots one `Op`
     /// per instance, and one `Way` per instance.
     Dealt { class: u32, inner: u32 },
-    /// One instance recomputes its block (`true`) or keeps its activations.
-    Way(bool),
+    /// How one instance runs.
+    Way(Way),
     /// `count` copies of a node.
     Times { node: u32, count: u32 },
     /// Both parts.
     Pair(u32, u32),
     /// Nothing (the identity of the sum).
     Empty,
+}
+
+/// How one instance of a block runs: keeping its activations, recomputing them (its
+/// recomputation fetching its weights again for the backward), or recomputing them and keeping
+/// the weights its recomputation fetched ([`Plan::keep_weights`](crate::plan::Plan::keep_weights)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Way {
+    Plain,
+    Recompute,
+    Keep,
+}
+
+impl Way {
+    pub fn recomputes(self) -> bool {
+        self != Way::Plain
+    }
 }
 
 #[derive(Debug, Default)]
@@ -251,6 +263,7 @@ pub fn sum(a: &[Point], b: &[Point], resolution: u64, limit: u64, arena: &mut Ar
     // Memory of the first point of the current resolution bucket.
     let mut anchor = 0u64;
     for c in exact {
+        let first = kept.len() == 1;
         match kept.last_mut() {
             // Everything still to come lies above `limit`, in a bucket of its own.
             Some(_)
@@ -260,8 +273,11 @@ pub fn sum(a: &[Point], b: &[Point], resolution: u64, limit: u64, arena: &mut Ar
                 break
             }
             Some(last) if c.time >= last.time => {}
-            // A faster point less than `resolution` above the bucket's first replaces it.
-            Some(last) if resolution > 0 && c.mem < anchor.saturating_add(resolution) => *last = c,
+            // A faster point less than `resolution` above the bucket's first replaces it; the
+            // least-memory point stays, so the least budget any plan fits is found exactly.
+            Some(last) if resolution > 0 && !first && c.mem < anchor.saturating_add(resolution) => {
+                *last = c
+            }
             _ => {
                 anchor = c.mem;
                 kept.push(c);
@@ -348,13 +364,21 @@ fn sum_on_grid(
             }
         }
     }
-    let mut kept: Vec<Pair> = Vec::new();
+    // The least-memory pair first, whatever its bucket's fastest: the least budget any plan
+    // fits is found exactly.
+    let least = Pair {
+        mem: base,
+        time: big[0].time + small[0].time,
+        i: 0,
+        j: 0,
+    };
+    let mut kept: Vec<Pair> = vec![least];
     for (b, &c) in grid.iter().enumerate() {
         if c.time == f64::INFINITY {
             continue;
         }
-        // A bucket starting above `limit` is never asked for (the first point always kept).
-        if !kept.is_empty() && base + b as u64 * resolution > limit {
+        // A bucket starting above `limit` is never asked for.
+        if base + b as u64 * resolution > limit {
             break;
         }
         if kept.last().is_none_or(|last| c.time < last.time) {

@@ -10,8 +10,8 @@
 
 use std::collections::HashMap;
 
-use super::frontier::{self, Arena, Cut, Frontier, Hull, Node, Point, RepeatCut};
-use super::{evaluate_with, Blocks, Plan, Prediction, Target};
+use super::frontier::{self, Arena, Cut, Frontier, Hull, Node, Point, RepeatCut, Way};
+use super::{evaluate_with, kept_weight_bytes, Blocks, Plan, Prediction, Target};
 use crate::cost::{self, Choice, Machine, OpBase};
 use crate::model::ModelSpec;
 
@@ -170,8 +170,39 @@ struct Opt {
     /// Of `time_r`, the fetches a recomputation repeats (`OpCost::recompute_comm_s`): the
     /// only part of a recomputation's cost that depends on the choice.
     refetch: f64,
+    /// With recomputation in a block that keeps what it fetched ([`Way::Keep`]): the time;
+    /// infinite where the choice fetches nothing whole to keep.
+    time_k: f64,
+    /// The least time of a recomputed way this option can run in: `time_r`, or `time_k` where
+    /// its class may keep ([`KeepSlots`]). What bounds read.
+    time_rb: f64,
     /// Host memory (offloaded state), where it can bind; 0 otherwise.
     host: u64,
+}
+
+/// A block class's third way, where it is worth a frontier: its instances recompute and keep
+/// the weights their recomputation fetches ([`Way::Keep`]), open where some option of an op it
+/// keeps runs faster so (its fetches again show).
+#[derive(Debug, Clone)]
+struct KeepSlots {
+    /// Per slot: the bytes rematerialised while it runs backward, and the weights the ops
+    /// before it in the block hold ([`kept_weight_bytes`]).
+    extra: Vec<u64>,
+    /// Per slot: whether its weight is kept (its block's recomputation runs it again and it
+    /// owns parameters): only options that fetch them whole are open to it, at `time_k`.
+    /// Other slots run as recomputed (`time_r`).
+    kept: Vec<bool>,
+}
+
+impl KeepSlots {
+    /// Slot `s`'s time with option `o` in this way, if open to it.
+    fn time(&self, s: usize, o: &Opt) -> Option<f64> {
+        if self.kept[s] {
+            o.time_k.is_finite().then_some(o.time_k)
+        } else {
+            Some(o.time_r)
+        }
+    }
 }
 
 #[derive(Default)]
@@ -280,6 +311,8 @@ struct Building {
     /// Per class, per slot of its first instance: the bytes rematerialised while it runs
     /// backward recomputed.
     remat_of: Vec<Vec<u64>>,
+    /// Per class, its third way where open.
+    keep: Vec<Option<KeepSlots>>,
     class_floor: Vec<u64>,
     all_floor: u64,
     /// The caps still to sum, with the best throughput each could reach (0 where that is not
@@ -303,13 +336,16 @@ struct Prepared {
     bases: Vec<OpBase>,
     opts: Vec<Vec<Opt>>,
     remat: Vec<u64>,
+    /// Per class, its third way where open.
+    keep: Vec<Option<KeepSlots>>,
     /// The transient no plan avoids: the largest of the ops' least.
     transient_floor: u64,
     /// Least memory each class holds (all its instances); the sum.
     class_floor: Vec<u64>,
     all_floor: u64,
     /// The transient caps worth a frontier, with what each leaves each class: per slot, how
-    /// many options fit (then, for blocks that may recompute, how many fit recomputed).
+    /// many options fit (then, for blocks that may recompute, how many fit recomputed, then,
+    /// where the class may keep, how many of its options fit that way before it filters them).
     steps: Vec<(u64, Vec<Vec<usize>>)>,
     /// The resolution caps were merged at to stay under [`MAX_CAP_SLOTS`]; 0 if they were not.
     coarsened: u64,
@@ -1193,25 +1229,26 @@ impl<'m> Planner<'m> {
     fn prepare(&self, batch: u64, accumulation: u64, pins: &HashMap<usize, Choice>) -> Prepared {
         let mut bases = self.graph.bases(self.model, &self.machine, batch);
         cost::set_accumulation(&mut bases, accumulation);
-        let opts = self.class_options(&bases, pins);
+        let remat = self.blocks.remat_at(&bases);
+        let (opts, keep) = self.class_options(&bases, pins, &remat);
         // Transient the plan cannot avoid: every op's cheapest choice.
         let floor = opts
             .iter()
             .map(|o| o.first().map_or(0, |x| x.transient))
             .max()
             .unwrap_or(0);
-        let remat = self.blocks.remat_at(&bases);
-        let caps = self.candidate_caps(&opts, &remat, floor);
-        let (caps, coarsened) = self.fit_caps(caps);
+        let caps = self.candidate_caps(&opts, &remat, &keep, floor);
+        let (caps, coarsened) = self.fit_caps(caps, &keep);
         let class_floor = self.class_floors(&opts, batch);
         let all_floor: u64 = class_floor.iter().fold(0u64, |a, &b| a.saturating_add(b));
-        let steps = self.cap_steps(caps, &opts, &remat);
+        let steps = self.cap_steps(caps, &opts, &remat, &keep);
         Prepared {
             batch,
             accumulation,
             bases,
             opts,
             remat,
+            keep,
             transient_floor: floor,
             class_floor,
             all_floor,
@@ -1221,31 +1258,77 @@ impl<'m> Planner<'m> {
         }
     }
 
-    /// Each op's undominated options, sorted by transient.
+    /// Each op's undominated options, sorted by transient, and each class's third way where
+    /// it is open ([`KeepSlots`]).
     ///
     /// Options of each class's first instance: the other instances price the same (that is
     /// what makes them one class), so their lists stay empty and are never read.
-    fn class_options(&self, bases: &[OpBase], pins: &HashMap<usize, Choice>) -> Vec<Vec<Opt>> {
+    fn class_options(
+        &self,
+        bases: &[OpBase],
+        pins: &HashMap<usize, Choice>,
+        remat: &[u64],
+    ) -> (Vec<Vec<Opt>>, Vec<Option<KeepSlots>>) {
         let m = &self.machine;
         let mut opts: Vec<Vec<Opt>> = vec![Vec::new(); bases.len()];
+        let mut keep = Vec::with_capacity(self.classes.len());
         for class in &self.classes {
-            for &i in &class.instances[0] {
-                let base = &bases[i];
-                let choices = match pins.get(&i) {
-                    Some(c) => vec![*c],
-                    None => self.options.target.choices(base, m, self.options.max_split),
-                };
-                let mut v: Vec<Opt> = choices
-                    .into_iter()
-                    .map(|choice| {
-                        option(base, choice, m, self.host_limit.is_some(), self.host_price)
+            let rep = &class.instances[0];
+            let all: Vec<Vec<Opt>> = rep
+                .iter()
+                .map(|&i| {
+                    let base = &bases[i];
+                    let choices = match pins.get(&i) {
+                        Some(c) => vec![*c],
+                        None => self.options.target.choices(base, m, self.options.max_split),
+                    };
+                    let mut v: Vec<Opt> = choices
+                        .into_iter()
+                        .map(|choice| {
+                            option(base, choice, m, self.host_limit.is_some(), self.host_price)
+                        })
+                        .collect();
+                    v.sort_by_key(|o| o.transient);
+                    v
+                })
+                .collect();
+            // The third way is worth a frontier where keeping saves some kept op time.
+            let kept: Vec<bool> = rep
+                .iter()
+                .map(|&i| self.blocks.reruns(i) && bases[i].params > 0)
+                .collect();
+            let open = self.recomputes(class)
+                && kept
+                    .iter()
+                    .zip(&all)
+                    .any(|(&k, v)| k && v.iter().any(|o| o.time_k < o.time_r));
+            let slots = open.then(|| {
+                let mut before = 0u64;
+                let extra = rep
+                    .iter()
+                    .zip(&kept)
+                    .map(|(&i, &k)| {
+                        let e = remat[i] + before;
+                        if k {
+                            before += kept_weight_bytes(&bases[i], m);
+                        }
+                        e
                     })
                     .collect();
-                v.sort_by_key(|o| o.transient);
-                opts[i] = undominated(v);
+                KeepSlots { extra, kept }
+            });
+            for ((s, &i), mut v) in rep.iter().enumerate().zip(all) {
+                let kept = slots.as_ref().is_some_and(|k| k.kept[s]);
+                if kept {
+                    for o in &mut v {
+                        o.time_rb = o.time_r.min(o.time_k);
+                    }
+                }
+                opts[i] = undominated(v, kept);
             }
+            keep.push(slots);
         }
-        opts
+        (opts, keep)
     }
 
     /// Whether `class`'s instances may run recomputed (a block class with recomputation on, as
@@ -1258,11 +1341,28 @@ impl<'m> Planner<'m> {
 
     /// Every transient some option (or recomputed block option) reaches, from `floor` up,
     /// sorted, distinct, and merged at the resolution.
-    fn candidate_caps(&self, opts: &[Vec<Opt>], remat: &[u64], floor: u64) -> Vec<u64> {
+    fn candidate_caps(
+        &self,
+        opts: &[Vec<Opt>],
+        remat: &[u64],
+        keep: &[Option<KeepSlots>],
+        floor: u64,
+    ) -> Vec<u64> {
         let mut caps: Vec<u64> = opts.iter().flatten().map(|o| o.transient).collect();
-        for class in self.classes.iter().filter(|c| self.recomputes(c)) {
-            for &i in &class.instances[0] {
+        for (class, keep) in self.classes.iter().zip(keep) {
+            if !self.recomputes(class) {
+                continue;
+            }
+            for (s, &i) in class.instances[0].iter().enumerate() {
                 caps.extend(opts[i].iter().map(|o| o.transient + remat[i]));
+                if let Some(k) = keep {
+                    caps.extend(
+                        opts[i]
+                            .iter()
+                            .filter(|o| k.time(s, o).is_some())
+                            .map(|o| o.transient + k.extra[s]),
+                    );
+                }
             }
         }
         caps.retain(|&c| c >= floor);
@@ -1281,16 +1381,17 @@ impl<'m> Planner<'m> {
     /// Every cap is a sum over every slot of every class: past `MAX_CAP_SLOTS` pairs, merge
     /// caps at a resolution that doubles until they fit (each cap is some option's
     /// transient, so distinct caps give distinct keys: the count is the steps').
-    fn fit_caps(&self, caps: Vec<u64>) -> (Vec<u64>, u64) {
+    fn fit_caps(&self, caps: Vec<u64>, keep: &[Option<KeepSlots>]) -> (Vec<u64>, u64) {
         let slots: usize = self
             .classes
             .iter()
-            .map(|c| {
+            .zip(keep)
+            .map(|(c, k)| {
                 let n = c.instances[0].len();
-                if self.recomputes(c) {
-                    2 * n
-                } else {
-                    n
+                match (self.recomputes(c), k) {
+                    (true, Some(_)) => 3 * n,
+                    (true, None) => 2 * n,
+                    _ => n,
                 }
             })
             .sum::<usize>()
@@ -1340,11 +1441,12 @@ impl<'m> Planner<'m> {
         caps: Vec<u64>,
         opts: &[Vec<Opt>],
         remat: &[u64],
+        keep: &[Option<KeepSlots>],
     ) -> Vec<(u64, Vec<Vec<usize>>)> {
         let mut previous_keys: Option<Vec<Vec<usize>>> = None;
         let mut steps: Vec<(u64, Vec<Vec<usize>>)> = Vec::new();
         for cap in caps {
-            let keys = self.cap_keys(cap, opts, remat);
+            let keys = self.cap_keys(cap, opts, remat, keep);
             if previous_keys.as_ref() == Some(&keys) {
                 continue;
             }
@@ -1355,11 +1457,19 @@ impl<'m> Planner<'m> {
     }
 
     /// What `cap` leaves each class: per slot, how many options fit (then, for blocks that
-    /// may recompute, how many fit recomputed).
-    fn cap_keys(&self, cap: u64, opts: &[Vec<Opt>], remat: &[u64]) -> Vec<Vec<usize>> {
+    /// may recompute, how many fit recomputed, then how many fit under the third way's extra,
+    /// where open).
+    fn cap_keys(
+        &self,
+        cap: u64,
+        opts: &[Vec<Opt>],
+        remat: &[u64],
+        keep: &[Option<KeepSlots>],
+    ) -> Vec<Vec<usize>> {
         self.classes
             .iter()
-            .map(|class| {
+            .zip(keep)
+            .map(|(class, keep)| {
                 let rep = &class.instances[0];
                 // Feasible options are a prefix of each slot's list (sorted by transient).
                 let mut key: Vec<usize> = rep
@@ -1371,6 +1481,11 @@ impl<'m> Planner<'m> {
                         rep.iter()
                             .map(|&i| opts[i].partition_point(|o| o.transient + remat[i] <= cap)),
                     );
+                    if let Some(k) = keep {
+                        key.extend(rep.iter().enumerate().map(|(s, &i)| {
+                            opts[i].partition_point(|o| o.transient + k.extra[s] <= cap)
+                        }));
+                    }
                 }
                 key
             })
@@ -1432,7 +1547,7 @@ impl<'m> Planner<'m> {
         let mut slopes: Vec<f64> = Vec::new();
         for class in &self.classes {
             for &i in &class.instances[0] {
-                for pick in [|o: &Opt| (o.held, o.time), |o: &Opt| (o.held_r, o.time_r)] {
+                for pick in [|o: &Opt| (o.held, o.time), |o: &Opt| (o.held_r, o.time_rb)] {
                     let mut pts: Vec<(u64, f64)> = prep.opts[i].iter().map(pick).collect();
                     pts.sort_by(|a, b| a.0.cmp(&b.0).then(a.1.total_cmp(&b.1)));
                     slopes.extend(pts.windows(2).filter_map(|w| {
@@ -1476,7 +1591,7 @@ impl<'m> Planner<'m> {
                         let plain = least(rep, lambda, |o| (o.held, o.time));
                         let one = match self.kept_bytes(class, prep.batch) {
                             Some(kept) => {
-                                let recomputed = least(rep, lambda, |o| (o.held_r, o.time_r))
+                                let recomputed = least(rep, lambda, |o| (o.held_r, o.time_rb))
                                     + lambda * kept as f64;
                                 if class.forced == Some(true) {
                                     recomputed
@@ -1526,7 +1641,7 @@ impl<'m> Planner<'m> {
             .then(|| way(&key[..rep.len()], |o| (o.held, o.time)))
             .flatten();
         let recomputed = self.kept_bytes(class, batch).and_then(|kept| {
-            let h = way(key.get(rep.len()..)?, |o| (o.held_r, o.time_r))?;
+            let h = way(key.get(rep.len()..)?, |o| (o.held_r, o.time_rb))?;
             Some(h.shifted(kept as f64, 0.0))
         });
         let one = match (plain, recomputed) {
@@ -1573,7 +1688,7 @@ impl<'m> Planner<'m> {
             for &i in &class.instances[0] {
                 let plain = lean.add(opts[i].iter().map(|o| (o.held, o.time)), &mut scratch);
                 let recomputed =
-                    lean.add(opts[i].iter().map(|o| (o.held_r, o.time_r)), &mut scratch);
+                    lean.add(opts[i].iter().map(|o| (o.held_r, o.time_rb)), &mut scratch);
                 lean.first[i] = (plain, recomputed);
             }
         }
@@ -1718,6 +1833,7 @@ impl<'m> Planner<'m> {
             bases,
             opts,
             remat,
+            keep,
             transient_floor: _,
             class_floor,
             all_floor,
@@ -1759,6 +1875,7 @@ impl<'m> Planner<'m> {
             },
             opts,
             remat_of,
+            keep,
             class_floor,
             all_floor,
             steps,
@@ -1797,6 +1914,7 @@ impl<'m> Planner<'m> {
             class_floor: &b.class_floor,
             all_floor: b.all_floor,
             remat_of: &b.remat_of,
+            keep: &b.keep,
         };
         let arena = &mut b.table.arena;
         // The first cap of a search for one budget has no plan to beat, and sums every
@@ -1855,6 +1973,7 @@ impl<'m> Planner<'m> {
     fn reconstruct(&self, table: &BatchTable, root: u32) -> Plan {
         let mut choices: Vec<Choice> = vec![Choice::NONE; self.model.ops.len()];
         let mut recompute = vec![false; self.blocks.ops.len()];
+        let mut keep = vec![false; self.blocks.ops.len()];
         let mut next_instance = vec![0usize; self.classes.len()];
         let mut stack = vec![root];
         while let Some(n) = stack.pop() {
@@ -1878,9 +1997,10 @@ impl<'m> Planner<'m> {
                                 choices[class.instances[dealt[slot]][slot]] = choice;
                                 dealt[slot] += 1;
                             }
-                            Node::Way(r) => {
+                            Node::Way(way) => {
                                 if let Some(blocks) = &class.blocks {
-                                    recompute[blocks[ways]] = r;
+                                    recompute[blocks[ways]] = way.recomputes();
+                                    keep[blocks[ways]] = way == Way::Keep;
                                 }
                                 ways += 1;
                             }
@@ -1895,18 +2015,15 @@ impl<'m> Planner<'m> {
                         }
                     }
                 }
-                Node::Instance {
-                    class,
-                    recompute: r,
-                    inner,
-                } => {
+                Node::Instance { class, way, inner } => {
                     let ci = class as usize;
                     let class = &self.classes[ci];
                     let idx = next_instance[ci];
                     next_instance[ci] += 1;
                     let ops = &class.instances[idx];
                     if let Some(blocks) = &class.blocks {
-                        recompute[blocks[idx]] = r;
+                        recompute[blocks[idx]] = way.recomputes();
+                        keep[blocks[idx]] = way == Way::Keep;
                     }
                     let mut inner_stack = vec![inner];
                     while let Some(x) = inner_stack.pop() {
@@ -1930,6 +2047,7 @@ impl<'m> Planner<'m> {
             accumulation: table.accumulation,
             choices,
             recompute,
+            keep_weights: keep,
         }
     }
 }
@@ -1949,6 +2067,7 @@ struct CapSum<'a> {
     class_floor: &'a [u64],
     all_floor: u64,
     remat_of: &'a [Vec<u64>],
+    keep: &'a [Option<KeepSlots>],
 }
 
 impl CapSum<'_> {
@@ -1998,6 +2117,7 @@ impl CapSum<'_> {
                     remat: &self.remat_of[ci],
                     kept,
                     only: class.forced == Some(true),
+                    keep: self.keep[ci].as_ref(),
                 }),
                 res,
                 class_limit,
@@ -2142,17 +2262,19 @@ fn merge_caps(caps: &[u64], res: u64) -> Vec<u64> {
 }
 
 /// The options no other is at least as good as on every count: transient, memory held and
-/// time (kept or recomputed), host memory. A plan using a dropped option can swap in the one
-/// that beats it with no larger peak and no longer step, so dropping it loses nothing — and
-/// keeps the caps and frontiers it would have added (on one GPU, zero1–3 are dp with more
+/// time (kept, recomputed, and recomputed keeping weights where `kept`: the op's block may
+/// keep its weight, [`KeepSlots`]), host memory. A plan using a dropped option can swap in the
+/// one that beats it with no larger peak and no longer step, so dropping it loses nothing —
+/// and keeps the caps and frontiers it would have added (on one GPU, zero1–3 are dp with more
 /// transient). Of identical options the first is kept. The order (by transient) is kept.
-fn undominated(v: Vec<Opt>) -> Vec<Opt> {
+fn undominated(v: Vec<Opt>, kept: bool) -> Vec<Opt> {
     let no_worse = |a: &Opt, b: &Opt| {
         a.transient <= b.transient
             && a.held <= b.held
             && a.time <= b.time
             && a.held_r <= b.held_r
             && a.time_r <= b.time_r
+            && (!kept || a.time_k <= b.time_k)
             && a.host <= b.host
     };
     let keep: Vec<bool> = (0..v.len())
@@ -2180,6 +2302,10 @@ fn option(base: &OpBase, choice: Choice, m: &Machine, host: bool, host_price: f6
         held_r: c.persistent_bytes,
         time_r: time + c.recompute_s(base),
         refetch: c.recompute_comm_s,
+        time_k: c
+            .kept_recompute_comm_s
+            .map_or(f64::INFINITY, |k| time + base.recompute_s() + k),
+        time_rb: time + c.recompute_s(base),
         host: if host { c.host_bytes } else { 0 },
     }
 }
@@ -2257,29 +2383,48 @@ pub(crate) fn same_priced(bases: &[OpBase]) -> Vec<usize> {
         .collect()
 }
 
-/// One instance of a class run one way (recomputed or not) under transient cap `cap`: the
-/// frontier of each slot's options, or `None` when a slot has none under the cap. `remat`: per
-/// slot, the bytes rematerialised while it runs backward, for the recomputed way.
+/// How one instance's slots are priced in one way: plain, recomputed (with, per slot, the
+/// bytes rematerialised while it runs backward), or recomputed keeping its weights.
+#[derive(Clone, Copy)]
+enum Priced<'a> {
+    Plain,
+    Recompute(&'a [u64]),
+    Keep(&'a KeepSlots),
+}
+
+impl Priced<'_> {
+    /// Slot `s`'s (held bytes, time) with option `o` under transient cap `cap`, if open to it.
+    fn of(self, s: usize, o: &Opt, cap: u64) -> Option<(u64, f64)> {
+        match self {
+            Priced::Plain => (o.transient <= cap).then_some((o.held, o.time)),
+            Priced::Recompute(remat) => {
+                (o.transient + remat[s] <= cap).then_some((o.held_r, o.time_r))
+            }
+            Priced::Keep(k) => {
+                let time = k.time(s, o).filter(|_| o.transient + k.extra[s] <= cap)?;
+                Some((o.held_r, time))
+            }
+        }
+    }
+}
+
+/// One instance of a class run one way under transient cap `cap`: the frontier of each
+/// slot's options, or `None` when a slot has none under the cap.
 fn slot_frontiers(
     slots: &[usize],
     opts: &[Vec<Opt>],
     cap: u64,
-    remat: Option<&[u64]>,
+    priced: Priced,
     arena: &mut Arena,
 ) -> Option<Vec<Frontier>> {
     slots
         .iter()
         .enumerate()
         .map(|(slot, &i)| {
-            let extra = remat.map_or(0, |r| r[slot]);
             let pts: Vec<Point> = opts[i]
                 .iter()
-                .filter(|o| o.transient + extra <= cap)
-                .map(|o| {
-                    let (mem, time) = match remat {
-                        Some(_) => (o.held_r, o.time_r),
-                        None => (o.held, o.time),
-                    };
+                .filter_map(|o| priced.of(slot, o, cap).map(|p| (o, p)))
+                .map(|(o, (mem, time))| {
                     let node = arena.push(Node::Op {
                         slot: slot as u32,
                         choice: o.choice,
@@ -2383,6 +2528,8 @@ struct Recompute<'a> {
     kept: u64,
     /// Recomputation is fixed on: the plain way is closed.
     only: bool,
+    /// The third way, where open ([`KeepSlots`]).
+    keep: Option<&'a KeepSlots>,
 }
 
 /// The frontier of all `class`'s instances under transient cap `cap`, within `limit` bytes
@@ -2418,23 +2565,34 @@ fn class_total(
     let forced = recompute.as_ref().is_some_and(|r| r.only);
     let plain_ok = !forced && plain_n.iter().all(|&n| n > 0);
     let recompute = recompute.filter(|r| admitted(&|s| r.remat[s]).iter().all(|&n| n > 0));
+    let keep = recompute.as_ref().and_then(|r| r.keep).filter(|&k| {
+        slots.iter().enumerate().all(|(s, &i)| {
+            opts[i]
+                .iter()
+                .any(|o| Priced::Keep(k).of(s, o, cap).is_some())
+        })
+    });
     // Each way's (memory, time) over the slots' own: kept activations, or the kept input and
     // the forward again.
     let saved: u64 = slots
         .iter()
         .map(|&i| opts[i][0].held - opts[i][0].held_r)
         .sum();
-    let mut ways: Vec<(bool, u64)> = Vec::new();
+    let mut ways: Vec<(Way, u64)> = Vec::new();
     if plain_ok {
-        ways.push((false, saved));
+        ways.push((Way::Plain, saved));
     }
     if let Some(r) = &recompute {
-        ways.push((true, r.kept));
+        ways.push((Way::Recompute, r.kept));
+        if keep.is_some() {
+            ways.push((Way::Keep, r.kept));
+        }
     }
     // Instances split into independent parts only where an op's choice does not change what
     // recomputing it costs: where a recomputation fetches again what the op's choice gathers
     // or copies from host (`Opt::refetch`), its choices and its way are priced together.
     let separable = match &recompute {
+        _ if keep.is_some() => false,
         Some(r) => {
             !plain_ok
                 || (admitted(&|s| r.remat[s]) == plain_n
@@ -2456,6 +2614,7 @@ fn class_total(
         resolution,
         limit,
         cut,
+        keep,
     };
     let remat = recompute.as_ref().map(|r| r.remat);
     if count > 1 && separable {
@@ -2476,15 +2635,17 @@ struct ClassSum<'a> {
     resolution: u64,
     limit: u64,
     cut: Option<ClassCut>,
+    /// The third way's pricing, where it is among the ways.
+    keep: Option<&'a KeepSlots>,
 }
 
 impl ClassSum<'_> {
     /// The sum as independent parts, each repeated `count` times: every slot's options, then
-    /// the ways (`(recomputed, memory)`). `remat`: per slot, the bytes rematerialised by the
-    /// recomputed way, if open; `only_recompute`: the plain way is closed.
+    /// the ways (`(way, memory)`, never [`Way::Keep`]). `remat`: per slot, the bytes
+    /// rematerialised by the recomputed way, if open; `only_recompute`: the plain way is closed.
     fn dealt(
         &self,
-        ways: &[(bool, u64)],
+        ways: &[(Way, u64)],
         remat: Option<&[u64]>,
         only_recompute: bool,
         arena: &mut Arena,
@@ -2605,7 +2766,7 @@ impl ClassSum<'_> {
     }
 
     /// Instances whole: each way's one-instance frontier, pruned together, repeated.
-    fn whole(&self, ways: &[(bool, u64)], remat: Option<&[u64]>, arena: &mut Arena) -> Frontier {
+    fn whole(&self, ways: &[(Way, u64)], remat: Option<&[u64]>, arena: &mut Arena) -> Frontier {
         if self.overflow_certain(ways, remat, arena) {
             arena.overflow = true;
             return Vec::new();
@@ -2642,7 +2803,7 @@ impl ClassSum<'_> {
     /// frontier is built as before, and the arena is left as it was.
     fn overflow_certain(
         &self,
-        ways: &[(bool, u64)],
+        ways: &[(Way, u64)],
         remat: Option<&[u64]>,
         arena: &mut Arena,
     ) -> bool {
@@ -2679,23 +2840,27 @@ impl ClassSum<'_> {
     /// One instance's frontier: each way's, pruned together.
     fn one_instance(
         &self,
-        ways: &[(bool, u64)],
+        ways: &[(Way, u64)],
         remat: Option<&[u64]>,
         arena: &mut Arena,
     ) -> Frontier {
         let mut all: Vec<Point> = Vec::new();
-        for &(r, kept) in ways {
-            let remat = if r { remat } else { None };
-            let Some(fs) = slot_frontiers(self.slots, self.opts, self.cap, remat, arena) else {
+        for &(way, kept) in ways {
+            let priced = match (way, remat, self.keep) {
+                (Way::Recompute, Some(r), _) => Priced::Recompute(r),
+                (Way::Keep, _, Some(k)) => Priced::Keep(k),
+                _ => Priced::Plain,
+            };
+            let Some(fs) = slot_frontiers(self.slots, self.opts, self.cap, priced, arena) else {
                 continue;
             };
             let parts = fs.iter().map(|f| (f.as_slice(), f[0].mem)).collect();
-            let start = if r { kept } else { 0 };
+            let start = if way.recomputes() { kept } else { 0 };
             for p in sum_parts(parts, start, self.resolution, u64::MAX, arena, None) {
                 all.push(Point {
                     node: arena.push(Node::Instance {
                         class: self.class,
-                        recompute: r,
+                        way,
                         inner: p.node,
                     }),
                     ..p
@@ -2706,15 +2871,15 @@ impl ClassSum<'_> {
     }
 }
 
-/// The ways an instance may run (`(recomputed, memory)`), as one part: the recomputed way
-/// takes the forward again, `total_fwd` seconds.
-fn way_part(ways: &[(bool, u64)], total_fwd: f64, arena: &mut Arena) -> Frontier {
+/// The ways an instance may run (`(way, memory)`), as one part: the recomputed way takes the
+/// forward again, `total_fwd` seconds.
+fn way_part(ways: &[(Way, u64)], total_fwd: f64, arena: &mut Arena) -> Frontier {
     let way_points: Vec<Point> = ways
         .iter()
-        .map(|&(r, mem)| Point {
+        .map(|&(way, mem)| Point {
             mem,
-            time: if r { total_fwd } else { 0.0 },
-            node: arena.push(Node::Way(r)),
+            time: if way.recomputes() { total_fwd } else { 0.0 },
+            node: arena.push(Node::Way(way)),
             host: 0,
         })
         .collect();
@@ -2801,13 +2966,14 @@ mod tests {
         // (model, layout, host budget in tenths of a GiB, 0 for the layout's).
         let cases = [
             ("tinyllama-1.1b", "cpu", 0),
+            ("tinyllama-1.1b", "cpu", 50),
             ("tinyllama-1.1b", "cpu", 84),
             ("tinyllama-1.1b", "cpu", 130),
             ("gpt2-xl", "cpu", 80),
             ("gpt2-xl", "v100-dgx2-1x", 80),
             ("gpt2-medium", "h100-1x", 20),
         ];
-        let (mut answered, mut summed) = (0, 0);
+        let (mut answered, mut summed, mut deferring) = (0, 0, 0);
         for (name, layout, tenths) in cases {
             let model = read_model(&root.join(format!("sample-models/{name}.json"))).unwrap();
             let l = read_layout(&root.join(format!("layouts/{layout}.json"))).unwrap();
@@ -2844,10 +3010,9 @@ mod tests {
             };
             let whole = search(false).best(budget);
             let mut deferred = search(true);
-            assert!(
-                deferred.pending.is_some(),
-                "{name} on {layout}: nothing deferred"
-            );
+            // Where the first plan's bounds leave no cap that could beat it, nothing is left
+            // to defer (the relaxation summed whole took the same one cap).
+            deferring += usize::from(deferred.pending.is_some());
             let got = match deferred.answer_deferred(budget) {
                 Some(answer) => {
                     answered += 1;
@@ -2873,8 +3038,8 @@ mod tests {
             );
         }
         assert!(
-            answered >= 2 && summed >= 3,
-            "answered {answered}, summed {summed}"
+            answered >= 2 && summed >= 3 && deferring >= 4,
+            "answered {answered}, summed {summed}, deferring {deferring}"
         );
     }
 

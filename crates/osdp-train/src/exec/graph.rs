@@ -97,7 +97,8 @@ pub(super) struct Dataflow {
     pub(super) recomputed_block: Vec<Option<usize>>,
     /// Ops whose recomputation keeps the weights it gathered for their backward: the last op
     /// with parameters of a recomputed block, unsplit (`cost::ends_block_params`, which the
-    /// cost model prices as fetching nothing again).
+    /// cost model prices as fetching nothing again), and every op a block that keeps keeps
+    /// (`plan::kept_ops`).
     pub(super) keeps_gathered: Vec<bool>,
     pub(super) blocks: Blocks,
 }
@@ -144,8 +145,11 @@ impl Dataflow {
 
         let keeps_gathered = osdp_core::cost::ends_block_params(model)
             .into_iter()
+            .zip(osdp_core::plan::kept_ops(model, plan))
             .enumerate()
-            .map(|(i, ends)| ends && recomputed_block[i].is_some() && plan.choices[i].split <= 1)
+            .map(|(i, (ends, kept))| {
+                kept || (ends && recomputed_block[i].is_some() && plan.choices[i].split <= 1)
+            })
             .collect();
         Dataflow {
             inputs,

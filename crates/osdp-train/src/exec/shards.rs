@@ -63,10 +63,10 @@ impl Executor {
     }
 
     /// Op `i`'s forward is done with unit `u`'s weight: released, or kept for its backward
-    /// while its block is recomputed and it is the op that keeps its weight (its first
+    /// while its block is recomputed and it is an op that keeps its weight (its first
     /// parameter; a bias, which the backward does not read, is released).
     pub(super) fn done_with(&mut self, i: usize, u: usize, w: Tensor) {
-        if self.keeping == Some(i) && self.uses[i][0].contains(&u) {
+        if self.keeping && self.flow.keeps_gathered[i] && self.uses[i][0].contains(&u) {
             self.kept.insert(u, w);
         } else {
             self.release(u, w);

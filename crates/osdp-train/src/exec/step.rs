@@ -140,10 +140,11 @@ impl Executor {
                 if self.flow.blocks.ops[b].last() == Some(&i) {
                     let first = self.flow.blocks.ops[b][0];
                     // The block's last op with parameters keeps what it gathers for its
-                    // backward, which comes next (`Dataflow::keeps_gathered`).
-                    self.keeping = (first..i + 1).find(|&k| self.flow.keeps_gathered[k]);
+                    // backward, which comes next, and a block that keeps keeps every weight
+                    // it fetches whole (`Dataflow::keeps_gathered`).
+                    self.keeping = true;
                     let ran = self.forward_range(first..i + 1, false);
-                    self.keeping = None;
+                    self.keeping = false;
                     ran?;
                 }
             }
