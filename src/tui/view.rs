@@ -928,7 +928,8 @@ fn draw_strip(app: &App, f: &mut Frame, area: Rect) {
 }
 
 /// A collapsed block's strategy cell: the choice most of its parameter-owning ops take, `*` when
-/// some differ (the graph panel names them), and `rc` when the block is recomputed.
+/// some differ (the graph panel names them), and `rc` when the block is recomputed (`rc+w` when
+/// it keeps the weights its recomputation fetches).
 fn block_badge(app: &App, b: usize, recompute: bool) -> Line<'static> {
     let Some(p) = app.planned() else {
         return Line::from("");
@@ -953,9 +954,10 @@ fn block_badge(app: &App, b: usize, recompute: bool) -> Line<'static> {
         ));
     }
     // A recomputation the user fixed (`R`) carries a pin, as pinned ops do.
+    let keeps = if p.plan.keeps(b) { "+w" } else { "" };
     match (recompute, app.recompute_fixed(b).is_some()) {
         (true, fixed) => spans.push(Span::styled(
-            if fixed { " rc📌" } else { " rc" },
+            format!(" rc{keeps}{}", if fixed { "📌" } else { "" }),
             theme::RECOMPUTE,
         )),
         (false, true) => spans.push(Span::styled(" no rc📌", theme::RECOMPUTE)),
@@ -1647,9 +1649,14 @@ fn draw_graph(app: &App, f: &mut Frame, area: Rect) {
         return;
     };
     let recompute = app.planned().is_some_and(|p| p.plan.recompute[b]);
+    let keeps = app.planned().is_some_and(|p| p.plan.keeps(b));
     let title = format!(
         " block {b} graph{}{} ",
-        if recompute { " · recomputed" } else { "" },
+        match (recompute, keeps) {
+            (true, true) => " · recomputed, weights kept",
+            (true, false) => " · recomputed",
+            _ => "",
+        },
         if app.recompute_fixed(b).is_some() {
             " (fixed: R)"
         } else {
