@@ -192,6 +192,9 @@ struct KeepSlots {
     /// owns parameters): only options that fetch them whole are open to it, at `time_k`.
     /// Other slots run as recomputed (`time_r`).
     kept: Vec<bool>,
+    /// The least transient cap any instance run this way needs: over its slots, the largest of
+    /// their least `transient + extra`. A cap below it is no instance's own.
+    floor: u64,
 }
 
 impl KeepSlots {
@@ -1315,7 +1318,24 @@ impl<'m> Planner<'m> {
                         e
                     })
                     .collect();
-                KeepSlots { extra, kept }
+                let mut k = KeepSlots {
+                    extra,
+                    kept,
+                    floor: 0,
+                };
+                k.floor = all
+                    .iter()
+                    .enumerate()
+                    .map(|(s, v)| {
+                        v.iter()
+                            .filter(|o| k.time(s, o).is_some())
+                            .map(|o| o.transient + k.extra[s])
+                            .min()
+                            .unwrap_or(u64::MAX)
+                    })
+                    .max()
+                    .unwrap_or(0);
+                k
             });
             for ((s, &i), mut v) in rep.iter().enumerate().zip(all) {
                 let kept = slots.as_ref().is_some_and(|k| k.kept[s]);
@@ -1360,7 +1380,8 @@ impl<'m> Planner<'m> {
                         opts[i]
                             .iter()
                             .filter(|o| k.time(s, o).is_some())
-                            .map(|o| o.transient + k.extra[s]),
+                            .map(|o| o.transient + k.extra[s])
+                            .filter(|&c| c >= k.floor),
                     );
                 }
             }
@@ -1617,37 +1638,48 @@ impl<'m> Planner<'m> {
     }
 
     /// The linear relaxation of all `class`'s instances under what `key` admits (each
-    /// instance plain or recomputed, as open); `None` when no way is open.
+    /// instance plain, recomputed or keeping weights, as open; `keep`: the class's third way);
+    /// `None` when no way is open.
     fn class_hull(
         &self,
         class: &Class,
         key: &[usize],
         opts: &[Vec<Opt>],
         batch: u64,
+        keep: Option<&KeepSlots>,
     ) -> Option<Hull> {
         let rep = &class.instances[0];
-        let way = |counts: &[usize], pick: fn(&Opt) -> (u64, f64)| -> Option<Hull> {
+        let n = rep.len();
+        let way = |counts: &[usize], priced: Priced| -> Option<Hull> {
             rep.iter()
                 .zip(counts)
-                .try_fold(Hull::default(), |acc, (&i, &k)| {
-                    let h = Hull::of(opts[i][..k].iter().map(|o| {
-                        let (m, t) = pick(o);
-                        (m as f64, t)
-                    }))?;
+                .enumerate()
+                .try_fold(Hull::default(), |acc, (s, (&i, &k))| {
+                    // Admitted by the count already: any cap passes.
+                    let h = Hull::of(
+                        opts[i][..k]
+                            .iter()
+                            .filter_map(|o| priced.of(s, o, u64::MAX))
+                            .map(|(m, t)| (m as f64, t)),
+                    )?;
                     Some(acc.plus(&h))
                 })
         };
         let plain = (class.forced != Some(true))
-            .then(|| way(&key[..rep.len()], |o| (o.held, o.time)))
+            .then(|| way(&key[..n], Priced::Plain))
             .flatten();
-        let recomputed = self.kept_bytes(class, batch).and_then(|kept| {
-            let h = way(key.get(rep.len()..)?, |o| (o.held_r, o.time_rb))?;
-            Some(h.shifted(kept as f64, 0.0))
-        });
-        let one = match (plain, recomputed) {
-            (Some(a), Some(b)) => a.either(&b),
-            (a, b) => a.or(b)?,
+        let zeros = vec![0u64; n];
+        let recomputed = |counts: Option<&[usize]>, priced: Priced| {
+            let kept = self.kept_bytes(class, batch)?;
+            Some(way(counts?, priced)?.shifted(kept as f64, 0.0))
         };
+        let either = |a: Option<Hull>, b: Option<Hull>| match (a, b) {
+            (Some(a), Some(b)) => Some(a.either(&b)),
+            (a, b) => a.or(b),
+        };
+        let again = recomputed(key.get(n..2 * n), Priced::Recompute(&zeros));
+        let kept = keep.and_then(|k| recomputed(key.get(2 * n..3 * n), Priced::Keep(k)));
+        let one = either(either(plain, again), kept)?;
         Some(one.times(class.instances.len() as f64))
     }
 
@@ -1657,7 +1689,7 @@ impl<'m> Planner<'m> {
         let room = budget.saturating_sub(self.machine.overhead_bytes);
         let samples = (prep.batch * prep.accumulation) as f64;
         let step_overhead = self.machine.step_overhead_s();
-        let lean = self.lean_options(&prep.opts);
+        let lean = self.lean_options(&prep.opts, &prep.keep);
         prep.steps
             .iter()
             .map(|(cap, keys)| {
@@ -1677,19 +1709,29 @@ impl<'m> Planner<'m> {
     /// `λ ≥ 0`, `t' ≤ t` and `h' ≤ h` give `t' + λ·h' ≤ t + λ·h` in floating point too (every
     /// step rounds monotonically), and of equal values the minimum takes the least held
     /// bytes, so the minimum's (value, held bytes) are the same bit for bit without it.
-    fn lean_options(&self, opts: &[Vec<Opt>]) -> LeanOptions {
+    fn lean_options(&self, opts: &[Vec<Opt>], keep: &[Option<KeepSlots>]) -> LeanOptions {
         let mut lean = LeanOptions {
-            first: vec![(0, 0); opts.len()],
+            first: vec![(0, 0, 0); opts.len()],
             ranges: Vec::new(),
             points: Vec::new(),
         };
         let mut scratch = Vec::new();
-        for class in &self.classes {
-            for &i in &class.instances[0] {
-                let plain = lean.add(opts[i].iter().map(|o| (o.held, o.time)), &mut scratch);
-                let recomputed =
-                    lean.add(opts[i].iter().map(|o| (o.held_r, o.time_rb)), &mut scratch);
-                lean.first[i] = (plain, recomputed);
+        for (class, keep) in self.classes.iter().zip(keep) {
+            for (s, &i) in class.instances[0].iter().enumerate() {
+                let plain = lean.add(opts[i].iter().map(|o| Some((o.held, o.time))), &mut scratch);
+                let recomputed = lean.add(
+                    opts[i].iter().map(|o| Some((o.held_r, o.time_r))),
+                    &mut scratch,
+                );
+                // The third way's points where open (an option it does not admit adds none).
+                let kept = match keep {
+                    Some(k) => lean.add(
+                        opts[i].iter().map(|o| k.time(s, o).map(|t| (o.held_r, t))),
+                        &mut scratch,
+                    ),
+                    None => recomputed,
+                };
+                lean.first[i] = (plain, recomputed, kept);
             }
         }
         lean
@@ -1721,12 +1763,13 @@ impl<'m> Planner<'m> {
             let (mut g, mut mem) = (0.0f64, 0.0f64);
             for (class, key) in self.classes.iter().zip(keys) {
                 let rep = &class.instances[0];
-                let least = |counts: &[usize], recomputed: bool| -> Option<(f64, f64)> {
+                let n = rep.len();
+                let least = |counts: &[usize], way: Way| -> Option<(f64, f64)> {
                     rep.iter()
                         .zip(counts)
                         .try_fold((0.0, 0.0), |(g, m), (&i, &k)| {
                             let (v, h) = lean
-                                .of(i, recomputed, k)
+                                .of(i, way, k)
                                 .iter()
                                 .map(|&(h, t)| (t + lambda * h as f64, h as f64))
                                 .min_by(|a, b| a.0.total_cmp(&b.0).then(a.1.total_cmp(&b.1)))?;
@@ -1734,22 +1777,27 @@ impl<'m> Planner<'m> {
                         })
                 };
                 let plain = (class.forced != Some(true))
-                    .then(|| least(&key[..rep.len()], false))
+                    .then(|| least(&key[..n], Way::Plain))
                     .flatten();
-                let recomputed = self.kept_bytes(class, batch).and_then(|kept| {
-                    let (v, h) = least(key.get(rep.len()..)?, true)?;
+                // The recomputed ways, each with the block input it keeps; the third reads its
+                // own counts (after the recomputed way's) where open.
+                let recomputed = |way: Way, counts: Option<&[usize]>| {
+                    let kept = self.kept_bytes(class, batch)?;
+                    let (v, h) = least(counts?, way)?;
                     Some((v + lambda * kept as f64, h + kept as f64))
-                });
-                let (v, h) = match (plain, recomputed) {
-                    (Some(a), Some(b)) => {
-                        if b.0 < a.0 || (b.0 == a.0 && b.1 < a.1) {
-                            b
-                        } else {
-                            a
-                        }
-                    }
-                    (a, b) => a.or(b)?,
                 };
+                let better = |a: Option<(f64, f64)>, b: Option<(f64, f64)>| match (a, b) {
+                    (Some(a), Some(b)) => Some(if b.0 < a.0 || (b.0 == a.0 && b.1 < a.1) {
+                        b
+                    } else {
+                        a
+                    }),
+                    (a, b) => a.or(b),
+                };
+                let (v, h) = better(
+                    better(plain, recomputed(Way::Recompute, key.get(n..2 * n))),
+                    recomputed(Way::Keep, key.get(2 * n..3 * n)),
+                )?;
                 let n = class.instances.len() as f64;
                 g += n * v;
                 mem += n * h;
@@ -1952,7 +2000,10 @@ impl<'m> Planner<'m> {
                     .classes
                     .iter()
                     .zip(&keys)
-                    .map(|(class, key)| self.class_hull(class, key, &b.opts, b.table.batch))
+                    .zip(&b.keep)
+                    .map(|((class, key), keep)| {
+                        self.class_hull(class, key, &b.opts, b.table.batch, keep.as_ref())
+                    })
                     .collect::<Option<Vec<Hull>>>()?;
                 Some((t_max, hulls))
             });
@@ -2157,10 +2208,11 @@ impl CapSum<'_> {
 }
 
 /// Per op, per count of admitted options: the (held bytes, time) pairs that can decide a
-/// cap's Lagrangian bound, kept and recomputed ([`Planner::lean_options`]), in one buffer.
+/// cap's Lagrangian bound, each way ([`Planner::lean_options`]), in one buffer.
 struct LeanOptions {
-    /// Per op: where its counts' ranges start in `ranges`, kept and recomputed.
-    first: Vec<(usize, usize)>,
+    /// Per op: where its counts' ranges start in `ranges`, plain, recomputed and recomputed
+    /// keeping weights (the recomputed way's where that is not open).
+    first: Vec<(usize, usize, usize)>,
     /// Per op, way and count (from 0): its points' range in `points`.
     ranges: Vec<(usize, usize)>,
     points: Vec<(u64, f64)>,
@@ -2171,14 +2223,16 @@ impl LeanOptions {
     /// its ranges start.
     fn add(
         &mut self,
-        options: impl Iterator<Item = (u64, f64)>,
+        options: impl Iterator<Item = Option<(u64, f64)>>,
         scratch: &mut Vec<(u64, f64)>,
     ) -> usize {
         let first = self.ranges.len();
         scratch.clear();
         self.ranges.push((self.points.len(), self.points.len()));
         for p in options {
-            lean_push(scratch, p);
+            if let Some(p) = p {
+                lean_push(scratch, p);
+            }
             let start = self.points.len();
             self.points.extend_from_slice(scratch);
             self.ranges.push((start, self.points.len()));
@@ -2186,10 +2240,15 @@ impl LeanOptions {
         first
     }
 
-    /// Op `op`'s lean points among its first `k` options, kept or `recomputed`.
-    fn of(&self, op: usize, recomputed: bool, k: usize) -> &[(u64, f64)] {
-        let (plain, again) = self.first[op];
-        let (start, end) = self.ranges[if recomputed { again } else { plain } + k];
+    /// Op `op`'s lean points among its first `k` options, run `way`.
+    fn of(&self, op: usize, way: Way, k: usize) -> &[(u64, f64)] {
+        let (plain, again, kept) = self.first[op];
+        let first = match way {
+            Way::Plain => plain,
+            Way::Recompute => again,
+            Way::Keep => kept,
+        };
+        let (start, end) = self.ranges[first + k];
         &self.points[start..end]
     }
 }
@@ -3069,14 +3128,19 @@ mod tests {
                 },
             );
             let prep = planner.prepare(2, 1, &HashMap::new());
-            let lean = planner.lean_options(&prep.opts);
+            let lean = planner.lean_options(&prep.opts, &prep.keep);
             assert!(!prep.steps.is_empty(), "{}", model.name);
             for (cap, keys) in &prep.steps {
                 let sum = planner
                     .classes
                     .iter()
                     .zip(keys)
-                    .map(|(c, k)| planner.class_hull(c, k, &prep.opts, prep.batch).unwrap())
+                    .zip(&prep.keep)
+                    .map(|((c, k), keep)| {
+                        planner
+                            .class_hull(c, k, &prep.opts, prep.batch, keep.as_ref())
+                            .unwrap()
+                    })
                     .fold(Hull::default(), |acc, h| acc.plus(&h));
                 let most = sum.mem + sum.edges.iter().map(|e| e.0).sum::<f64>();
                 let mut least_time = sum.least_time();
@@ -3113,16 +3177,30 @@ mod tests {
             let lean = lean_prefixes(pts.iter().copied());
             assert_eq!(lean.len(), pts.len() + 1);
             let mut flat = LeanOptions {
-                first: vec![(0, 0)],
+                first: vec![(0, 0, 0)],
                 ranges: Vec::new(),
                 points: Vec::new(),
             };
             let mut scratch = Vec::new();
-            let other = flat.add([(1u64, 1.0)].into_iter(), &mut scratch);
-            let ours = flat.add(pts.iter().copied(), &mut scratch);
-            flat.first[0] = (other, ours);
+            let other = flat.add([Some((1u64, 1.0))].into_iter(), &mut scratch);
+            let ours = flat.add(pts.iter().copied().map(Some), &mut scratch);
+            // The third way's: every other point left out.
+            let some = flat.add(
+                pts.iter()
+                    .enumerate()
+                    .map(|(j, &p)| (j % 2 == 0).then_some(p)),
+                &mut scratch,
+            );
+            flat.first[0] = (other, ours, some);
             for (k, points) in lean.iter().enumerate() {
-                assert_eq!(flat.of(0, true, k), points.as_slice());
+                assert_eq!(flat.of(0, Way::Recompute, k), points.as_slice());
+            }
+            let evens: Vec<(u64, f64)> = pts.iter().step_by(2).copied().collect();
+            for (k, points) in lean_prefixes(evens.iter().copied()).iter().enumerate() {
+                assert_eq!(
+                    flat.of(0, Way::Keep, (2 * k).min(pts.len())),
+                    points.as_slice()
+                );
             }
             for (k, points) in lean.iter().enumerate() {
                 for lambda in [0.0, 1e-9, 3.7e-8, 1e-7, 2.5e-6, 1.0] {
