@@ -452,6 +452,16 @@ fn collectives_of_one_step(m: &ModelSpec, plan: &Plan) -> Vec<f64> {
     per_rank.into_iter().next().expect("a rank")
 }
 
+/// The CPU layout with collectives that cost their bytes only: their times read back as bytes.
+fn without_latency(m: &ModelSpec) -> Machine {
+    Machine {
+        link_latency_s: 0.0,
+        cross_node_latency_s: 0.0,
+        collective_base_s: 0.0,
+        ..machine(m, RANKS)
+    }
+}
+
 /// A recomputed block's sharded weights are gathered again, as the trainer runs it, and the
 /// cost model prices exactly that: the bytes one step gathers more with every block recomputed
 /// are the bytes the cost model prices a recomputation's gathers for (`OpCost::recompute_comm_s`
@@ -462,12 +472,7 @@ fn collectives_of_one_step(m: &ModelSpec, plan: &Plan) -> Vec<f64> {
 fn a_recomputation_gathers_again_what_the_cost_model_prices_it_to() {
     for name in ["tiny-gpt2", "tiny-llama"] {
         let m = tiny(name);
-        let machine = Machine {
-            link_latency_s: 0.0,
-            cross_node_latency_s: 0.0,
-            collective_base_s: 0.0,
-            ..machine(&m, RANKS)
-        };
+        let machine = without_latency(&m);
         assert!(machine.regather_on_recompute);
         let zero3 = Choice::zero3(1, 1);
         let plain = plan_of(&m, zero3, zero3, false);
@@ -526,12 +531,7 @@ fn a_recomputation_gathers_again_what_the_cost_model_prices_it_to() {
 fn a_block_that_keeps_gathers_again_only_its_biases() {
     for name in ["tiny-gpt2", "tiny-llama"] {
         let m = tiny(name);
-        let machine = Machine {
-            link_latency_s: 0.0,
-            cross_node_latency_s: 0.0,
-            collective_base_s: 0.0,
-            ..machine(&m, RANKS)
-        };
+        let machine = without_latency(&m);
         let zero3 = Choice::zero3(1, 1);
         let plain = plan_of(&m, zero3, zero3, false);
         let recomputed = plan_of(&m, zero3, zero3, true);
