@@ -1778,22 +1778,16 @@ impl App {
                 )
             })
             .collect();
+        // A block keeps its activations, recomputes them, or recomputes them keeping the
+        // weights its recomputation fetches.
+        let way = |p: &osdp_core::plan::Plan, b: usize| match (p.recompute.get(b), p.keeps(b)) {
+            (_, true) => "recompute+keep-weights",
+            (Some(&true), false) => "recompute",
+            _ => "keep",
+        };
         let recompute: Vec<String> = (0..screen.plan.recompute.len())
-            .filter(|&b| run.recompute.get(b) != screen.plan.recompute.get(b))
-            .map(|b| {
-                let on = |v: Option<&bool>| {
-                    if v == Some(&true) {
-                        "recompute"
-                    } else {
-                        "keep"
-                    }
-                };
-                format!(
-                    "block {b}  {} → {}",
-                    on(run.recompute.get(b)),
-                    on(screen.plan.recompute.get(b))
-                )
-            })
+            .filter(|&b| way(&run, b) != way(&screen.plan, b))
+            .map(|b| format!("block {b}  {} → {}", way(&run, b), way(&screen.plan, b)))
             .collect();
         lines.push(String::new());
         let batch =

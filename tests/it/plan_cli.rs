@@ -1253,3 +1253,56 @@ fn a_priced_host_budget_is_kept_and_more_of_it_never_plans_slower() {
     assert!(free["host_gap_s"].is_null(), "{free}");
     assert!(free["throughput_samples_per_s"].as_f64().unwrap() >= last);
 }
+
+/// A plan whose blocks keep their weights (the OSDP paper's GPT 48×2048 at global batch 256 on
+/// its PCIe machine) writes `keep_weights` into its file, reads back to the same plan and figures,
+/// and a hand-edited file that asks it of a block that does not recompute, of only some of a
+/// block's ops, or of an op outside the blocks is refused with the op named.
+#[test]
+fn a_plan_file_carries_the_blocks_that_keep_their_weights() {
+    let model = read_model(&root().join("sample-models/osdp-gpt-48x2048.json")).unwrap();
+    let layout = read_layout(&root().join("layouts/osdp-paper-8x-titan-rtx-pcie3.json")).unwrap();
+    let m = Machine::new(&layout, &model);
+    let options = PlanOptions {
+        global_batch: Some(256),
+        resolution_bytes: 16 << 20,
+        ..Default::default()
+    };
+    let planned = osdp_core::plan::Planner::best_at(&model, m.clone(), options, 8 << 30)
+        .expect("fits in 8 GiB");
+    let kept = (0..planned.plan.recompute.len())
+        .filter(|&b| planned.plan.keeps(b))
+        .count();
+    assert!(kept > 0, "no block keeps its weights");
+    let file = PlanFile::new(
+        &model,
+        &layout.name,
+        &planned.plan,
+        Some(&planned.prediction),
+    );
+    let back = file.to_plan(&model).unwrap();
+    assert_eq!(back, planned.plan);
+    assert_eq!(evaluate(&model, &m, &back), planned.prediction);
+    let refused = |edit: &dyn Fn(&mut PlanFile)| {
+        let mut f = file.clone();
+        edit(&mut f);
+        f.to_plan(&model).unwrap_err().to_string()
+    };
+    let first_kept = file.ops.iter().position(|o| o.keep_weights).unwrap();
+    let err = refused(&|f| f.ops[first_kept].recompute = false);
+    assert!(
+        err.contains("keep_weights applies to recomputed blocks only"),
+        "{err}"
+    );
+    let err = refused(&|f| f.ops[first_kept].keep_weights = false);
+    assert!(
+        err.contains("must keep_weights for all its ops or none"),
+        "{err}"
+    );
+    let outside = file.ops.iter().position(|o| o.id == "wte").unwrap();
+    let err = refused(&|f| f.ops[outside].keep_weights = true);
+    assert!(
+        err.contains("\"wte\"") && err.contains("inside blocks only"),
+        "{err}"
+    );
+}

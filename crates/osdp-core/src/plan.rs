@@ -387,14 +387,13 @@ pub(crate) fn evaluate_priced(
     } else {
         vec![false; bases.len()]
     };
-    // Weights a keeping block's ops before this one hold through its backward.
-    let mut held_before = 0u64;
+    // Per block, the weights its kept ops so far hold through the backward of the ops after
+    // them (in the block's order, whatever ops outside it come between).
+    let mut held_by_block = vec![0u64; blocks.ops.len()];
     for (i, base) in bases.iter().enumerate() {
         let c = &costs[i];
         let block = blocks.of_op[i];
-        if i == 0 || block != blocks.of_op[i - 1] {
-            held_before = 0;
-        }
+        let held_before = block.map_or(0, |b| held_by_block[b]);
         let recomputed = block.is_some_and(|b| plan.recompute.get(b).copied().unwrap_or(false));
         let kept = if recomputed { 0 } else { base.saved_bytes };
         // A machine that fetches nothing again (`kept_recompute_comm_s` is `None`) keeps
@@ -413,8 +412,8 @@ pub(crate) fn evaluate_priced(
         } else {
             0
         };
-        if keeps_i {
-            held_before += kept_weight_bytes(base, m);
+        if let Some(b) = block.filter(|_| keeps_i) {
+            held_by_block[b] += kept_weight_bytes(base, m);
         }
         max_transient = max_transient.max(c.transient_bytes + rematerialised);
         compute += c.compute_s;

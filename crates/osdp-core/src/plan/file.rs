@@ -190,6 +190,12 @@ impl PlanFile {
                 Problem::field(&at, format!("target {}: {why}", self.target.as_str()))
             })?;
             choices[i] = Some(choice);
+            if entry.keep_weights && blocks.of_op[i].is_none() {
+                return Err(Problem::field(
+                    &at,
+                    "keep_weights applies to ops inside blocks only",
+                ));
+            }
             if entry.keep_weights && !entry.recompute {
                 return Err(Problem::field(
                     &at,
