@@ -143,7 +143,10 @@ enum Command {
     ///
     /// Per operator: replicate (dp) or shard (zero1/zero2/zero3), how finely to split a linear
     /// (zero3/K:M = K slices, the first M sharded), whether each block recomputes its
-    /// activations; plus the micro-batch size. Exact over the cost model. Compared with DDP,
+    /// activations (`recompute`) and, if so, keeps the weights its recomputation fetches for the
+    /// backward as FSDP does (`recompute+keep-weights`: faster where gathers show, at the price
+    /// of the block's weights held through its backward); plus the micro-batch size. Exact over
+    /// the cost model. Compared with DDP,
     /// ZeRO-2 and ZeRO-3 (FSDP) everywhere, each at its own best micro-batch.
     /// Exit codes: 0 planned, 2 bad input, 3 nothing fits (the message names the smallest
     /// budget that would).
