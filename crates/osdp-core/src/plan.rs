@@ -382,11 +382,6 @@ pub(crate) fn evaluate_priced(
     let (mut persistent, mut activations, mut max_transient, mut host) = (0u64, 0u64, 0u64, 0u64);
     let (mut compute, mut exposed, mut optimizer, mut recompute) = (0.0, 0.0, 0.0, 0.0);
     let mut ops = Vec::with_capacity(model.ops.len());
-    let keeps: Vec<bool> = if plan.keep_weights.iter().any(|&k| k) {
-        kept_ops(model, plan)
-    } else {
-        vec![false; bases.len()]
-    };
     // Per block, the weights its kept ops so far hold through the backward of the ops after
     // them (in the block's order, whatever ops outside it come between).
     let mut held_by_block = vec![0u64; blocks.ops.len()];
@@ -396,9 +391,11 @@ pub(crate) fn evaluate_priced(
         let held_before = block.map_or(0, |b| held_by_block[b]);
         let recomputed = block.is_some_and(|b| plan.recompute.get(b).copied().unwrap_or(false));
         let kept = if recomputed { 0 } else { base.saved_bytes };
-        // A machine that fetches nothing again (`kept_recompute_comm_s` is `None`) keeps
-        // nothing either.
-        let keeps_i = keeps[i] && c.kept_recompute_comm_s.is_some();
+        // `kept_ops`' rule on the op's own facts: its price says whether its choice fetches
+        // whole what it uses once (and a machine that fetches nothing again keeps nothing).
+        let keeps_i = block.is_some_and(|b| plan.keeps(b))
+            && blocks.reruns(i)
+            && c.kept_recompute_comm_s.is_some();
         let extra_s = match c.kept_recompute_comm_s.filter(|_| keeps_i) {
             Some(fetched) => base.recompute_s() + fetched,
             None if recomputed => c.recompute_s(base),
