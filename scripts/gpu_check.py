@@ -19,7 +19,10 @@ with a message when what is left of --deadline-s would not cover it:
      model in plain PyTorch eager (bf16 autocast, fused AdamW, SDPA) at the same micro-batch, in
      a child process, halving the batch on out-of-memory and saying which batch it used.
   3. operator splitting of the largest untied Linear of the first model (split 1, 4, 8).
-  4. the dashboard's `--once` frame of the last model on this GPU's layout, with NVML's live
+  4. allocator: the model whose reserved peak rose most above its allocated peak trained again
+     with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (the trainer's default since
+     2026-11-28, so both runs match unless the caller set the variable otherwise).
+  5. the dashboard's `--once` frame of the last model on this GPU's layout, with NVML's live
      memory, saved as once.txt.
 
 This process never initialises CUDA itself: every GPU user is a child process, so the runs have
@@ -111,10 +114,10 @@ def evaluate(bin_, model, layout, plan_file):
     return e["step_time_s"], e["peak_memory_bytes"]
 
 
-def train(bin_, model, plan_file, steps, metrics, device, extra=()):
+def train(bin_, model, plan_file, steps, metrics, device, extra=(), env=None):
     Path(metrics).unlink(missing_ok=True)
     run([bin_, "train", model, "--plan", plan_file, "--device", device, "--steps", steps,
-         "--metrics", metrics, *extra])
+         "--metrics", metrics, *extra], env=env)
     return read_steps(metrics)
 
 
@@ -340,7 +343,7 @@ def measure_model(args, out, name, layouts, peak_bf16, gpu):
     log(f"{name}: {row['tokens_per_s']:.0f} tokens/s, MFU {100 * row['mfu']:.1f} %, step "
         f"{1e3 * m['step_s']:.0f} ms (predicted " + ", ".join(
             f"{k} {1e3 * v['step_s']:.0f}" for k, v in predicted.items()) + ")")
-    if not args.skip_validate:
+    if not args.skip_validate and (args.validate is None or name in args.validate.split(",")):
         try:
             v = json.loads(run([args.bin, "validate", model, "--layout", planned_on, "--plan",
                                 plan_file, "--steps", "4", "--warmup", "2", "--json"],
@@ -377,7 +380,7 @@ def calibrate(args, out, summary):
               timeout=240)
     layout = json.loads(res.stdout)
     eff = layout["device"].get("efficiency", {})
-    summary["calibration"] = {k: v["value"] for k, v in eff.items()}
+    summary["calibration"] = {k: v["value"] for k, v in eff.items() if isinstance(v, dict)}
     summary["calibration"]["host_link_gb_per_s"] = (layout.get("host") or {}).get(
         "link_gb_per_s", {}).get("value")
     summary["calibration"]["device"] = layout["device"]["model"]
@@ -412,6 +415,23 @@ def split_study(args, out, name, layout):
         m = summarise(steps, args.warmup)
         rows.append({"split": k, "op": linear["id"], "batch": p["batch_size"], **m})
     return rows
+
+
+def allocator_study(args, out, rows):
+    """The model whose allocator kept the most beyond its allocated peak, trained again with
+    PyTorch's expandable segments: how much of the reserved slack is fragmentation."""
+    row = max(rows, key=lambda r: (r["reserved_peak_bytes"] or 0) - (r["allocated_peak_bytes"] or 0))
+    name = row["model"]
+    env = dict(os.environ, PYTORCH_CUDA_ALLOC_CONF="expandable_segments:True")
+    steps = train(args.bin, ROOT / "sample-models" / f"{name}.json", out / f"{name}.plan.json",
+                  args.steps, out / f"{name}.expandable.jsonl", "cuda", ["--data", "random"], env)
+    m = summarise(steps, args.warmup)
+    res = {"model": name, "default": {k: row[k] for k in m}, "expandable_segments": m}
+    log(f"{name} with expandable segments: reserved peak {fmt_bytes(m['reserved_peak_bytes'])} "
+        f"GiB (default {fmt_bytes(row['reserved_peak_bytes'])}), allocated "
+        f"{fmt_bytes(m['allocated_peak_bytes'])} GiB, step {1e3 * m['step_s']:.0f} ms "
+        f"(default {1e3 * row['step_s']:.0f})")
+    return res
 
 
 def fmt_bytes(b):
@@ -456,6 +476,13 @@ def write_report(out, summary, args):
                          f"{fmt_bytes(s['ledger_peak_bytes'])} GiB | "
                          f"{fmt_bytes(s['reserved_peak_bytes'])} GiB |")
         lines.append("")
+    if summary.get("allocator"):
+        a = summary["allocator"]
+        lines += [f"Allocator, {a['model']}: reserved peak {fmt_bytes(a['default']['reserved_peak_bytes'])}"
+                  f" GiB by default, {fmt_bytes(a['expandable_segments']['reserved_peak_bytes'])} GiB"
+                  f" with expandable segments (allocated {fmt_bytes(a['default']['allocated_peak_bytes'])}"
+                  f" / {fmt_bytes(a['expandable_segments']['allocated_peak_bytes'])}); step "
+                  f"{a['default']['step_s'] * 1e3:.0f} / {a['expandable_segments']['step_s'] * 1e3:.0f} ms", ""]
     if summary.get("calibration"):
         lines.append("Calibrated: " + ", ".join(
             f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}"
@@ -485,8 +512,13 @@ def main():
     ap.add_argument("--skip-eager", action="store_true")
     ap.add_argument("--skip-split", action="store_true")
     ap.add_argument("--skip-calibrate", action="store_true")
+    ap.add_argument("--skip-allocator", action="store_true",
+                    help="skip training the model with the most allocator slack again with "
+                         "expandable segments")
     ap.add_argument("--skip-validate", action="store_true",
                     help="skip `validate` (per-kind times, a synchronisation per op) per model")
+    ap.add_argument("--validate", default=None, metavar="MODELS",
+                    help="validate only these models (comma-separated; default every model)")
     ap.add_argument("--profile-eager", default="", metavar="MODEL",
                     help="print PyTorch eager's top CUDA kernels of one step of this model")
     ap.add_argument("--deadline-s", type=float, default=460,
@@ -548,6 +580,9 @@ def main():
     if models and not args.skip_split:
         rows = attempt("split", lambda: split_study(args, out, models[0], layout), 60)
         summary["split"] = rows or []
+    if summary["models"] and not args.skip_allocator:
+        summary["allocator"] = attempt("allocator",
+                                       lambda: allocator_study(args, out, summary["models"]), 45)
     if models:
         attempt("once", lambda: once_frame(args, out, models[-1],
                                            layouts["calibrated"] or layout), 10)

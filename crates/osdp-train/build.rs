@@ -8,13 +8,31 @@ fn main() {
     println!("cargo:rerun-if-changed=build.rs");
     println!("cargo:rerun-if-changed=../../build-support/libtorch_link.rs");
     println!("cargo:rerun-if-changed=src/cuda_stats.cpp");
+    println!("cargo:rerun-if-changed=src/aten_shim.cpp");
     println!("cargo::rustc-check-cfg=cfg(osdp_cuda_stats)");
     let Some((lib_dir, cuda)) = link_libtorch(&[""]) else {
         return;
     };
+    build_aten_shim(&lib_dir);
     if cuda && std::env::var_os("CARGO_FEATURE_CUDA").is_some() {
         build_allocator_shim(&lib_dir);
     }
+}
+
+/// libtorch kernels tch does not bind (fused AdamW, a list's norm, the norms' backward
+/// kernels): C++ against libtorch's own headers, no CUDA headers needed, so every build has it.
+fn build_aten_shim(lib_dir: &Path) {
+    let torch_include = lib_dir.join("../include");
+    let abi = std::env::var("LIBTORCH_CXX11_ABI").unwrap_or_else(|_| "1".into());
+    cc::Build::new()
+        .cpp(true)
+        .pic(true)
+        .warnings(false)
+        .include(&torch_include)
+        .flag("-std=c++17")
+        .flag(format!("-D_GLIBCXX_USE_CXX11_ABI={abi}"))
+        .file("src/aten_shim.cpp")
+        .compile("osdp_aten_shim");
 }
 
 /// The CUDA caching allocator's statistics (allocated and reserved bytes, current and peak)

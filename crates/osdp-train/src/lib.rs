@@ -2,6 +2,7 @@
 //! process exchanging tensors through the local collective backend; each runs an [`Executor`]
 //! on its share of every global batch. Progress goes out as [`WorkerEvent`]s.
 
+pub mod aten;
 pub mod calibrate;
 pub mod checkpoint;
 pub mod collective;
@@ -58,6 +59,17 @@ pub fn keep_freed_memory() {
             // main thread before the ranks start.
             unsafe { libc::mallopt(param, value) };
         }
+    }
+}
+
+/// The CUDA caching allocator's settings for this process and the workers it starts: expandable
+/// segments ([`env::CUDA_ALLOC_DEFAULT`]), unless the user set `PYTORCH_CUDA_ALLOC_CONF`
+/// themselves. The cost model predicts the allocated peak plus a runtime overhead; fixed-size
+/// segments left several GiB reserved beyond it on a model with tensors of many sizes. Call
+/// before any thread starts and before anything touches a GPU; harmless without one.
+pub fn allocator_defaults() {
+    if !env::cuda_alloc_conf_set() {
+        std::env::set_var(env::PYTORCH_CUDA_ALLOC_CONF, env::CUDA_ALLOC_DEFAULT);
     }
 }
 

@@ -10,6 +10,7 @@ mod weights;
 
 fn main() -> std::process::ExitCode {
     osdp_train::keep_freed_memory();
+    osdp_train::allocator_defaults();
     osdp_tui::cli::main_with(Some(&osdp_tui::cli::Trainer {
         train: train::train,
         calibrate: measure::calibrate,

@@ -94,26 +94,45 @@ impl Executor {
         let rank = self.comm.rank();
         // Summed on the device and read once: a read per tensor would wait for the device
         // hundreds of times a step.
-        let mut local_sq = Tensor::zeros([], (Kind::Double, self.device));
         let first_node = self.first_node();
-        for (u, g) in shards.iter().enumerate() {
-            if let Some(g) = g {
+        let counted: Vec<&Tensor> = shards
+            .iter()
+            .enumerate()
+            .filter_map(|(u, g)| {
                 let counted = match self.units[u].class {
                     Holding::Replicated => rank == 0,
                     Holding::Hybrid => first_node,
                     _ => true,
                 };
-                if counted {
-                    local_sq += g.square().sum(Kind::Double).to_device(self.device);
+                g.as_ref().filter(|_| counted)
+            })
+            .collect();
+        let mut local_sq = Tensor::zeros([], (Kind::Double, self.device));
+        // On a GPU one multi-tensor kernel (fp32 sums, as PyTorch's clip_grad_norm_) for the
+        // gradients there; host-side and CPU gradients one by one, in fp64.
+        let (gpu, rest): (Vec<&Tensor>, Vec<&Tensor>) =
+            counted.into_iter().partition(|g| g.device().is_cuda());
+        let mut one_by_one = rest;
+        if !gpu.is_empty() {
+            match crate::aten::sum_of_squares(&gpu) {
+                Ok(sq) => local_sq += sq.to_kind(Kind::Double).to_device(self.device),
+                Err(err) => {
+                    crate::aten::warn_fallback(&FUSED_NORM_FAILED, &err);
+                    one_by_one.extend(gpu);
                 }
             }
+        }
+        for g in one_by_one {
+            local_sq += g.square().sum(Kind::Double).to_device(self.device);
         }
         let total_sq = self.comm.all_reduce(&local_sq)?.double_value(&[]);
         Ok(total_sq.sqrt())
     }
 
     /// Step 3: one AdamW update of every unit this rank updates, its gradient scaled by
-    /// `clip`; compute copies follow their masters, host gradient buffers are zeroed.
+    /// `clip`; compute copies follow their masters, host gradient buffers are zeroed. On a GPU
+    /// the units' fp32 tensors go through PyTorch's fused multi-tensor kernel, two calls (with
+    /// and without weight decay) instead of a dozen kernels per unit.
     fn apply_adamw(&mut self, shards: Vec<Option<Tensor>>, clip: f64) {
         let o = self.optim;
         self.step += 1;
@@ -121,6 +140,8 @@ impl Executor {
         let lr = o.lr_at(self.step);
         let bc1 = 1.0 - o.beta1.powf(t);
         let bc2 = 1.0 - o.beta2.powf(t);
+        // (unit, p, g, m, v) of the updates the fused kernel takes, by weight decay or not.
+        let mut fused: [Vec<(usize, [Tensor; 4])>; 2] = [Vec::new(), Vec::new()];
         for (u, g) in shards.into_iter().enumerate() {
             let Some(g) = g else { continue };
             let unit = &mut self.units[u];
@@ -143,17 +164,73 @@ impl Executor {
                     unit.v.narrow(0, 0, len),
                 ),
             };
+            if fusable(&[&p, &g, &m, &v]) {
+                fused[usize::from(unit.decay)].push((u, [p, g, m, v]));
+                continue;
+            }
             let decay = if unit.decay { o.weight_decay } else { 0.0 };
             adamw_update(&mut p, &g, &mut m, &mut v, &o, lr, decay, clip, (bc1, bc2));
-            // The compute copy follows the master (zero1/zero2 after the gather below).
-            if let (Some(master), Holding::Replicated | Holding::Zero3 | Holding::Hybrid) =
-                (&unit.master, unit.class)
-            {
-                unit.data.reshape([-1]).copy_(&master.reshape([-1]));
+            self.after_update(u);
+        }
+        for (decays, group) in fused.into_iter().enumerate() {
+            if group.is_empty() {
+                continue;
             }
-            if let Some(h) = &mut unit.host_grad {
-                let _ = h.zero_();
+            let device = group[0].1[0].device();
+            let step = Tensor::from(t as f32).to_device(device);
+            let scale = (clip != 1.0).then(|| Tensor::from((1.0 / clip) as f32).to_device(device));
+            let h = crate::aten::AdamW {
+                lr,
+                beta1: o.beta1,
+                beta2: o.beta2,
+                weight_decay: if decays == 1 { o.weight_decay } else { 0.0 },
+                eps: o.eps,
+            };
+            let col = |k: usize| group.iter().map(|(_, t)| &t[k]).collect::<Vec<_>>();
+            let done = crate::aten::fused_adamw(
+                &col(0),
+                &col(1),
+                &col(2),
+                &col(3),
+                &step,
+                h,
+                scale.as_ref(),
+            );
+            if let Err(err) = done {
+                crate::aten::warn_fallback(&FUSED_ADAMW_FAILED, &err);
+                for (_, [p, g, m, v]) in &group {
+                    let (mut p, mut m, mut v) =
+                        (p.shallow_clone(), m.shallow_clone(), v.shallow_clone());
+                    adamw_update(
+                        &mut p,
+                        g,
+                        &mut m,
+                        &mut v,
+                        &o,
+                        lr,
+                        h.weight_decay,
+                        clip,
+                        (bc1, bc2),
+                    );
+                }
             }
+            for (u, _) in &group {
+                self.after_update(*u);
+            }
+        }
+    }
+
+    /// After unit `u`'s update: its compute copy follows the master (zero1/zero2 after the
+    /// gather of step 4), its host gradient buffer is zeroed.
+    fn after_update(&mut self, u: usize) {
+        let unit = &mut self.units[u];
+        if let (Some(master), Holding::Replicated | Holding::Zero3 | Holding::Hybrid) =
+            (&unit.master, unit.class)
+        {
+            unit.data.reshape([-1]).copy_(&master.reshape([-1]));
+        }
+        if let Some(h) = &mut unit.host_grad {
+            let _ = h.zero_();
         }
     }
 
@@ -187,6 +264,20 @@ impl Executor {
         }
         Ok(())
     }
+}
+
+/// Set once a fused AdamW call has failed (and said so).
+static FUSED_ADAMW_FAILED: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(false);
+
+/// Set once the multi-tensor norm has failed (and said so).
+static FUSED_NORM_FAILED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Whether PyTorch's fused AdamW can take these tensors: fp32, contiguous, on a GPU. The CPU
+/// keeps the written-out update, whose speed and results the CPU tests pin.
+fn fusable(ts: &[&Tensor]) -> bool {
+    ts.iter()
+        .all(|t| t.device().is_cuda() && t.kind() == Kind::Float && t.is_contiguous())
 }
 
 /// What the gradients are scaled by so that their global norm `norm` is at most the clip
