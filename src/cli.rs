@@ -902,6 +902,20 @@ fn layout_efficiency_rows(l: &Layout) {
         };
         layout_row(&format!("efficiency {name}"), value, &source);
     }
+    // Not a layout field: the generation's measurement, or none.
+    if let Some(g) = generation {
+        let u = &g.unaligned_matmul;
+        let value = if u.value > 0.0 {
+            percent(u.value)
+        } else {
+            "as aligned".into()
+        };
+        layout_row(
+            "efficiency unaligned matmul",
+            value,
+            &format!("{} default: {}", g.name, u.source),
+        );
+    }
 }
 
 /// The runtime's memory, the parameter passes priced around the kernels, and the dtype

@@ -192,6 +192,9 @@ struct PlanOut<'a> {
     search_cpu_ms: f64,
     /// Calibrated curves (with when and where they were measured) or datasheet rates.
     timing_source: String,
+    /// The linears priced at the GPU's unaligned GEMM rate, and what avoids it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    unaligned_note: Option<String>,
     prediction: &'a Prediction,
     ops: Vec<OpOut<'a>>,
     /// `given` (--global-batch, --tokens-per-step), `default` (chosen for the model and
@@ -229,6 +232,8 @@ pub struct PlanReport {
     /// ([`plan::GlobalBatch::explain_default`], for the machine it was chosen on).
     pub default_why: Option<String>,
     pub timing_source: String,
+    /// The linears priced at the GPU's unaligned GEMM rate, named, with what avoids it.
+    pub unaligned_note: Option<String>,
     pub search_ms: f64,
     /// CPU time of the search on its thread, ms.
     pub search_cpu_ms: f64,
@@ -314,6 +319,7 @@ pub fn plan_report(req: &PlanCommand) -> Result<PlanReport, Failure> {
         target: req.target,
         blocks: Blocks::of(&spec),
         timing_source: machine.timing_source(),
+        unaligned_note: unaligned_note(&machine, &spec),
         spec,
         layout,
         budget,
@@ -534,6 +540,7 @@ impl PlanReport {
             search_time_ms: self.search_ms,
             search_cpu_ms: self.search_cpu_ms,
             timing_source: self.timing_source.clone(),
+            unaligned_note: self.unaligned_note.clone(),
             prediction,
             ops: spec
                 .ops
@@ -604,6 +611,9 @@ impl PlanReport {
             plan::GlobalBatch::Given(_) => {}
         }
         println!("  prices: {}", printable(&self.timing_source));
+        if let Some(note) = &self.unaligned_note {
+            println!("  note: {}", printable(note));
+        }
         if let Some(note) = plan::export::kernels_note(spec, self.target) {
             println!("  note: {note}");
         }
@@ -880,6 +890,30 @@ pub fn export_fsdp2(
         println!("note: {note}");
     }
     Ok(())
+}
+
+/// Names the linears whose weights have a dimension not a multiple of 8, which `machine`
+/// prices at its generation's measured unaligned GEMM rate, and what avoids it.
+fn unaligned_note(machine: &osdp_core::cost::Machine, spec: &ModelSpec) -> Option<String> {
+    let slow = machine.unaligned_linears(spec);
+    let (first, shape) = slow.first()?;
+    let dims: Vec<String> = shape.iter().map(|d| units::thousands(*d as u64)).collect();
+    let padded: Vec<String> = shape
+        .iter()
+        .map(|&d| units::thousands((d.max(1) as u64).div_ceil(64) * 64))
+        .collect();
+    let others = match slow.len() {
+        1 => String::new(),
+        n => format!(" (and {} more)", n - 1),
+    };
+    Some(format!(
+        "{first}{others}: its weight is {}, a dimension not a multiple of 8, so its bf16 GEMMs \
+         are priced at {:.0} % of peak (measured on this GPU generation); padded to {} it would \
+         run at the aligned rate",
+        dims.join(" × "),
+        100.0 * machine.efficiency.unaligned_matmul,
+        padded.join(" × ")
+    ))
 }
 
 /// ", 5 % headroom (plans within 75.7 GiB)" beside the budget; ", no headroom" at 0.

@@ -751,6 +751,58 @@ fn a_plan_file_keeps_its_accumulation_and_evaluate_can_change_it() {
     assert!((1.8..2.0).contains(&ratio), "{ratio}");
 }
 
+/// GPT-2's 50,257-word head on Hopper: `plan` names it, says what it is priced at and what
+/// padding avoids it (text and `--json`), and `layout` shows the measured rate; an Ampere
+/// layout, without a measurement, and TinyLlama's 32,000-word head say nothing.
+#[test]
+fn an_unaligned_lm_head_is_named_with_its_rate_and_the_padding_that_avoids_it() {
+    let text = stdout_ok(osdp().args([
+        "plan",
+        "sample-models/gpt2-medium.json",
+        "--layout",
+        "h200-1x",
+    ]));
+    let note = text
+        .lines()
+        .find(|l| l.contains("not a multiple of 8"))
+        .unwrap_or_else(|| panic!("{text}"));
+    for want in [
+        "lm_head",
+        "50,257 × 1,024",
+        "12 % of peak",
+        "50,304 × 1,024",
+    ] {
+        assert!(note.contains(want), "{want}: {note}");
+    }
+    let json = run_json(&[
+        "plan",
+        "sample-models/gpt2-medium.json",
+        "--layout",
+        "h200-1x",
+        "--json",
+    ]);
+    assert!(
+        json["unaligned_note"].as_str().unwrap().contains("lm_head"),
+        "{json}"
+    );
+    for (model, layout) in [
+        ("sample-models/gpt2-medium.json", "a100-80gb-8x-nvlink"),
+        ("sample-models/tinyllama-1.1b.json", "h200-1x"),
+    ] {
+        let text = stdout_ok(osdp().args(["plan", model, "--layout", layout]));
+        assert!(
+            !text.contains("not a multiple of 8"),
+            "{model} on {layout}: {text}"
+        );
+    }
+    let layout = stdout_ok(osdp().args(["layout", "h200-1x"]));
+    let row = layout
+        .lines()
+        .find(|l| l.contains("efficiency unaligned matmul"))
+        .unwrap_or_else(|| panic!("{layout}"));
+    assert!(row.contains("12 %") && row.contains("H200"), "{row}");
+}
+
 #[test]
 fn layout_shows_each_efficiency_with_where_it_comes_from() {
     let out = osdp()

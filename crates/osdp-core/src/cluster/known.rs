@@ -43,6 +43,11 @@ pub struct Generation {
     pub attention_forward: Sourced,
     pub attention_backward: Sourced,
     pub memory: Sourced,
+    /// What a 16-bit GEMM reaches of the peak when one of its dimensions is not a multiple of 8
+    /// (a 50,257-word vocabulary's LM head): the tensor-core kernels want 16-byte-aligned rows
+    /// ("Tensor Core requirements", NVIDIA's Matrix Multiplication Background guide), and cuBLAS
+    /// falls back to slower ones. 0 where it was not measured: no penalty is priced.
+    pub unaligned_matmul: Sourced,
     /// Whether FlashAttention-2's fused kernels run on this generation. Without them an
     /// executor falls back to materialised (or memory-efficient) attention, which computes the
     /// masked half of a causal score matrix too: the cost model prices attention at its full
@@ -99,7 +104,20 @@ pub const HOPPER: Generation = Generation {
         source: FIT_ATTENTION,
     },
     memory: FITTED_MEMORY,
+    unaligned_matmul: Sourced {
+        value: 0.12,
+        source: "measured on one H200, 2026-11-28 (docs/benchmarks.md, torch.profiler of PyTorch \
+                 eager's gpt2-medium step): the 50,257-wide LM head's three bf16 GEMMs ran on \
+                 cutlass_75 kernels, 12.65 TFLOP in 106 ms, 119 TFLOP/s of 989",
+    },
     flash_attention: true,
+};
+
+/// Not measured on this generation: no penalty priced.
+const UNALIGNED_NOT_MEASURED: Sourced = Sourced {
+    value: 0.0,
+    source: "not measured on this generation: a GEMM with a dimension not a multiple of 8 is \
+             priced as an aligned one",
 };
 
 /// Ampere (A100, A10): GEMMs reach ~90 % of the A100's 312 TFLOP/s.
@@ -120,6 +138,7 @@ pub const AMPERE: Generation = Generation {
         source: FIT_ATTENTION,
     },
     memory: FITTED_MEMORY,
+    unaligned_matmul: UNALIGNED_NOT_MEASURED,
     flash_attention: true,
 };
 
@@ -150,6 +169,7 @@ pub const OTHER: Generation = Generation {
         value: 0.80,
         source: GENERIC,
     },
+    unaligned_matmul: UNALIGNED_NOT_MEASURED,
     flash_attention: true,
 };
 

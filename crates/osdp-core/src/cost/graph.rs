@@ -129,10 +129,8 @@ impl OpBase {
                 let features = weight.iter().copied().min().unwrap_or(1).max(1) as f64;
                 let rows = flops / (2.0 * weight.iter().product::<i64>().max(1) as f64);
                 let width = features.min(rows.max(1.0));
-                (
-                    m.matmul_s(flops, width, 1),
-                    LINEAR_BWD_FACTOR * m.matmul_s(flops, width, 1),
-                )
+                let t = m.linear_s(flops, width, weight);
+                (t, LINEAR_BWD_FACTOR * t)
             }
             OpKind::Attention if causal_fused => {
                 let done = flops / 2.0;

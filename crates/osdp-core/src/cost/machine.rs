@@ -178,6 +178,8 @@ pub struct Efficiencies {
     pub attention_forward: f64,
     pub attention_backward: f64,
     pub memory: f64,
+    /// Of a 16-bit GEMM with a dimension not a multiple of 8; 0: priced as an aligned one.
+    pub unaligned_matmul: f64,
 }
 
 impl Efficiencies {
@@ -189,6 +191,7 @@ impl Efficiencies {
         attention_forward: MATMUL_EFFICIENCY,
         attention_backward: MATMUL_EFFICIENCY,
         memory: MEMORY_EFFICIENCY,
+        unaligned_matmul: 0.0,
     };
 
     /// The source of efficiencies `osdp-tui calibrate --device cuda` measured.
@@ -206,6 +209,7 @@ impl Efficiencies {
                 attention_forward: g.efficiency.attention_forward.value,
                 attention_backward: g.efficiency.attention_backward.value,
                 memory: g.efficiency.memory.value,
+                unaligned_matmul: g.efficiency.unaligned_matmul.value,
             },
             _ => Efficiencies::GENERIC,
         };
@@ -226,6 +230,7 @@ impl Efficiencies {
             attention_forward: pick(&e.attention_forward, base.attention_forward),
             attention_backward: pick(&e.attention_backward, base.attention_backward),
             memory: pick(&e.memory, base.memory),
+            unaligned_matmul: base.unaligned_matmul,
         }
     }
 }
@@ -505,6 +510,40 @@ impl Machine {
         flops / (self.flops_per_s * efficiency) + f64::from(calls) * self.launch_s
     }
 
+    /// [`Machine::matmul_s`] of a linear whose weight has these dimensions: in 16-bit, one not
+    /// a multiple of 8 takes the generation's unaligned rate where it was measured.
+    pub(super) fn linear_s(&self, flops: f64, width: f64, dims: &[i64]) -> f64 {
+        if !self.slowed_unaligned(dims) {
+            return self.matmul_s(flops, width, 1);
+        }
+        let e = &self.efficiency;
+        let efficiency = (e.matmul * width / (width + e.matmul_half_width)).min(e.unaligned_matmul);
+        flops / (self.flops_per_s * efficiency) + self.launch_s
+    }
+
+    /// Whether a linear's weight of these dimensions is priced at the unaligned rate: 16-bit
+    /// compute, a dimension not a multiple of 8, and a rate measured for this generation.
+    fn slowed_unaligned(&self, dims: &[i64]) -> bool {
+        self.precision.activation_bytes <= 2
+            && self.efficiency.unaligned_matmul > 0.0
+            && dims.iter().any(|d| d % 8 != 0)
+    }
+
+    /// The linears of `model` priced at the unaligned rate, with their weights' shapes: what
+    /// `plan` names so the user can pad them.
+    pub fn unaligned_linears<'a>(&self, model: &'a ModelSpec) -> Vec<(&'a str, &'a [i64])> {
+        model
+            .ops
+            .iter()
+            .filter(|op| op.kind == crate::model::OpKind::Linear)
+            .filter_map(|op| {
+                let w = op.params.first()?;
+                self.slowed_unaligned(&w.shape)
+                    .then_some((op.id.as_str(), w.shape.as_slice()))
+            })
+            .collect()
+    }
+
     /// A fused attention kernel doing `flops` (causal ones: the masked half is skipped).
     pub(super) fn attention_s(&self, flops: f64, efficiency: f64) -> f64 {
         flops / (self.flops_per_s * efficiency) + self.launch_s
@@ -569,5 +608,44 @@ mod tests {
         let one = price(&b, Choice::zero3(1, 1), &m).compute_s;
         let four = price(&b, Choice::zero3(4, 4), &m).compute_s;
         assert!((four - one - 9.0 * 5e-6).abs() < 1e-12);
+    }
+
+    /// A 16-bit linear with a dimension not a multiple of 8 (GPT-2's 50,257-word head) runs
+    /// at the generation's unaligned rate where one was measured; aligned shapes, fp32 and
+    /// generations without a measurement are priced as before.
+    #[test]
+    fn an_unaligned_gemm_takes_the_measured_rate() {
+        let mut hopper = machine(8);
+        hopper.efficiency.unaligned_matmul = 0.12;
+        let aligned = hopper.matmul_s(1e12, 1024.0, 1);
+        assert_eq!(hopper.linear_s(1e12, 1024.0, &[50264, 1024]), aligned);
+        let slow = hopper.linear_s(1e12, 1024.0, &[50257, 1024]);
+        assert!((slow - (1.0 / 12.0 + 5e-6)).abs() < 1e-12, "{slow}");
+        let mut fp32 = hopper.clone();
+        fp32.precision = Precision::FP32;
+        assert_eq!(fp32.linear_s(1e12, 1024.0, &[50257, 1024]), aligned);
+        assert_eq!(machine(8).linear_s(1e12, 1024.0, &[50257, 1024]), aligned);
+        // The shipped Hopper layouts carry the measured figure; Ampere's was not measured.
+        let layout = |name: &str| {
+            crate::input::parse_strict(
+                std::path::Path::new(name),
+                &std::fs::read_to_string(
+                    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                        .join("../../layouts")
+                        .join(name),
+                )
+                .unwrap(),
+                crate::cluster::LAYOUT_FORMAT_VERSION,
+            )
+            .unwrap()
+        };
+        assert_eq!(
+            Efficiencies::of(&layout("h200-1x.json")).unaligned_matmul,
+            0.12
+        );
+        assert_eq!(
+            Efficiencies::of(&layout("a100-80gb-8x-nvlink.json")).unaligned_matmul,
+            0.0
+        );
     }
 }
