@@ -900,7 +900,10 @@ fn unaligned_note(machine: &osdp_core::cost::Machine, spec: &ModelSpec) -> Optio
     let dims: Vec<String> = shape.iter().map(|d| units::thousands(*d as u64)).collect();
     let padded: Vec<String> = shape
         .iter()
-        .map(|&d| units::thousands((d.max(1) as u64).div_ceil(64) * 64))
+        .map(|&d| {
+            let d = d.max(1) as u64;
+            units::thousands(if d % 8 == 0 { d } else { d.div_ceil(64) * 64 })
+        })
         .collect();
     let others = match slow.len() {
         1 => String::new(),

@@ -72,24 +72,48 @@ impl SplitMix {
     }
 
     pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
+        self.0 = self.0.wrapping_add(GOLDEN);
+        mix(self.0)
     }
 
     /// Uniform in `[0, 1)`.
     pub fn next_f64(&mut self) -> f64 {
-        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+        unit(self.next_u64())
     }
 
     /// Standard normal (Box–Muller).
     pub fn next_normal(&mut self) -> f64 {
         let u1 = self.next_f64().max(f64::MIN_POSITIVE);
         let u2 = self.next_f64();
-        (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()
+        box_muller(u1, u2)
     }
+
+    /// The normal the `k`-th call of [`SplitMix::next_normal`] from this state would give,
+    /// without stepping: the state is a counter, so any stretch of the stream can be computed
+    /// on its own (and in parallel, as the trainer's initialisation does).
+    pub fn normal_at(&self, k: u64) -> f64 {
+        let draw = |i: u64| unit(mix(self.0.wrapping_add(GOLDEN.wrapping_mul(i))));
+        let u1 = draw(2 * k + 1).max(f64::MIN_POSITIVE);
+        box_muller(u1, draw(2 * k + 2))
+    }
+}
+
+/// SplitMix64's increment.
+const GOLDEN: u64 = 0x9e37_79b9_7f4a_7c15;
+
+/// SplitMix64's output function.
+fn mix(mut z: u64) -> u64 {
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+fn unit(x: u64) -> f64 {
+    (x >> 11) as f64 / (1u64 << 53) as f64
+}
+
+fn box_muller(u1: f64, u2: f64) -> f64 {
+    (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()
 }
 
 /// One rank's share of a step: inputs and next-token labels, row-major `[rows, seq]`.

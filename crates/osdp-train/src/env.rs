@@ -103,9 +103,14 @@ pub(crate) const PYTORCH_CUDA_ALLOC_CONF: &str = "PYTORCH_CUDA_ALLOC_CONF";
 /// peak fell from 55.1 to 52.1 GiB (allocated 50.9) at the same step time (docs/fidelity.md).
 pub(crate) const CUDA_ALLOC_DEFAULT: &str = "expandable_segments:True";
 
-/// Whether the user set `PYTORCH_CUDA_ALLOC_CONF`, to any value.
+/// PyTorch 2.x's device-generic name for the allocator settings, which the CUDA allocator
+/// also reads.
+pub(crate) const PYTORCH_ALLOC_CONF: &str = "PYTORCH_ALLOC_CONF";
+
+/// Whether the user set the allocator's settings under either name, to any value.
 pub(crate) fn cuda_alloc_conf_set() -> bool {
     std::env::var_os(PYTORCH_CUDA_ALLOC_CONF).is_some()
+        || std::env::var_os(PYTORCH_ALLOC_CONF).is_some()
 }
 
 /// `CUDA_VISIBLE_DEVICES`, when set (and valid Unicode).

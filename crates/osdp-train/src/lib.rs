@@ -63,8 +63,8 @@ pub fn keep_freed_memory() {
 }
 
 /// The CUDA caching allocator's settings for this process and the workers it starts: expandable
-/// segments ([`env::CUDA_ALLOC_DEFAULT`]), unless the user set `PYTORCH_CUDA_ALLOC_CONF`
-/// themselves. The cost model predicts the allocated peak plus a runtime overhead; fixed-size
+/// segments ([`env::CUDA_ALLOC_DEFAULT`]), unless the user set `PYTORCH_CUDA_ALLOC_CONF` or
+/// `PYTORCH_ALLOC_CONF` themselves. The cost model predicts the allocated peak plus a runtime overhead; fixed-size
 /// segments left several GiB reserved beyond it on a model with tensors of many sizes. Call
 /// before any thread starts and before anything touches a GPU; harmless without one.
 pub fn allocator_defaults() {

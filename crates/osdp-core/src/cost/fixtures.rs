@@ -78,6 +78,8 @@ pub(super) fn linear_base(params: u64) -> OpBase {
         accumulation: 1,
         latency_share: 1.0,
         ends_block_params: false,
+        in_features: 0,
+        unaligned_s: 0.0,
     }
 }
 

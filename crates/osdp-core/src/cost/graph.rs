@@ -45,6 +45,12 @@ pub struct OpBase {
     /// is recomputed, its backward follows its recomputation at once, so what the recomputation
     /// fetched (an unsplit weight) serves the backward too and nothing is fetched again.
     pub ends_block_params: bool,
+    /// A linear's input features, which a split cuts into column slices (0 for other ops).
+    pub in_features: u64,
+    /// Forward and backward together at the machine's unaligned GEMM rate, where the whole
+    /// weight is priced aligned but a split's slices may not be (see [`Machine::linear_s`]);
+    /// 0 where no such rate applies.
+    pub unaligned_s: f64,
 }
 
 /// What an op owns, whatever the batch: made once per graph ([`OpGraph`]).
@@ -204,7 +210,21 @@ impl OpBase {
         } else {
             0
         };
+        let (in_features, unaligned_s) = match (op.kind, op.params.first()) {
+            (OpKind::Linear, Some(w)) if w.shape.len() == 2 && measured.is_none() => {
+                let slow = m
+                    .unaligned_linear_s(flops, w.shape[0].min(w.shape[1]).max(1) as f64)
+                    .filter(|_| !m.slowed_unaligned(&w.shape));
+                (
+                    w.shape[1].max(0) as u64,
+                    slow.map_or(0.0, |t| (1.0 + LINEAR_BWD_FACTOR) * t),
+                )
+            }
+            _ => (0, 0.0),
+        };
         OpBase {
+            in_features,
+            unaligned_s,
             params: owned.params,
             uses: owned.uses,
             splittable: op.kind == OpKind::Linear,

@@ -431,7 +431,21 @@ fn split_s(base: &OpBase, choice: Choice, m: &Machine) -> f64 {
                     (k * (f + b) - base.fwd_s - base.bwd_s).max(0.0)
                 })
         }
-        _ => (1.0 + LINEAR_BWD_FACTOR) * split_launches,
+        _ => {
+            // Slices narrower than a multiple of 8 columns fall to the unaligned GEMM rate
+            // where the machine has one, though the whole weight is aligned.
+            let k = u64::from(choice.split.max(1));
+            let slow = choice.split > 1
+                && base.unaligned_s > 0.0
+                && base.in_features > 0
+                && (base.in_features / k) % 8 != 0;
+            let unaligned = if slow {
+                (base.unaligned_s - base.fwd_s - base.bwd_s).max(0.0)
+            } else {
+                0.0
+            };
+            (1.0 + LINEAR_BWD_FACTOR) * split_launches + unaligned
+        }
     }
 }
 

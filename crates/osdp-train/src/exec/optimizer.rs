@@ -140,8 +140,17 @@ impl Executor {
         let lr = o.lr_at(self.step);
         let bc1 = 1.0 - o.beta1.powf(t);
         let bc2 = 1.0 - o.beta2.powf(t);
-        // (unit, p, g, m, v) of the updates the fused kernel takes, by weight decay or not.
+        // (unit, p, g, m, v) of the updates the fused kernel takes, by weight decay or not,
+        // sent in buckets: each bucket's fp32 gradients (copies of bf16 ones) live until its
+        // kernel runs, so a bucket is bounded the way the written-out path's one is.
         let mut fused: [Vec<(usize, [Tensor; 4])>; 2] = [Vec::new(), Vec::new()];
+        let mut bucket_bytes = [0u64; 2];
+        let step = Step {
+            t,
+            lr,
+            clip,
+            bias_correction: (bc1, bc2),
+        };
         for (u, g) in shards.into_iter().enumerate() {
             let Some(g) = g else { continue };
             let unit = &mut self.units[u];
@@ -165,58 +174,65 @@ impl Executor {
                 ),
             };
             if fusable(&[&p, &g, &m, &v]) {
-                fused[usize::from(unit.decay)].push((u, [p, g, m, v]));
+                let d = usize::from(unit.decay);
+                bucket_bytes[d] += nbytes(&g);
+                fused[d].push((u, [p, g, m, v]));
+                if bucket_bytes[d] >= FUSED_BUCKET_BYTES {
+                    self.fused_adamw(std::mem::take(&mut fused[d]), d == 1, step);
+                    bucket_bytes[d] = 0;
+                }
                 continue;
             }
             let decay = if unit.decay { o.weight_decay } else { 0.0 };
             adamw_update(&mut p, &g, &mut m, &mut v, &o, lr, decay, clip, (bc1, bc2));
             self.after_update(u);
         }
-        for (decays, group) in fused.into_iter().enumerate() {
-            if group.is_empty() {
-                continue;
+        for (d, group) in fused.into_iter().enumerate() {
+            self.fused_adamw(group, d == 1, step);
+        }
+    }
+
+    /// One fused AdamW call over a bucket of units' `[p, g, m, v]` (with weight decay or
+    /// without), then each unit's [`Executor::after_update`]; should the kernel fail, the
+    /// written-out update of each.
+    fn fused_adamw(&mut self, group: Vec<(usize, [Tensor; 4])>, decays: bool, s: Step) {
+        if group.is_empty() {
+            return;
+        }
+        let o = self.optim;
+        let device = group[0].1[0].device();
+        let step = Tensor::from(s.t as f32).to_device(device);
+        let scale = (s.clip != 1.0).then(|| Tensor::from((1.0 / s.clip) as f32).to_device(device));
+        let h = crate::aten::AdamW {
+            lr: s.lr,
+            beta1: o.beta1,
+            beta2: o.beta2,
+            weight_decay: if decays { o.weight_decay } else { 0.0 },
+            eps: o.eps,
+        };
+        let col = |k: usize| group.iter().map(|(_, t)| &t[k]).collect::<Vec<_>>();
+        let done =
+            crate::aten::fused_adamw(&col(0), &col(1), &col(2), &col(3), &step, h, scale.as_ref());
+        if let Err(err) = done {
+            crate::aten::warn_fallback(&FUSED_ADAMW_FAILED, &err);
+            for (_, [p, g, m, v]) in &group {
+                let (mut p, mut m, mut v) =
+                    (p.shallow_clone(), m.shallow_clone(), v.shallow_clone());
+                adamw_update(
+                    &mut p,
+                    g,
+                    &mut m,
+                    &mut v,
+                    &o,
+                    s.lr,
+                    h.weight_decay,
+                    s.clip,
+                    s.bias_correction,
+                );
             }
-            let device = group[0].1[0].device();
-            let step = Tensor::from(t as f32).to_device(device);
-            let scale = (clip != 1.0).then(|| Tensor::from((1.0 / clip) as f32).to_device(device));
-            let h = crate::aten::AdamW {
-                lr,
-                beta1: o.beta1,
-                beta2: o.beta2,
-                weight_decay: if decays == 1 { o.weight_decay } else { 0.0 },
-                eps: o.eps,
-            };
-            let col = |k: usize| group.iter().map(|(_, t)| &t[k]).collect::<Vec<_>>();
-            let done = crate::aten::fused_adamw(
-                &col(0),
-                &col(1),
-                &col(2),
-                &col(3),
-                &step,
-                h,
-                scale.as_ref(),
-            );
-            if let Err(err) = done {
-                crate::aten::warn_fallback(&FUSED_ADAMW_FAILED, &err);
-                for (_, [p, g, m, v]) in &group {
-                    let (mut p, mut m, mut v) =
-                        (p.shallow_clone(), m.shallow_clone(), v.shallow_clone());
-                    adamw_update(
-                        &mut p,
-                        g,
-                        &mut m,
-                        &mut v,
-                        &o,
-                        lr,
-                        h.weight_decay,
-                        clip,
-                        (bc1, bc2),
-                    );
-                }
-            }
-            for (u, _) in &group {
-                self.after_update(*u);
-            }
+        }
+        for (u, _) in &group {
+            self.after_update(*u);
         }
     }
 
@@ -264,6 +280,20 @@ impl Executor {
         }
         Ok(())
     }
+}
+
+/// The fp32 gradients one fused AdamW call takes at most (the last unit may pass it).
+const FUSED_BUCKET_BYTES: u64 = 256 << 20;
+
+/// What one AdamW step applies, whichever path runs it.
+#[derive(Clone, Copy)]
+struct Step {
+    /// The step number, counted.
+    t: f64,
+    lr: f64,
+    clip: f64,
+    /// The two moments' `1 − βᵗ`.
+    bias_correction: (f64, f64),
 }
 
 /// Set once a fused AdamW call has failed (and said so).
