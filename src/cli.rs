@@ -894,6 +894,16 @@ fn layout_efficiency_rows(l: &Layout) {
             &own.memory,
             generation.map(|g| &g.memory),
         ),
+        (
+            "unaligned matmul",
+            if e.unaligned_matmul > 0.0 {
+                percent(e.unaligned_matmul)
+            } else {
+                "as aligned".into()
+            },
+            &own.unaligned_matmul,
+            generation.map(|g| &g.unaligned_matmul),
+        ),
     ] {
         let source = match (own, fallback, generation) {
             (Some(f), _, _) => f.source.clone(),
@@ -901,20 +911,6 @@ fn layout_efficiency_rows(l: &Layout) {
             _ => "generic default, not fitted to this device (calibrate measures it)".into(),
         };
         layout_row(&format!("efficiency {name}"), value, &source);
-    }
-    // Not a layout field: the generation's measurement, or none.
-    if let Some(g) = generation {
-        let u = &g.unaligned_matmul;
-        let value = if u.value > 0.0 {
-            percent(u.value)
-        } else {
-            "as aligned".into()
-        };
-        layout_row(
-            "efficiency unaligned matmul",
-            value,
-            &format!("{} default: {}", g.name, u.source),
-        );
     }
 }
 

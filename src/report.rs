@@ -897,26 +897,49 @@ pub fn export_fsdp2(
 fn unaligned_note(machine: &osdp_core::cost::Machine, spec: &ModelSpec) -> Option<String> {
     let slow = machine.unaligned_linears(spec);
     let (first, shape) = slow.first()?;
-    let dims: Vec<String> = shape.iter().map(|d| units::thousands(*d as u64)).collect();
-    let padded: Vec<String> = shape
-        .iter()
-        .map(|&d| {
-            let d = d.max(1) as u64;
-            units::thousands(if d % 8 == 0 { d } else { d.div_ceil(64) * 64 })
-        })
-        .collect();
+    let (dims, padded) = unaligned_shapes(shape);
     let others = match slow.len() {
         1 => String::new(),
         n => format!(" (and {} more)", n - 1),
     };
     Some(format!(
-        "{first}{others}: its weight is {}, a dimension not a multiple of 8, so its bf16 GEMMs \
-         are priced at {:.0} % of peak (measured on this GPU generation); padded to {} it would \
-         run at the aligned rate",
-        dims.join(" × "),
+        "{first}{others}: its weight is {dims}, a dimension not a multiple of 8, so its bf16 GEMMs \
+         are priced at {:.0} % of peak (measured on this GPU generation); padded to {padded} it \
+         would run at the aligned rate",
         100.0 * machine.efficiency.unaligned_matmul,
-        padded.join(" × ")
     ))
+}
+
+/// The dashboard's words for one linear priced at the unaligned GEMM rate (the operator's
+/// choices popup), `None` for any other op.
+pub fn unaligned_op_words(
+    machine: &osdp_core::cost::Machine,
+    spec: &ModelSpec,
+    op: &str,
+) -> Option<String> {
+    let slow = machine.unaligned_linears(spec);
+    let (_, shape) = slow.iter().find(|(id, _)| *id == op)?;
+    let (dims, padded) = unaligned_shapes(shape);
+    Some(format!(
+        "{dims} is not a multiple of 8: GEMMs at {:.0} % of peak ({padded} would not be)",
+        100.0 * machine.efficiency.unaligned_matmul
+    ))
+}
+
+/// A weight's shape in words, and the same padded to a multiple of 64 where a dimension is
+/// not a multiple of 8: ("50,257 × 1,024", "50,304 × 1,024").
+fn unaligned_shapes(shape: &[i64]) -> (String, String) {
+    let words = |f: &dyn Fn(u64) -> u64| {
+        shape
+            .iter()
+            .map(|&d| units::thousands(f(d.max(1) as u64)))
+            .collect::<Vec<_>>()
+            .join(" × ")
+    };
+    (
+        words(&|d| d),
+        words(&|d| if d % 8 == 0 { d } else { d.div_ceil(64) * 64 }),
+    )
 }
 
 /// ", 5 % headroom (plans within 75.7 GiB)" beside the budget; ", no headroom" at 0.

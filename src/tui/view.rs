@@ -415,9 +415,16 @@ fn draw_detail(app: &App, detail: &super::app::OpDetail, f: &mut Frame, area: Re
         ];
         titles.remove(3);
     }
+    let mut block = Block::bordered().title(title);
+    if let Some(words) = crate::report::unaligned_op_words(&app.machine, &app.model, &spec.id) {
+        block = block.title_bottom(format!(
+            " {} ",
+            clip_words(&words, usize::from(w).saturating_sub(4))
+        ));
+    }
     let table = Table::new(rows, widths)
         .header(TableRow::new(titles).style(theme::MUTED))
-        .block(Block::bordered().title(title));
+        .block(block);
     f.render_widget(Clear, r);
     f.render_widget(table, r);
 }

@@ -2381,3 +2381,40 @@ fn a_command_ended_by_a_newline_runs() {
     ctrl_key(&mut a, 'm');
     assert_eq!(a.budget(), 21 * GIB);
 }
+
+/// GPT-2's 50,257-wide head on an H200: its choices popup says the GEMMs are priced at the
+/// unaligned rate and what padding avoids it; a block's linear (1,024 × 3,072) says nothing.
+#[test]
+fn the_lm_heads_choices_say_its_gemms_are_unaligned() {
+    let mut a = app("gpt2-medium", "h200-1x", 56 << 30);
+    let screen_of = |a: &App| {
+        let mut t = ratatui::Terminal::new(ratatui::backend::TestBackend::new(120, 40)).unwrap();
+        t.draw(|f| osdp_tui::tui::view::draw(a, f)).unwrap();
+        t.backend()
+            .buffer()
+            .content
+            .iter()
+            .map(|c| c.symbol())
+            .collect::<String>()
+    };
+    let open = |a: &mut App, id: &str| {
+        a.detail = None;
+        let row = a
+            .rows()
+            .iter()
+            .position(|r| matches!(r, Row::Op(op) if a.model.ops[*op].id == id))
+            .unwrap_or_else(|| panic!("{id} has a row"));
+        a.selected_row = row;
+        a.update(Action::Toggle);
+        assert!(a.detail.is_some(), "Enter opens {id}'s choices");
+    };
+    open(&mut a, "lm_head");
+    let screen = screen_of(&a);
+    assert!(
+        screen.contains("50,257 × 1,024 is not a multiple of 8: GEMMs at 12 % of peak"),
+        "{screen}"
+    );
+    assert!(screen.contains("50,304 × 1,024 would not be"), "{screen}");
+    open(&mut a, "ln_f");
+    assert!(!screen_of(&a).contains("not a multiple of 8"));
+}

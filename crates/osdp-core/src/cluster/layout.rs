@@ -145,6 +145,10 @@ pub struct Efficiency {
     /// Element-wise and normalisation kernels against memory bandwidth.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory: Option<Figure>,
+    /// A 16-bit GEMM with a dimension not a multiple of 8 (a 50,257-word LM head), forward and
+    /// backward; absent: the generation's measurement, or priced as an aligned one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unaligned_matmul: Option<Figure>,
     /// When these figures were measured on the device (`osdp-tui calibrate --device cuda`,
     /// RFC 3339); absent for fitted or estimated ones.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -158,12 +162,13 @@ impl Efficiency {
             && self.measured_at.is_none()
     }
 
-    pub fn figures(&self) -> [(&'static str, &Option<Figure>); 4] {
+    pub fn figures(&self) -> [(&'static str, &Option<Figure>); 5] {
         [
             ("matmul", &self.matmul),
             ("attention_forward", &self.attention_forward),
             ("attention_backward", &self.attention_backward),
             ("memory", &self.memory),
+            ("unaligned_matmul", &self.unaligned_matmul),
         ]
     }
 }

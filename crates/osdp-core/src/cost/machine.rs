@@ -230,7 +230,7 @@ impl Efficiencies {
             attention_forward: pick(&e.attention_forward, base.attention_forward),
             attention_backward: pick(&e.attention_backward, base.attention_backward),
             memory: pick(&e.memory, base.memory),
-            unaligned_matmul: base.unaligned_matmul,
+            unaligned_matmul: pick(&e.unaligned_matmul, base.unaligned_matmul),
         }
     }
 }

@@ -36,6 +36,13 @@ impl GemmPoint {
         2.0 * (self.tokens * self.in_features * self.out_features) as f64
     }
 
+    /// Whether a side is not a multiple of 8, which the tensor-core kernels want.
+    pub fn unaligned(&self) -> bool {
+        [self.tokens, self.in_features, self.out_features]
+            .iter()
+            .any(|d| d % 8 != 0)
+    }
+
     /// The GEMM's smallest side, the cost model's width.
     pub fn width(&self) -> f64 {
         self.tokens.min(self.in_features).min(self.out_features) as f64
@@ -143,6 +150,8 @@ impl GpuBench {
             &[64, 128, 256, 512, 1024]
         };
         linears.extend(narrow.iter().map(|&k| (4096, k)));
+        // GPT-2's LM head, 50,257 wide: the unaligned GEMM rate.
+        linears.push((1024, 50257));
         linears.sort_unstable();
         linears.dedup();
         attention.sort_unstable();
@@ -337,14 +346,42 @@ pub fn apply(
             TrainError::Invalid("the GPU layout names no bf16 peak to measure against".into())
         })?;
     let eff = &mut layout.device.efficiency;
-    let widths: Vec<(f64, f64)> = m
-        .gemm
+    // A shape with a side not a multiple of 8 runs other kernels: it has a figure of its own
+    // and stays out of the width curve's fit.
+    let (unaligned, aligned): (Vec<GemmPoint>, Vec<GemmPoint>) =
+        m.gemm.iter().copied().partition(GemmPoint::unaligned);
+    if !unaligned.is_empty() {
+        let flops: f64 = unaligned
+            .iter()
+            .map(|g| (1.0 + LINEAR_BWD_FACTOR) * g.flops())
+            .sum();
+        let secs: f64 = unaligned.iter().map(|g| g.fwd_s + g.bwd_s).sum();
+        let shapes: Vec<String> = unaligned
+            .iter()
+            .map(|g| {
+                format!(
+                    "{}×{}→{} at {:.0} TFLOP/s",
+                    g.tokens,
+                    g.in_features,
+                    g.out_features,
+                    g.efficiency(peak) * peak / 1e12
+                )
+            })
+            .collect();
+        eff.unaligned_matmul = Some(Figure {
+            value: (flops / secs / peak).min(1.0),
+            source: from.source(&format!(
+                "bf16 linear forward + backward with a side not a multiple of 8: {}",
+                shapes.join(", ")
+            )),
+        });
+    }
+    let widths: Vec<(f64, f64)> = aligned
         .iter()
         .map(|g| (g.width(), g.efficiency(peak)))
         .collect();
     if let Some((matmul, half_width)) = fit_matmul_curve(&widths) {
-        let best = m
-            .gemm
+        let best = aligned
             .iter()
             .max_by(|a, b| a.efficiency(peak).total_cmp(&b.efficiency(peak)));
         let detail = best.map_or(String::new(), |g| {
@@ -361,7 +398,7 @@ pub fn apply(
             source: from.source(&format!(
                 "bf16 linear forward + backward (the trainer's kernels) over {} shapes, fitted \
                  e(k) = matmul·k/(k + half width) on the smallest side k{detail}",
-                m.gemm.len()
+                aligned.len()
             )),
         });
         eff.matmul_half_width = Some(Figure {
@@ -442,26 +479,37 @@ mod tests {
         .unwrap()
     }
 
-    /// A GPU whose linears run at `0.75 · k / (k + 200)` of the peak, attention forward at
-    /// 40 % and backward at 30 %, GELU at 2.5 TB/s.
+    /// A GPU whose linears run at `0.75 · k / (k + 200)` of the peak (a 50,257-wide one at
+    /// 12 %), attention forward at 40 % and backward at 30 %, GELU at 2.5 TB/s.
     fn synthetic(peak: f64) -> GpuMeasurement {
-        let gemm = [(4096, 64), (4096, 256), (1024, 4096), (4096, 16384)]
-            .iter()
-            .map(|&(inp, out)| {
-                let mut g = GemmPoint {
-                    tokens: 8192,
-                    in_features: inp,
-                    out_features: out,
-                    fwd_s: 1.0,
-                    bwd_s: 0.0,
-                };
-                let k = g.width();
-                let t = 3.0 * g.flops() / (peak * 0.75 * k / (k + 200.0));
-                g.fwd_s = t / 3.0;
-                g.bwd_s = 2.0 * t / 3.0;
-                g
-            })
-            .collect();
+        let gemm = [
+            (4096, 64),
+            (4096, 256),
+            (1024, 4096),
+            (4096, 16384),
+            (1024, 50257),
+        ]
+        .iter()
+        .map(|&(inp, out)| {
+            let mut g = GemmPoint {
+                tokens: 8192,
+                in_features: inp,
+                out_features: out,
+                fwd_s: 1.0,
+                bwd_s: 0.0,
+            };
+            let k = g.width();
+            let e = if g.unaligned() {
+                0.12
+            } else {
+                0.75 * k / (k + 200.0)
+            };
+            let t = 3.0 * g.flops() / (peak * e);
+            g.fwd_s = t / 3.0;
+            g.bwd_s = 2.0 * t / 3.0;
+            g
+        })
+        .collect();
         let mut a = AttentionPoint {
             batch: 4,
             seq: 2048,
@@ -501,6 +549,14 @@ mod tests {
         assert!((get(&e.attention_forward) - 0.4).abs() < 1e-9);
         assert!((get(&e.attention_backward) - 0.3).abs() < 1e-9);
         assert!((get(&e.memory) - 2500.0 / 3350.0).abs() < 1e-9);
+        // The unaligned head has its own figure and leaves the curve's fit alone.
+        assert!((get(&e.unaligned_matmul) - 0.12).abs() < 1e-9);
+        let unaligned = &e.unaligned_matmul.as_ref().unwrap().source;
+        assert!(unaligned.contains("8192×1024→50257"), "{unaligned}");
+        assert_eq!(
+            osdp_core::cost::Efficiencies::of(&layout).unaligned_matmul,
+            get(&e.unaligned_matmul)
+        );
         assert_eq!(layout.device.model, "NVIDIA H100 80GB HBM3");
         let src = &e.matmul.as_ref().unwrap().source;
         assert!(
@@ -519,6 +575,15 @@ mod tests {
         let b = GpuBench::for_models(0, &[], false);
         let widths: Vec<i64> = b.linears.iter().map(|&(i, o)| i.min(o)).collect();
         assert!(widths.contains(&64) && widths.contains(&4096));
+        // One unaligned shape, GPT-2's head, quick or not.
+        for quick in [false, true] {
+            let b = GpuBench::for_models(0, &[], quick);
+            assert!(
+                b.linears.iter().any(|&(_, o)| o % 8 != 0),
+                "{:?}",
+                b.linears
+            );
+        }
         let seqs: std::collections::BTreeSet<i64> = b.attention.iter().map(|a| a.0).collect();
         assert!(seqs.len() >= 3);
         assert!(GpuBench::for_models(0, &[], true).linears.len() < b.linears.len());
