@@ -60,6 +60,10 @@ def run(args, **kw):
     if res.returncode != 0:
         last = (res.stderr.strip() or res.stdout.strip() or f"exit {res.returncode}").splitlines()
         raise StepFailed(f"{Path(args[0]).name} {args[1]}: exit {res.returncode}: {last[-1]}")
+    # A fused kernel that failed and fell back says so once: worth seeing in the check's log.
+    for line in (res.stderr or "").splitlines():
+        if line.startswith("warning:"):
+            log(f"{Path(args[0]).name} {args[1]}: {line}")
     return res
 
 
@@ -327,10 +331,15 @@ def measure_model(args, out, name, layouts, peak_bf16, gpu):
             continue
         step_s, peak = evaluate(args.bin, model, path, plan_file)
         predicted[which] = {"step_s": step_s, "peak_bytes": peak}
+    t0 = time.monotonic()
     steps = train(args.bin, model, plan_file, args.steps, out / f"{name}.jsonl", "cuda",
                   ["--data", "random"])
+    wall_s = time.monotonic() - t0
     seq = json.loads(model.read_text())["config"]["seq_len"]
     m = summarise(steps, args.warmup)
+    # What the run took beyond its steps: process start, weights' initialisation, placing them
+    # on the GPU, the first kernels' set-up.
+    m["startup_s"] = wall_s - sum(st["step_time_s"] for st in steps)
     batch = p["batch_size"] * p.get("accumulation", 1)
     row = {"model": name, "gpu": gpu, "batch": batch, "micro_batch": p["batch_size"],
            "planned_on": Path(planned_on).name,
@@ -340,7 +349,8 @@ def measure_model(args, out, name, layouts, peak_bf16, gpu):
            "predicted_peak_bytes": p["peak_memory_bytes"],
            "predicted": predicted,
            "predicted_overhead_bytes": p["prediction"]["overhead_bytes"], **m}
-    log(f"{name}: {row['tokens_per_s']:.0f} tokens/s, MFU {100 * row['mfu']:.1f} %, step "
+    log(f"{name}: {row['tokens_per_s']:.0f} tokens/s, MFU {100 * row['mfu']:.1f} %, "
+        f"{m['startup_s']:.1f} s before and between steps, step "
         f"{1e3 * m['step_s']:.0f} ms (predicted " + ", ".join(
             f"{k} {1e3 * v['step_s']:.0f}" for k, v in predicted.items()) + ")")
     if not args.skip_validate and (args.validate is None or name in args.validate.split(",")):
@@ -453,8 +463,8 @@ def write_report(out, summary, args):
     if summary.get("models"):
         lines += ["| model | batch | tokens/s | MFU | eager tokens/s (batch) | ratio | "
                   "step measured / predicted calibrated, datasheet | "
-                  "peak GiB: ledger / alloc. reserved / NVML / predicted |",
-                  "|---|---|---|---|---|---|---|---|"]
+                  "peak GiB: ledger / alloc. reserved / NVML / predicted | start-up |",
+                  "|---|---|---|---|---|---|---|---|---|"]
         for r in summary["models"]:
             et = r.get("eager_tokens_per_s")
             eager_s = f"{et:.0f} ({r['eager_batch']})" if et else r.get("eager_error", "-")
@@ -466,7 +476,8 @@ def write_report(out, summary, args):
                     f"{v['step_s'] * 1e3:.0f}" for v in r.get("predicted", {}).values())
                 + " ms | "
                 f"{fmt_bytes(r['ledger_peak_bytes'])} / {fmt_bytes(r['reserved_peak_bytes'])} / "
-                f"{fmt_bytes(r['process_bytes'])} / {fmt_bytes(r['predicted_peak_bytes'])} |")
+                f"{fmt_bytes(r['process_bytes'])} / {fmt_bytes(r['predicted_peak_bytes'])} | "
+                f"{r.get('startup_s', float('nan')):.1f} s |")
         lines.append("")
     if summary.get("split"):
         lines += [f"Splitting {summary['split'][0]['op']}:", "",

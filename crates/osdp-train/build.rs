@@ -22,17 +22,23 @@ fn main() {
 /// libtorch kernels tch does not bind (fused AdamW, a list's norm, the norms' backward
 /// kernels): C++ against libtorch's own headers, no CUDA headers needed, so every build has it.
 fn build_aten_shim(lib_dir: &Path) {
-    let torch_include = lib_dir.join("../include");
+    against_libtorch(lib_dir)
+        .file("src/aten_shim.cpp")
+        .compile("osdp_aten_shim");
+}
+
+/// A C++17 build against libtorch's headers, with the C++ ABI libtorch was built with.
+fn against_libtorch(lib_dir: &Path) -> cc::Build {
     let abi = std::env::var("LIBTORCH_CXX11_ABI").unwrap_or_else(|_| "1".into());
-    cc::Build::new()
+    let mut build = cc::Build::new();
+    build
         .cpp(true)
         .pic(true)
         .warnings(false)
-        .include(&torch_include)
+        .include(lib_dir.join("../include"))
         .flag("-std=c++17")
-        .flag(format!("-D_GLIBCXX_USE_CXX11_ABI={abi}"))
-        .file("src/aten_shim.cpp")
-        .compile("osdp_aten_shim");
+        .flag(format!("-D_GLIBCXX_USE_CXX11_ABI={abi}"));
+    build
 }
 
 /// The CUDA caching allocator's statistics (allocated and reserved bytes, current and peak)
@@ -71,16 +77,9 @@ fn build_allocator_shim(lib_dir: &Path) {
         );
         return;
     };
-    let abi = std::env::var("LIBTORCH_CXX11_ABI").unwrap_or_else(|_| "1".into());
-    cc::Build::new()
-        .cpp(true)
-        .pic(true)
-        .warnings(false)
-        .include(&torch_include)
+    against_libtorch(lib_dir)
         .include(torch_include.join("torch/csrc/api/include"))
         .includes(&cuda_include)
-        .flag("-std=c++17")
-        .flag(format!("-D_GLIBCXX_USE_CXX11_ABI={abi}"))
         .file("src/cuda_stats.cpp")
         .compile("osdp_cuda_stats");
     println!("cargo:rustc-cfg=osdp_cuda_stats");
