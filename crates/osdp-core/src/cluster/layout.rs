@@ -145,6 +145,13 @@ pub struct Efficiency {
     /// Element-wise and normalisation kernels against memory bandwidth.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory: Option<Figure>,
+    /// Layer and RMS norms, forward and backward, against memory bandwidth on the bytes the
+    /// cost model prices them by; absent: `memory`'s.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub norm: Option<Figure>,
+    /// The loss (log-softmax over the vocabulary and its gradient), likewise; absent: `memory`'s.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub loss: Option<Figure>,
     /// A 16-bit GEMM with a dimension not a multiple of 8 (a 50,257-word LM head), forward and
     /// backward; absent: the generation's measurement, or priced as an aligned one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -162,12 +169,14 @@ impl Efficiency {
             && self.measured_at.is_none()
     }
 
-    pub fn figures(&self) -> [(&'static str, &Option<Figure>); 5] {
+    pub fn figures(&self) -> [(&'static str, &Option<Figure>); 7] {
         [
             ("matmul", &self.matmul),
             ("attention_forward", &self.attention_forward),
             ("attention_backward", &self.attention_backward),
             ("memory", &self.memory),
+            ("norm", &self.norm),
+            ("loss", &self.loss),
             ("unaligned_matmul", &self.unaligned_matmul),
         ]
     }

@@ -182,10 +182,16 @@ impl OpBase {
                 let fwd = m.matmul_s(flops, width, 1).max(m.memory_s(moved));
                 (fwd, LINEAR_BWD_FACTOR * fwd)
             }
-            _ => (
-                m.memory_s(moved),
-                ELEMENTWISE_BWD_FACTOR * m.memory_s(moved),
-            ),
+            kind => {
+                let e = &m.efficiency;
+                let efficiency = match kind {
+                    OpKind::LayerNorm | OpKind::RmsNorm => e.norm,
+                    OpKind::CrossEntropy => e.loss,
+                    _ => e.memory,
+                };
+                let t = m.memory_at_s(moved, efficiency);
+                (t, ELEMENTWISE_BWD_FACTOR * t)
+            }
         };
         // What PyTorch's eager modules add: each step of an op written as PyTorch expressions
         // is a pass through memory of its own.
@@ -775,5 +781,29 @@ mod tests {
         // Three fp32 copies of the logits (batch × seq × vocab), nothing else.
         let c = &model.config;
         assert_eq!(after - before, 3 * 4 * 4 * c.seq_len * c.vocab_size);
+    }
+
+    /// Measured norm and loss efficiencies price those kinds, and only those; unmeasured, they
+    /// are the element-wise kernels' rate, as before.
+    #[test]
+    fn norms_and_the_loss_take_their_measured_rates() {
+        let model = sample("gpt2");
+        let mut m = cluster(1, 8.0);
+        let at = |kind: OpKind| model.ops.iter().position(|o| o.kind == kind).unwrap();
+        let (norm, loss, act) = (
+            at(OpKind::LayerNorm),
+            at(OpKind::CrossEntropy),
+            at(OpKind::Activation),
+        );
+        let before = op_bases(&model, &m, 4);
+        assert_eq!(m.efficiency.norm, m.efficiency.memory);
+        m.efficiency.norm = m.efficiency.memory / 4.0;
+        m.efficiency.loss = m.efficiency.memory / 10.0;
+        let after = op_bases(&model, &m, 4);
+        let streamed = |b: &OpBase| b.fwd_s - m.launch_s;
+        assert!((streamed(&after[norm]) / streamed(&before[norm]) - 4.0).abs() < 1e-9);
+        assert!((streamed(&after[loss]) / streamed(&before[loss]) - 10.0).abs() < 1e-9);
+        assert_eq!(after[act].fwd_s, before[act].fwd_s);
+        assert!((after[loss].bwd_s / after[loss].fwd_s - ELEMENTWISE_BWD_FACTOR).abs() < 1e-12);
     }
 }

@@ -178,6 +178,10 @@ pub struct Efficiencies {
     pub attention_forward: f64,
     pub attention_backward: f64,
     pub memory: f64,
+    /// Of layer and RMS norms against memory bandwidth (`memory` where not measured).
+    pub norm: f64,
+    /// Of the loss against memory bandwidth (`memory` where not measured).
+    pub loss: f64,
     /// Of a 16-bit GEMM with a dimension not a multiple of 8; 0: priced as an aligned one.
     pub unaligned_matmul: f64,
 }
@@ -191,6 +195,8 @@ impl Efficiencies {
         attention_forward: MATMUL_EFFICIENCY,
         attention_backward: MATMUL_EFFICIENCY,
         memory: MEMORY_EFFICIENCY,
+        norm: MEMORY_EFFICIENCY,
+        loss: MEMORY_EFFICIENCY,
         unaligned_matmul: 0.0,
     };
 
@@ -209,6 +215,8 @@ impl Efficiencies {
                 attention_forward: g.efficiency.attention_forward.value,
                 attention_backward: g.efficiency.attention_backward.value,
                 memory: g.efficiency.memory.value,
+                norm: g.efficiency.memory.value,
+                loss: g.efficiency.memory.value,
                 unaligned_matmul: g.efficiency.unaligned_matmul.value,
             },
             _ => Efficiencies::GENERIC,
@@ -217,6 +225,7 @@ impl Efficiencies {
         let pick = |f: &Option<crate::cluster::Figure>, default: f64| {
             f.as_ref().map_or(default, |f| f.value)
         };
+        let memory = pick(&e.memory, base.memory);
         Efficiencies {
             source: if e.is_empty() {
                 base.source
@@ -229,7 +238,10 @@ impl Efficiencies {
             matmul_half_width: pick(&e.matmul_half_width, base.matmul_half_width),
             attention_forward: pick(&e.attention_forward, base.attention_forward),
             attention_backward: pick(&e.attention_backward, base.attention_backward),
-            memory: pick(&e.memory, base.memory),
+            memory,
+            // Measured on their own, or as the element-wise kernels.
+            norm: pick(&e.norm, memory),
+            loss: pick(&e.loss, memory),
             unaligned_matmul: pick(&e.unaligned_matmul, base.unaligned_matmul),
         }
     }
@@ -568,7 +580,13 @@ impl Machine {
 
     /// One element-wise kernel over `bytes`: [`Machine::streamed_s`] plus its launch.
     pub(super) fn memory_s(&self, bytes: f64) -> f64 {
-        self.streamed_s(bytes) + self.launch_s
+        self.memory_at_s(bytes, self.efficiency.memory)
+    }
+
+    /// A memory-bound kernel over `bytes` reaching `efficiency` of the bandwidth, plus its
+    /// launch.
+    pub(super) fn memory_at_s(&self, bytes: f64, efficiency: f64) -> f64 {
+        bytes / (self.memory_bytes_per_s * efficiency) + self.launch_s
     }
 
     /// `bytes` read or written at the rate element-wise kernels reach of memory bandwidth.

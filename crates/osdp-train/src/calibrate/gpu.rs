@@ -17,7 +17,7 @@ use crate::ops::{self, AttentionShape};
 use crate::TrainError;
 use osdp_core::cluster::calibration::fit_matmul_curve;
 use osdp_core::cluster::{Figure, Layout};
-use osdp_core::cost::{ATTENTION_BWD_FACTOR, LINEAR_BWD_FACTOR};
+use osdp_core::cost::{ATTENTION_BWD_FACTOR, ELEMENTWISE_BWD_FACTOR, LINEAR_BWD_FACTOR};
 use osdp_core::model::{ModelSpec, OpKind};
 
 /// One linear timed as the trainer runs it: `x [tokens, in] · Wᵀ` forward, then `dx` and `dW`.
@@ -89,6 +89,11 @@ pub struct GpuMeasurement {
     pub gemm: Vec<GemmPoint>,
     pub attention: Vec<AttentionPoint>,
     pub stream: Vec<StreamPoint>,
+    /// Layer and RMS norms, forward and backward: `bytes` is what the cost model prices them
+    /// by (input and output, forward, and [`ELEMENTWISE_BWD_FACTOR`] times that backward).
+    pub norm: Vec<StreamPoint>,
+    /// The loss over a vocabulary, forward and backward, priced likewise.
+    pub loss: Vec<StreamPoint>,
     pub host: Option<HostMeasurement>,
 }
 
@@ -299,6 +304,9 @@ pub fn measure(
         },
     ];
 
+    progress(done / total, "norms and the loss, forward and backward");
+    let (norm, loss) = time_norms_and_loss(index, bench.reps, bench.tokens)?;
+
     progress(done / total, "host: pinned link and CPU AdamW");
     let host = Some(super::measure_host(gpu, 1, &mut |_| {})?);
     progress(1.0, "done");
@@ -306,8 +314,70 @@ pub fn measure(
         gemm,
         attention,
         stream,
+        norm,
+        loss,
         host,
     })
+}
+
+/// The trainer's layer and RMS norms (4,096 wide) and its loss (GPT-2's and LLaMA's
+/// vocabularies), each forward then backward, over `tokens` rows in bf16; with the bytes the
+/// cost model prices each by.
+fn time_norms_and_loss(
+    index: usize,
+    reps: usize,
+    tokens: i64,
+) -> Result<(Vec<StreamPoint>, Vec<StreamPoint>), TrainError> {
+    let gpu = Device::Cuda(index);
+    let bf16 = (Kind::BFloat16, gpu);
+    let priced = |elems: i64, out_elems: i64| {
+        (1.0 + ELEMENTWISE_BWD_FACTOR) * 2.0 * (elems + out_elems) as f64
+    };
+    let width = 4096;
+    let x = Tensor::randn([tokens, width], bf16);
+    let dy = Tensor::randn([tokens, width], bf16);
+    let w = Tensor::ones([width], bf16);
+    let b = Tensor::zeros([width], bf16);
+    let layer = per_call_s(index, reps, || {
+        let (y, mean, rstd) = ops::layer_norm_fwd(&x, &w, Some(&b), 1e-5);
+        let _ = std::hint::black_box((y, ops::layer_norm_bwd(&dy, &x, &mean, &rstd, &w, 1e-5)));
+    });
+    let rms = per_call_s(index, reps, || {
+        let (y, rstd) = ops::rms_norm_fwd(&x, &w, 1e-5);
+        let _ = std::hint::black_box((y, ops::rms_norm_bwd(&dy, &x, &rstd, &w, 1e-5)));
+    });
+    let norm_bytes = priced(tokens * width, tokens * width);
+    let norm = vec![
+        StreamPoint {
+            what: "layer norm 4096",
+            bytes: norm_bytes,
+            seconds: layer,
+        },
+        StreamPoint {
+            what: "RMS norm 4096",
+            bytes: norm_bytes,
+            seconds: rms,
+        },
+    ];
+    drop((x, dy));
+    let mut loss = Vec::new();
+    for (what, vocab) in [("loss, 50,257 words", 50257), ("loss, 32,000 words", 32000)] {
+        let logits = Tensor::randn([1, tokens, vocab], bf16);
+        let labels = Tensor::randint(vocab, [1, tokens], (Kind::Int64, gpu));
+        let seconds = per_call_s(index, reps, || {
+            let (l, logp) = ops::cross_entropy_fwd(&logits, &labels);
+            let _ = std::hint::black_box((
+                l,
+                ops::cross_entropy_bwd(1.0, logp, &labels, Kind::BFloat16),
+            ));
+        });
+        loss.push(StreamPoint {
+            what,
+            bytes: priced(tokens * vocab, 0),
+            seconds,
+        });
+    }
+    Ok((norm, loss))
 }
 
 /// Where a measured figure comes from, in words.
@@ -457,6 +527,38 @@ pub fn apply(
             )),
         });
     }
+    let bandwidth = layout.device.memory_bandwidth_gb_per_s.value * 1e9;
+    for (points, what, slot) in [
+        (
+            &m.norm,
+            "layer and RMS norms",
+            &mut layout.device.efficiency.norm,
+        ),
+        (
+            &m.loss,
+            "the loss (fp32 log-softmax and its gradient)",
+            &mut layout.device.efficiency.loss,
+        ),
+    ] {
+        if points.is_empty() {
+            continue;
+        }
+        let bytes: f64 = points.iter().map(|p| p.bytes).sum();
+        let secs: f64 = points.iter().map(|p| p.seconds).sum();
+        let each: Vec<String> = points
+            .iter()
+            .map(|p| format!("{} {:.0} GB/s", p.what, p.bytes / p.seconds / 1e9))
+            .collect();
+        *slot = Some(Figure {
+            value: (bytes / secs / bandwidth).min(1.0),
+            source: from.source(&format!(
+                "{what}, forward and backward (the trainer's kernels), the bytes the cost model \
+                 prices them by over the datasheet's {:.0} GB/s ({})",
+                bandwidth / 1e9,
+                each.join(", ")
+            )),
+        });
+    }
     if let Some(host) = &m.host {
         layout.host = Some(super::host_spec(layout, host, from.measured_at));
     }
@@ -528,6 +630,24 @@ mod tests {
                 bytes: 2.5e12,
                 seconds: 1.0,
             }],
+            // Norms at 1 TB/s, the loss at 0.5 TB/s on their priced bytes.
+            norm: vec![StreamPoint {
+                what: "layer norm 4096",
+                bytes: 1e12,
+                seconds: 1.0,
+            }],
+            loss: vec![
+                StreamPoint {
+                    what: "loss, 50,257 words",
+                    bytes: 0.5e12,
+                    seconds: 1.0,
+                },
+                StreamPoint {
+                    what: "loss, 32,000 words",
+                    bytes: 1.0e12,
+                    seconds: 2.0,
+                },
+            ],
             host: None,
         }
     }
@@ -549,6 +669,13 @@ mod tests {
         assert!((get(&e.attention_forward) - 0.4).abs() < 1e-9);
         assert!((get(&e.attention_backward) - 0.3).abs() < 1e-9);
         assert!((get(&e.memory) - 2500.0 / 3350.0).abs() < 1e-9);
+        // Norms and the loss against the datasheet's 3,350 GB/s, each with its shapes' rates.
+        assert!((get(&e.norm) - 1000.0 / 3350.0).abs() < 1e-9);
+        assert!((get(&e.loss) - 500.0 / 3350.0).abs() < 1e-9);
+        let loss = &e.loss.as_ref().unwrap().source;
+        assert!(loss.contains("loss, 32,000 words 500 GB/s"), "{loss}");
+        let eff = osdp_core::cost::Efficiencies::of(&layout);
+        assert_eq!((eff.norm, eff.loss), (get(&e.norm), get(&e.loss)));
         // The unaligned head has its own figure and leaves the curve's fit alone.
         assert!((get(&e.unaligned_matmul) - 0.12).abs() < 1e-9);
         let unaligned = &e.unaligned_matmul.as_ref().unwrap().source;
