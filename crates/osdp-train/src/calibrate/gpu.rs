@@ -174,8 +174,13 @@ impl GpuBench {
 /// Seconds per call of `f` on GPU `index`: calls are queued back to back between two
 /// synchronisations (enough of them to take ~2 ms, so the wait for the GPU is not what is
 /// timed), `reps` times after a warm-up; the median.
-fn per_call_s(index: usize, reps: usize, mut f: impl FnMut()) -> f64 {
-    let sync = || tch::Cuda::synchronize(index as i64);
+fn per_call_s(index: usize, reps: usize, f: impl FnMut()) -> f64 {
+    timed(&|| tch::Cuda::synchronize(index as i64), reps, f)
+}
+
+/// [`per_call_s`] with the wait for the device given: `sync` returns once the queued work is
+/// done (nothing to wait for on the CPU).
+fn timed(sync: &dyn Fn(), reps: usize, mut f: impl FnMut()) -> f64 {
     f();
     sync();
     let t0 = Instant::now();
@@ -305,7 +310,8 @@ pub fn measure(
     ];
 
     progress(done / total, "norms and the loss, forward and backward");
-    let (norm, loss) = time_norms_and_loss(index, bench.reps, bench.tokens)?;
+    let sync = || tch::Cuda::synchronize(index as i64);
+    let (norm, loss) = time_norms_and_loss(gpu, &sync, bench.reps, bench.tokens);
 
     progress(done / total, "host: pinned link and CPU AdamW");
     let host = Some(super::measure_host(gpu, 1, &mut |_| {})?);
@@ -324,11 +330,11 @@ pub fn measure(
 /// vocabularies), each forward then backward, over `tokens` rows in bf16; with the bytes the
 /// cost model prices each by.
 fn time_norms_and_loss(
-    index: usize,
+    gpu: Device,
+    sync: &dyn Fn(),
     reps: usize,
     tokens: i64,
-) -> Result<(Vec<StreamPoint>, Vec<StreamPoint>), TrainError> {
-    let gpu = Device::Cuda(index);
+) -> (Vec<StreamPoint>, Vec<StreamPoint>) {
     let bf16 = (Kind::BFloat16, gpu);
     let priced = |elems: i64, out_elems: i64| {
         (1.0 + ELEMENTWISE_BWD_FACTOR) * 2.0 * (elems + out_elems) as f64
@@ -338,11 +344,11 @@ fn time_norms_and_loss(
     let dy = Tensor::randn([tokens, width], bf16);
     let w = Tensor::ones([width], bf16);
     let b = Tensor::zeros([width], bf16);
-    let layer = per_call_s(index, reps, || {
+    let layer = timed(sync, reps, || {
         let (y, mean, rstd) = ops::layer_norm_fwd(&x, &w, Some(&b), 1e-5);
         let _ = std::hint::black_box((y, ops::layer_norm_bwd(&dy, &x, &mean, &rstd, &w, 1e-5)));
     });
-    let rms = per_call_s(index, reps, || {
+    let rms = timed(sync, reps, || {
         let (y, rstd) = ops::rms_norm_fwd(&x, &w, 1e-5);
         let _ = std::hint::black_box((y, ops::rms_norm_bwd(&dy, &x, &rstd, &w, 1e-5)));
     });
@@ -364,7 +370,7 @@ fn time_norms_and_loss(
     for (what, vocab) in [("loss, 50,257 words", 50257), ("loss, 32,000 words", 32000)] {
         let logits = Tensor::randn([1, tokens, vocab], bf16);
         let labels = Tensor::randint(vocab, [1, tokens], (Kind::Int64, gpu));
-        let seconds = per_call_s(index, reps, || {
+        let seconds = timed(sync, reps, || {
             let (l, logp) = ops::cross_entropy_fwd(&logits, &labels);
             let _ = std::hint::black_box((
                 l,
@@ -377,7 +383,7 @@ fn time_norms_and_loss(
             seconds,
         });
     }
-    Ok((norm, loss))
+    (norm, loss)
 }
 
 /// Where a measured figure comes from, in words.
@@ -695,6 +701,20 @@ mod tests {
         assert_eq!(eff.source, osdp_core::cost::Efficiencies::MEASURED);
         assert_eq!(layout.measured_at(), Some("2026-11-26T12:00:00Z"));
         assert!((eff.attention_forward - 0.4).abs() < 1e-9);
+    }
+
+    /// The norms' and the loss's timing runs the trainer's kernels end to end (here on the
+    /// CPU, a few rows): every point timed, with the bytes the cost model prices.
+    #[test]
+    fn norms_and_the_loss_are_timed_with_their_priced_bytes() {
+        let (norm, loss) = time_norms_and_loss(Device::Cpu, &|| {}, 1, 16);
+        assert_eq!(norm.len(), 2);
+        assert_eq!(loss.len(), 2);
+        for p in norm.iter().chain(&loss) {
+            assert!(p.seconds > 0.0 && p.seconds.is_finite(), "{p:?}");
+        }
+        assert_eq!(norm[0].bytes, 3.0 * 2.0 * 2.0 * 16.0 * 4096.0);
+        assert_eq!(loss[0].bytes, 3.0 * 2.0 * 16.0 * 50257.0);
     }
 
     #[test]
