@@ -913,7 +913,7 @@ fn layout_efficiency_rows(l: &Layout) {
         layout_row(&format!("efficiency {name}"), value, &source);
     }
     // Measured ones only; otherwise they are `memory`'s.
-    for (name, value, own) in [("norm", e.norm, &own.norm), ("loss", e.loss, &own.loss)] {
+    for (name, value, own) in [("norm", e.norm(), &own.norm), ("loss", e.loss(), &own.loss)] {
         if let Some(f) = own {
             layout_row(&format!("efficiency {name}"), percent(value), &f.source);
         }

@@ -914,12 +914,9 @@ fn unaligned_note(machine: &osdp_core::cost::Machine, spec: &ModelSpec) -> Optio
 /// choices popup), `None` for any other op.
 pub fn unaligned_op_words(
     machine: &osdp_core::cost::Machine,
-    spec: &ModelSpec,
-    op: &str,
+    op: &osdp_core::model::OpSpec,
 ) -> Option<String> {
-    let slow = machine.unaligned_linears(spec);
-    let (_, shape) = slow.iter().find(|(id, _)| *id == op)?;
-    let (dims, padded) = unaligned_shapes(shape);
+    let (dims, padded) = unaligned_shapes(machine.unaligned_weight(op)?);
     Some(format!(
         "{dims} is not a multiple of 8: GEMMs at {:.0} % of peak ({padded} would not be)",
         100.0 * machine.efficiency.unaligned_matmul
@@ -938,7 +935,13 @@ fn unaligned_shapes(shape: &[i64]) -> (String, String) {
     };
     (
         words(&|d| d),
-        words(&|d| if d % 8 == 0 { d } else { d.div_ceil(64) * 64 }),
+        words(&|d| {
+            if osdp_core::cost::gemm_aligned(d as i64) {
+                d
+            } else {
+                d.div_ceil(64) * 64
+            }
+        }),
     )
 }
 

@@ -416,7 +416,7 @@ fn draw_detail(app: &App, detail: &super::app::OpDetail, f: &mut Frame, area: Re
         titles.remove(3);
     }
     let mut block = Block::bordered().title(title);
-    if let Some(words) = crate::report::unaligned_op_words(&app.machine, &app.model, &spec.id) {
+    if let Some(words) = crate::report::unaligned_op_words(&app.machine, spec) {
         block = block.title_bottom(format!(
             " {} ",
             clip_words(&words, usize::from(w).saturating_sub(4))

@@ -81,11 +81,11 @@ impl SplitMix {
         unit(self.next_u64())
     }
 
-    /// Standard normal (Box–Muller).
+    /// Standard normal (Box–Muller), from the next two draws.
     pub fn next_normal(&mut self) -> f64 {
-        let u1 = self.next_f64().max(f64::MIN_POSITIVE);
-        let u2 = self.next_f64();
-        box_muller(u1, u2)
+        let z = self.normal_at(0);
+        self.0 = self.0.wrapping_add(GOLDEN.wrapping_mul(2));
+        z
     }
 
     /// The normal the `k`-th call of [`SplitMix::next_normal`] from this state would give,
@@ -93,8 +93,7 @@ impl SplitMix {
     /// on its own (and in parallel, as the trainer's initialisation does).
     pub fn normal_at(&self, k: u64) -> f64 {
         let draw = |i: u64| unit(mix(self.0.wrapping_add(GOLDEN.wrapping_mul(i))));
-        let u1 = draw(2 * k + 1).max(f64::MIN_POSITIVE);
-        box_muller(u1, draw(2 * k + 2))
+        box_muller(draw(2 * k + 1), draw(2 * k + 2))
     }
 }
 
@@ -112,8 +111,9 @@ fn unit(x: u64) -> f64 {
     (x >> 11) as f64 / (1u64 << 53) as f64
 }
 
+/// A standard normal from two uniforms in `[0, 1)` (the first kept off 0).
 fn box_muller(u1: f64, u2: f64) -> f64 {
-    (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()
+    (-2.0 * u1.max(f64::MIN_POSITIVE).ln()).sqrt() * (std::f64::consts::TAU * u2).cos()
 }
 
 /// One rank's share of a step: inputs and next-token labels, row-major `[rows, seq]`.

@@ -132,10 +132,7 @@ impl OpBase {
                 // The GEMM's smallest side: its narrower feature count, or the rows of the
                 // micro-batch (tokens) when fewer.
                 let weight = op.params.first().map(|p| p.shape.as_slice()).unwrap_or(&[]);
-                let features = weight.iter().copied().min().unwrap_or(1).max(1) as f64;
-                let rows = flops / (2.0 * weight.iter().product::<i64>().max(1) as f64);
-                let width = features.min(rows.max(1.0));
-                let t = m.linear_s(flops, width, weight);
+                let t = m.linear_s(flops, linear_width(weight, flops), weight);
                 (t, LINEAR_BWD_FACTOR * t)
             }
             OpKind::Attention if causal_fused => {
@@ -185,8 +182,8 @@ impl OpBase {
             kind => {
                 let e = &m.efficiency;
                 let efficiency = match kind {
-                    OpKind::LayerNorm | OpKind::RmsNorm => e.norm,
-                    OpKind::CrossEntropy => e.loss,
+                    OpKind::LayerNorm | OpKind::RmsNorm => e.norm(),
+                    OpKind::CrossEntropy => e.loss(),
                     _ => e.memory,
                 };
                 let t = m.memory_at_s(moved, efficiency);
@@ -219,7 +216,7 @@ impl OpBase {
         let (in_features, unaligned_s) = match (op.kind, op.params.first()) {
             (OpKind::Linear, Some(w)) if w.shape.len() == 2 && measured.is_none() => {
                 let slow = m
-                    .unaligned_linear_s(flops, w.shape[0].min(w.shape[1]).max(1) as f64)
+                    .unaligned_linear_s(flops, linear_width(&w.shape, flops))
                     .filter(|_| !m.slowed_unaligned(&w.shape));
                 (
                     w.shape[1].max(0) as u64,
@@ -254,6 +251,14 @@ impl OpBase {
     pub fn recompute_s(&self) -> f64 {
         self.fwd_s * f64::from(self.accumulation.max(1))
     }
+}
+
+/// A linear's GEMM width, the cost model's `k`: its weight's narrower side, or the rows of the
+/// micro-batch (tokens) when fewer.
+fn linear_width(weight: &[i64], flops: f64) -> f64 {
+    let features = weight.iter().copied().min().unwrap_or(1).max(1) as f64;
+    let rows = flops / (2.0 * weight.iter().product::<i64>().max(1) as f64);
+    features.min(rows.max(1.0))
 }
 
 /// Which calibration curve prices `op`: its kind (`linear`), and for activations also the
@@ -796,9 +801,9 @@ mod tests {
             at(OpKind::Activation),
         );
         let before = op_bases(&model, &m, 4);
-        assert_eq!(m.efficiency.norm, m.efficiency.memory);
-        m.efficiency.norm = m.efficiency.memory / 4.0;
-        m.efficiency.loss = m.efficiency.memory / 10.0;
+        assert_eq!(m.efficiency.norm(), m.efficiency.memory);
+        m.efficiency.norm_measured = Some(m.efficiency.memory / 4.0);
+        m.efficiency.loss_measured = Some(m.efficiency.memory / 10.0);
         let after = op_bases(&model, &m, 4);
         let streamed = |b: &OpBase| b.fwd_s - m.launch_s;
         assert!((streamed(&after[norm]) / streamed(&before[norm]) - 4.0).abs() < 1e-9);

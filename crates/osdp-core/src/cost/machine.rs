@@ -54,6 +54,13 @@ pub const ATTENTION_BWD_FACTOR: f64 = 2.5;
 /// Element-wise backward reads and writes about twice the forward's bytes.
 pub const ELEMENTWISE_BWD_FACTOR: f64 = 2.0;
 
+/// Whether a 16-bit GEMM dimension suits the tensor-core kernels: a multiple of 8 elements
+/// (16 bytes; "Tensor Core requirements", NVIDIA's Matrix Multiplication Background guide).
+/// The one place the rule is written: pricing, `plan`'s note and `calibrate` all ask here.
+pub fn gemm_aligned(dim: i64) -> bool {
+    dim % 8 == 0
+}
+
 /// Rates of the layout the cost model needs, resolved once.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Machine {
@@ -178,10 +185,10 @@ pub struct Efficiencies {
     pub attention_forward: f64,
     pub attention_backward: f64,
     pub memory: f64,
-    /// Of layer and RMS norms against memory bandwidth (`memory` where not measured).
-    pub norm: f64,
-    /// Of the loss against memory bandwidth (`memory` where not measured).
-    pub loss: f64,
+    /// Of layer and RMS norms against memory bandwidth, where measured ([`Efficiencies::norm`]).
+    pub norm_measured: Option<f64>,
+    /// Of the loss against memory bandwidth, where measured ([`Efficiencies::loss`]).
+    pub loss_measured: Option<f64>,
     /// Of a 16-bit GEMM with a dimension not a multiple of 8; 0: priced as an aligned one.
     pub unaligned_matmul: f64,
 }
@@ -195,10 +202,20 @@ impl Efficiencies {
         attention_forward: MATMUL_EFFICIENCY,
         attention_backward: MATMUL_EFFICIENCY,
         memory: MEMORY_EFFICIENCY,
-        norm: MEMORY_EFFICIENCY,
-        loss: MEMORY_EFFICIENCY,
+        norm_measured: None,
+        loss_measured: None,
         unaligned_matmul: 0.0,
     };
+
+    /// Layer and RMS norms: as measured, else as the element-wise kernels.
+    pub fn norm(&self) -> f64 {
+        self.norm_measured.unwrap_or(self.memory)
+    }
+
+    /// The loss: as measured, else as the element-wise kernels.
+    pub fn loss(&self) -> f64 {
+        self.loss_measured.unwrap_or(self.memory)
+    }
 
     /// The source of efficiencies `osdp-tui calibrate --device cuda` measured.
     pub const MEASURED: &'static str =
@@ -215,8 +232,8 @@ impl Efficiencies {
                 attention_forward: g.efficiency.attention_forward.value,
                 attention_backward: g.efficiency.attention_backward.value,
                 memory: g.efficiency.memory.value,
-                norm: g.efficiency.memory.value,
-                loss: g.efficiency.memory.value,
+                norm_measured: None,
+                loss_measured: None,
                 unaligned_matmul: g.efficiency.unaligned_matmul.value,
             },
             _ => Efficiencies::GENERIC,
@@ -225,7 +242,6 @@ impl Efficiencies {
         let pick = |f: &Option<crate::cluster::Figure>, default: f64| {
             f.as_ref().map_or(default, |f| f.value)
         };
-        let memory = pick(&e.memory, base.memory);
         Efficiencies {
             source: if e.is_empty() {
                 base.source
@@ -238,10 +254,9 @@ impl Efficiencies {
             matmul_half_width: pick(&e.matmul_half_width, base.matmul_half_width),
             attention_forward: pick(&e.attention_forward, base.attention_forward),
             attention_backward: pick(&e.attention_backward, base.attention_backward),
-            memory,
-            // Measured on their own, or as the element-wise kernels.
-            norm: pick(&e.norm, memory),
-            loss: pick(&e.loss, memory),
+            memory: pick(&e.memory, base.memory),
+            norm_measured: e.norm.as_ref().map(|f| f.value),
+            loss_measured: e.loss.as_ref().map(|f| f.value),
             unaligned_matmul: pick(&e.unaligned_matmul, base.unaligned_matmul),
         }
     }
@@ -547,29 +562,32 @@ impl Machine {
     pub(super) fn slowed_unaligned(&self, dims: &[i64]) -> bool {
         self.precision.activation_bytes <= 2
             && self.efficiency.unaligned_matmul > 0.0
-            && dims.iter().any(|d| d % 8 != 0)
+            && !dims.iter().all(|&d| gemm_aligned(d))
     }
 
-    /// The linears of `model` priced at the unaligned rate, with their weights' shapes: what
-    /// `plan` names so the user can pad them.
-    pub fn unaligned_linears<'a>(&self, model: &'a ModelSpec) -> Vec<(&'a str, &'a [i64])> {
-        // A calibration's measured linear curve prices every linear instead (OpBase::new).
-        if self
-            .calibration
-            .as_ref()
-            .is_some_and(|c| c.kernel_s("linear", 1.0).is_some())
+    /// The weight shape of `op` where it is a linear this machine prices at the unaligned rate:
+    /// what `plan` and the dashboard name so the user can pad it. `None` also where a
+    /// calibration's measured linear curve prices linears instead ([`OpBase::new`]).
+    pub fn unaligned_weight<'a>(&self, op: &'a crate::model::OpSpec) -> Option<&'a [i64]> {
+        if op.kind != crate::model::OpKind::Linear
+            || self
+                .calibration
+                .as_ref()
+                .is_some_and(|c| c.kernel_s("linear", 1.0).is_some())
         {
-            return Vec::new();
+            return None;
         }
+        let w = op.params.first()?;
+        self.slowed_unaligned(&w.shape)
+            .then_some(w.shape.as_slice())
+    }
+
+    /// Every linear of `model` [`Machine::unaligned_weight`] names, with its shape.
+    pub fn unaligned_linears<'a>(&self, model: &'a ModelSpec) -> Vec<(&'a str, &'a [i64])> {
         model
             .ops
             .iter()
-            .filter(|op| op.kind == crate::model::OpKind::Linear)
-            .filter_map(|op| {
-                let w = op.params.first()?;
-                self.slowed_unaligned(&w.shape)
-                    .then_some((op.id.as_str(), w.shape.as_slice()))
-            })
+            .filter_map(|op| Some((op.id.as_str(), self.unaligned_weight(op)?)))
             .collect()
     }
 

@@ -438,7 +438,7 @@ fn split_s(base: &OpBase, choice: Choice, m: &Machine) -> f64 {
             let slow = choice.split > 1
                 && base.unaligned_s > 0.0
                 && base.in_features > 0
-                && (base.in_features / k) % 8 != 0;
+                && !super::gemm_aligned((base.in_features / k) as i64);
             let unaligned = if slow {
                 (base.unaligned_s - base.fwd_s - base.bwd_s).max(0.0)
             } else {

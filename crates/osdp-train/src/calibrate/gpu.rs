@@ -40,7 +40,7 @@ impl GemmPoint {
     pub fn unaligned(&self) -> bool {
         [self.tokens, self.in_features, self.out_features]
             .iter()
-            .any(|d| d % 8 != 0)
+            .any(|&d| !osdp_core::cost::gemm_aligned(d))
     }
 
     /// The GEMM's smallest side, the cost model's width.
@@ -171,15 +171,10 @@ impl GpuBench {
     }
 }
 
-/// Seconds per call of `f` on GPU `index`: calls are queued back to back between two
-/// synchronisations (enough of them to take ~2 ms, so the wait for the GPU is not what is
-/// timed), `reps` times after a warm-up; the median.
-fn per_call_s(index: usize, reps: usize, f: impl FnMut()) -> f64 {
-    timed(&|| tch::Cuda::synchronize(index as i64), reps, f)
-}
-
-/// [`per_call_s`] with the wait for the device given: `sync` returns once the queued work is
-/// done (nothing to wait for on the CPU).
+/// Seconds per call of `f`: calls are queued back to back between two waits for the device
+/// (`sync`: returns once the queued work is done; nothing to wait for on the CPU), enough of
+/// them to take ~2 ms so that the wait is not what is timed, `reps` times after a warm-up; the
+/// median.
 fn timed(sync: &dyn Fn(), reps: usize, mut f: impl FnMut()) -> f64 {
     f();
     sync();
@@ -213,6 +208,7 @@ pub fn measure(
         )));
     }
     let gpu = Device::Cuda(index);
+    let sync = || tch::Cuda::synchronize(index as i64);
     let bf16 = (Kind::BFloat16, gpu);
     let total = (bench.linears.len() + bench.attention.len() + 3) as f64;
     let mut done = 0.0;
@@ -227,10 +223,10 @@ pub fn measure(
         let x = Tensor::randn([bench.tokens, inp], bf16);
         let w = Tensor::randn([out, inp], bf16) * (1.0 / (inp as f64).sqrt());
         let dy = Tensor::randn([bench.tokens, out], bf16);
-        let fwd_s = per_call_s(index, bench.reps, || {
+        let fwd_s = timed(&sync, bench.reps, || {
             let _ = std::hint::black_box(ops::linear_fwd(&x, &w));
         });
-        let bwd_s = per_call_s(index, bench.reps, || {
+        let bwd_s = timed(&sync, bench.reps, || {
             let _ = std::hint::black_box(ops::linear_bwd(&dy, &x, &w));
         });
         gemm.push(GemmPoint {
@@ -262,11 +258,11 @@ pub fn measure(
         let k = Tensor::randn([batch, seq, width], bf16);
         let v = Tensor::randn([batch, seq, width], bf16);
         let dout = Tensor::randn([batch, seq, width], bf16);
-        let fwd_s = per_call_s(index, bench.reps, || {
+        let fwd_s = timed(&sync, bench.reps, || {
             let _ = std::hint::black_box(ops::attention_fwd(&q, &k, &v, &shape, None));
         });
         let (out, saved) = ops::attention_fwd(&q, &k, &v, &shape, None);
-        let bwd_s = per_call_s(index, bench.reps, || {
+        let bwd_s = timed(&sync, bench.reps, || {
             let _ = std::hint::black_box(ops::attention_bwd(
                 &dout, &q, &k, &v, &out, &saved, &shape, None,
             ));
@@ -286,11 +282,11 @@ pub fn measure(
     let n: i64 = 1 << 29; // 1 GiB of bf16
     let src = Tensor::randn([n], bf16);
     let mut dst = Tensor::empty([n], bf16);
-    let copy_s = per_call_s(index, bench.reps, || {
+    let copy_s = timed(&sync, bench.reps, || {
         dst.copy_(&src);
     });
     done += 1.0;
-    let gelu_s = per_call_s(index, bench.reps, || {
+    let gelu_s = timed(&sync, bench.reps, || {
         let _ = std::hint::black_box(src.gelu("tanh"));
     });
     done += 1.0;
@@ -310,7 +306,6 @@ pub fn measure(
     ];
 
     progress(done / total, "norms and the loss, forward and backward");
-    let sync = || tch::Cuda::synchronize(index as i64);
     let (norm, loss) = time_norms_and_loss(gpu, &sync, bench.reps, bench.tokens);
 
     progress(done / total, "host: pinned link and CPU AdamW");
@@ -681,7 +676,7 @@ mod tests {
         let loss = &e.loss.as_ref().unwrap().source;
         assert!(loss.contains("loss, 32,000 words 500 GB/s"), "{loss}");
         let eff = osdp_core::cost::Efficiencies::of(&layout);
-        assert_eq!((eff.norm, eff.loss), (get(&e.norm), get(&e.loss)));
+        assert_eq!((eff.norm(), eff.loss()), (get(&e.norm), get(&e.loss)));
         // The unaligned head has its own figure and leaves the curve's fit alone.
         assert!((get(&e.unaligned_matmul) - 0.12).abs() < 1e-9);
         let unaligned = &e.unaligned_matmul.as_ref().unwrap().source;
@@ -726,7 +721,9 @@ mod tests {
         for quick in [false, true] {
             let b = GpuBench::for_models(0, &[], quick);
             assert!(
-                b.linears.iter().any(|&(_, o)| o % 8 != 0),
+                b.linears
+                    .iter()
+                    .any(|&(_, o)| !osdp_core::cost::gemm_aligned(o)),
                 "{:?}",
                 b.linears
             );

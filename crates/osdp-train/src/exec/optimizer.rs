@@ -201,8 +201,10 @@ impl Executor {
         }
         let o = self.optim;
         let device = group[0].1[0].device();
-        let step = Tensor::from(s.t as f32).to_device(device);
-        let scale = (s.clip != 1.0).then(|| Tensor::from((1.0 / s.clip) as f32).to_device(device));
+        // Filled on the device: a host tensor copied there would wait for the kernels queued
+        // before it, once a bucket.
+        let step = Tensor::full([], s.t, (Kind::Float, device));
+        let scale = (s.clip != 1.0).then(|| Tensor::full([], 1.0 / s.clip, (Kind::Float, device)));
         let h = crate::aten::AdamW {
             lr: s.lr,
             beta1: o.beta1,
