@@ -22,7 +22,9 @@ with a message when what is left of --deadline-s would not cover it:
   4. allocator: the model whose reserved peak rose most above its allocated peak trained again
      with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (the trainer's default since
      2026-11-28, so both runs match unless the caller set the variable otherwise).
-  5. the dashboard's `--once` frame of the last model on this GPU's layout, with NVML's live
+  5. padding: the first model whose LM head is not a multiple of 8 wide trained again with the
+     trainer's zero-row padding of such a weight off (OSDP_GEMM_PADDING=0).
+  6. the dashboard's `--once` frame of the last model on this GPU's layout, with NVML's live
      memory, saved as once.txt.
 
 This process never initialises CUDA itself: every GPU user is a child process, so the runs have
@@ -444,6 +446,29 @@ def allocator_study(args, out, rows):
     return res
 
 
+def padding_study(args, out, rows):
+    """The first model whose LM head is not a multiple of 8 wide (GPT-2's 50,257), trained
+    again with the trainer's zero-row padding off (OSDP_GEMM_PADDING=0): what the padding
+    saves a step."""
+    def unaligned(r):
+        cfg = json.loads((ROOT / "sample-models" / f"{r['model']}.json").read_text())["config"]
+        return cfg.get("vocab_size", cfg.get("vocab", 0)) % 8 != 0
+    row = next((r for r in rows if unaligned(r)), None)
+    if row is None:
+        log("padding: no model with an unaligned head")
+        return None
+    name = row["model"]
+    env = dict(os.environ, OSDP_GEMM_PADDING="0")
+    steps = train(args.bin, ROOT / "sample-models" / f"{name}.json", out / f"{name}.plan.json",
+                  args.steps, out / f"{name}.unpadded.jsonl", "cuda", ["--data", "random"], env)
+    m = summarise(steps, args.warmup)
+    res = {"model": name, "padded": {k: row[k] for k in m}, "unpadded": m}
+    log(f"{name} without padding: step {1e3 * m['step_s']:.0f} ms (padded "
+        f"{1e3 * row['step_s']:.0f}), reserved peak {fmt_bytes(m['reserved_peak_bytes'])} GiB "
+        f"(padded {fmt_bytes(row['reserved_peak_bytes'])})")
+    return res
+
+
 def fmt_bytes(b):
     return "-" if b is None else f"{b / GIB:.1f}"
 
@@ -494,6 +519,12 @@ def write_report(out, summary, args):
                   f" with expandable segments (allocated {fmt_bytes(a['default']['allocated_peak_bytes'])}"
                   f" / {fmt_bytes(a['expandable_segments']['allocated_peak_bytes'])}); step "
                   f"{a['default']['step_s'] * 1e3:.0f} / {a['expandable_segments']['step_s'] * 1e3:.0f} ms", ""]
+    if summary.get("padding"):
+        g = summary["padding"]
+        lines += [f"Padding, {g['model']}: step {g['padded']['step_s'] * 1e3:.0f} ms with the head "
+                  f"padded, {g['unpadded']['step_s'] * 1e3:.0f} ms without (OSDP_GEMM_PADDING=0); "
+                  f"reserved peak {fmt_bytes(g['padded']['reserved_peak_bytes'])} / "
+                  f"{fmt_bytes(g['unpadded']['reserved_peak_bytes'])} GiB", ""]
     if summary.get("calibration"):
         lines.append("Calibrated: " + ", ".join(
             f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}"
@@ -526,6 +557,9 @@ def main():
     ap.add_argument("--skip-allocator", action="store_true",
                     help="skip training the model with the most allocator slack again with "
                          "expandable segments")
+    ap.add_argument("--skip-padding", action="store_true",
+                    help="skip training the first model with an unaligned head again without "
+                         "the trainer's zero-row padding")
     ap.add_argument("--skip-validate", action="store_true",
                     help="skip `validate` (per-kind times, a synchronisation per op) per model")
     ap.add_argument("--validate", default=None, metavar="MODELS",
@@ -594,6 +628,9 @@ def main():
     if summary["models"] and not args.skip_allocator:
         summary["allocator"] = attempt("allocator",
                                        lambda: allocator_study(args, out, summary["models"]), 45)
+    if summary["models"] and not args.skip_padding:
+        summary["padding"] = attempt("padding",
+                                     lambda: padding_study(args, out, summary["models"]), 45)
     if models:
         attempt("once", lambda: once_frame(args, out, models[-1],
                                            layouts["calibrated"] or layout), 10)

@@ -905,7 +905,9 @@ fn unaligned_note(machine: &osdp_core::cost::Machine, spec: &ModelSpec) -> Optio
     Some(format!(
         "{first}{others}: its weight is {dims}, a dimension not a multiple of 8, so its bf16 GEMMs \
          are priced at {:.0} % of peak (measured on this GPU generation); padded to {padded} it \
-         would run at the aligned rate",
+         would run at the aligned rate. osdp-tui's trainer pads such a weight on a GPU \
+         (OSDP_GEMM_PADDING=0 turns it off); what that saves is not measured yet, so the \
+         price is the unpadded one",
         100.0 * machine.efficiency.unaligned_matmul,
     ))
 }

@@ -113,6 +113,16 @@ pub(crate) fn cuda_alloc_conf_set() -> bool {
         || std::env::var_os(PYTORCH_ALLOC_CONF).is_some()
 }
 
+/// `0` turns off the zero rows the trainer pads an unaligned 16-bit linear's weight with on a
+/// GPU ([`crate::ops::gemm_rows`]): for measuring what the padding saves. Any other value, or
+/// none, leaves it on.
+pub(crate) const OSDP_GEMM_PADDING: &str = "OSDP_GEMM_PADDING";
+
+/// Whether `OSDP_GEMM_PADDING` is not `0`.
+pub(crate) fn gemm_padding() -> bool {
+    std::env::var(OSDP_GEMM_PADDING).map_or(true, |v| v.trim() != "0")
+}
+
 /// `CUDA_VISIBLE_DEVICES`, when set (and valid Unicode).
 #[cfg(feature = "cuda")]
 pub(crate) fn cuda_visible_devices() -> Option<String> {

@@ -7,16 +7,71 @@ use tch::{Kind, Tensor};
 use osdp_core::model::Activation;
 
 /// `y = x Wᵀ` for one column slice of a linear's weight (`x` narrowed to the same columns).
+/// A weight [`gemm_rows`] pads is multiplied with zero rows added, and `y` is the first `out`
+/// columns of the padded product (a view: its rows keep the padded stride).
 pub fn linear_fwd(x: &Tensor, w: &Tensor) -> Tensor {
+    match gemm_rows(w) {
+        Some(rows) => linear_fwd_padded(x, w, rows),
+        None => linear_fwd_plain(x, w),
+    }
+}
+
+/// Gradients of [`linear_fwd`]: `(dx, dW)`, padded as its forward was.
+pub fn linear_bwd(dy: &Tensor, x: &Tensor, w: &Tensor) -> (Tensor, Tensor) {
+    match gemm_rows(w) {
+        Some(rows) => linear_bwd_padded(dy, x, w, rows),
+        None => linear_bwd_plain(dy, x, w),
+    }
+}
+
+/// [`linear_fwd`] on the weight as it is, padded or not (`calibrate` times cuBLAS so).
+pub fn linear_fwd_plain(x: &Tensor, w: &Tensor) -> Tensor {
     x.matmul(&w.tr())
 }
 
-/// Gradients of [`linear_fwd`]: `(dx, dW)`.
-pub fn linear_bwd(dy: &Tensor, x: &Tensor, w: &Tensor) -> (Tensor, Tensor) {
+/// [`linear_bwd`] on the weight as it is.
+pub fn linear_bwd_plain(dy: &Tensor, x: &Tensor, w: &Tensor) -> (Tensor, Tensor) {
     let out = w.size()[0];
     let cols = w.size()[1];
     let dx = dy.matmul(w);
     let dw = dy.reshape([-1, out]).tr().mm(&x.reshape([-1, cols]));
+    (dx, dw)
+}
+
+/// The rows a linear's `[out, in]` weight is multiplied with, where not its own: a 16-bit
+/// weight on a GPU whose `out` is not a multiple of 8 sends all three of the linear's GEMMs to
+/// cuBLAS's slow kernels (GPT-2's 50,257-row head at 12 % of peak on the H200 of 2026-11-28:
+/// docs/fidelity.md). With zero rows up to a multiple of 64 every GEMM dimension is aligned,
+/// for two copies of the weight and one of the output's gradient a step. Only where the zero
+/// rows add under 1 % (the heads of large vocabularies), so no output grows by more; off with
+/// `OSDP_GEMM_PADDING=0`.
+pub fn gemm_rows(w: &Tensor) -> Option<i64> {
+    let sixteen_bit = matches!(w.kind(), Kind::BFloat16 | Kind::Half);
+    if !sixteen_bit || !w.device().is_cuda() || w.dim() != 2 || !crate::env::gemm_padding() {
+        return None;
+    }
+    osdp_core::cost::padded_gemm_rows(w.size()[0])
+}
+
+/// [`linear_fwd`] with `w` padded to `rows` rows.
+pub fn linear_fwd_padded(x: &Tensor, w: &Tensor, rows: i64) -> Tensor {
+    let out = w.size()[0];
+    let padded = w.constant_pad_nd([0, 0, 0, rows - out]);
+    x.matmul(&padded.tr()).narrow(-1, 0, out)
+}
+
+/// [`linear_bwd`] with `w` and `dy` padded to `rows`: `dW` is the first `out` rows of the
+/// padded weight's gradient (a contiguous view).
+pub fn linear_bwd_padded(dy: &Tensor, x: &Tensor, w: &Tensor, rows: i64) -> (Tensor, Tensor) {
+    let (out, cols) = (w.size()[0], w.size()[1]);
+    let padded = w.constant_pad_nd([0, 0, 0, rows - out]);
+    let dy = dy.constant_pad_nd([0, rows - out]);
+    let dx = dy.matmul(&padded);
+    let dw = dy
+        .reshape([-1, rows])
+        .tr()
+        .mm(&x.reshape([-1, cols]))
+        .narrow(0, 0, out);
     (dx, dw)
 }
 
@@ -519,6 +574,45 @@ mod tests {
         let (dx1, dw1) = linear_bwd(&dy, &x.narrow(-1, 4, 4), &w.narrow(1, 4, 4));
         assert!(close(&dw1, &grad_of(&wl).narrow(1, 4, 4)));
         assert!(close(&dx1, &grad_of(&xl).narrow(-1, 4, 4)));
+    }
+
+    #[test]
+    fn weights_are_padded_only_on_a_gpu_in_16_bits() {
+        // On the CPU, and in fp32 anywhere, nothing is padded: GPT-2's head as it is.
+        assert_eq!(
+            gemm_rows(&rand(&[50_257, 2], 9).to_kind(Kind::BFloat16)),
+            None
+        );
+        assert_eq!(gemm_rows(&rand(&[50_257, 2], 9)), None);
+    }
+
+    #[test]
+    fn a_padded_linear_gives_the_unpadded_values_and_feeds_the_loss() {
+        // 13 output rows computed as 64: the values are the plain product's, the output is a
+        // view whose rows keep the padded stride, and the loss reads it as it would a copy.
+        let (x, w, dy) = (
+            rand(&[2, 3, 8], 11),
+            rand(&[13, 8], 12),
+            rand(&[2, 3, 13], 13),
+        );
+        let y = linear_fwd_padded(&x, &w, 64);
+        assert_eq!(y.size(), [2, 3, 13]);
+        assert_eq!(y.stride()[1], 64);
+        assert!(close(&y, &x.matmul(&w.tr())));
+        let labels = Tensor::from_slice(&[0i64, 12, 3, 7, 1, 2]).reshape([2, 3]);
+        let (loss, _) = cross_entropy_fwd(&y, &labels);
+        let (plain, _) = cross_entropy_fwd(&y.contiguous(), &labels);
+        assert!((loss.double_value(&[]) - plain.double_value(&[])).abs() < 1e-12);
+
+        let (dx, dw) = linear_bwd_padded(&dy, &x, &w, 64);
+        let (dx0, dw0) = linear_bwd_plain(&dy, &x, &w);
+        assert!(close(&dx, &dx0));
+        assert!(close(&dw, &dw0));
+        assert_eq!(dw.size(), [13, 8]);
+        assert!(
+            dw.is_contiguous(),
+            "the weight's gradient is handed on as a whole tensor"
+        );
     }
 
     #[test]

@@ -61,6 +61,17 @@ pub fn gemm_aligned(dim: i64) -> bool {
     dim % 8 == 0
 }
 
+/// The rows osdp-tui's trainer multiplies a 16-bit `[out, in]` weight with on a GPU where `out`
+/// is not [`gemm_aligned`]: `out` rounded up to a multiple of 64 with zero rows, where that adds
+/// under 1 % (the heads of large vocabularies: GPT-2's 50,257 → 50,304). `None`: as it is.
+pub fn padded_gemm_rows(out: i64) -> Option<i64> {
+    if gemm_aligned(out) {
+        return None;
+    }
+    let rows = (out + 63) / 64 * 64;
+    ((rows - out) * 100 < out).then_some(rows)
+}
+
 /// Rates of the layout the cost model needs, resolved once.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Machine {
@@ -618,6 +629,15 @@ mod tests {
     use super::*;
     use crate::cost::fixtures::{cluster, linear_base, machine};
     use crate::cost::price;
+
+    #[test]
+    fn only_large_unaligned_weights_are_padded_and_to_a_multiple_of_64() {
+        assert_eq!(padded_gemm_rows(50_257), Some(50_304)); // GPT-2's head
+        assert_eq!(padded_gemm_rows(50_304), None); // already aligned
+        assert_eq!(padded_gemm_rows(32_000), None);
+        assert_eq!(padded_gemm_rows(6_401), Some(6_464)); // 0.98 % more
+        assert_eq!(padded_gemm_rows(1_001), None); // 2.3 % more: not worth it
+    }
 
     #[test]
     fn ring_collectives_follow_alpha_beta() {
