@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use osdp_core::cluster::{read_layout, Figure, Layout};
-use osdp_core::cost::{Machine, Strategy, HF_TRAINER_STEP_BYTES_PER_PARAM};
+use osdp_core::cost::{Machine, Strategy, Target, HF_TRAINER_STEP_BYTES_PER_PARAM};
 use osdp_core::model::hf::{import_str, ImportOptions};
 use osdp_core::model::{AttentionImpl, Kernels, ModelSpec};
 use osdp_core::plan::baseline::Baseline;
@@ -164,6 +164,12 @@ pub struct Stack {
     /// ([`Machine::persistence_threshold`]).
     #[serde(default)]
     pub param_persistence_threshold: u64,
+    /// Whether it is PyTorch FSDP2's `fully_shard`, priced as `plan --target fsdp2` prices it
+    /// ([`Target::Fsdp2`]): two units' gathered buffers at once, and with accumulation every
+    /// module's unsharded gradient held in the reduce dtype until the last micro-batch
+    /// (`set_requires_gradient_sync(False)` before it, in the run's code).
+    #[serde(default)]
+    pub fsdp2: bool,
 }
 
 fn yes() -> bool {
@@ -411,7 +417,10 @@ pub fn model_of(run: &PublishedRun) -> Result<ModelSpec, String> {
 fn layout_file(run: &PublishedRun) -> Result<&'static str, String> {
     let g = run.gpu.to_uppercase();
     let ampere = g.contains("A100") || g.contains("A800");
-    Ok(match (g.contains("H100"), ampere, run.multi_node()) {
+    // An H200 is an H100's Hopper die with more and faster memory: the H100's node and network,
+    // the H200's own device ([`layout_of`]).
+    let hopper = g.contains("H100") || g.contains("H200");
+    Ok(match (hopper, ampere, run.multi_node()) {
         (true, _, false) => "h100-sxm-8x-nvlink.json",
         (true, _, true) => "h100-sxm-2x8-ib-ndr.json",
         (_, true, false) => "a100-80gb-8x-nvlink.json",
@@ -433,6 +442,23 @@ pub fn layout_of(run: &PublishedRun, layouts: &Path) -> Result<Layout, String> {
     };
     l.nodes = nodes;
     l.gpus_per_node = per_node;
+    if run.gpu.to_uppercase().contains("H200") {
+        l.device = read_layout(&layouts.join("h200-1x.json"))
+            .map_err(|e| e.to_string())?
+            .device;
+    }
+    // A node with fewer GPUs than the layout's NICs, where the run does not say: one NIC per
+    // GPU, as the shipped layouts' DGX nodes have (rail-optimised), not the layout's count.
+    if let Some(nics) = l.inter_node.as_mut().and_then(|i| i.nics_per_node.as_mut()) {
+        if run.nics_per_node.is_none() && nics.value > f64::from(per_node) {
+            *nics = Figure {
+                value: f64::from(per_node),
+                source: format!(
+                    "not stated by the run: one per GPU ({per_node} a node), as on the layout's DGX"
+                ),
+            };
+        }
+    }
     for (size, gib) in [("40GB", 40.0), ("96GB", 94.0)] {
         if run.gpu.to_uppercase().contains(size) {
             l.device.memory_gib = Figure {
@@ -551,6 +577,9 @@ pub fn price_run_tuned(
         m.overlap &= !stack.collectives_not_overlapped;
         m.regather_on_recompute = stack.regathers_on_recompute;
         m.persistence_threshold = stack.param_persistence_threshold;
+        if stack.fsdp2 {
+            m.target = Target::Fsdp2;
+        }
         if stack.hf_trainer_optimizer {
             m.optimizer_bytes_per_param = HF_TRAINER_STEP_BYTES_PER_PARAM;
         }

@@ -7,7 +7,9 @@ use std::collections::BTreeMap;
 #[path = "../../examples/published-runs/runs.rs"]
 mod runs;
 
-use runs::{geometric_mean, price_run, read_runs, Priced, PublishedRun, Role, DEFAULT_BAND};
+use runs::{
+    geometric_mean, price_run, price_run_tuned, read_runs, Priced, PublishedRun, Role, DEFAULT_BAND,
+};
 
 use crate::root;
 
@@ -289,6 +291,52 @@ fn runs_from_new_sources_record_their_stack_and_are_held_out() {
     assert!(groups.contains("V100, 1 node"), "{groups:?}");
     assert!(groups.contains("V100, 2–32 nodes"), "{groups:?}");
 }
+
+/// KempnerForge's FSDP2 run on 2 × 4 H200s accumulates four micro-batches with
+/// `set_requires_gradient_sync(False)` before the last, so every module keeps its unsharded
+/// gradient, upcast to the fp32 reduce dtype, until the step's one reduce-scatter: 55 GiB of a
+/// 14.8B model on every GPU. Its log's peak (`max_memory_allocated`) is 88.5 GiB. Priced as
+/// osdp-tui's own trainer runs the plan (a reduce-scatter every micro-batch) the peak is far
+/// below that; priced as `--target fsdp2` prices `fully_shard`, it is not.
+#[test]
+fn fsdp2_accumulation_holds_every_unsharded_gradient() {
+    let layouts = root().join("layouts");
+    let run = runs()
+        .into_iter()
+        .find(|r| r.id == "kempner-h200-llama3-14.8b-s4096-g8-fsdp2-ac")
+        .expect("the run is in the data file");
+    let published = run
+        .published
+        .memory_allocated_gib
+        .expect("a published peak");
+    let as_fsdp2 = price_run(&run, &layouts, &|_| {}).expect("priced");
+    let as_trainer = price_run_tuned(&run, &layouts, &|_| {}, &|m| {
+        m.target = osdp_core::cost::Target::Osdp;
+    })
+    .expect("priced");
+    assert!(
+        as_trainer.predicted_reserved_gib < 0.7 * published,
+        "as the trainer runs it: {:.1} GiB",
+        as_trainer.predicted_reserved_gib
+    );
+    assert!(
+        as_fsdp2.predicted_reserved_gib >= published,
+        "as FSDP2 runs it: {:.1} GiB, published {published} GiB",
+        as_fsdp2.predicted_reserved_gib
+    );
+    // The unsharded fp32 gradients account for the difference: 4 bytes a parameter, within
+    // the prefetched unit's buffers.
+    let held = (as_fsdp2.predicted_reserved_gib - as_trainer.predicted_reserved_gib) * GIB;
+    let grads = 4.0 * 14.84e9;
+    assert!(
+        (held / grads - 1.0).abs() < 0.15,
+        "held {:.1} GiB more, the gradients are {:.1} GiB",
+        held / GIB,
+        grads / GIB
+    );
+}
+
+const GIB: f64 = (1u64 << 30) as f64;
 
 #[test]
 fn predicted_peak_memory_is_never_below_a_published_peak() {
