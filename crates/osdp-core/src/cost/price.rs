@@ -173,7 +173,15 @@ fn fsdp2_price(base: &OpBase, choice: Choice, m: &Machine) -> OpCost {
     } else {
         (gathered, 0)
     };
-    let accumulated = if base.accumulation > 1 { rb * p } else { 0 };
+    // With accumulation every module holds its unsharded gradient from the first backward to
+    // its last one, and its sharded gradient only from then on (an optimizer step's
+    // `zero_grad` freed the last one): the two never coexist, so the sharded one, in the
+    // sharded parameter's fp32, is not held beside them.
+    let (accumulated, sharded_grad) = if base.accumulation > 1 {
+        (rb * p, FSDP2_SHARDED_GRAD_BYTES * held.grads)
+    } else {
+        (0, 0)
+    };
     let grad = (rb * p) as f64;
     let (micro_fwd, micro_bwd, sync) = match choice.strategy {
         Strategy::Dp => (0.0, 0.0, 2.0 * m.ring_s(grad, share)),
@@ -214,7 +222,7 @@ fn fsdp2_price(base: &OpBase, choice: Choice, m: &Machine) -> OpCost {
         (0, 0.0)
     };
     OpCost {
-        persistent_bytes: held.device + gathered_held + accumulated,
+        persistent_bytes: held.device - sharded_grad.min(held.device) + gathered_held + accumulated,
         transient_bytes: gathered_transient + (gb + rb) * p + fetched + base.working_bytes,
         host_bytes: held.host,
         compute_s: compute_s(base, choice, m, a),
@@ -226,6 +234,12 @@ fn fsdp2_price(base: &OpBase, choice: Choice, m: &Machine) -> OpCost {
         kept_recompute_comm_s: None,
     }
 }
+
+/// Bytes an element of FSDP2's sharded gradient takes: the sharded parameter's dtype, fp32 (a
+/// mixed-precision policy casts only the gathered copy). Of the state the cost model prices at
+/// 16 bytes a parameter, 4 are this gradient under FSDP2 (the rest: the fp32 parameter and
+/// Adam's two moments).
+const FSDP2_SHARDED_GRAD_BYTES: u64 = 4;
 
 /// What one rank holds of an op's parameters under a choice, summed over its units.
 #[derive(Debug, Clone, Copy, Default)]
@@ -242,6 +256,8 @@ struct Held {
     /// Offloaded gradients copied to the host every micro-batch / once a step (elements).
     streamed: u64,
     stepped: u64,
+    /// Elements of the gradient this rank holds on the device all step.
+    grads: u64,
 }
 
 impl Held {
@@ -258,7 +274,11 @@ impl Held {
             held.device += placed.device;
             held.host += placed.host;
             held.updated += u.holding.updated(u.numel, over);
-            held.params += u.holding.held(u.numel, over).0;
+            let (params, grads) = u.holding.held(u.numel, over);
+            held.params += params;
+            if choice.offload == Offload::None || !u.holding.streams_grads() {
+                held.grads += grads;
+            }
             if u.holding.streams_grads() {
                 held.streamed += u.holding.updated(u.numel, over);
             } else {
@@ -615,11 +635,18 @@ mod tests {
         // FSDP2's zero3 gathers twice a micro-batch and reduces once a step.
         assert!((more(z3, &fsdp2) - 6.0 * gather).abs() < 1e-12);
         assert!((more(z3, &osdp) - 3.0 * (2.0 * gather + reduce)).abs() < 1e-12);
-        // ... and every module holds its unsharded gradient, in the reduce dtype, meanwhile.
-        for c in [Choice::DP, z2, z3] {
-            let held =
-                price(&acc, c, &fsdp2).persistent_bytes - price(&base, c, &fsdp2).persistent_bytes;
-            assert_eq!(held, rb * p, "{}", c.label());
+        // ... and every module holds its unsharded gradient, in the reduce dtype, meanwhile,
+        // in place of its sharded fp32 one (whole under dp), which exists only after its last
+        // backward: never beside it.
+        for (c, sharded) in [(Choice::DP, p), (z2, p / 8), (z3, p / 8)] {
+            let held = price(&acc, c, &fsdp2).persistent_bytes as i64
+                - price(&base, c, &fsdp2).persistent_bytes as i64;
+            assert_eq!(
+                held,
+                (rb * p) as i64 - (FSDP2_SHARDED_GRAD_BYTES * sharded) as i64,
+                "{}",
+                c.label()
+            );
             assert_eq!(
                 price(&acc, c, &osdp).persistent_bytes,
                 price(&base, c, &osdp).persistent_bytes
