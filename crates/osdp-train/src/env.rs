@@ -118,9 +118,10 @@ pub(crate) fn cuda_alloc_conf_set() -> bool {
 /// none, leaves it on.
 pub(crate) const OSDP_GEMM_PADDING: &str = "OSDP_GEMM_PADDING";
 
-/// Whether `OSDP_GEMM_PADDING` is not `0`.
+/// Whether `OSDP_GEMM_PADDING` is not `0`; read once (every linear asks).
 pub(crate) fn gemm_padding() -> bool {
-    std::env::var(OSDP_GEMM_PADDING).map_or(true, |v| v.trim() != "0")
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var(OSDP_GEMM_PADDING).map_or(true, |v| v.trim() != "0"))
 }
 
 /// `CUDA_VISIBLE_DEVICES`, when set (and valid Unicode).
