@@ -902,12 +902,21 @@ fn unaligned_note(machine: &osdp_core::cost::Machine, spec: &ModelSpec) -> Optio
         1 => String::new(),
         n => format!(" (and {} more)", n - 1),
     };
+    // The trainer pads only the output rows, and only where that adds under 1 %.
+    let trainer_pads = machine.target == osdp_core::cost::Target::Osdp
+        && shape.len() == 2
+        && osdp_core::cost::padded_gemm_rows(shape[0]).is_some()
+        && osdp_core::cost::gemm_aligned(shape[1]);
+    let pads = if trainer_pads {
+        ". osdp-tui's trainer pads this weight on a GPU (OSDP_GEMM_PADDING=0 turns it off); \
+         what that saves is not measured yet, so the price is the unpadded one"
+    } else {
+        ""
+    };
     Some(format!(
         "{first}{others}: its weight is {dims}, a dimension not a multiple of 8, so its bf16 GEMMs \
          are priced at {:.0} % of peak (measured on this GPU generation); padded to {padded} it \
-         would run at the aligned rate. osdp-tui's trainer pads such a weight on a GPU \
-         (OSDP_GEMM_PADDING=0 turns it off); what that saves is not measured yet, so the \
-         price is the unpadded one",
+         would run at the aligned rate{pads}",
         100.0 * machine.efficiency.unaligned_matmul,
     ))
 }

@@ -447,18 +447,6 @@ pub fn layout_of(run: &PublishedRun, layouts: &Path) -> Result<Layout, String> {
             .map_err(|e| e.to_string())?
             .device;
     }
-    // A node with fewer GPUs than the layout's NICs, where the run does not say: one NIC per
-    // GPU, as the shipped layouts' DGX nodes have (rail-optimised), not the layout's count.
-    if let Some(nics) = l.inter_node.as_mut().and_then(|i| i.nics_per_node.as_mut()) {
-        if run.nics_per_node.is_none() && nics.value > f64::from(per_node) {
-            *nics = Figure {
-                value: f64::from(per_node),
-                source: format!(
-                    "not stated by the run: one per GPU ({per_node} a node), as on the layout's DGX"
-                ),
-            };
-        }
-    }
     for (size, gib) in [("40GB", 40.0), ("96GB", 94.0)] {
         if run.gpu.to_uppercase().contains(size) {
             l.device.memory_gib = Figure {
@@ -496,6 +484,18 @@ pub fn layout_of(run: &PublishedRun, layouts: &Path) -> Result<Layout, String> {
             value: k.link_gb_per_s,
             source: k.source.into(),
         };
+    }
+    // A node with fewer GPUs than the layout's NICs, where the run does not say: one NIC per
+    // GPU, as the shipped layouts' DGX nodes have (rail-optimised), not the layout's count.
+    if let Some(nics) = l.inter_node.as_mut().and_then(|i| i.nics_per_node.as_mut()) {
+        if run.nics_per_node.is_none() && nics.value > f64::from(per_node) {
+            *nics = Figure {
+                value: f64::from(per_node),
+                source: format!(
+                    "not stated by the run: one per GPU ({per_node} a node), as on the layout's DGX"
+                ),
+            };
+        }
     }
     if let (Some(n), Some(inter)) = (run.nics_per_node, l.inter_node.as_mut()) {
         inter.nics_per_node = Some(Figure {

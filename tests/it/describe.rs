@@ -333,7 +333,8 @@ fn an_hsdp_plan_trains_on_four_ranks_as_two_by_two() {
 /// 2 gloo ranks under PyTorch's `FSDPMemTracker` (its count of every tensor FSDP2, the model and
 /// the optimizer hold): the predicted peak, less the layout's fixed runtime overhead, and the
 /// predicted persistent bytes against what is held all step (parameters, gradients, optimizer
-/// state) are each never below the measured figure and at most 25 % above it, with
+/// state) are each never below the measured figure (the state: but for AdamW's 4-byte step
+/// counters, which the pricing leaves out) and at most 25 % above it, with
 /// accumulation too, where FSDP2 holds every module's unsharded gradient between micro-batches
 /// (leave that out of the pricing and the state falls to 0.97 of what FSDP2 holds — tried) in
 /// place of its sharded one (FSDPMemTracker's peak holds no sharded gradient at all: the

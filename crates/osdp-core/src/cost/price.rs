@@ -240,6 +240,12 @@ fn fsdp2_price(base: &OpBase, choice: Choice, m: &Machine) -> OpCost {
 /// 16 bytes a parameter, 4 are this gradient under FSDP2 (the rest: the fp32 parameter and
 /// Adam's two moments).
 const FSDP2_SHARDED_GRAD_BYTES: u64 = 4;
+// The subtraction above takes FSDP2's split of the state (fp32 parameter 4 + gradient 4 + Adam
+// 8) out of the cost model's (compute copy + gradient + optimizer): both must total 16 bytes.
+const _: () = assert!(
+    crate::cost::Precision::MIXED_BF16.state_bytes_per_param() == 16
+        && crate::cost::Precision::FP32.state_bytes_per_param() == 16
+);
 
 /// What one rank holds of an op's parameters under a choice, summed over its units.
 #[derive(Debug, Clone, Copy, Default)]
