@@ -429,15 +429,21 @@ def split_study(args, out, name, layout):
     return rows
 
 
+def train_again(args, out, name, label, **env):
+    """Model `name` trained again under its measured plan with `env` added to the environment;
+    its summary. The run's steps land in NAME.LABEL.jsonl."""
+    steps = train(args.bin, ROOT / "sample-models" / f"{name}.json", out / f"{name}.plan.json",
+                  args.steps, out / f"{name}.{label}.jsonl", "cuda", ["--data", "random"],
+                  dict(os.environ, **env))
+    return summarise(steps, args.warmup)
+
+
 def allocator_study(args, out, rows):
     """The model whose allocator kept the most beyond its allocated peak, trained again with
     PyTorch's expandable segments: how much of the reserved slack is fragmentation."""
     row = max(rows, key=lambda r: (r["reserved_peak_bytes"] or 0) - (r["allocated_peak_bytes"] or 0))
     name = row["model"]
-    env = dict(os.environ, PYTORCH_CUDA_ALLOC_CONF="expandable_segments:True")
-    steps = train(args.bin, ROOT / "sample-models" / f"{name}.json", out / f"{name}.plan.json",
-                  args.steps, out / f"{name}.expandable.jsonl", "cuda", ["--data", "random"], env)
-    m = summarise(steps, args.warmup)
+    m = train_again(args, out, name, "expandable", PYTORCH_CUDA_ALLOC_CONF="expandable_segments:True")
     res = {"model": name, "default": {k: row[k] for k in m}, "expandable_segments": m}
     log(f"{name} with expandable segments: reserved peak {fmt_bytes(m['reserved_peak_bytes'])} "
         f"GiB (default {fmt_bytes(row['reserved_peak_bytes'])}), allocated "
@@ -461,10 +467,7 @@ def padding_study(args, out, rows):
         log("padding: no model with an unaligned head")
         return None
     name = row["model"]
-    env = dict(os.environ, OSDP_GEMM_PADDING="0")
-    steps = train(args.bin, ROOT / "sample-models" / f"{name}.json", out / f"{name}.plan.json",
-                  args.steps, out / f"{name}.unpadded.jsonl", "cuda", ["--data", "random"], env)
-    m = summarise(steps, args.warmup)
+    m = train_again(args, out, name, "unpadded", OSDP_GEMM_PADDING="0")
     res = {"model": name, "padded": {k: row[k] for k in m}, "unpadded": m}
     log(f"{name} without padding: step {1e3 * m['step_s']:.0f} ms (padded "
         f"{1e3 * row['step_s']:.0f}), reserved peak {fmt_bytes(m['reserved_peak_bytes'])} GiB "
