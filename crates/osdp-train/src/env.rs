@@ -115,13 +115,30 @@ pub(crate) fn cuda_alloc_conf_set() -> bool {
 
 /// `0` turns off the zero rows the trainer pads an unaligned 16-bit linear's weight with on a
 /// GPU ([`crate::ops::gemm_rows`]): for measuring what the padding saves. Any other value, or
-/// none, leaves it on.
+/// none, leaves it on. With feature `fault-injection`, `everywhere` pads on every device and in
+/// every precision, so tests run the padded path on a CPU.
 pub(crate) const OSDP_GEMM_PADDING: &str = "OSDP_GEMM_PADDING";
 
-/// Whether `OSDP_GEMM_PADDING` is not `0`; read once (every linear asks).
-pub(crate) fn gemm_padding() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var(OSDP_GEMM_PADDING).map_or(true, |v| v.trim() != "0"))
+/// Where the trainer pads unaligned weights, as `OSDP_GEMM_PADDING` says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum GemmPadding {
+    Off,
+    /// 16-bit weights on a GPU: the default.
+    Gpu,
+    /// Every weight on every device (test hook, feature `fault-injection`).
+    Everywhere,
+}
+
+/// `OSDP_GEMM_PADDING`, read once (every linear asks).
+pub(crate) fn gemm_padding() -> GemmPadding {
+    static ON: std::sync::OnceLock<GemmPadding> = std::sync::OnceLock::new();
+    *ON.get_or_init(
+        || match std::env::var(OSDP_GEMM_PADDING).as_deref().map(str::trim) {
+            Ok("0") => GemmPadding::Off,
+            Ok("everywhere") if cfg!(feature = "fault-injection") => GemmPadding::Everywhere,
+            _ => GemmPadding::Gpu,
+        },
+    )
 }
 
 /// `CUDA_VISIBLE_DEVICES`, when set (and valid Unicode).

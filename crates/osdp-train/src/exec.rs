@@ -100,6 +100,24 @@ impl Target {
         device: Device::Cpu,
         numerics: Numerics::Fp32,
     };
+
+    /// The linears of `model` whose weights this target multiplies with zero rows added
+    /// ([`crate::ops::gemm_rows`]): `(op id, rows, padded rows)`, in the model's order.
+    pub fn padded_linears(&self, model: &osdp_core::model::ModelSpec) -> Vec<(String, i64, i64)> {
+        if !crate::ops::pads_on(self.device, self.numerics.compute_kind()) {
+            return Vec::new();
+        }
+        model
+            .ops
+            .iter()
+            .filter(|op| op.kind == osdp_core::model::OpKind::Linear)
+            .filter_map(|op| {
+                let w = op.params.first().filter(|w| w.shape.len() == 2)?;
+                let rows = osdp_core::cost::padded_gemm_rows(w.shape[0])?;
+                Some((op.id.clone(), w.shape[0], rows))
+            })
+            .collect()
+    }
 }
 
 /// AdamW with global-norm gradient clipping and a linear warm-up.

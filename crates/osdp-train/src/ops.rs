@@ -46,11 +46,22 @@ pub fn linear_bwd_plain(dy: &Tensor, x: &Tensor, w: &Tensor) -> (Tensor, Tensor)
 /// rows add under 1 % (the heads of large vocabularies), so no output grows by more; off with
 /// `OSDP_GEMM_PADDING=0`.
 pub fn gemm_rows(w: &Tensor) -> Option<i64> {
-    let sixteen_bit = matches!(w.kind(), Kind::BFloat16 | Kind::Half);
-    if !sixteen_bit || !w.device().is_cuda() || w.dim() != 2 || !crate::env::gemm_padding() {
+    if w.dim() != 2 || !pads_on(w.device(), w.kind()) {
         return None;
     }
     osdp_core::cost::padded_gemm_rows(w.size()[0])
+}
+
+/// Whether [`gemm_rows`] pads weights of `kind` on `device` at all: 16-bit ones on a GPU,
+/// unless `OSDP_GEMM_PADDING=0`.
+pub fn pads_on(device: tch::Device, kind: Kind) -> bool {
+    match crate::env::gemm_padding() {
+        crate::env::GemmPadding::Off => false,
+        crate::env::GemmPadding::Gpu => {
+            device.is_cuda() && matches!(kind, Kind::BFloat16 | Kind::Half)
+        }
+        crate::env::GemmPadding::Everywhere => true,
+    }
 }
 
 /// [`linear_fwd`] with `w` padded to `rows` rows.

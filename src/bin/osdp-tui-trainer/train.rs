@@ -530,6 +530,9 @@ impl Progress<'_> {
                 if let Some(note) = dropout_note(&self.cfg.model) {
                     eprintln!("{note}");
                 }
+                if let Some(note) = padding_note(self.cfg) {
+                    eprintln!("{note}");
+                }
             }
             WorkerEvent::Step {
                 step,
@@ -664,6 +667,26 @@ fn dropout_note(model: &osdp_core::model::ModelSpec) -> Option<String> {
             c.attention_dropout
         )
     })
+}
+
+/// The weights the trainer pads with zero rows so that every GEMM dimension suits the tensor
+/// cores, and how to turn that off (a user comparing against another stack should know).
+fn padding_note(cfg: &osdp_train::TrainConfig) -> Option<String> {
+    let padded = cfg.target.padded_linears(&cfg.model);
+    let (id, rows, to) = padded.first()?;
+    let others = match padded.len() {
+        1 => String::new(),
+        n => format!(" (and {} more)", n - 1),
+    };
+    Some(format!(
+        "note: {}{others}: its {} weight rows are multiplied with zero rows added up to {}, a \
+         multiple of 64, so its GEMMs run at the aligned rate; the gradients and the saved model \
+         keep {} rows (OSDP_GEMM_PADDING=0 turns this off)",
+        osdp_core::text::printable(id),
+        osdp_core::units::thousands(*rows as u64),
+        osdp_core::units::thousands(*to as u64),
+        osdp_core::units::thousands(*rows as u64),
+    ))
 }
 
 #[cfg(test)]
