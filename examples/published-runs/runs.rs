@@ -599,6 +599,12 @@ pub fn price_run_tuned(
     for (b, on) in plan.recompute.iter_mut().enumerate() {
         *on = every > 0 && b % every == 0;
     }
+    // A stack that can express fewer plans (FSDP2: no zero1, no splits) prices only those.
+    for c in &plan.choices {
+        m.target
+            .allows(*c)
+            .map_err(|why| format!("{}: {why}", run.id))?;
+    }
     let p = evaluate(&model, &m, &plan);
     let predicted = p.tokens_per_s / f64::from(m.ranks);
     Ok(Priced {
