@@ -336,6 +336,23 @@ fn fsdp2_accumulation_holds_every_unsharded_gradient() {
     );
 }
 
+/// A run on FSDP2 is priced only with a plan FSDP2 can run: a sharding it has no equivalent for
+/// is refused with the reason, not priced as osdp-tui's trainer would run it.
+#[test]
+fn an_fsdp2_run_is_priced_only_as_fsdp2_can_run_it() {
+    let layouts = root().join("layouts");
+    let mut run = runs()
+        .into_iter()
+        .find(|r| r.id == "kempner-h200-llama3-14.8b-s4096-g8-fsdp2-ac")
+        .expect("the run is in the data file");
+    run.sharding = Some("ZERO1".into());
+    let why = price_run(&run, &layouts, &|_| {}).expect_err("zero1 is not FSDP2's");
+    assert!(why.contains("zero1") && why.contains("FSDP2"), "{why}");
+    // The same run on a stack without that limit prices.
+    run.stack.as_mut().expect("a stack").fsdp2 = false;
+    assert!(price_run(&run, &layouts, &|_| {}).is_ok());
+}
+
 const GIB: f64 = (1u64 << 30) as f64;
 
 #[test]
