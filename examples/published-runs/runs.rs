@@ -155,6 +155,16 @@ pub struct Stack {
     /// microsoft/DeepSpeed#1246, July 2021) and gathers the updated parameters after the step.
     #[serde(default)]
     pub collectives_not_overlapped: bool,
+    /// Whether it reduces every gradient in one flat buffer, one collective a step (NVIDIA's
+    /// BERT with `--allreduce_post_accumulation`, Megatron-LM's local DDP): one collective
+    /// latency a step ([`Machine::gradient_bucket_elements`] infinite).
+    #[serde(default)]
+    pub flat_gradients: bool,
+    /// Where it reduces gradients in flat buckets of a set size after the backward, that size
+    /// in elements (DeepSpeed's `allreduce_bucket_size` / `reduce_bucket_size`, apex DDP's
+    /// `message_size`): one collective latency a bucket.
+    #[serde(default)]
+    pub gradient_bucket_elements: Option<u64>,
     /// Whether it gathers a recomputed module's parameters again for the recomputation
     /// ([`Machine::regather_on_recompute`]; DeepSpeed ZeRO-3 releases each submodule after
     /// every forward). Off for the PyTorch FSDP runs, which keep the unit gathered.
@@ -575,6 +585,11 @@ pub fn price_run_tuned(
         m.fused_softmax = stack.fused_softmax;
         m.autocast = stack.autocast;
         m.overlap &= !stack.collectives_not_overlapped;
+        if stack.flat_gradients {
+            m.gradient_bucket_elements = Some(f64::INFINITY);
+        } else if let Some(n) = stack.gradient_bucket_elements {
+            m.gradient_bucket_elements = Some(n as f64);
+        }
         m.regather_on_recompute = stack.regathers_on_recompute;
         m.persistence_threshold = stack.param_persistence_threshold;
         if stack.fsdp2 {

@@ -26,6 +26,7 @@ pub(super) fn machine(ranks: u32) -> Machine {
         reduce_bytes: 2,
         efficiency: Efficiencies::GENERIC,
         block_collectives: false,
+        gradient_bucket_elements: None,
         param_pass_bytes: 0.0,
         fused_attention: true,
         fused_softmax: false,

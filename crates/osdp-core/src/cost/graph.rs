@@ -340,6 +340,9 @@ pub struct OpGraph {
     block_share: Vec<f64>,
     /// [`ends_block_params`].
     ends_block: Vec<bool>,
+    /// Each op's parameters, and all of the model's.
+    params: Vec<u64>,
+    total_params: u64,
     owned: Vec<Owned>,
 }
 
@@ -359,10 +362,13 @@ impl OpGraph {
                 _ => 1.0,
             })
             .collect();
+        let params: Vec<u64> = model.ops.iter().map(ModelSpec::op_param_count).collect();
         OpGraph {
             inputs: input_bytes_per_sample(model),
             block_share,
             ends_block: ends_block_params(model),
+            total_params: params.iter().sum(),
+            params,
             owned: model
                 .ops
                 .iter()
@@ -397,6 +403,15 @@ impl OpGraph {
                     base.latency_share = share;
                 }
                 base.ends_block_params = ends;
+                base
+            })
+            .zip(&self.params)
+            .map(|(mut base, &params)| {
+                // Flat buffers: one latency a buffer, shared by the gradients in it.
+                if let Some(bucket) = m.gradient_bucket_elements {
+                    let buffer = bucket.min(self.total_params as f64).max(1.0);
+                    base.latency_share = params as f64 / buffer;
+                }
                 base
             })
             .collect()
@@ -625,6 +640,37 @@ mod tests {
             .zip(&bases)
             .filter(|(o, _)| owns_params(o))
             .all(|(_, b)| b.latency_share == 1.0));
+    }
+
+    /// A stack that reduces every gradient in one flat buffer pays one latency a step, shared
+    /// by all the model's parameters; in buckets of a quarter of the model, four.
+    #[test]
+    fn flat_gradient_buffers_pay_one_latency_a_buffer() {
+        let model = sample("gpt2");
+        let total: u64 = model.ops.iter().map(ModelSpec::op_param_count).sum();
+        let latencies = |bucket: f64| -> f64 {
+            let m = Machine {
+                gradient_bucket_elements: Some(bucket),
+                ..cluster(8, 8.0)
+            };
+            op_bases(&model, &m, 1)
+                .iter()
+                .zip(&model.ops)
+                .filter(|(_, o)| owns_params(o))
+                .map(|(b, _)| b.latency_share)
+                .sum()
+        };
+        assert!((latencies(f64::INFINITY) - 1.0).abs() < 1e-9);
+        assert!((latencies(total as f64 / 4.0) - 4.0).abs() < 1e-9);
+        // Per block (the default), one latency for each of the 12 blocks and one for each of
+        // the embeddings, the final norm and the head.
+        let per_block: f64 = op_bases(&model, &cluster(8, 8.0), 1)
+            .iter()
+            .zip(&model.ops)
+            .filter(|(_, o)| owns_params(o))
+            .map(|(b, _)| b.latency_share)
+            .sum();
+        assert!(per_block > 12.0, "{per_block}");
     }
 
     #[test]

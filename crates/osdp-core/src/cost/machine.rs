@@ -107,6 +107,13 @@ pub struct Machine {
     /// its ops in proportion to their parameters), as FSDP units and DDP buckets do on GPUs.
     /// The CPU trainer issues one collective per op.
     pub block_collectives: bool,
+    /// Gradients reduced in flat buffers of this many elements, one collective a buffer
+    /// ([`f64::INFINITY`]: every gradient in one buffer, one collective a step), as stacks
+    /// that reduce after the whole backward do (DeepSpeed's `allreduce_bucket_size`, apex
+    /// DDP's `message_size`, a flattened all-reduce): each op then pays its parameters' share
+    /// of one collective latency a buffer instead of its block's. `None` (osdp-tui's trainer,
+    /// FSDP): [`Machine::block_collectives`] decides.
+    pub gradient_bucket_elements: Option<f64>,
     /// Bytes moved per parameter every micro-batch outside the listed kernels
     /// ([`PARAM_PASS_BYTES`] on two GPUs or more, 0 on one GPU and on CPUs).
     pub param_pass_bytes: f64,
@@ -346,6 +353,7 @@ impl Machine {
                 .map_or(precision.grad_bytes, |d| d.bytes()),
             efficiency: Efficiencies::of(layout),
             block_collectives: layout.device.kind == DeviceKind::Gpu,
+            gradient_bucket_elements: None,
             param_pass_bytes: param_pass_bytes(layout),
             // The CPU trainer's attention is what the model description says.
             fused_attention: layout.device.kind == DeviceKind::Cpu
