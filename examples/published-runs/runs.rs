@@ -585,10 +585,28 @@ pub fn price_run_tuned(
         m.fused_softmax = stack.fused_softmax;
         m.autocast = stack.autocast;
         m.overlap &= !stack.collectives_not_overlapped;
-        if stack.flat_gradients {
-            m.gradient_bucket_elements = Some(f64::INFINITY);
-        } else if let Some(n) = stack.gradient_bucket_elements {
-            m.gradient_bucket_elements = Some(n as f64);
+        m.gradient_bucket_elements = match (stack.flat_gradients, stack.gradient_bucket_elements) {
+            (false, None) => None,
+            (true, None) => Some(f64::INFINITY),
+            (false, Some(n)) if n > 0 => Some(n as f64),
+            _ => {
+                return Err(format!(
+                    "{}: a stack has flat gradients or buckets of a positive size, not both",
+                    run.id
+                ))
+            }
+        };
+        // Buckets describe the gradients' reduction of replicated parameters; a stack that
+        // gathers parameters per module issues those collectives otherwise.
+        let sharded_params = matches!(
+            run.sharding.as_deref().map(str::to_uppercase).as_deref(),
+            Some("FULL_SHARD" | "ZERO3" | "HYBRID_SHARD" | "HSDP")
+        );
+        if m.gradient_bucket_elements.is_some() && (sharded_params || stack.fsdp2) {
+            return Err(format!(
+                "{}: gradient buckets are priced only where parameters stay whole (DDP, ZeRO-1/2)",
+                run.id
+            ));
         }
         m.regather_on_recompute = stack.regathers_on_recompute;
         m.persistence_threshold = stack.param_persistence_threshold;

@@ -353,6 +353,27 @@ fn an_fsdp2_run_is_priced_only_as_fsdp2_can_run_it() {
     assert!(price_run(&run, &layouts, &|_| {}).is_ok());
 }
 
+/// Flat gradient buffers (one collective latency a buffer) describe stacks whose parameters stay
+/// whole on every rank; a run that gathers them per module, or names both kinds of buffer, is
+/// refused rather than priced with the wrong latencies.
+#[test]
+fn gradient_buckets_are_priced_only_where_parameters_stay_whole() {
+    let layouts = root().join("layouts");
+    let all = runs();
+    let find = |id: &str| all.iter().find(|r| r.id == id).cloned().expect(id);
+    let mut zero3 = find("megatron-zero3-a100-gpt-175b-s2048-g384-mb4");
+    zero3.stack.as_mut().expect("a stack").flat_gradients = true;
+    let why = price_run(&zero3, &layouts, &|_| {}).expect_err("ZeRO-3 gathers per module");
+    assert!(why.contains("parameters stay whole"), "{why}");
+    let mut both = find("dle-v100-bert-large-s128-g16-dgx2-ddp-mb16");
+    both.stack
+        .as_mut()
+        .expect("a stack")
+        .gradient_bucket_elements = Some(1000);
+    let why = price_run(&both, &layouts, &|_| {}).expect_err("both kinds");
+    assert!(why.contains("not both"), "{why}");
+}
+
 const GIB: f64 = (1u64 << 30) as f64;
 
 #[test]

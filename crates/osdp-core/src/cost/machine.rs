@@ -112,7 +112,10 @@ pub struct Machine {
     /// that reduce after the whole backward do (DeepSpeed's `allreduce_bucket_size`, apex
     /// DDP's `message_size`, a flattened all-reduce): each op then pays its parameters' share
     /// of one collective latency a buffer instead of its block's. `None` (osdp-tui's trainer,
-    /// FSDP): [`Machine::block_collectives`] decides.
+    /// FSDP): [`Machine::block_collectives`] decides. It sets the share of every collective
+    /// an op issues, so it describes plans whose parameters stay whole on every rank (dp,
+    /// zero1, zero2: their collectives are the gradients' reduction and the step's gather, both
+    /// bucketed alike), not ones that gather parameters per module; the FSDP2 target ignores it.
     pub gradient_bucket_elements: Option<f64>,
     /// Bytes moved per parameter every micro-batch outside the listed kernels
     /// ([`PARAM_PASS_BYTES`] on two GPUs or more, 0 on one GPU and on CPUs).
