@@ -27,6 +27,7 @@ pub(super) fn machine(ranks: u32) -> Machine {
         efficiency: Efficiencies::GENERIC,
         block_collectives: false,
         gradient_bucket_elements: None,
+        nccl_tree: false,
         param_pass_bytes: 0.0,
         fused_attention: true,
         fused_softmax: false,

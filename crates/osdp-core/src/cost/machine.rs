@@ -17,6 +17,13 @@ pub const MEMORY_EFFICIENCY: f64 = 0.8;
 /// A ring collective's fixed latency on GPUs besides its per-step ones: NCCL's tuning model
 /// (src/graph/tuning.cc) gives 8.4 µs for the Simple protocol large collectives use.
 pub const NCCL_BASE_LATENCY_S: f64 = 8.4e-6;
+/// NCCL's tree, Simple protocol: the latency of each step up or down the tree, inside a node
+/// and across nodes alike (`hwLat[..][Tree][Simple]` = 28 µs, "the latency a 256kB chunk",
+/// and `baseLat[Tree][Simple]` = 0, in NCCL 2.8's src/graph/tuning.cc).
+pub const NCCL_TREE_HOP_LATENCY_S: f64 = 28e-6;
+/// The share of the ring's bus bandwidth NCCL's tuning model gives its tree (`busBw * .92`,
+/// same file; its per-channel cap, which needs the channel count, is not priced).
+pub const NCCL_TREE_BANDWIDTH: f64 = 0.92;
 /// Memory traffic per parameter of every micro-batch outside the kernels the graph lists, on
 /// GPUs: casting the gathered weights to the compute dtype, casting and scaling the gradient
 /// for its reduction, copying it into and out of the collective's buffers, accumulating it;
@@ -117,6 +124,9 @@ pub struct Machine {
     /// zero1, zero2: their collectives are the gradients' reduction and the step's gather, both
     /// bucketed alike), not ones that gather parameters per module; the FSDP2 target ignores it.
     pub gradient_bucket_elements: Option<f64>,
+    /// Whether all-reduces across nodes may take NCCL's tree ([`Machine::all_reduce_shared_s`]):
+    /// GPUs. The CPU trainer's all-reduce is a ring.
+    pub nccl_tree: bool,
     /// Bytes moved per parameter every micro-batch outside the listed kernels
     /// ([`PARAM_PASS_BYTES`] on two GPUs or more, 0 on one GPU and on CPUs).
     pub param_pass_bytes: f64,
@@ -357,6 +367,7 @@ impl Machine {
             efficiency: Efficiencies::of(layout),
             block_collectives: layout.device.kind == DeviceKind::Gpu,
             gradient_bucket_elements: None,
+            nccl_tree: layout.device.kind == DeviceKind::Gpu,
             param_pass_bytes: param_pass_bytes(layout),
             // The CPU trainer's attention is what the model description says.
             fused_attention: layout.device.kind == DeviceKind::Cpu
@@ -526,6 +537,21 @@ impl Machine {
             + (n - 1.0) / n * bytes / self.replica_link_bytes_per_s
     }
 
+    /// An all-reduce of `bytes` over one rank per node (hybrid sharding's replicas), as
+    /// [`Machine::all_reduce_shared_s`] chooses: the ring over the nodes or, on GPUs, the tree
+    /// over them (`2 · ⌊log₂ nodes⌋` steps).
+    pub(super) fn replica_all_reduce_s(&self, bytes: f64, latency_share: f64) -> f64 {
+        let ring = 2.0 * self.replica_ring_s(bytes, latency_share);
+        let nodes = self.nodes.clamp(1, self.ranks.max(1));
+        if !self.nccl_tree || nodes <= 1 {
+            return ring;
+        }
+        let steps = 2.0 * f64::from(nodes.ilog2());
+        let tree = latency_share * steps * NCCL_TREE_HOP_LATENCY_S
+            + 2.0 * bytes / (NCCL_TREE_BANDWIDTH * self.replica_link_bytes_per_s);
+        ring.min(tree)
+    }
+
     /// Host time of one tensor's all-gather where gathers are serial ([`Machine::serial_gathers`]):
     /// [`DS_2021_GATHER_HOST_S`] as measured on 8 ranks, plus one copy launch per further rank.
     /// The gather's output is a list of one view per rank, which PyTorch's list `all_gather`
@@ -547,9 +573,30 @@ impl Machine {
         f64::from(self.ranks) * self.launch_s
     }
 
-    /// Ring all-reduce = reduce-scatter + all-gather.
+    /// An all-reduce of `bytes` paying one whole latency ([`Machine::all_reduce_shared_s`]).
     pub fn all_reduce_s(&self, bytes: f64) -> f64 {
-        2.0 * self.all_gather_s(bytes)
+        self.all_reduce_shared_s(bytes, 1.0)
+    }
+
+    /// An all-reduce of `bytes` that pays `latency_share` of its latency, as NCCL runs it: of
+    /// the algorithms its tuning model prices (NCCL 2.8's src/graph/tuning.cc, Simple
+    /// protocol), the faster — the ring (a reduce-scatter and an all-gather: `2(N−1)` steps,
+    /// linear in the ranks) or, across nodes on GPUs, the tree (a chain inside each node and a
+    /// binary tree over the nodes, up and down: `2 · (N/nodes − 1 + ⌊log₂ nodes⌋)` steps of
+    /// [`NCCL_TREE_HOP_LATENCY_S`], at [`NCCL_TREE_BANDWIDTH`] of the ring's bus bandwidth,
+    /// moving the whole buffer each way). The ring wins small rank counts and large buffers,
+    /// the tree large rank counts; one node always runs the ring.
+    pub fn all_reduce_shared_s(&self, bytes: f64, latency_share: f64) -> f64 {
+        let ring = 2.0 * self.ring_s(bytes, latency_share);
+        if !self.nccl_tree || self.nodes <= 1 || self.ranks <= self.nodes {
+            return ring;
+        }
+        let nodes = self.nodes.min(self.ranks);
+        let per_node = f64::from(self.ranks / nodes);
+        let steps = 2.0 * (per_node - 1.0 + f64::from(nodes.ilog2()));
+        let tree = latency_share * steps * NCCL_TREE_HOP_LATENCY_S
+            + 2.0 * bytes / (NCCL_TREE_BANDWIDTH * self.link_bytes_per_s);
+        ring.min(tree)
     }
 
     /// A GEMM of `flops` whose smaller side is `width` features.
@@ -674,6 +721,40 @@ mod tests {
         let base = NCCL_BASE_LATENCY_S;
         assert!((eight.all_gather_s(0.0) - (base + 56.0 * 10e-6 + 7.0 * 15e-6)).abs() < 1e-12);
         assert!((one.all_gather_s(0.0) - (base + 7.0 * 10e-6)).abs() < 1e-12);
+    }
+
+    /// NCCL picks its tree for all-reduces over many nodes (its latency grows with the log of
+    /// the nodes, the ring's with the ranks) and its ring over few or on one node.
+    #[test]
+    fn all_reduces_take_the_tree_over_many_nodes_and_the_ring_over_few() {
+        let ring = |m: &Machine, bytes: f64| 2.0 * m.ring_s(bytes, 1.0);
+        let tree = |m: &Machine, bytes: f64, steps: f64| {
+            steps * NCCL_TREE_HOP_LATENCY_S
+                + 2.0 * bytes / (NCCL_TREE_BANDWIDTH * m.link_bytes_per_s)
+        };
+        // 128 nodes of 8: a 50 MB bucket. Ring: 8.4 µs + 896 steps at 10 µs + 127 at 15 µs,
+        // twice, ~22 ms; tree: 2 · (7 + 7) steps of 28 µs, ~0.8 ms, and a little more
+        // bandwidth time.
+        let many = cluster(128, 8.0);
+        let t = tree(&many, 50e6, 28.0);
+        assert!(t < ring(&many, 50e6) / 5.0);
+        assert!((many.all_reduce_s(50e6) - t).abs() < 1e-12);
+        // 2 nodes: the ring's 16 steps cost less than the tree's 16 hops of 28 µs.
+        let two = cluster(2, 8.0);
+        assert!((two.all_reduce_s(50e6) - ring(&two, 50e6)).abs() < 1e-12);
+        // One node, or the CPU trainer's gloo: the ring, whatever the size.
+        let one = cluster(1, 8.0);
+        assert!((one.all_reduce_s(1e3) - ring(&one, 1e3)).abs() < 1e-12);
+        let cpu = Machine {
+            nccl_tree: false,
+            ..cluster(128, 8.0)
+        };
+        assert!((cpu.all_reduce_s(50e6) - ring(&cpu, 50e6)).abs() < 1e-12);
+        // Hybrid sharding's replicas, one rank per node: the tree over 128 nodes, 2 · 7 hops.
+        let replicas = 2.0 * 7.0 * NCCL_TREE_HOP_LATENCY_S
+            + 2.0 * 50e6 / (NCCL_TREE_BANDWIDTH * many.replica_link_bytes_per_s);
+        assert!((many.replica_all_reduce_s(50e6, 1.0) - replicas).abs() < 1e-12);
+        assert!(replicas < 2.0 * many.replica_ring_s(50e6, 1.0));
     }
 
     #[test]

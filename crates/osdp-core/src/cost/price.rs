@@ -184,12 +184,12 @@ fn fsdp2_price(base: &OpBase, choice: Choice, m: &Machine) -> OpCost {
     };
     let grad = (rb * p) as f64;
     let (micro_fwd, micro_bwd, sync) = match choice.strategy {
-        Strategy::Dp => (0.0, 0.0, 2.0 * m.ring_s(grad, share)),
+        Strategy::Dp => (0.0, 0.0, m.all_reduce_shared_s(grad, share)),
         Strategy::Zero2 => (m.ring_s(gathered as f64, share), 0.0, m.ring_s(grad, share)),
         Strategy::Hsdp => {
             let node = m.node_ring_s(gathered as f64, share);
             let per_node = m.ranks_per_node.clamp(1, m.ranks.max(1));
-            let across = 2.0 * m.replica_ring_s(grad / f64::from(per_node), share);
+            let across = m.replica_all_reduce_s(grad / f64::from(per_node), share);
             (
                 uses * node,
                 uses * node,
@@ -306,7 +306,7 @@ fn collectives(base: &OpBase, choice: Choice, m: &Machine, replicated: u64) -> (
     let extra_gathers = f64::from(base.uses.max(1));
     let share = base.latency_share;
     let gather = |bytes: f64| m.ring_s(bytes, share);
-    let all_reduce = |bytes: f64| 2.0 * m.ring_s(bytes, share);
+    let all_reduce = |bytes: f64| m.all_reduce_shared_s(bytes, share);
     let pr = m.precision;
     let (pb, gb) = (pr.param_bytes, pr.grad_bytes);
     // Gradients travel in the reduce dtype.
@@ -398,7 +398,7 @@ fn collectives(base: &OpBase, choice: Choice, m: &Machine, replicated: u64) -> (
                 Comm {
                     micro_fwd: extra_gathers * node((pb * p) as f64),
                     micro_bwd: extra_gathers * node((pb * p) as f64) + node((rb * p) as f64),
-                    step_bwd: 2.0 * m.replica_ring_s(shard, share),
+                    step_bwd: m.replica_all_reduce_s(shard, share),
                     ..none
                 },
             )
