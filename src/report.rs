@@ -904,8 +904,7 @@ fn unaligned_note(machine: &osdp_core::cost::Machine, spec: &ModelSpec) -> Optio
     };
     // The trainer pads only the output rows, and only where that adds under 1 %.
     let trainer_pads = machine.target == osdp_core::cost::Target::Osdp
-        && shape.len() == 2
-        && osdp_core::cost::padded_gemm_rows(shape[0]).is_some()
+        && osdp_core::cost::padded_weight_rows(shape).is_some()
         && osdp_core::cost::gemm_aligned(shape[1]);
     let pads = if trainer_pads {
         ". osdp-tui's trainer pads this weight on a GPU (OSDP_GEMM_PADDING=0 turns it off); \

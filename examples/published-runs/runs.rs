@@ -574,6 +574,7 @@ pub fn price_run_tuned(
     let mut layout = layout_of(run, layouts)?;
     adjust(&mut layout);
     let mut m = Machine::new(&layout, &model);
+    let strategy = strategy_of(run.sharding.as_deref().unwrap_or("(not stated)"))?;
     // A run fetches again to recompute only where its stack says so (DeepSpeed ZeRO-3 of
     // 2021); FSDP keeps a unit gathered from its backward's gather through the recomputation.
     m.regather_on_recompute = false;
@@ -598,10 +599,7 @@ pub fn price_run_tuned(
         };
         // Buckets describe the gradients' reduction of replicated parameters; a stack that
         // gathers parameters per module issues those collectives otherwise.
-        let sharded_params = matches!(
-            run.sharding.as_deref().map(str::to_uppercase).as_deref(),
-            Some("FULL_SHARD" | "ZERO3" | "HYBRID_SHARD" | "HSDP")
-        );
+        let sharded_params = matches!(strategy, Strategy::Zero3 | Strategy::Hsdp);
         if m.gradient_bucket_elements.is_some() && (sharded_params || stack.fsdp2) {
             return Err(format!(
                 "{}: gradient buckets are priced only where parameters stay whole (DDP, ZeRO-1/2)",
@@ -625,7 +623,7 @@ pub fn price_run_tuned(
         (other, _) => return Err(format!("{}: activation checkpointing {other:?}", run.id)),
     };
     let baseline = Baseline {
-        strategy: strategy_of(run.sharding.as_deref().unwrap_or("(not stated)"))?,
+        strategy,
         checkpointing: every > 0,
     };
     let mut plan = baseline.plan(&model, run.micro_batch, run.grad_accum.unwrap_or(1).max(1));

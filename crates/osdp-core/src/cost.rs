@@ -34,9 +34,9 @@ pub use graph::{
     EAGER_ROTARY_PASSES,
 };
 pub use machine::{
-    gemm_aligned, padded_gemm_rows, param_pass_bytes, Efficiencies, Machine, ATTENTION_BWD_FACTOR,
-    DS_2021_GATHER_HOST_RANKS, DS_2021_GATHER_HOST_S, ELEMENTWISE_BWD_FACTOR, LINEAR_BWD_FACTOR,
-    MATMUL_EFFICIENCY, MEMORY_EFFICIENCY, NCCL_BASE_LATENCY_S, PARAM_PASS_BYTES,
+    gemm_aligned, padded_gemm_rows, padded_weight_rows, param_pass_bytes, Efficiencies, Machine,
+    ATTENTION_BWD_FACTOR, DS_2021_GATHER_HOST_RANKS, DS_2021_GATHER_HOST_S, ELEMENTWISE_BWD_FACTOR,
+    LINEAR_BWD_FACTOR, MATMUL_EFFICIENCY, MEMORY_EFFICIENCY, NCCL_BASE_LATENCY_S, PARAM_PASS_BYTES,
 };
 pub use precision::{
     Precision, HF_TRAINER_STEP_BYTES_PER_PARAM, HOST_STATE_BYTES_PER_PARAM,

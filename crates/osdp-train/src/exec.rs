@@ -112,8 +112,8 @@ impl Target {
             .iter()
             .filter(|op| op.kind == osdp_core::model::OpKind::Linear)
             .filter_map(|op| {
-                let w = op.params.first().filter(|w| w.shape.len() == 2)?;
-                let rows = osdp_core::cost::padded_gemm_rows(w.shape[0])?;
+                let w = op.params.first()?;
+                let rows = osdp_core::cost::padded_weight_rows(&w.shape)?;
                 Some((op.id.clone(), w.shape[0], rows))
             })
             .collect()

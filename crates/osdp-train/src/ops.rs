@@ -46,10 +46,10 @@ pub fn linear_bwd_plain(dy: &Tensor, x: &Tensor, w: &Tensor) -> (Tensor, Tensor)
 /// rows add under 1 % (the heads of large vocabularies), so no output grows by more; off with
 /// `OSDP_GEMM_PADDING=0`.
 pub fn gemm_rows(w: &Tensor) -> Option<i64> {
-    if w.dim() != 2 || !pads_on(w.device(), w.kind()) {
+    if !pads_on(w.device(), w.kind()) {
         return None;
     }
-    osdp_core::cost::padded_gemm_rows(w.size()[0])
+    osdp_core::cost::padded_weight_rows(&w.size())
 }
 
 /// Whether [`gemm_rows`] pads weights of `kind` on `device` at all: 16-bit ones on a GPU,

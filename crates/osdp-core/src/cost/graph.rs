@@ -340,8 +340,7 @@ pub struct OpGraph {
     block_share: Vec<f64>,
     /// [`ends_block_params`].
     ends_block: Vec<bool>,
-    /// Each op's parameters, and all of the model's.
-    params: Vec<u64>,
+    /// All of the model's parameters (each op's are its [`Owned::params`]).
     total_params: u64,
     owned: Vec<Owned>,
 }
@@ -362,13 +361,11 @@ impl OpGraph {
                 _ => 1.0,
             })
             .collect();
-        let params: Vec<u64> = model.ops.iter().map(ModelSpec::op_param_count).collect();
         OpGraph {
             inputs: input_bytes_per_sample(model),
             block_share,
             ends_block: ends_block_params(model),
-            total_params: params.iter().sum(),
-            params,
+            total_params: model.ops.iter().map(ModelSpec::op_param_count).sum(),
             owned: model
                 .ops
                 .iter()
@@ -399,22 +396,16 @@ impl OpGraph {
             .map(|(mut base, (&share, &ends))| {
                 // `osdp_torch.apply_plan` makes each planned module an FSDP2 unit of its own,
                 // with its own collectives: there a block's ops share no latency.
-                if m.block_collectives && m.target != Target::Fsdp2 {
-                    base.latency_share = share;
+                // Flat gradient buffers: one latency a buffer, shared by the gradients in it.
+                if m.target != Target::Fsdp2 {
+                    if let Some(bucket) = m.gradient_bucket_elements {
+                        let buffer = bucket.min(self.total_params as f64).max(1.0);
+                        base.latency_share = base.params as f64 / buffer;
+                    } else if m.block_collectives {
+                        base.latency_share = share;
+                    }
                 }
                 base.ends_block_params = ends;
-                base
-            })
-            .zip(&self.params)
-            .map(|(mut base, &params)| {
-                // Flat buffers: one latency a buffer, shared by the gradients in it. FSDP2
-                // units keep their own collectives.
-                if let (Some(bucket), false) =
-                    (m.gradient_bucket_elements, m.target == Target::Fsdp2)
-                {
-                    let buffer = bucket.min(self.total_params as f64).max(1.0);
-                    base.latency_share = params as f64 / buffer;
-                }
                 base
             })
             .collect()

@@ -79,6 +79,15 @@ pub fn padded_gemm_rows(out: i64) -> Option<i64> {
     ((rows - out) * 100 < out).then_some(rows)
 }
 
+/// [`padded_gemm_rows`] of a linear's `[out, in]` weight of this shape: the one rule the trainer
+/// pads by, `plan`'s note names and the trainer's start-up note lists.
+pub fn padded_weight_rows(shape: &[i64]) -> Option<i64> {
+    match shape {
+        [out, _] => padded_gemm_rows(*out),
+        _ => None,
+    }
+}
+
 /// Rates of the layout the cost model needs, resolved once.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Machine {
@@ -542,13 +551,27 @@ impl Machine {
     /// over them (`2 · ⌊log₂ nodes⌋` steps).
     pub(super) fn replica_all_reduce_s(&self, bytes: f64, latency_share: f64) -> f64 {
         let ring = 2.0 * self.replica_ring_s(bytes, latency_share);
+        self.tree_or_ring_s(ring, 1, bytes, latency_share, self.replica_link_bytes_per_s)
+    }
+
+    /// The faster of `ring` and NCCL's tree for an all-reduce of `bytes` over this machine's
+    /// nodes with `per_node` ranks in each, on links of `bytes_per_s` bus bandwidth: on GPUs
+    /// over two nodes or more, `ring` otherwise.
+    fn tree_or_ring_s(
+        &self,
+        ring: f64,
+        per_node: u32,
+        bytes: f64,
+        latency_share: f64,
+        bytes_per_s: f64,
+    ) -> f64 {
         let nodes = self.nodes.clamp(1, self.ranks.max(1));
         if !self.nccl_tree || nodes <= 1 {
             return ring;
         }
-        let steps = 2.0 * f64::from(nodes.ilog2());
+        let steps = 2.0 * f64::from(per_node.max(1) - 1 + nodes.ilog2());
         let tree = latency_share * steps * NCCL_TREE_HOP_LATENCY_S
-            + 2.0 * bytes / (NCCL_TREE_BANDWIDTH * self.replica_link_bytes_per_s);
+            + 2.0 * bytes / (NCCL_TREE_BANDWIDTH * bytes_per_s);
         ring.min(tree)
     }
 
@@ -588,15 +611,13 @@ impl Machine {
     /// the tree large rank counts; one node always runs the ring.
     pub fn all_reduce_shared_s(&self, bytes: f64, latency_share: f64) -> f64 {
         let ring = 2.0 * self.ring_s(bytes, latency_share);
-        if !self.nccl_tree || self.nodes <= 1 || self.ranks <= self.nodes {
-            return ring;
-        }
-        let nodes = self.nodes.min(self.ranks);
-        let per_node = f64::from(self.ranks / nodes);
-        let steps = 2.0 * (per_node - 1.0 + f64::from(nodes.ilog2()));
-        let tree = latency_share * steps * NCCL_TREE_HOP_LATENCY_S
-            + 2.0 * bytes / (NCCL_TREE_BANDWIDTH * self.link_bytes_per_s);
-        ring.min(tree)
+        self.tree_or_ring_s(
+            ring,
+            self.ranks_per_node,
+            bytes,
+            latency_share,
+            self.link_bytes_per_s,
+        )
     }
 
     /// A GEMM of `flops` whose smaller side is `width` features.
@@ -695,6 +716,10 @@ mod tests {
         assert_eq!(padded_gemm_rows(32_000), None);
         assert_eq!(padded_gemm_rows(6_401), Some(6_464)); // 0.98 % more
         assert_eq!(padded_gemm_rows(1_001), None); // 2.3 % more: not worth it
+
+        // A weight's shape: its output rows, 2-D only.
+        assert_eq!(padded_weight_rows(&[50_257, 1_600]), Some(50_304));
+        assert_eq!(padded_weight_rows(&[50_257]), None);
     }
 
     #[test]
