@@ -473,6 +473,21 @@ pub fn layout_of(run: &PublishedRun, layouts: &Path) -> Result<Layout, String> {
             source: "NVIDIA V100 SXM2 16 GB: nvidia-smi reports 16160 MiB".into(),
         };
     }
+    // A V100 part with its own row (the DGX-2H's, at 450 W): that row's tensor rate and
+    // memory bandwidth, and its name, so the cost model finds the same row.
+    if let Some(k) = osdp_core::cluster::known::lookup(&run.gpu)
+        .filter(|k| k.pattern.starts_with("V100") && k.pattern != "V100")
+    {
+        l.device.model = format!("Tesla {}", run.gpu.trim_start_matches("Tesla "));
+        l.device.dense_tflops.fp16 = Some(Figure {
+            value: k.fp16_tflops,
+            source: k.source.into(),
+        });
+        l.device.memory_bandwidth_gb_per_s = Figure {
+            value: k.memory_gb_per_s,
+            source: k.source.into(),
+        };
+    }
     if run.gpu.to_uppercase().contains("V100") && run.multi_node() && l.inter_node.is_none() {
         let ib =
             read_layout(&layouts.join("a100-80gb-2x8-ib-hdr.json")).map_err(|e| e.to_string())?;

@@ -230,6 +230,20 @@ const A100_SXM: KnownGpu = KnownGpu {
     source: "NVIDIA A100 SXM datasheet",
 };
 
+/// The V100 SXM2 module's row (DGX-1, DGX-2), which the other V100 parts start from.
+const V100_SXM: KnownGpu = KnownGpu {
+    pattern: "V100",
+    bf16_tflops: None,
+    fp16_tflops: 125.0,
+    fp32_tflops: 15.7,
+    memory_gb_per_s: 900.0,
+    link_gb_per_s: 130.0,
+    link: LinkKind::Nvlink,
+    single_gpu_layout: Some("v100-dgx2-1x"),
+    efficiency: &VOLTA_TURING,
+    source: "NVIDIA V100 SXM2 datasheet",
+};
+
 pub const KNOWN_GPUS: &[KnownGpu] = &[
     // Blackwell, HGX B200 at 1,000 W (a GB200's GPUs, at 1,200 W, reach ~10 % more). No
     // published Blackwell run is fitted: the generic efficiencies.
@@ -333,6 +347,34 @@ pub const KNOWN_GPUS: &[KnownGpu] = &[
         efficiency: &OTHER,
         source: "NVIDIA L40S datasheet",
     },
+    // The L40 (the L40S's die at half its 16-bit tensor rate) before the L4, whose name is
+    // inside the L40's.
+    KnownGpu {
+        pattern: "NVIDIA L40",
+        bf16_tflops: Some(181.05),
+        fp16_tflops: 181.05,
+        fp32_tflops: 90.5,
+        memory_gb_per_s: 864.0,
+        link_gb_per_s: 12.0,
+        link: LinkKind::Pcie,
+        single_gpu_layout: None,
+        efficiency: &OTHER,
+        source: "NVIDIA L40 datasheet: 181.05 TFLOP/s dense BF16/FP16 tensor (362.1 with \
+                 sparsity), 90.5 FP32, 48 GB GDDR6 at 864 GB/s, PCIe 4.0",
+    },
+    KnownGpu {
+        pattern: "NVIDIA L4",
+        bf16_tflops: Some(121.0),
+        fp16_tflops: 121.0,
+        fp32_tflops: 30.3,
+        memory_gb_per_s: 300.0,
+        link_gb_per_s: 12.0,
+        link: LinkKind::Pcie,
+        single_gpu_layout: None,
+        efficiency: &OTHER,
+        source: "NVIDIA L4 datasheet: 242 TFLOP/s BF16/FP16 tensor with sparsity (121 dense), \
+                 30.3 FP32, 24 GB GDDR6 at 300 GB/s, PCIe 4.0, 72 W",
+    },
     KnownGpu {
         pattern: "RTX 4090",
         bf16_tflops: Some(165.2),
@@ -374,18 +416,42 @@ pub const KNOWN_GPUS: &[KnownGpu] = &[
         efficiency: &AMPERE,
         source: "NVIDIA A10 datasheet",
     },
+    // The V100 parts other than the SXM2/SXM3 module, most specific names first: NVML calls
+    // them "Tesla V100-SXM3-32GB-H", "Tesla V100S-PCIE-32GB" and "Tesla V100-PCIE-16GB".
     KnownGpu {
-        pattern: "V100",
-        bf16_tflops: None,
-        fp16_tflops: 125.0,
-        fp32_tflops: 15.7,
-        memory_gb_per_s: 900.0,
-        link_gb_per_s: 130.0,
-        link: LinkKind::Nvlink,
-        single_gpu_layout: Some("v100-dgx2-1x"),
-        efficiency: &VOLTA_TURING,
-        source: "NVIDIA V100 SXM2 datasheet",
+        pattern: "V100-SXM3-32GB-H",
+        fp16_tflops: 131.25,
+        source: "NVIDIA DGX-2H: the DGX-2 with its V100s' power limit raised to 450 W, 2.1 \
+                 PFLOP/s over 16 GPUs against the DGX-2's 2.0 \
+                 (https://www.tomshardware.com/news/nvidia-worlds-largest-gpu-dgx-2h,38089.html); \
+                 FP32 not stated: the SXM figure",
+        single_gpu_layout: None,
+        ..V100_SXM
     },
+    KnownGpu {
+        pattern: "V100S",
+        fp16_tflops: 130.0,
+        fp32_tflops: 16.4,
+        memory_gb_per_s: 1134.0,
+        link_gb_per_s: 10.0,
+        link: LinkKind::Pcie,
+        single_gpu_layout: None,
+        source: "NVIDIA V100 datasheet (volta-v100-datasheet-update-us-1165301-r5): V100S PCIe, \
+                 130 TFLOP/s tensor, 16.4 FP32, 1,134 GB/s, PCIe 3.0",
+        ..V100_SXM
+    },
+    KnownGpu {
+        pattern: "V100-PCIE",
+        fp16_tflops: 112.0,
+        fp32_tflops: 14.0,
+        link_gb_per_s: 10.0,
+        link: LinkKind::Pcie,
+        single_gpu_layout: None,
+        source: "NVIDIA V100 datasheet (volta-v100-datasheet-update-us-1165301-r5): V100 PCIe at \
+                 250 W, 112 TFLOP/s tensor, 14 FP32, 900 GB/s, PCIe 3.0",
+        ..V100_SXM
+    },
+    V100_SXM,
     KnownGpu {
         pattern: "TITAN RTX",
         bf16_tflops: None,
@@ -608,6 +674,34 @@ mod tests {
             let src = &l.device.dense_tflops.fp16.as_ref().unwrap().source;
             assert!(!src.starts_with("guess"), "{name}: {src}");
         }
+    }
+
+    /// A V100 on a PCIe card is not the SXM2 module: less compute, no NVLink between the
+    /// GPUs (a 4 × V100 PCIe box is priced over PCIe, not at NVSwitch's 130 GB/s); a V100S
+    /// has faster memory; a DGX-2H's V100 runs at 450 W; an L4 is not an L40, nor an L40 an
+    /// L40S.
+    #[test]
+    fn each_v100_part_and_each_ada_datacenter_part_gets_its_own_row() {
+        let sxm = lookup("Tesla V100-SXM2-16GB").unwrap();
+        let pcie = lookup("Tesla V100-PCIE-32GB").expect("V100 PCIe known");
+        assert_eq!((pcie.fp16_tflops, pcie.link), (112.0, LinkKind::Pcie));
+        assert!(pcie.link_gb_per_s < sxm.link_gb_per_s / 10.0);
+        let v100s = lookup("Tesla V100S-PCIE-32GB").expect("V100S known");
+        assert_eq!((v100s.fp16_tflops, v100s.memory_gb_per_s), (130.0, 1134.0));
+        let dgx2h = lookup("Tesla V100-SXM3-32GB-H").expect("DGX-2H part known");
+        assert_eq!(dgx2h.fp16_tflops, 131.25);
+        assert_eq!(dgx2h.link, LinkKind::Nvlink);
+        assert_eq!(
+            lookup("Tesla V100-SXM3-32GB").map(|g| g.fp16_tflops),
+            Some(125.0)
+        );
+        for g in [pcie, v100s, dgx2h] {
+            assert_eq!(g.efficiency.name, "Volta/Turing", "{}", g.pattern);
+        }
+        let rates = |name: &str| lookup(name).map(|g| g.bf16_tflops);
+        assert_eq!(rates("NVIDIA L4"), Some(Some(121.0)));
+        assert_eq!(rates("NVIDIA L40"), Some(Some(181.05)));
+        assert_eq!(rates("NVIDIA L40S"), Some(Some(362.0)));
     }
 
     #[test]
