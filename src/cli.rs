@@ -857,7 +857,7 @@ fn layout_efficiency_rows(l: &Layout) {
     let d = &l.device;
     let e = osdp_core::cost::Efficiencies::of(l);
     let generation = match d.kind {
-        osdp_core::cluster::DeviceKind::Gpu => osdp_core::cluster::known::lookup(&d.model),
+        osdp_core::cluster::DeviceKind::Gpu => osdp_core::cluster::known::row_of(d),
         osdp_core::cluster::DeviceKind::Cpu => None,
     }
     .map(|g| g.efficiency);
@@ -1045,9 +1045,16 @@ fn dashboard(args: DashboardArgs) -> Result<(), Failure> {
                 &g.name,
                 gpus.len() as u32,
                 g.total_bytes.unwrap_or(0),
+                g.compute_capability,
             );
+            let rates = match l.device.dense_tflops.fp16.as_ref() {
+                Some(f) if f.source.starts_with("guess") => {
+                    "not in the known-GPU table: guessed rates"
+                }
+                _ => "datasheet rates",
+            };
             let notice = format!(
-                "planning for the {} local {} found through NVML (datasheet rates; --layout to choose)",
+                "planning for the {} local {} found through NVML ({rates}; --layout to choose)",
                 gpus.len(),
                 g.name
             );

@@ -17,6 +17,9 @@ pub struct GpuSample {
     pub utilization_pct: Option<u32>,
     /// (pid, bytes used) of the processes on the GPU.
     pub processes: Vec<(u32, Option<u64>)>,
+    /// CUDA compute capability (major, minor): what a GPU the known-GPU table does not name
+    /// is priced by.
+    pub compute_capability: Option<(u32, u32)>,
 }
 
 /// Where GPU samples come from (NVML, a test, a training run's reports).
@@ -66,6 +69,9 @@ impl GpuSource for NvmlSource {
                         s.total_bytes = Some(m.total);
                     }
                     s.utilization_pct = d.utilization_rates().ok().map(|u| u.gpu);
+                    s.compute_capability = d.cuda_compute_capability().ok().and_then(|c| {
+                        Some((u32::try_from(c.major).ok()?, u32::try_from(c.minor).ok()?))
+                    });
                     if let Ok(ps) = d.running_compute_processes() {
                         s.processes = ps
                             .iter()

@@ -245,6 +245,7 @@ fn live_gpu_samples_are_shown() {
         total_bytes: Some(80 * GIB),
         utilization_pct: Some(97),
         processes: vec![(4242, Some(11 * GIB))],
+        compute_capability: None,
     }]));
     let screen = render_text(&a, 120, 40);
     assert!(
@@ -270,6 +271,7 @@ fn gpu_memory_history_is_drawn_as_a_sparkline() {
             total_bytes: Some(80 * GIB),
             utilization_pct: Some(50),
             processes: vec![],
+            compute_capability: None,
         }]));
     }
     let screen = render_text(&a, 120, 40);

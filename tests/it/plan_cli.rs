@@ -562,6 +562,53 @@ fn a_calibrated_layout_prices_with_its_measurements_and_says_so() {
     assert!(screen.contains("calibrated 2026-11-22"), "{screen}");
 }
 
+/// A GPU the known-GPU table does not name (a Quadro RTX 6000, here from the RTX 4090's
+/// one-GPU layout with its rates) is priced with generic kernels unless the layout says its
+/// compute capability; with "7.5" it gets Turing's: no FlashAttention, the narrow-GEMM
+/// penalty, so the same plan's step is slower, and `layout` names the generation. A malformed
+/// capability is refused naming the field.
+#[test]
+fn an_unnamed_gpu_is_priced_by_its_compute_capability() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut v: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(root().join("layouts/rtx4090-1x.json")).unwrap(),
+    )
+    .unwrap();
+    v["device"]["model"] = serde_json::json!("Quadro RTX 6000");
+    let write = |name: &str, v: &serde_json::Value| {
+        let p = dir.path().join(name);
+        std::fs::write(&p, v.to_string()).unwrap();
+        p.to_str().unwrap().to_string()
+    };
+    let generic = write("generic.json", &v);
+    v["device"]["compute_capability"] = serde_json::json!("7.5");
+    let turing = write("turing.json", &v);
+    let step = |layout: &str| {
+        run_json(&[
+            "plan",
+            "sample-models/gpt2-medium.json",
+            "--layout",
+            layout,
+            "--json",
+        ])["step_time_s"]
+            .as_f64()
+            .unwrap()
+    };
+    let (g, t) = (step(&generic), step(&turing));
+    assert!(t > 1.2 * g, "Turing's kernels {t} s vs generic {g} s");
+    let shown = stdout_ok(osdp().args(["layout", &turing]));
+    assert!(shown.contains("Volta/Turing default"), "{shown}");
+    v["device"]["compute_capability"] = serde_json::json!("seven");
+    let bad = write("bad.json", &v);
+    let out = osdp()
+        .args(["plan", "sample-models/gpt2-medium.json", "--layout", &bad])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("device.compute_capability"), "{err}");
+}
+
 #[test]
 fn a_layout_with_a_bad_calibration_is_refused_naming_the_field() {
     let dir = tempfile::tempdir().unwrap();

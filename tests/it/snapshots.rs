@@ -27,6 +27,7 @@ fn app() -> App {
                 total_bytes: Some(80 * GIB),
                 utilization_pct: Some(90 + i as u32),
                 processes: vec![(1000 + i as u32, Some((4 + i as u64) * GIB))],
+                compute_capability: None,
             })
             .collect(),
     ));

@@ -173,6 +173,7 @@ pub fn gpus(n: usize, used: u64) -> Vec<GpuSample> {
             total_bytes: Some(24 * GIB),
             utilization_pct: Some(97),
             processes: vec![(4000 + i as u32, Some(used - GIB / 2))],
+            compute_capability: None,
         })
         .collect()
 }

@@ -503,17 +503,104 @@ pub fn lookup(name: &str) -> Option<&'static KnownGpu> {
         .find(|g| lower.contains(&g.pattern.to_lowercase()))
 }
 
-/// A one-node layout for `count` local GPUs named `name` with `memory_bytes` each (from NVML).
-/// Unknown GPUs get A100-like rates, marked as a guess in every source.
-pub fn local_layout(name: &str, count: u32, memory_bytes: u64) -> Layout {
-    let (g, known) = match lookup(name) {
-        Some(g) => (*g, true),
-        None => (A100_SXM, false),
-    };
-    let src = |what: &str| {
-        if known {
-            format!("{}: {what}", g.source)
-        } else {
+/// A GPU architecture by CUDA compute capability, and the known row a GPU of it whose name
+/// the table lacks is priced as: the row's generation (kernels, efficiencies) is the
+/// architecture's; its rates are a stand-in, said so in every figure's source.
+#[derive(Debug, PartialEq)]
+pub struct Architecture {
+    pub name: &'static str,
+    pub compute_capability: (u32, u32),
+    /// The pattern of the stand-in row in [`KNOWN_GPUS`].
+    pub stand_in: &'static str,
+}
+
+/// Tensor-core architectures (Pascal and older have none; Jetson parts are not listed).
+pub const ARCHITECTURES: &[Architecture] = &[
+    Architecture {
+        name: "Volta",
+        compute_capability: (7, 0),
+        stand_in: "V100",
+    },
+    Architecture {
+        name: "Turing",
+        compute_capability: (7, 5),
+        stand_in: " T4",
+    },
+    Architecture {
+        name: "Ampere (GA100)",
+        compute_capability: (8, 0),
+        stand_in: "A100",
+    },
+    Architecture {
+        name: "Ampere (GA10x)",
+        compute_capability: (8, 6),
+        stand_in: "NVIDIA A40",
+    },
+    Architecture {
+        name: "Ada Lovelace",
+        compute_capability: (8, 9),
+        stand_in: "RTX 4090",
+    },
+    Architecture {
+        name: "Hopper",
+        compute_capability: (9, 0),
+        stand_in: "H100",
+    },
+    Architecture {
+        name: "Blackwell (B200)",
+        compute_capability: (10, 0),
+        stand_in: "B200",
+    },
+];
+
+/// `"8.9"` → `(8, 9)`.
+pub fn parse_compute_capability(text: &str) -> Option<(u32, u32)> {
+    let (major, minor) = text.trim().split_once('.')?;
+    Some((major.parse().ok()?, minor.parse().ok()?))
+}
+
+/// The architecture of a compute capability, and its stand-in row.
+pub fn architecture(capability: (u32, u32)) -> Option<(&'static Architecture, &'static KnownGpu)> {
+    let a = ARCHITECTURES
+        .iter()
+        .find(|a| a.compute_capability == capability)?;
+    let row = KNOWN_GPUS.iter().find(|g| g.pattern == a.stand_in)?;
+    Some((a, row))
+}
+
+/// The known row a layout's GPU is priced by: its name's, else its compute capability's
+/// stand-in, else none (generic efficiencies).
+pub fn row_of(device: &DeviceSpec) -> Option<&'static KnownGpu> {
+    lookup(&device.model).or_else(|| {
+        let cc = parse_compute_capability(device.compute_capability.as_deref()?)?;
+        architecture(cc).map(|(_, row)| row)
+    })
+}
+
+/// A one-node layout for `count` local GPUs named `name` with `memory_bytes` each and the
+/// compute capability NVML reports. A GPU the table does not name gets its architecture's
+/// stand-in rates (A100 ones where the capability is unknown too), marked as a guess in every
+/// source.
+pub fn local_layout(
+    name: &str,
+    count: u32,
+    memory_bytes: u64,
+    compute_capability: Option<(u32, u32)>,
+) -> Layout {
+    let known = lookup(name);
+    let stand_in = compute_capability.and_then(architecture);
+    let g = known.or(stand_in.map(|(_, row)| row)).unwrap_or(&A100_SXM);
+    let src = |what: &str| match (known, stand_in) {
+        (Some(_), _) => format!("{}: {what}", g.source),
+        (None, Some((arch, row))) => format!(
+            "guess: {name} is not in the known-GPU table; compute capability {}.{} ({}): the \
+             {} row's figures used for {what}",
+            arch.compute_capability.0,
+            arch.compute_capability.1,
+            arch.name,
+            row.pattern.trim()
+        ),
+        (None, None) => {
             format!("guess: {name} is not in the known-GPU table; A100 figures used for {what}")
         }
     };
@@ -542,6 +629,7 @@ pub fn local_layout(name: &str, count: u32, memory_bytes: u64) -> Layout {
             },
             memory_bandwidth_gb_per_s: fig(g.memory_gb_per_s, "memory bandwidth"),
             efficiency: Default::default(),
+            compute_capability: compute_capability.map(|(major, minor)| format!("{major}.{minor}")),
         },
         runtime_overhead_gib: Figure {
             value: 1.5,
@@ -669,7 +757,7 @@ mod tests {
         for g in KNOWN_GPUS {
             let name = g.pattern;
             assert_eq!(lookup(name).map(|k| k.pattern), Some(g.pattern), "{name}");
-            let l = local_layout(name, 8, 80 << 30);
+            let l = local_layout(name, 8, 80 << 30, None);
             validate_layout(&l).unwrap();
             let src = &l.device.dense_tflops.fp16.as_ref().unwrap().source;
             assert!(!src.starts_with("guess"), "{name}: {src}");
@@ -715,19 +803,60 @@ mod tests {
         let pcie = lookup("NVIDIA A800-PCIE-40GB").unwrap();
         assert_eq!(pcie.link, LinkKind::Pcie);
         assert_eq!(pcie.efficiency.name, "Ampere");
-        let l = local_layout("NVIDIA A800-SXM4-80GB", 8, 80 << 30);
+        let l = local_layout("NVIDIA A800-SXM4-80GB", 8, 80 << 30, None);
         validate_layout(&l).unwrap();
         let src = &l.device.dense_tflops.bf16.as_ref().unwrap().source;
         assert!(!src.starts_with("guess") && src.contains("A800"), "{src}");
     }
 
+    /// A GPU the table does not name is priced with its architecture's kernels, not generic
+    /// ones: a Turing card gets no FlashAttention and Turing's efficiencies, an unknown Hopper
+    /// part Hopper's; the figures say they are a guess and which row stands in.
+    #[test]
+    fn an_unknown_name_is_priced_by_its_compute_capability() {
+        let turing = local_layout("Quadro RTX 6000", 4, 24 << 30, Some((7, 5)));
+        validate_layout(&turing).unwrap();
+        assert_eq!(turing.device.compute_capability.as_deref(), Some("7.5"));
+        let row = row_of(&turing.device).expect("the Turing stand-in");
+        assert!(!row.efficiency.flash_attention);
+        assert_eq!(row.efficiency.name, "Volta/Turing");
+        let src = &turing.device.dense_tflops.fp16.as_ref().unwrap().source;
+        assert!(
+            src.starts_with("guess") && src.contains("7.5 (Turing)") && src.contains("T4"),
+            "{src}"
+        );
+        let hopper = local_layout("NVIDIA H100 NVL 2", 1, 94 << 30, Some((9, 0)));
+        assert_eq!(
+            row_of(&hopper.device).map(|g| g.efficiency.name),
+            Some("Hopper")
+        );
+        // No capability, or one without a listed architecture: the A100 guess, generic kernels.
+        for cc in [None, Some((6, 0)), Some((12, 0))] {
+            let l = local_layout("Mystery GPU 9000", 1, 16 << 30, cc);
+            assert!(row_of(&l.device).is_none(), "{cc:?}");
+            let src = &l.device.dense_tflops.fp16.as_ref().unwrap().source;
+            assert!(src.contains("A100 figures"), "{src}");
+        }
+        // A named GPU keeps its own row whatever the capability says.
+        let mut l4 = local_layout("NVIDIA L4", 1, 24 << 30, Some((8, 9)));
+        assert_eq!(row_of(&l4.device).map(|g| g.pattern), Some("NVIDIA L4"));
+        // Every architecture's stand-in is a row of the table.
+        for a in ARCHITECTURES {
+            assert!(architecture(a.compute_capability).is_some(), "{}", a.name);
+        }
+        // A layout with a malformed capability is refused with the field named.
+        l4.device.compute_capability = Some("eight".into());
+        let e = validate_layout(&l4).unwrap_err().to_string();
+        assert!(e.contains("compute_capability"), "{e}");
+    }
+
     #[test]
     fn local_layouts_are_valid_and_say_when_they_guess() {
-        let l = local_layout("NVIDIA H200", 4, 150_754_820_096);
+        let l = local_layout("NVIDIA H200", 4, 150_754_820_096, Some((9, 0)));
         validate_layout(&l).unwrap();
         assert_eq!(l.world_size(), 4);
         assert_eq!(l.memory_bytes(), 150_754_820_096 / 1024 * 1024);
-        let g = local_layout("Mystery GPU 9000", 2, 16 << 30);
+        let g = local_layout("Mystery GPU 9000", 2, 16 << 30, None);
         validate_layout(&g).unwrap();
         assert!(g
             .device

@@ -123,6 +123,11 @@ pub struct DeviceSpec {
     /// measured curves replace all of them.
     #[serde(default, skip_serializing_if = "Efficiency::is_empty")]
     pub efficiency: Efficiency,
+    /// CUDA compute capability, `"8.9"` (NVML reports it): a GPU whose name the known-GPU
+    /// table lacks is priced with its architecture's kernels (FlashAttention or not, the
+    /// generation's efficiencies) instead of generic ones (`cluster::known::row_of`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compute_capability: Option<String>,
 }
 
 /// Kernel efficiencies: achieved rate over the datasheet peak, each with its source.
@@ -336,6 +341,14 @@ fn check_device(d: &DeviceSpec) -> Result<(), Problem> {
         &d.memory_bandwidth_gb_per_s,
     )?;
     check_rates(&d.dense_tflops)?;
+    if let Some(cc) = &d.compute_capability {
+        if super::known::parse_compute_capability(cc).is_none() {
+            return Err(Problem::field(
+                "device.compute_capability",
+                format!("must be MAJOR.MINOR as NVML reports it (\"8.9\"), got {cc:?}"),
+            ));
+        }
+    }
     check_efficiency(&d.efficiency)
 }
 

@@ -264,7 +264,7 @@ impl Efficiencies {
     /// The layout's own figures, else its GPU generation's (`cluster::known`), else generic.
     pub fn of(layout: &Layout) -> Efficiencies {
         let d = &layout.device;
-        let base = match (d.kind, crate::cluster::known::lookup(&d.model)) {
+        let base = match (d.kind, crate::cluster::known::row_of(d)) {
             (DeviceKind::Gpu, Some(g)) => Efficiencies {
                 source: g.efficiency.summary,
                 matmul: g.efficiency.matmul.value,
@@ -380,7 +380,7 @@ impl Machine {
             param_pass_bytes: param_pass_bytes(layout),
             // The CPU trainer's attention is what the model description says.
             fused_attention: layout.device.kind == DeviceKind::Cpu
-                || crate::cluster::known::lookup(&layout.device.model)
+                || crate::cluster::known::row_of(&layout.device)
                     .is_none_or(|g| g.efficiency.flash_attention),
             fused_softmax: false,
             autocast: false,
