@@ -289,6 +289,10 @@ pub struct TrainReport {
     pub first_step: u64,
     pub last_loss: Option<f64>,
     pub last_step: u64,
+    /// The linears whose GEMMs ran with zero rows added (rank 0's executor; on a GPU, a 16-bit
+    /// weight with rows not a multiple of 8).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub padded_linears: Vec<osdp_core::protocol::PaddedLinear>,
     /// The highest of every rank's peak.
     pub peak_memory_bytes: u64,
     pub stopped_by_signal: bool,
@@ -331,6 +335,7 @@ mod report_tests {
             first_step: 0,
             last_loss: Some(2.5),
             last_step: 40,
+            padded_linears: Vec::new(),
             peak_memory_bytes: 3 << 29,
             stopped_by_signal: true,
         }

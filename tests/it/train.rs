@@ -1330,7 +1330,7 @@ fn padding_an_unaligned_head_trains_the_same_losses() {
                 .arg("--plan")
                 .arg(&plan)
                 .args(["--world-size", "2", "--global-batch", "8", "--steps", "4"])
-                .arg("--metrics")
+                .args(["--json", "--metrics"])
                 .arg(&metrics)
                 .output()
                 .unwrap();
@@ -1339,15 +1339,28 @@ fn padding_an_unaligned_head_trains_the_same_losses() {
                 out.status.success(),
                 "{name}, OSDP_GEMM_PADDING={pad}: {err}"
             );
-            (losses(&metrics), err)
+            let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+            (losses(&metrics), err, report)
         };
-        let (plain, quiet) = run("0");
-        let (padded, said) = run("everywhere");
+        let (plain, quiet, plain_report) = run("0");
+        let (padded, said, padded_report) = run("everywhere");
         assert!(
             said.contains("note: lm_head: its 6,401 weight rows are multiplied with zero rows added up to 6,464"),
             "{name}: {said}"
         );
         assert!(!quiet.contains("zero rows"), "{name}: {quiet}");
+        // What the executor's kernels did, not what the model says: the head's forward and
+        // backward GEMMs ran padded, and nothing ran padded with padding off.
+        assert_eq!(
+            padded_report["padded_linears"],
+            serde_json::json!([{"op": "lm_head", "rows": 6401, "padded_rows": 6464,
+                                "forward": true, "backward": true}]),
+            "{name}"
+        );
+        assert!(
+            plain_report.get("padded_linears").is_none(),
+            "{name}: {plain_report}"
+        );
         assert_eq!(plain.len(), 4, "{name}");
         assert!(plain[3] < plain[0], "{name} learns: {plain:?}");
         assert_same_losses(&plain, &padded, &format!("{name}, padded head"));

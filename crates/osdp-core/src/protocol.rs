@@ -54,6 +54,20 @@ pub struct DeviceMemory {
     pub process_bytes: Option<u64>,
 }
 
+/// A linear whose weight the trainer's executor multiplied with zero rows added (so that its
+/// GEMMs run on aligned tensor-core kernels), as the kernels ran, not as the model says.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PaddedLinear {
+    pub op: String,
+    /// The weight's rows, and the rows its GEMMs ran with.
+    pub rows: i64,
+    pub padded_rows: i64,
+    /// Whether the forward's and the backward's GEMMs ran padded.
+    pub forward: bool,
+    pub backward: bool,
+}
+
 /// A number, or `null` (what serde_json writes for NaN and infinities) as NaN.
 fn number_or_nan<'de, D: serde::Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
     Ok(Option::<f64>::deserialize(d)?.unwrap_or(f64::NAN))

@@ -136,7 +136,20 @@ pub(crate) fn gemm_padding() -> GemmPadding {
         || match std::env::var(OSDP_GEMM_PADDING).as_deref().map(str::trim) {
             Ok("0") => GemmPadding::Off,
             Ok("everywhere") if cfg!(feature = "fault-injection") => GemmPadding::Everywhere,
-            _ => GemmPadding::Gpu,
+            Ok("" | "1") | Err(_) => GemmPadding::Gpu,
+            Ok(other) => {
+                let why = if other == "everywhere" {
+                    "is a test hook of builds with feature fault-injection"
+                } else {
+                    "is not 0"
+                };
+                eprintln!(
+                    "warning: {OSDP_GEMM_PADDING}={} {why}: unaligned 16-bit weights stay \
+                     padded on GPUs only (0 turns it off)",
+                    osdp_core::text::printable(other)
+                );
+                GemmPadding::Gpu
+            }
         },
     )
 }

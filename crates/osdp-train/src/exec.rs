@@ -218,6 +218,9 @@ pub struct Executor {
     /// While a block is recomputed: its ops flagged in `Dataflow::keeps_gathered` keep the
     /// weights they gather.
     keeping: bool,
+    /// The linears whose GEMMs ran with zero rows added ([`ops::gemm_rows`]), by op: what
+    /// the kernels did, not what the model says they should.
+    padded: std::collections::BTreeMap<usize, osdp_core::protocol::PaddedLinear>,
 }
 
 /// What one training step measured on one rank.
@@ -309,7 +312,35 @@ impl Executor {
             forward_memory: None,
             kept: Default::default(),
             keeping: false,
+            padded: Default::default(),
         })
+    }
+
+    /// Record that op `i`'s GEMMs on weight `w` ran padded to `rows` (forward or backward).
+    fn note_padded(&mut self, i: usize, w: &Tensor, rows: Option<i64>, forward: bool) {
+        let Some(padded_rows) = rows else {
+            return;
+        };
+        let e = self
+            .padded
+            .entry(i)
+            .or_insert_with(|| osdp_core::protocol::PaddedLinear {
+                op: self.model.ops[i].id.clone(),
+                rows: w.size()[0],
+                padded_rows,
+                forward: false,
+                backward: false,
+            });
+        if forward {
+            e.forward = true;
+        } else {
+            e.backward = true;
+        }
+    }
+
+    /// The linears whose GEMMs have run padded so far, in the model's order.
+    pub fn padded_linears(&self) -> Vec<osdp_core::protocol::PaddedLinear> {
+        self.padded.values().cloned().collect()
     }
 
     pub fn rank(&self) -> usize {

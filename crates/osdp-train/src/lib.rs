@@ -136,6 +136,8 @@ pub struct TrainSummary {
     pub memory_bytes: Vec<Vec<u64>>,
     pub final_params: Vec<(String, Tensor)>,
     pub stopped_by_signal: bool,
+    /// Rank 0's linears whose GEMMs ran padded ([`exec::Executor::padded_linears`]).
+    pub padded_linears: Vec<osdp_core::protocol::PaddedLinear>,
 }
 
 enum RankMsg {
@@ -152,6 +154,8 @@ enum RankMsg {
         peak: memory::Breakdown,
         /// Each rank's allocator and NVML figures (empty on the CPU).
         device_memory: Vec<device_memory::DeviceMemory>,
+        /// Rank 0's linears whose GEMMs have run padded.
+        padded: Vec<osdp_core::protocol::PaddedLinear>,
     },
     Eval {
         step: u64,
@@ -418,8 +422,10 @@ fn report(
             memory_bytes,
             peak,
             device_memory,
+            padded,
         } => {
             let samples_per_s = cfg.global_batch as f64 / time_s.max(1e-9);
+            summary.padded_linears = padded;
             summary.losses.push(loss);
             summary.memory_bytes.push(memory_bytes.clone());
             summary.last_step = step;
@@ -677,6 +683,7 @@ fn rank_main(
                     .chunks(PER_RANK)
                     .map(|c| device_memory::from_wire(&c[2..]))
                     .collect(),
+                padded: exec.padded_linears(),
             });
         }
         if let Some(ev) = cfg

@@ -8,19 +8,20 @@ use osdp_core::model::Activation;
 
 /// `y = x Wᵀ` for one column slice of a linear's weight (`x` narrowed to the same columns).
 /// A weight [`gemm_rows`] pads is multiplied with zero rows added, and `y` is the first `out`
-/// columns of the padded product (a view: its rows keep the padded stride).
-pub fn linear_fwd(x: &Tensor, w: &Tensor) -> Tensor {
+/// columns of the padded product (a view: its rows keep the padded stride). Also the rows the
+/// weight was padded to, where it was: what ran, for the executor to report.
+pub fn linear_fwd(x: &Tensor, w: &Tensor) -> (Tensor, Option<i64>) {
     match gemm_rows(w) {
-        Some(rows) => linear_fwd_padded(x, w, rows),
-        None => linear_fwd_plain(x, w),
+        Some(rows) => (linear_fwd_padded(x, w, rows), Some(rows)),
+        None => (linear_fwd_plain(x, w), None),
     }
 }
 
-/// Gradients of [`linear_fwd`]: `(dx, dW)`, padded as its forward was.
-pub fn linear_bwd(dy: &Tensor, x: &Tensor, w: &Tensor) -> (Tensor, Tensor) {
+/// Gradients of [`linear_fwd`]: `(dx, dW)`, padded as its forward was, and the rows padded to.
+pub fn linear_bwd(dy: &Tensor, x: &Tensor, w: &Tensor) -> ((Tensor, Tensor), Option<i64>) {
     match gemm_rows(w) {
-        Some(rows) => linear_bwd_padded(dy, x, w, rows),
-        None => linear_bwd_plain(dy, x, w),
+        Some(rows) => (linear_bwd_padded(dy, x, w, rows), Some(rows)),
+        None => (linear_bwd_plain(dy, x, w), None),
     }
 }
 
@@ -575,14 +576,14 @@ mod tests {
         let (x, w, dy) = (rand(&[2, 3, 8], 1), rand(&[5, 8], 2), rand(&[2, 3, 5], 3));
         let (xl, wl) = (leaf(&x), leaf(&w));
         (xl.matmul(&wl.tr()) * &dy).sum(Kind::Double).backward();
-        let (dx, dw) = linear_bwd(&dy, &x, &w);
+        let ((dx, dw), _) = linear_bwd(&dy, &x, &w);
         assert!(close(&dx, &grad_of(&xl)));
         assert!(close(&dw, &grad_of(&wl)));
         // Two column slices give the same output and gradients as the whole weight.
-        let y = linear_fwd(&x.narrow(-1, 0, 4), &w.narrow(1, 0, 4))
-            + linear_fwd(&x.narrow(-1, 4, 4), &w.narrow(1, 4, 4));
-        assert!(close(&y, &linear_fwd(&x, &w)));
-        let (dx1, dw1) = linear_bwd(&dy, &x.narrow(-1, 4, 4), &w.narrow(1, 4, 4));
+        let y = linear_fwd(&x.narrow(-1, 0, 4), &w.narrow(1, 0, 4)).0
+            + linear_fwd(&x.narrow(-1, 4, 4), &w.narrow(1, 4, 4)).0;
+        assert!(close(&y, &linear_fwd(&x, &w).0));
+        let ((dx1, dw1), _) = linear_bwd(&dy, &x.narrow(-1, 4, 4), &w.narrow(1, 4, 4));
         assert!(close(&dw1, &grad_of(&wl).narrow(1, 4, 4)));
         assert!(close(&dx1, &grad_of(&xl).narrow(-1, 4, 4)));
     }
@@ -884,7 +885,7 @@ mod tests {
         // The next linear's backward takes dx as it comes: no mixed-dtype matmul.
         let x_prev = rand(&[2, 3, 8], 66).to_kind(Kind::BFloat16);
         let w_prev = rand(&[16, 8], 67).to_kind(Kind::BFloat16);
-        let (dx_prev, dw_prev) = linear_bwd(&dx, &x_prev, &w_prev);
+        let ((dx_prev, dw_prev), _) = linear_bwd(&dx, &x_prev, &w_prev);
         assert_eq!(
             (dx_prev.kind(), dw_prev.kind()),
             (Kind::BFloat16, Kind::BFloat16)

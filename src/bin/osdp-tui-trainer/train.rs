@@ -609,6 +609,7 @@ pub fn train(args: TrainArgs) -> Result<(), Failure> {
         first_step: summary.first_step,
         last_loss: summary.losses.last().copied(),
         last_step: summary.last_step,
+        padded_linears: summary.padded_linears,
         peak_memory_bytes: summary
             .memory_bytes
             .iter()

@@ -115,7 +115,8 @@ impl Executor {
                 Some((start, len)) => x.narrow(-1, start, len),
                 None => x.shallow_clone(),
             };
-            let (dx, dw) = ops::linear_bwd(g, &xs, &w);
+            let ((dx, dw), padded) = ops::linear_bwd(g, &xs, &w);
+            self.note_padded(i, &w, padded, false);
             self.release(u, w);
             self.add_param_grad(u, dw)?;
             dxs.push(dx);

@@ -181,7 +181,8 @@ impl Executor {
                 Some((start, len)) => x.narrow(-1, start, len),
                 None => x.shallow_clone(),
             };
-            let part = ops::linear_fwd(&xs, &w);
+            let (part, padded) = ops::linear_fwd(&xs, &w);
+            self.note_padded(i, &w, padded, true);
             self.done_with(i, u, w);
             y = Some(match y {
                 Some(acc) => acc + part,
