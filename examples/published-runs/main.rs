@@ -122,6 +122,26 @@ fn print_groups(priced: &[(&PublishedRun, Priced)]) {
                 .push(p.ratio);
         }
     }
+    // Where a group holds whole-run figures, the same group without them on a row of its own:
+    // the cost model prices a steady step.
+    let whole_run: std::collections::BTreeSet<(bool, String)> = priced
+        .iter()
+        .filter(|(_, p)| p.timing == runs::Timing::WholeRun)
+        .map(|(_, p)| (p.new_source, p.group.clone()))
+        .collect();
+    for (_, p) in priced {
+        if whole_run.contains(&(p.new_source, p.group.clone())) && p.timing == runs::Timing::Step {
+            let kind = if p.new_source {
+                "new sources, held out, steady-step figures only"
+            } else {
+                "steady-step figures only"
+            };
+            groups
+                .entry((p.new_source, p.group.clone(), kind))
+                .or_default()
+                .push(p.ratio);
+        }
+    }
     println!("| group | runs | geometric mean | within ±15 % | within ±20 % | range |");
     println!("|---|---:|---:|---:|---:|---|");
     for ((_, group, kind), ratios) in &groups {

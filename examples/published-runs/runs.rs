@@ -255,6 +255,20 @@ pub struct PublishedRun {
     /// (the notes say why).
     #[serde(default)]
     pub band: Option<[f64; 2]>,
+    /// What the published figure times: `step` (a steady step, the default: what the cost
+    /// model prices) or `whole_run` (samples over a whole run's wall time from its start,
+    /// which the source itself shows is slower than its steady steps).
+    #[serde(default)]
+    pub timing: Timing,
+}
+
+/// What a published throughput times.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Timing {
+    #[default]
+    Step,
+    WholeRun,
 }
 
 impl PublishedRun {
@@ -337,6 +351,7 @@ pub struct Priced {
     pub predicted_tokens_per_s_per_gpu: f64,
     /// Predicted over published.
     pub ratio: f64,
+    pub timing: Timing,
     pub published_memory_gib: Option<f64>,
     pub predicted_reserved_gib: f64,
     pub prediction: Prediction,
@@ -656,6 +671,7 @@ pub fn price_run_tuned(
     Ok(Priced {
         id: run.id.clone(),
         group: run.group(),
+        timing: run.timing,
         role: run.role,
         new_source: run.new_source(),
         published_tokens_per_s_per_gpu: published,
