@@ -13,7 +13,8 @@ pub struct CalibrateArgs {
     /// Where to compute: `cpu` times the CPU trainer's kernels into curves; `cuda` times GPU 0
     /// with the trainer's bf16 kernels (linears narrow and wide, causal attention per sequence
     /// length, HBM streaming, the pinned host link) into a GPU layout's efficiencies: `--base`,
-    /// else the shipped layout of that GPU (h100-1x, h200-1x, …).
+    /// else the shipped layout of that GPU (h100-1x, h200-1x, …), else one built from the
+    /// known-GPU table's datasheet figures for it.
     #[arg(long, value_enum, default_value_t = DeviceArg::Cpu)]
     pub device: DeviceArg,
     /// Layout file to write (e.g. layouts/local-cpu.json); its name is the file's stem.

@@ -229,26 +229,43 @@ fn print_host(layout: &osdp_core::cluster::Layout) {
 /// `calibrate --device cuda`: GPU 0 timed with the trainer's own kernels (bf16 linears narrow
 /// and wide, fused causal attention per sequence length, element-wise streaming through HBM, the
 /// pinned host link, the CPU AdamW step), written as the efficiencies and host figures of a GPU
-/// layout: `--base`, else the shipped one-GPU layout of the GPU found.
+/// layout: `--base`, else the shipped one-GPU layout of the GPU found, else one GPU of the
+/// known-GPU table's figures for it ([`osdp_core::cluster::known::local_layout`]).
 fn calibrate_cuda(args: &CalibrateArgs) -> Result<(), Failure> {
     use osdp_train::calibrate::{self, gpu};
 
-    let name = gpu_name();
-    let base = match &args.base {
-        Some(p) => p.clone(),
-        None => shipped_layout_for(&name).ok_or_else(|| {
-            Failure::input(format!(
-                "calibrate --device cuda: no shipped layout for {name}; name the GPU layout to \
-                 complete with --base LAYOUT.json (its peak rates are what efficiencies are \
-                 measured against)"
-            ))
-        })?,
+    let gpu = gpu_sample();
+    let name = gpu
+        .as_ref()
+        .map_or_else(|| "CUDA GPU 0".to_string(), |g| g.name.clone());
+    // The layout to complete: --base, else the GPU's shipped one-GPU layout, else one GPU of
+    // the known-GPU table's figures for its name (or its architecture's stand-in, said so).
+    let (mut layout, base) = match args.base.clone().or_else(|| shipped_layout_for(&name)) {
+        Some(p) => (
+            osdp_core::cluster::read_layout(&p).map_err(Failure::input)?,
+            p.display().to_string(),
+        ),
+        None => {
+            let g = gpu.as_ref();
+            let l = osdp_core::cluster::known::local_layout(
+                &name,
+                1,
+                g.and_then(|g| g.total_bytes).unwrap_or(0),
+                g.and_then(|g| g.compute_capability),
+            );
+            if l.device.memory_gib.value <= 0.0 {
+                return Err(Failure::input(format!(
+                    "calibrate --device cuda: NVML does not say how much memory {name} has and \
+                     no layout ships for it; name the GPU layout to complete with --base \
+                     LAYOUT.json (its peak rates are what efficiencies are measured against)"
+                )));
+            }
+            (l, format!("the known-GPU table's figures for {name}"))
+        }
     };
-    let mut layout = osdp_core::cluster::read_layout(&base).map_err(Failure::input)?;
     if layout.device.kind != osdp_core::cluster::DeviceKind::Gpu {
         return Err(Failure::input(format!(
-            "calibrate --device cuda: {} is not a GPU layout",
-            base.display()
+            "calibrate --device cuda: {base} is not a GPU layout"
         )));
     }
     let mut models = Vec::new();
@@ -282,10 +299,8 @@ fn calibrate_cuda(args: &CalibrateArgs) -> Result<(), Failure> {
         code: 1,
         message: e.to_string(),
     })?;
-    layout.description = format!(
-        "{name} as measured by `osdp-tui calibrate --device cuda` on {when} (from {})",
-        base.display()
-    );
+    layout.description =
+        format!("{name} as measured by `osdp-tui calibrate --device cuda` on {when} (from {base})");
     osdp_core::input::write_json_atomically(&args.output, &layout)
         .map_err(|e| Failure::output(&args.output, e))?;
     if args.json {
@@ -332,14 +347,13 @@ fn command_line() -> String {
         .join(" ")
 }
 
-/// GPU 0's name as the driver gives it (NVML), or a generic one.
-fn gpu_name() -> String {
+/// GPU 0 as the driver describes it (NVML): name, memory, compute capability.
+fn gpu_sample() -> Option<osdp_tui::monitor::GpuSample> {
     use osdp_tui::monitor::GpuSource;
     osdp_tui::monitor::NvmlSource::open()
         .and_then(|mut s| s.sample())
         .ok()
         .and_then(|v| v.into_iter().next())
-        .map_or_else(|| "CUDA GPU 0".to_string(), |s| s.name)
 }
 
 /// The shipped one-GPU layout for a GPU of this name (its datasheet peaks): the known-GPU
