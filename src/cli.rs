@@ -1041,17 +1041,16 @@ fn dashboard(args: DashboardArgs) -> Result<(), Failure> {
         (Some(p), _) => (read_layout(p).map_err(Failure::input)?, None),
         (None, Some(gpus)) => {
             let g = &gpus[0];
-            let l = osdp_core::cluster::known::local_layout(
+            let (l, guessed) = osdp_core::cluster::known::local_layout(
                 &g.name,
                 gpus.len() as u32,
                 g.total_bytes.unwrap_or(0),
                 g.compute_capability,
             );
-            let rates = match l.device.dense_tflops.fp16.as_ref() {
-                Some(f) if f.source.starts_with("guess") => {
-                    "not in the known-GPU table: guessed rates"
-                }
-                _ => "datasheet rates",
+            let rates = if guessed {
+                "not in the known-GPU table: guessed rates"
+            } else {
+                "datasheet rates"
             };
             let notice = format!(
                 "planning for the {} local {} found through NVML ({rates}; --layout to choose)",

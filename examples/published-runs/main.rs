@@ -122,15 +122,15 @@ fn print_groups(priced: &[(&PublishedRun, Priced)]) {
                 .push(p.ratio);
         }
     }
-    // Where a group holds whole-run figures, the same group without them on a row of its own:
-    // the cost model prices a steady step.
-    let whole_run: std::collections::BTreeSet<(bool, String)> = priced
+    // Where a group holds figures that do not time a steady step (or do not say), the same
+    // group without them on a row of its own: the cost model prices a steady step.
+    let mixed: std::collections::BTreeSet<(bool, String)> = priced
         .iter()
-        .filter(|(_, p)| p.timing == runs::Timing::WholeRun)
+        .filter(|(_, p)| p.timing != runs::Timing::Step)
         .map(|(_, p)| (p.new_source, p.group.clone()))
         .collect();
     for (_, p) in priced {
-        if whole_run.contains(&(p.new_source, p.group.clone())) && p.timing == runs::Timing::Step {
+        if mixed.contains(&(p.new_source, p.group.clone())) && p.timing == runs::Timing::Step {
             let kind = if p.new_source {
                 "new sources, held out, steady-step figures only"
             } else {

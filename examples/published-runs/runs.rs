@@ -256,8 +256,9 @@ pub struct PublishedRun {
     #[serde(default)]
     pub band: Option<[f64; 2]>,
     /// What the published figure times: `step` (a steady step, the default: what the cost
-    /// model prices) or `whole_run` (samples over a whole run's wall time from its start,
-    /// which the source itself shows is slower than its steady steps).
+    /// model prices), `whole_run` (samples over a whole run's wall time from its start, which
+    /// the source itself shows is slower than its steady steps) or `unstated` (the source does
+    /// not say).
     #[serde(default)]
     pub timing: Timing,
 }
@@ -269,6 +270,7 @@ pub enum Timing {
     #[default]
     Step,
     WholeRun,
+    Unstated,
 }
 
 impl PublishedRun {
@@ -438,6 +440,22 @@ pub fn model_of(run: &PublishedRun) -> Result<ModelSpec, String> {
     .map_err(|e| e.to_string())
 }
 
+/// Give a layout's device and its link inside the node a known-GPU row's figures and `model`
+/// (the name the cost model finds that row by again).
+fn take_row(l: &mut Layout, k: &osdp_core::cluster::known::KnownGpu, model: String) {
+    let fig = |value: f64| Figure {
+        value,
+        source: k.source.into(),
+    };
+    l.device.model = model;
+    l.device.dense_tflops.bf16 = k.bf16_tflops.map(fig);
+    l.device.dense_tflops.fp16 = Some(fig(k.fp16_tflops));
+    l.device.dense_tflops.fp32 = Some(fig(k.fp32_tflops));
+    l.device.memory_bandwidth_gb_per_s = fig(k.memory_gb_per_s);
+    l.intra_node.kind = k.link;
+    l.intra_node.bus_bandwidth_gb_per_s = fig(k.link_gb_per_s);
+}
+
 /// The layout file a run's GPUs are described by, under `layouts`.
 fn layout_file(run: &PublishedRun) -> Result<&'static str, String> {
     let g = run.gpu.to_uppercase();
@@ -488,20 +506,15 @@ pub fn layout_of(run: &PublishedRun, layouts: &Path) -> Result<Layout, String> {
             source: "NVIDIA V100 SXM2 16 GB: nvidia-smi reports 16160 MiB".into(),
         };
     }
-    // A V100 part with its own row (the DGX-2H's, at 450 W): that row's tensor rate and
-    // memory bandwidth, and its name, so the cost model finds the same row.
+    // A V100 part with its own row (the DGX-2H's, at 450 W): that row's figures.
     if let Some(k) = osdp_core::cluster::known::lookup(&run.gpu)
         .filter(|k| k.pattern.starts_with("V100") && k.pattern != "V100")
     {
-        l.device.model = format!("Tesla {}", run.gpu.trim_start_matches("Tesla "));
-        l.device.dense_tflops.fp16 = Some(Figure {
-            value: k.fp16_tflops,
-            source: k.source.into(),
-        });
-        l.device.memory_bandwidth_gb_per_s = Figure {
-            value: k.memory_gb_per_s,
-            source: k.source.into(),
-        };
+        take_row(
+            &mut l,
+            k,
+            format!("Tesla {}", run.gpu.trim_start_matches("Tesla ")),
+        );
     }
     if run.gpu.to_uppercase().contains("V100") && run.multi_node() && l.inter_node.is_none() {
         let ib =
@@ -515,15 +528,11 @@ pub fn layout_of(run: &PublishedRun, layouts: &Path) -> Result<Layout, String> {
             source: "NVIDIA A100 datasheet: 1,555 GB/s HBM2 on the 40 GB SXM".into(),
         };
     }
-    // An A800 is the A100 part with a slower NVLink: its own name and link (cluster::known).
+    // An A800 is the A100 part with a slower NVLink: its own row (cluster::known).
     if let Some(k) =
         osdp_core::cluster::known::lookup(&run.gpu).filter(|_| run.gpu.contains("A800"))
     {
-        l.device.model = format!("NVIDIA {}", run.gpu);
-        l.intra_node.bus_bandwidth_gb_per_s = Figure {
-            value: k.link_gb_per_s,
-            source: k.source.into(),
-        };
+        take_row(&mut l, k, format!("NVIDIA {}", run.gpu));
     }
     // A node with fewer GPUs than the layout's NICs, where the run does not say: one NIC per
     // GPU, as the shipped layouts' DGX nodes have (rail-optimised), not the layout's count.

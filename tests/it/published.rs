@@ -255,6 +255,21 @@ fn a_steady_step_is_what_the_cost_model_prices() {
         (predicted - 1.0).abs() < 1e-9,
         "one configuration, one price"
     );
+    // The data file says which is which: the timers time a steady step, the Trainer's
+    // end-to-end figures a whole run, so the group table can set the latter aside.
+    let hf: Vec<&(PublishedRun, Priced)> = all
+        .iter()
+        .filter(|(r, _)| r.id.starts_with("dsexamples-v100-hf-"))
+        .collect();
+    assert!(hf.len() >= 17, "{} Hugging Face rows", hf.len());
+    for (r, p) in hf {
+        let want = if r.id.ends_with("-dstimers") {
+            runs::Timing::Step
+        } else {
+            runs::Timing::WholeRun
+        };
+        assert_eq!((r.timing, p.timing), (want, want), "{}", r.id);
+    }
 }
 
 /// The runs from the sources added for issue 36 (DeepSpeed ZeRO-3 at 384–2,240 A100s,

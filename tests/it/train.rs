@@ -389,6 +389,34 @@ fn the_trainer_says_it_applies_no_dropout_where_the_config_asks_for_it() {
     assert!(!quiet.contains("dropout"), "{quiet}");
 }
 
+/// A value of OSDP_GEMM_PADDING the trainer does not know is said once, not silently taken
+/// for "on"; the run goes on with the default (on the CPU in fp32: nothing padded).
+#[test]
+fn an_unknown_gemm_padding_setting_is_warned_about_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = tiny("tiny-gpt2");
+    let plan = write_plan(dir.path(), &m, &dp_plan(&m), "dp.plan.json");
+    let out = osdp()
+        .env("OSDP_GEMM_PADDING", "yes")
+        .arg("train")
+        .arg(sample("tiny-gpt2"))
+        .arg("--plan")
+        .arg(&plan)
+        .args(["--steps", "1", "--json"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert_eq!(
+        err.matches("warning: OSDP_GEMM_PADDING=yes is not 0")
+            .count(),
+        1,
+        "{err}"
+    );
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(report.get("padded_linears").is_none(), "{report}");
+}
+
 #[test]
 fn mixed_plans_on_two_and_four_ranks_train_exactly_like_one_dp_rank_gpt2() {
     check_equivalence("tiny-gpt2", false);

@@ -103,7 +103,7 @@ impl Target {
 
     /// The linears of `model` whose weights this target multiplies with zero rows added
     /// ([`crate::ops::gemm_rows`]): `(op id, rows, padded rows)`, in the model's order.
-    pub fn padded_linears(&self, model: &osdp_core::model::ModelSpec) -> Vec<(String, i64, i64)> {
+    pub fn linears_to_pad(&self, model: &osdp_core::model::ModelSpec) -> Vec<(String, i64, i64)> {
         if !crate::ops::pads_on(self.device, self.numerics.compute_kind()) {
             return Vec::new();
         }

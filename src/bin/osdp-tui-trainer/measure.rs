@@ -247,22 +247,35 @@ fn calibrate_cuda(args: &CalibrateArgs) -> Result<(), Failure> {
         ),
         None => {
             let g = gpu.as_ref();
-            let l = osdp_core::cluster::known::local_layout(
+            let (l, guessed) = osdp_core::cluster::known::local_layout(
                 &name,
                 1,
                 g.and_then(|g| g.total_bytes).unwrap_or(0),
                 g.and_then(|g| g.compute_capability),
             );
-            if l.device.memory_gib.value <= 0.0 {
+            // Efficiencies are fractions of the peaks: measured against a stand-in's, a faster
+            // GPU would be capped at the stand-in's rate.
+            let why = if guessed {
+                Some("the known-GPU table does not name it, so its peak rates are not known")
+            } else if l.device.memory_gib.value <= 0.0 {
+                Some("NVML does not say how much memory it has")
+            } else {
+                None
+            };
+            if let Some(why) = why {
                 return Err(Failure::input(format!(
-                    "calibrate --device cuda: NVML does not say how much memory {name} has and \
-                     no layout ships for it; name the GPU layout to complete with --base \
-                     LAYOUT.json (its peak rates are what efficiencies are measured against)"
+                    "calibrate --device cuda: no layout ships for {name} and {why}; write a \
+                     one-GPU layout with its datasheet rates (efficiencies are measured as \
+                     fractions of them) and pass it with --base LAYOUT.json"
                 )));
             }
             (l, format!("the known-GPU table's figures for {name}"))
         }
     };
+    // The architecture goes with the GPU measured, whatever layout it completes.
+    if let Some((major, minor)) = gpu.as_ref().and_then(|g| g.compute_capability) {
+        layout.device.compute_capability = Some(format!("{major}.{minor}"));
+    }
     if layout.device.kind != osdp_core::cluster::DeviceKind::Gpu {
         return Err(Failure::input(format!(
             "calibrate --device cuda: {base} is not a GPU layout"

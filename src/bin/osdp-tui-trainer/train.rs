@@ -673,7 +673,7 @@ fn dropout_note(model: &osdp_core::model::ModelSpec) -> Option<String> {
 /// The weights the trainer pads with zero rows so that every GEMM dimension suits the tensor
 /// cores, and how to turn that off (a user comparing against another stack should know).
 fn padding_note(cfg: &osdp_train::TrainConfig) -> Option<String> {
-    let padded = cfg.target.padded_linears(&cfg.model);
+    let padded = cfg.target.linears_to_pad(&cfg.model);
     let (id, rows, to) = padded.first()?;
     let others = match padded.len() {
         1 => String::new(),

@@ -514,12 +514,15 @@ pub struct Architecture {
     pub stand_in: &'static str,
 }
 
-/// Tensor-core architectures (Pascal and older have none; Jetson parts are not listed).
+/// Tensor-core architectures. Not listed, so priced as the unknown-GPU guess: Pascal and older
+/// (no tensor cores), Jetson parts, and Blackwell beyond the B200 (10.3, 12.x) until a row can
+/// stand in for them. The stand-ins of Volta and GA100 are their PCIe cards: an unnamed part of
+/// those generations is most likely one (a TITAN V, an A30), so no NVLink is assumed.
 pub const ARCHITECTURES: &[Architecture] = &[
     Architecture {
         name: "Volta",
         compute_capability: (7, 0),
-        stand_in: "V100",
+        stand_in: "V100-PCIE",
     },
     Architecture {
         name: "Turing",
@@ -529,7 +532,7 @@ pub const ARCHITECTURES: &[Architecture] = &[
     Architecture {
         name: "Ampere (GA100)",
         compute_capability: (8, 0),
-        stand_in: "A100",
+        stand_in: "A100-PCIE",
     },
     Architecture {
         name: "Ampere (GA10x)",
@@ -578,15 +581,15 @@ pub fn row_of(device: &DeviceSpec) -> Option<&'static KnownGpu> {
 }
 
 /// A one-node layout for `count` local GPUs named `name` with `memory_bytes` each and the
-/// compute capability NVML reports. A GPU the table does not name gets its architecture's
-/// stand-in rates (A100 ones where the capability is unknown too), marked as a guess in every
-/// source.
+/// compute capability NVML reports, and whether its rates are a guess. A GPU the table does
+/// not name gets its architecture's stand-in rates (A100 ones where the capability is unknown
+/// too), marked as a guess in every source.
 pub fn local_layout(
     name: &str,
     count: u32,
     memory_bytes: u64,
     compute_capability: Option<(u32, u32)>,
-) -> Layout {
+) -> (Layout, bool) {
     let known = lookup(name);
     let stand_in = compute_capability.and_then(architecture);
     let g = known.or(stand_in.map(|(_, row)| row)).unwrap_or(&A100_SXM);
@@ -608,10 +611,15 @@ pub fn local_layout(
         value,
         source: src(what),
     };
-    Layout {
+    let rates = if known.is_some() {
+        "datasheet rates"
+    } else {
+        "guessed rates (not in the known-GPU table)"
+    };
+    let layout = Layout {
         version: LAYOUT_FORMAT_VERSION,
         name: format!("local-{count}x-{}", name.to_lowercase().replace(' ', "-")),
-        description: format!("{count} local {name} found through NVML, with datasheet rates"),
+        description: format!("{count} local {name} found through NVML, with {rates}"),
         nodes: 1,
         gpus_per_node: count.max(1),
         device: DeviceSpec {
@@ -649,7 +657,8 @@ pub fn local_layout(
         // The host is not known from NVML: no offload until a layout says what it has.
         host: None,
         calibration: None,
-    }
+    };
+    (layout, known.is_none())
 }
 
 #[cfg(test)]
@@ -757,7 +766,8 @@ mod tests {
         for g in KNOWN_GPUS {
             let name = g.pattern;
             assert_eq!(lookup(name).map(|k| k.pattern), Some(g.pattern), "{name}");
-            let l = local_layout(name, 8, 80 << 30, None);
+            let (l, guessed) = local_layout(name, 8, 80 << 30, None);
+            assert!(!guessed, "{name}");
             validate_layout(&l).unwrap();
             let src = &l.device.dense_tflops.fp16.as_ref().unwrap().source;
             assert!(!src.starts_with("guess"), "{name}: {src}");
@@ -803,7 +813,7 @@ mod tests {
         let pcie = lookup("NVIDIA A800-PCIE-40GB").unwrap();
         assert_eq!(pcie.link, LinkKind::Pcie);
         assert_eq!(pcie.efficiency.name, "Ampere");
-        let l = local_layout("NVIDIA A800-SXM4-80GB", 8, 80 << 30, None);
+        let (l, _) = local_layout("NVIDIA A800-SXM4-80GB", 8, 80 << 30, None);
         validate_layout(&l).unwrap();
         let src = &l.device.dense_tflops.bf16.as_ref().unwrap().source;
         assert!(!src.starts_with("guess") && src.contains("A800"), "{src}");
@@ -814,7 +824,8 @@ mod tests {
     /// part Hopper's; the figures say they are a guess and which row stands in.
     #[test]
     fn an_unknown_name_is_priced_by_its_compute_capability() {
-        let turing = local_layout("Quadro RTX 6000", 4, 24 << 30, Some((7, 5)));
+        let (turing, guessed) = local_layout("Quadro RTX 6000", 4, 24 << 30, Some((7, 5)));
+        assert!(guessed);
         validate_layout(&turing).unwrap();
         assert_eq!(turing.device.compute_capability.as_deref(), Some("7.5"));
         let row = row_of(&turing.device).expect("the Turing stand-in");
@@ -825,20 +836,28 @@ mod tests {
             src.starts_with("guess") && src.contains("7.5 (Turing)") && src.contains("T4"),
             "{src}"
         );
-        let hopper = local_layout("NVIDIA H100 NVL 2", 1, 94 << 30, Some((9, 0)));
+        // A name no row matches: the capability alone makes it a Hopper device.
+        let (hopper, _) = local_layout("Hopper Test Part", 1, 94 << 30, Some((9, 0)));
+        assert!(lookup("Hopper Test Part").is_none());
         assert_eq!(
             row_of(&hopper.device).map(|g| g.efficiency.name),
             Some("Hopper")
         );
         // No capability, or one without a listed architecture: the A100 guess, generic kernels.
         for cc in [None, Some((6, 0)), Some((12, 0))] {
-            let l = local_layout("Mystery GPU 9000", 1, 16 << 30, cc);
+            let (l, _) = local_layout("Mystery GPU 9000", 1, 16 << 30, cc);
             assert!(row_of(&l.device).is_none(), "{cc:?}");
             let src = &l.device.dense_tflops.fp16.as_ref().unwrap().source;
             assert!(src.contains("A100 figures"), "{src}");
         }
+        // An unnamed Volta or GA100 part is taken for a PCIe card: no NVLink assumed.
+        for cc in [(7, 0), (8, 0)] {
+            let (l, _) = local_layout("Unnamed Part", 2, 32 << 30, Some(cc));
+            assert_eq!(l.intra_node.kind, LinkKind::Pcie, "{cc:?}");
+        }
         // A named GPU keeps its own row whatever the capability says.
-        let mut l4 = local_layout("NVIDIA L4", 1, 24 << 30, Some((8, 9)));
+        let (mut l4, guessed) = local_layout("NVIDIA L4", 1, 24 << 30, Some((8, 9)));
+        assert!(!guessed);
         assert_eq!(row_of(&l4.device).map(|g| g.pattern), Some("NVIDIA L4"));
         // Every architecture's stand-in is a row of the table.
         for a in ARCHITECTURES {
@@ -852,11 +871,13 @@ mod tests {
 
     #[test]
     fn local_layouts_are_valid_and_say_when_they_guess() {
-        let l = local_layout("NVIDIA H200", 4, 150_754_820_096, Some((9, 0)));
+        let (l, guessed) = local_layout("NVIDIA H200", 4, 150_754_820_096, Some((9, 0)));
+        assert!(!guessed);
         validate_layout(&l).unwrap();
         assert_eq!(l.world_size(), 4);
         assert_eq!(l.memory_bytes(), 150_754_820_096 / 1024 * 1024);
-        let g = local_layout("Mystery GPU 9000", 2, 16 << 30, None);
+        let (g, guessed) = local_layout("Mystery GPU 9000", 2, 16 << 30, None);
+        assert!(guessed && g.description.contains("guessed rates"));
         validate_layout(&g).unwrap();
         assert!(g
             .device
