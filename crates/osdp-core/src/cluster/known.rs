@@ -519,42 +519,26 @@ pub struct Architecture {
 /// stand in for them. The stand-ins of Volta and GA100 are their PCIe cards: an unnamed part of
 /// those generations is most likely one (a TITAN V, an A30), so no NVLink is assumed.
 pub const ARCHITECTURES: &[Architecture] = &[
-    Architecture {
-        name: "Volta",
-        compute_capability: (7, 0),
-        stand_in: "V100-PCIE",
-    },
-    Architecture {
-        name: "Turing",
-        compute_capability: (7, 5),
-        stand_in: " T4",
-    },
-    Architecture {
-        name: "Ampere (GA100)",
-        compute_capability: (8, 0),
-        stand_in: "A100-PCIE",
-    },
-    Architecture {
-        name: "Ampere (GA10x)",
-        compute_capability: (8, 6),
-        stand_in: "NVIDIA A40",
-    },
-    Architecture {
-        name: "Ada Lovelace",
-        compute_capability: (8, 9),
-        stand_in: "RTX 4090",
-    },
-    Architecture {
-        name: "Hopper",
-        compute_capability: (9, 0),
-        stand_in: "H100",
-    },
-    Architecture {
-        name: "Blackwell (B200)",
-        compute_capability: (10, 0),
-        stand_in: "B200",
-    },
+    arch("Volta", (7, 0), "V100-PCIE"),
+    arch("Turing", (7, 5), " T4"),
+    arch("Ampere (GA100)", (8, 0), "A100-PCIE"),
+    arch("Ampere (GA10x)", (8, 6), "NVIDIA A40"),
+    arch("Ada Lovelace", (8, 9), "RTX 4090"),
+    arch("Hopper", (9, 0), "H100"),
+    arch("Blackwell (B200)", (10, 0), "B200"),
 ];
+
+const fn arch(
+    name: &'static str,
+    compute_capability: (u32, u32),
+    stand_in: &'static str,
+) -> Architecture {
+    Architecture {
+        name,
+        compute_capability,
+        stand_in,
+    }
+}
 
 /// `"8.9"` → `(8, 9)`.
 pub fn parse_compute_capability(text: &str) -> Option<(u32, u32)> {
