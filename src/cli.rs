@@ -265,9 +265,12 @@ enum Command {
     },
     /// Show a cluster layout: devices, memory, rates, links, with the source of each figure.
     Layout {
-        /// Layout file, or a shipped layout's name (`layouts/NAME.json`).
-        #[arg(value_parser = layout_arg)]
-        layout: PathBuf,
+        /// Layout file, a shipped layout's name (`layouts/NAME.json`), or `local`: the GPUs
+        /// NVML finds here, as the dashboard plans for them (datasheet rates, or guessed ones
+        /// for a GPU the known-GPU table does not name); `local --json > mine.json` writes a
+        /// layout to edit (calibrate's --base for such a GPU).
+        #[arg(value_parser = layout_source_arg)]
+        layout: LayoutSource,
         /// Print the checked layout as JSON.
         #[arg(long)]
         json: bool,
@@ -417,6 +420,32 @@ fn parse_split(s: &str) -> Result<u32, String> {
 
 /// A `--layout` value: a file, or the name of a shipped layout (`h100-sxm-8x-nvlink` for
 /// `layouts/h100-sxm-8x-nvlink.json`, looked up here and then beside this build's sources).
+/// What `osdp-tui layout` shows: a layout file, or the GPUs NVML finds here.
+#[derive(Debug, Clone)]
+pub enum LayoutSource {
+    File(PathBuf),
+    Local,
+}
+
+fn layout_source_arg(s: &str) -> Result<LayoutSource, String> {
+    if s == "local" && !Path::new(s).exists() {
+        return Ok(LayoutSource::Local);
+    }
+    layout_arg(s).map(LayoutSource::File)
+}
+
+/// A one-node layout of the GPUs NVML reported (the first one's name, memory and compute
+/// capability), and whether its rates are a guess ([`osdp_core::cluster::known::local_layout`]).
+fn local_gpus_layout(gpus: &[crate::monitor::GpuSample]) -> Option<(Layout, bool)> {
+    let g = gpus.first()?;
+    Some(osdp_core::cluster::known::local_layout(
+        &g.name,
+        gpus.len() as u32,
+        g.total_bytes.unwrap_or(0),
+        g.compute_capability,
+    ))
+}
+
 pub fn layout_arg(s: &str) -> Result<PathBuf, String> {
     let given = PathBuf::from(s);
     let bare = !s.contains('/') && !s.ends_with(".json");
@@ -795,8 +824,19 @@ fn inspect(path: &Path, json: bool) -> Result<(), Failure> {
     Ok(())
 }
 
-fn show_layout(path: &Path, json: bool) -> Result<(), Failure> {
-    let l: Layout = read_layout(path).map_err(Failure::input)?;
+fn show_layout(source: &LayoutSource, json: bool) -> Result<(), Failure> {
+    let l: Layout = match source {
+        LayoutSource::File(path) => read_layout(path).map_err(Failure::input)?,
+        LayoutSource::Local => {
+            use crate::monitor::GpuSource;
+            let gpus = crate::monitor::NvmlSource::open()
+                .and_then(|mut n| n.sample())
+                .map_err(|e| Failure::input(format!("layout local: {e}")))?;
+            local_gpus_layout(&gpus)
+                .ok_or_else(|| Failure::input("layout local: NVML found no GPU"))?
+                .0
+        }
+    };
     if json {
         crate::report::print_json(&l);
         return Ok(());
@@ -1041,12 +1081,7 @@ fn dashboard(args: DashboardArgs) -> Result<(), Failure> {
         (Some(p), _) => (read_layout(p).map_err(Failure::input)?, None),
         (None, Some(gpus)) => {
             let g = &gpus[0];
-            let (l, guessed) = osdp_core::cluster::known::local_layout(
-                &g.name,
-                gpus.len() as u32,
-                g.total_bytes.unwrap_or(0),
-                g.compute_capability,
-            );
+            let (l, guessed) = local_gpus_layout(gpus).expect("at least one GPU");
             let rates = if guessed {
                 "not in the known-GPU table: guessed rates"
             } else {

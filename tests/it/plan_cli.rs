@@ -609,6 +609,26 @@ fn an_unnamed_gpu_is_priced_by_its_compute_capability() {
     assert!(err.contains("device.compute_capability"), "{err}");
 }
 
+/// `osdp-tui layout local` shows the GPUs NVML finds as the dashboard plans for them; without
+/// a driver (this machine, CI) it exits 2 with the reason on one line, and where there is one
+/// its JSON is a valid layout that names the GPUs' compute capability.
+#[test]
+fn layout_local_is_the_gpus_found_here_or_says_why_not() {
+    let out = osdp().args(["layout", "local", "--json"]).output().unwrap();
+    if out.status.success() {
+        let l: osdp_core::cluster::Layout = serde_json::from_slice(&out.stdout).unwrap();
+        osdp_core::cluster::validate_layout(&l).unwrap();
+        assert!(l.device.compute_capability.is_some(), "{l:?}");
+    } else {
+        assert_eq!(out.status.code(), Some(2));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.starts_with("error: layout local: ") && err.trim().lines().count() == 1,
+            "{err}"
+        );
+    }
+}
+
 #[test]
 fn a_layout_with_a_bad_calibration_is_refused_naming_the_field() {
     let dir = tempfile::tempdir().unwrap();

@@ -266,7 +266,8 @@ fn calibrate_cuda(args: &CalibrateArgs) -> Result<(), Failure> {
                 return Err(Failure::input(format!(
                     "calibrate --device cuda: no layout ships for {name} and {why}; write a \
                      one-GPU layout with its datasheet rates (efficiencies are measured as \
-                     fractions of them) and pass it with --base LAYOUT.json"
+                     fractions of them: `osdp-tui layout local --json` prints one to edit) and \
+                     pass it with --base LAYOUT.json"
                 )));
             }
             (l, format!("the known-GPU table's figures for {name}"))
