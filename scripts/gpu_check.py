@@ -120,10 +120,18 @@ def evaluate(bin_, model, layout, plan_file):
     return e["step_time_s"], e["peak_memory_bytes"]
 
 
+# Each training run's `train --json` report, by its metrics file.
+REPORTS = {}
+
+
 def train(bin_, model, plan_file, steps, metrics, device, extra=(), env=None):
     Path(metrics).unlink(missing_ok=True)
-    run([bin_, "train", model, "--plan", plan_file, "--device", device, "--steps", steps,
-         "--metrics", metrics, *extra], env=env)
+    res = run([bin_, "train", model, "--plan", plan_file, "--device", device, "--steps", steps,
+               "--metrics", metrics, "--json", *extra], env=env)
+    try:
+        REPORTS[str(metrics)] = json.loads(res.stdout)
+    except ValueError:
+        REPORTS[str(metrics)] = {}
     return read_steps(metrics)
 
 
@@ -350,7 +358,11 @@ def measure_model(args, out, name, layouts, peak_bf16, gpu):
            "predicted_step_s": p["step_time_s"],
            "predicted_peak_bytes": p["peak_memory_bytes"],
            "predicted": predicted,
-           "predicted_overhead_bytes": p["prediction"]["overhead_bytes"], **m}
+           "predicted_overhead_bytes": p["prediction"]["overhead_bytes"],
+           # The linears whose GEMMs the executor ran padded (`train --json`): on a GPU in bf16
+           # GPT-2's 50,257-row head, forward and backward.
+           "padded_linears": REPORTS.get(str(out / f"{name}.jsonl"), {}).get("padded_linears", []),
+           **m}
     log(f"{name}: {row['tokens_per_s']:.0f} tokens/s, MFU {100 * row['mfu']:.1f} %, "
         f"{m['startup_s']:.1f} s before and between steps, step "
         f"{1e3 * m['step_s']:.0f} ms (predicted " + ", ".join(
@@ -468,7 +480,12 @@ def padding_study(args, out, rows):
         return None
     name = row["model"]
     m = train_again(args, out, name, "unpadded", OSDP_GEMM_PADDING="0")
-    res = {"model": name, "padded": {k: row[k] for k in m}, "unpadded": m}
+    res = {"model": name, "padded": {k: row[k] for k in m}, "unpadded": m,
+           "padded_linears": row.get("padded_linears", []),
+           "unpadded_linears": REPORTS.get(str(out / f"{name}.unpadded.jsonl"), {}).get(
+               "padded_linears", [])}
+    log(f"{name}: padded linears as run {res['padded_linears']}; with OSDP_GEMM_PADDING=0 "
+        f"{res['unpadded_linears']}")
     log(f"{name} without padding: step {1e3 * m['step_s']:.0f} ms (padded "
         f"{1e3 * row['step_s']:.0f}), reserved peak {fmt_bytes(m['reserved_peak_bytes'])} GiB "
         f"(padded {fmt_bytes(row['reserved_peak_bytes'])})")
@@ -530,7 +547,14 @@ def write_report(out, summary, args):
         lines += [f"Padding, {g['model']}: step {g['padded']['step_s'] * 1e3:.0f} ms with the head "
                   f"padded, {g['unpadded']['step_s'] * 1e3:.0f} ms without (OSDP_GEMM_PADDING=0); "
                   f"reserved peak {fmt_bytes(g['padded']['reserved_peak_bytes'])} / "
-                  f"{fmt_bytes(g['unpadded']['reserved_peak_bytes'])} GiB", ""]
+                  f"{fmt_bytes(g['unpadded']['reserved_peak_bytes'])} GiB; ran padded: "
+                  + (", ".join(f"{p['op']} {p['rows']}→{p['padded_rows']} rows (forward "
+                               f"{p['forward']}, backward {p['backward']})"
+                               for p in g.get("padded_linears", [])) or "nothing"), ""]
+    if summary.get("layout_local"):
+        l = summary["layout_local"]
+        lines += [f"Local layout: {l['model']}, compute capability {l['compute_capability']}, "
+                  f"bf16 {l['bf16_tflops']} TFLOP/s ({l['rates']})", ""]
     if summary.get("calibration"):
         lines.append("Calibrated: " + ", ".join(
             f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}"
@@ -613,9 +637,21 @@ def main():
     summary["layout"] = layout.name
     peak_bf16 = json.loads(layout.read_text())["device"]["dense_tflops"]["bf16"]["value"] * 1e12
 
+    def local_layout():
+        # What the dashboard plans for on this machine (`osdp-tui layout local`): NVML's name,
+        # its row's datasheet rates, the compute capability.
+        d = json.loads(run([args.bin, "layout", "local", "--json"]).stdout)["device"]
+        res = {"model": d["model"], "compute_capability": d.get("compute_capability"),
+               "bf16_tflops": (d["dense_tflops"].get("bf16") or {}).get("value"),
+               "rates": (d["dense_tflops"].get("bf16") or {}).get("source", "")}
+        log(f"layout local: {res}")
+        summary["layout_local"] = res
+        return res
+
     layouts = {"calibrated": None, "datasheet": layout}
     if not args.skip_calibrate:
         layouts["calibrated"] = attempt("calibrate", lambda: calibrate(args, out, summary), 30)
+    attempt("layout-local", local_layout, 5)
     attempt("smoke", lambda: smoke(args, out, summary), 30)
     if any(f["step"] == "smoke" for f in summary["failures"]):
         lines = write_report(out, summary, args)
