@@ -466,6 +466,9 @@ fn header_title(app: &App, width: u16) -> Line<'static> {
             ),
             theme::GOOD,
         ));
+    } else if app.machine.rates_guessed {
+        // A GPU the known-GPU table does not name: its architecture's stand-in rates.
+        title.push(Span::styled(" · guessed rates", theme::WARN));
     } else {
         // Datasheet rates × efficiencies fitted to published runs (or generic ones):
         // `osdp-tui calibrate` measures the machine itself.

@@ -609,6 +609,57 @@ fn an_unnamed_gpu_is_priced_by_its_compute_capability() {
     assert!(err.contains("device.compute_capability"), "{err}");
 }
 
+/// A layout whose rates are the known-GPU table's guesses (what `layout local` writes for a
+/// GPU the table does not name) says so: `plan`'s timing source and the dashboard's header
+/// name guessed rates, not datasheet ones.
+#[test]
+fn guessed_rates_are_called_guesses_in_plan_and_the_dashboard() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut v: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(root().join("layouts/rtx4090-1x.json")).unwrap(),
+    )
+    .unwrap();
+    v["device"]["model"] = serde_json::json!("Quadro RTX 6000");
+    v["device"]["compute_capability"] = serde_json::json!("7.5");
+    for rate in ["bf16", "fp16", "fp32"] {
+        if v["device"]["dense_tflops"][rate].is_object() {
+            v["device"]["dense_tflops"][rate]["source"] = serde_json::json!(
+                "guess: Quadro RTX 6000 is not in the known-GPU table; compute capability 7.5 \
+                 (Turing): the T4 row's figures used for dense FP16"
+            );
+        }
+    }
+    let path = dir.path().join("guessed.json");
+    std::fs::write(&path, v.to_string()).unwrap();
+    let layout = path.to_str().unwrap();
+    let p = run_json(&[
+        "plan",
+        "sample-models/gpt2.json",
+        "--layout",
+        layout,
+        "--json",
+    ]);
+    let source = p["timing_source"].as_str().unwrap();
+    assert!(source.starts_with("guessed rates"), "{source}");
+    let screen = stdout_ok(osdp().args(["sample-models/gpt2.json", "--once", "--layout", layout]));
+    assert!(
+        screen.contains("guessed rates") && !screen.contains("uncalibrated"),
+        "{screen}"
+    );
+    // The same GPU with its rates from a datasheet is only uncalibrated.
+    let datasheet = run_json(&[
+        "plan",
+        "sample-models/gpt2.json",
+        "--layout",
+        "rtx4090-1x",
+        "--json",
+    ]);
+    assert!(datasheet["timing_source"]
+        .as_str()
+        .unwrap()
+        .starts_with("datasheet rates"));
+}
+
 /// `osdp-tui layout local` shows the GPUs NVML finds as the dashboard plans for them; without
 /// a driver (this machine, CI) it exits 2 with the reason on one line, and where there is one
 /// its JSON is a valid layout that names the GPUs' compute capability.

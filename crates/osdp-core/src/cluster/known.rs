@@ -564,6 +564,14 @@ pub fn row_of(device: &DeviceSpec) -> Option<&'static KnownGpu> {
     })
 }
 
+/// How a figure [`local_layout`] could only guess begins its source.
+const GUESS: &str = "guess: ";
+
+/// Whether a figure is one of those guesses (a GPU the table does not name).
+pub fn is_guess(f: &Figure) -> bool {
+    f.source.starts_with(GUESS)
+}
+
 /// A one-node layout for `count` local GPUs named `name` with `memory_bytes` each and the
 /// compute capability NVML reports, and whether its rates are a guess. A GPU the table does
 /// not name gets its architecture's stand-in rates (A100 ones where the capability is unknown
@@ -580,7 +588,7 @@ pub fn local_layout(
     let src = |what: &str| match (known, stand_in) {
         (Some(_), _) => format!("{}: {what}", g.source),
         (None, Some((arch, row))) => format!(
-            "guess: {name} is not in the known-GPU table; compute capability {}.{} ({}): the \
+            "{GUESS}{name} is not in the known-GPU table; compute capability {}.{} ({}): the \
              {} row's figures used for {what}",
             arch.compute_capability.0,
             arch.compute_capability.1,
@@ -588,7 +596,7 @@ pub fn local_layout(
             row.pattern.trim()
         ),
         (None, None) => {
-            format!("guess: {name} is not in the known-GPU table; A100 figures used for {what}")
+            format!("{GUESS}{name} is not in the known-GPU table; A100 figures used for {what}")
         }
     };
     let fig = |value: f64, what: &str| Figure {

@@ -12,6 +12,7 @@ use super::{Efficiencies, Machine, OpBase, ParamTensor, Precision};
 /// 10 µs latency, 5 µs launches.
 pub(super) fn machine(ranks: u32) -> Machine {
     Machine {
+        rates_guessed: false,
         ranks,
         flops_per_s: 100e12,
         memory_bytes_per_s: 1e12,

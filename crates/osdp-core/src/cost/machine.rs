@@ -91,6 +91,9 @@ pub fn padded_weight_rows(shape: &[i64]) -> Option<i64> {
 /// Rates of the layout the cost model needs, resolved once.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Machine {
+    /// Whether the compute rate is a guess (a GPU the known-GPU table does not name, priced
+    /// at its architecture's stand-in: `cluster::known::local_layout`), not a datasheet's.
+    pub rates_guessed: bool,
     pub ranks: u32,
     /// Dense FLOP/s for the model's compute dtype.
     pub flops_per_s: f64,
@@ -318,9 +321,9 @@ impl Machine {
             crate::model::DType::F32 => fp32,
         };
         // A validated layout has at least one rate; fall back through the others.
-        let (compute_dtype, tflops) = wanted
+        let (compute_dtype, rate) = wanted
             .iter()
-            .find_map(|(n, f)| f.as_ref().map(|f| (*n, f.value)))
+            .find_map(|(n, f)| f.as_ref().map(|f| (*n, f)))
             .or_else(|| {
                 [
                     ("tf32", &r.tf32),
@@ -329,9 +332,11 @@ impl Machine {
                     ("bf16", &r.bf16),
                 ]
                 .iter()
-                .find_map(|(n, f)| f.as_ref().map(|f| (*n, f.value)))
+                .find_map(|(n, f)| f.as_ref().map(|f| (*n, f)))
             })
-            .unwrap_or(("fp32", 1.0));
+            .map_or(("fp32", None), |(n, f)| (n, Some(f)));
+        let tflops = rate.map_or(1.0, |f| f.value);
+        let rates_guessed = rate.is_some_and(crate::cluster::known::is_guess);
         // A ring over several nodes runs one channel per NIC: its bus bandwidth is the
         // lesser of the NVLink (or PCIe) one and all of a node's NICs together, and only
         // the steps that cross nodes pay the network's latency.
@@ -355,6 +360,7 @@ impl Machine {
             ),
         };
         Machine {
+            rates_guessed,
             ranks: layout.world_size(),
             nodes: layout.nodes.max(1),
             flops_per_s: tflops * 1e12,
@@ -453,6 +459,11 @@ impl Machine {
             None if self.efficiency.source == Efficiencies::MEASURED => {
                 format!("datasheet peaks × {}", self.efficiency.source)
             }
+            None if self.rates_guessed => format!(
+                "guessed rates (the GPU is not in the known-GPU table: give its datasheet's in \
+                 the layout) × {} (not calibrated)",
+                self.efficiency.source
+            ),
             None => format!(
                 "datasheet rates × {} (not calibrated: `osdp-tui calibrate` measures a machine)",
                 self.efficiency.source
