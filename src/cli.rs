@@ -832,9 +832,12 @@ fn show_layout(source: &LayoutSource, json: bool) -> Result<(), Failure> {
             let gpus = crate::monitor::NvmlSource::open()
                 .and_then(|mut n| n.sample())
                 .map_err(|e| Failure::input(format!("layout local: {e}")))?;
-            local_gpus_layout(&gpus)
-                .ok_or_else(|| Failure::input("layout local: NVML found no GPU"))?
-                .0
+            let (l, _) = local_gpus_layout(&gpus)
+                .ok_or_else(|| Failure::input("layout local: NVML found no GPU"))?;
+            // NVML may not say a figure (a GPU's memory): a layout that would not read back.
+            osdp_core::cluster::validate_layout(&l)
+                .map_err(|p| Failure::input(format!("layout local: {p}")))?;
+            l
         }
     };
     if json {
