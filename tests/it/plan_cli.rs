@@ -598,7 +598,8 @@ fn an_unnamed_gpu_is_priced_by_its_compute_capability() {
     assert!(t > 1.2 * g, "Turing's kernels {t} s vs generic {g} s");
     let shown = stdout_ok(osdp().args(["layout", &turing]));
     assert!(shown.contains("Volta/Turing default"), "{shown}");
-    v["device"]["compute_capability"] = serde_json::json!("seven");
+    // Hostile: 100,000 digits and a line break; the message stays one short line.
+    v["device"]["compute_capability"] = serde_json::json!(format!("{}\n.x", "9".repeat(100_000)));
     let bad = write("bad.json", &v);
     let out = osdp()
         .args(["plan", "sample-models/gpt2-medium.json", "--layout", &bad])
@@ -607,6 +608,7 @@ fn an_unnamed_gpu_is_priced_by_its_compute_capability() {
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("device.compute_capability"), "{err}");
+    assert!(err.trim().lines().count() == 1 && err.len() < 1000, "{err}");
 }
 
 /// A layout whose rates are the known-GPU table's guesses (what `layout local` writes for a

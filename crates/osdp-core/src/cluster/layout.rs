@@ -345,7 +345,10 @@ fn check_device(d: &DeviceSpec) -> Result<(), Problem> {
         if super::known::parse_compute_capability(cc).is_none() {
             return Err(Problem::field(
                 "device.compute_capability",
-                format!("must be MAJOR.MINOR as NVML reports it (\"8.9\"), got {cc:?}"),
+                format!(
+                    "must be MAJOR.MINOR as NVML reports it (\"8.9\"), got \"{}\"",
+                    crate::text::excerpt(cc)
+                ),
             ));
         }
     }
