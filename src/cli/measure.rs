@@ -14,7 +14,8 @@ pub struct CalibrateArgs {
     /// with the trainer's bf16 kernels (linears narrow and wide, causal attention per sequence
     /// length, HBM streaming, the pinned host link) into a GPU layout's efficiencies: `--base`,
     /// else the shipped layout of that GPU (h100-1x, h200-1x, …), else one built from the
-    /// known-GPU table's datasheet figures for it.
+    /// known-GPU table's datasheet figures for it (a GPU the table does not name needs --base:
+    /// `osdp-tui layout local --json` prints one to edit).
     #[arg(long, value_enum, default_value_t = DeviceArg::Cpu)]
     pub device: DeviceArg,
     /// Layout file to write (e.g. layouts/local-cpu.json); its name is the file's stem.
