@@ -180,6 +180,12 @@ pub struct Stack {
     /// (`set_requires_gradient_sync(False)` before it, in the run's code).
     #[serde(default)]
     pub fsdp2: bool,
+    /// Bytes a parameter its micro-batches pass over outside the kernels, where its code says
+    /// (read there, the notes name the lines): a model kept in 16 bits that only accumulates
+    /// or unscales gradients passes far fewer than the FSDP runs the default
+    /// ([`osdp_core::cost::PARAM_PASS_BYTES`]) was fitted on.
+    #[serde(default)]
+    pub param_pass_bytes: Option<f64>,
 }
 
 fn yes() -> bool {
@@ -652,6 +658,12 @@ pub fn price_run_tuned(
         }
         if stack.hf_trainer_optimizer {
             m.optimizer_bytes_per_param = HF_TRAINER_STEP_BYTES_PER_PARAM;
+        }
+        if let Some(bytes) = stack.param_pass_bytes {
+            if !(bytes.is_finite() && bytes >= 0.0) {
+                return Err(format!("{}: param_pass_bytes {bytes}", run.id));
+            }
+            m.param_pass_bytes = bytes;
         }
     }
     tune(&mut m);

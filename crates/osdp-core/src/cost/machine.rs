@@ -32,7 +32,9 @@ pub const NCCL_TREE_BANDWIDTH: f64 = 0.92;
 /// 2 + write 4; divided in place, 8; autocast's weight casts, 6 each way; FSDP2's copy-in and
 /// copy-out, 4 each); fitted to 37.6 on the single-node runs of docs/published-runs.md, where it
 /// took the held-out error from 0.113 to 0.085 (rms log). The CPU trainer's own passes are in
-/// its calibrated step overhead.
+/// its calibrated step overhead. A published run whose code was read for its own passes (a model
+/// kept in 16 bits that only accumulates or unscales gradients) sets `param_pass_bytes` to them
+/// (docs/published-runs.md, item 13).
 pub const PARAM_PASS_BYTES: f64 = 37.6;
 /// The bytes per parameter a layout's micro-batches pass over outside the kernels:
 /// [`PARAM_PASS_BYTES`] on two GPUs or more (the figure was fitted on runs sharded over 8 or
