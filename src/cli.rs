@@ -435,15 +435,18 @@ fn layout_source_arg(s: &str) -> Result<LayoutSource, String> {
 }
 
 /// A one-node layout of the GPUs NVML reported (the first one's name, memory and compute
-/// capability), and whether its rates are a guess ([`osdp_core::cluster::known::local_layout`]).
-fn local_gpus_layout(gpus: &[crate::monitor::GpuSample]) -> Option<(Layout, bool)> {
-    let g = gpus.first()?;
-    Some(osdp_core::cluster::known::local_layout(
+/// capability: [`osdp_core::cluster::known::local_layout`]), checked: NVML may leave a figure
+/// out (a GPU's memory), and such a layout would not read back.
+pub fn local_gpus_layout(gpus: &[crate::monitor::GpuSample]) -> Result<Layout, String> {
+    let g = gpus.first().ok_or("NVML found no GPU")?;
+    let l = osdp_core::cluster::known::local_layout(
         &g.name,
         gpus.len() as u32,
         g.total_bytes.unwrap_or(0),
         g.compute_capability,
-    ))
+    );
+    osdp_core::cluster::validate_layout(&l).map_err(|p| p.to_string())?;
+    Ok(l)
 }
 
 pub fn layout_arg(s: &str) -> Result<PathBuf, String> {
@@ -829,15 +832,10 @@ fn show_layout(source: &LayoutSource, json: bool) -> Result<(), Failure> {
         LayoutSource::File(path) => read_layout(path).map_err(Failure::input)?,
         LayoutSource::Local => {
             use crate::monitor::GpuSource;
-            let gpus = crate::monitor::NvmlSource::open()
+            crate::monitor::NvmlSource::open()
                 .and_then(|mut n| n.sample())
-                .map_err(|e| Failure::input(format!("layout local: {e}")))?;
-            let (l, _) = local_gpus_layout(&gpus)
-                .ok_or_else(|| Failure::input("layout local: NVML found no GPU"))?;
-            // NVML may not say a figure (a GPU's memory): a layout that would not read back.
-            osdp_core::cluster::validate_layout(&l)
-                .map_err(|p| Failure::input(format!("layout local: {p}")))?;
-            l
+                .and_then(|gpus| local_gpus_layout(&gpus))
+                .map_err(|e| Failure::input(format!("layout local: {e}")))?
         }
     };
     if json {
@@ -1080,12 +1078,14 @@ fn dashboard(args: DashboardArgs) -> Result<(), Failure> {
         Err(e) => Err(e.clone()),
     };
     let local = first.as_ref().ok().filter(|s| !s.is_empty());
-    let (layout, mut notice) = match (&args.layout, local) {
+    // The local GPUs' layout where no --layout is given and NVML found some.
+    let local_layout = local
+        .filter(|_| args.layout.is_none())
+        .map(|gpus| (gpus, local_gpus_layout(gpus)));
+    let (layout, mut notice) = match (&args.layout, &local_layout) {
         (Some(p), _) => (read_layout(p).map_err(Failure::input)?, None),
-        (None, Some(gpus)) => {
-            let g = &gpus[0];
-            let (l, guessed) = local_gpus_layout(gpus).expect("at least one GPU");
-            let rates = if guessed {
+        (None, Some((gpus, Ok(l)))) => {
+            let rates = if osdp_core::cluster::known::rates_guessed(&l.device) {
                 "not in the known-GPU table: guessed rates"
             } else {
                 "datasheet rates"
@@ -1093,16 +1093,17 @@ fn dashboard(args: DashboardArgs) -> Result<(), Failure> {
             let notice = format!(
                 "planning for the {} local {} found through NVML ({rates}; --layout to choose)",
                 gpus.len(),
-                g.name
+                gpus[0].name
             );
-            (l, Some(notice))
+            (l.clone(), Some(notice))
         }
-        (None, None) => {
+        (None, other) => {
             let l: Layout =
                 serde_json::from_str(DEFAULT_LAYOUT).expect("the built-in layout parses");
-            let why = match &first {
-                Err(e) => e.clone(),
-                Ok(_) => "NVML found no GPU".to_string(),
+            let why = match (other, &first) {
+                (Some((_, Err(e))), _) => format!("the local GPUs' layout: {e}"),
+                (_, Err(e)) => e.clone(),
+                _ => "NVML found no GPU".to_string(),
             };
             let notice = format!(
                 "{why}; planning for layout {} (choose one with --layout)",
@@ -1112,15 +1113,18 @@ fn dashboard(args: DashboardArgs) -> Result<(), Failure> {
         }
     };
     // Default budget: each local GPU's free memory when planning for the local GPUs.
-    let free: Option<Vec<u64>> = local.filter(|_| args.layout.is_none()).map(|gpus| {
-        gpus.iter()
-            .map(|g| {
-                g.total_bytes
-                    .unwrap_or(0)
-                    .saturating_sub(g.used_bytes.unwrap_or(0))
-            })
-            .collect()
-    });
+    let free: Option<Vec<u64>> = match &local_layout {
+        Some((gpus, Ok(_))) => Some(
+            gpus.iter()
+                .map(|g| {
+                    g.total_bytes
+                        .unwrap_or(0)
+                        .saturating_sub(g.used_bytes.unwrap_or(0))
+                })
+                .collect(),
+        ),
+        _ => None,
+    };
     let budgets = request::per_gpu_budgets(&layout, args.budget, &args.budget_per_gpu, free)
         .map_err(Failure::input)?;
     let run_dir = args

@@ -36,22 +36,18 @@ fn gpu_check_without_a_gpu_reaches_the_cuda_step_and_says_why_it_stops() {
         &std::fs::read_to_string(out_dir.path().join("summary.json")).unwrap(),
     )
     .unwrap();
-    // Calibration comes first and fails with its own reason; the smoke test still runs.
-    assert_eq!(summary["failures"][0]["step"], "calibrate", "{summary}");
-    assert!(
-        summary["failures"][0]["error"]
-            .as_str()
-            .is_some_and(|e| e.contains("no CUDA device is usable")),
-        "{summary}"
-    );
-    // The local layout needs NVML: without a driver it fails with that reason, and goes on.
-    assert_eq!(summary["failures"][1]["step"], "layout-local", "{summary}");
-    assert!(
-        summary["failures"][1]["error"]
-            .as_str()
-            .is_some_and(|e| e.contains("layout local: no NVIDIA driver")),
-        "{summary}"
-    );
+    // Each failed step, in order, with its own reason; the check goes on after each.
+    let failed = |i: usize, step: &str, reason: &str| {
+        let f = &summary["failures"][i];
+        assert_eq!(f["step"], step, "{summary}");
+        assert!(
+            f["error"].as_str().is_some_and(|e| e.contains(reason)),
+            "{summary}"
+        );
+    };
+    failed(0, "calibrate", "no CUDA device is usable");
+    // The local layout needs NVML: without a driver it fails with that reason.
+    failed(1, "layout-local", "layout local: no NVIDIA driver");
     assert_eq!(summary["failures"][2]["step"], "smoke", "{summary}");
     let table = std::fs::read_to_string(out_dir.path().join("table.md")).unwrap();
     assert!(table.contains("FAILED smoke"), "{table}");

@@ -574,6 +574,7 @@ fn an_unnamed_gpu_is_priced_by_its_compute_capability() {
         &std::fs::read_to_string(root().join("layouts/rtx4090-1x.json")).unwrap(),
     )
     .unwrap();
+    // The same rates as the RTX 4090's layout: only the kernels may differ.
     v["device"]["model"] = serde_json::json!("Quadro RTX 6000");
     let write = |name: &str, v: &serde_json::Value| {
         let p = dir.path().join(name);
@@ -617,22 +618,10 @@ fn an_unnamed_gpu_is_priced_by_its_compute_capability() {
 #[test]
 fn guessed_rates_are_called_guesses_in_plan_and_the_dashboard() {
     let dir = tempfile::tempdir().unwrap();
-    let mut v: serde_json::Value = serde_json::from_str(
-        &std::fs::read_to_string(root().join("layouts/rtx4090-1x.json")).unwrap(),
-    )
-    .unwrap();
-    v["device"]["model"] = serde_json::json!("Quadro RTX 6000");
-    v["device"]["compute_capability"] = serde_json::json!("7.5");
-    for rate in ["bf16", "fp16", "fp32"] {
-        if v["device"]["dense_tflops"][rate].is_object() {
-            v["device"]["dense_tflops"][rate]["source"] = serde_json::json!(
-                "guess: Quadro RTX 6000 is not in the known-GPU table; compute capability 7.5 \
-                 (Turing): the T4 row's figures used for dense FP16"
-            );
-        }
-    }
+    // The layout the dashboard and `layout local` build for such a GPU.
+    let l = osdp_core::cluster::known::local_layout("Quadro RTX 6000", 1, 24 << 30, Some((7, 5)));
     let path = dir.path().join("guessed.json");
-    std::fs::write(&path, v.to_string()).unwrap();
+    std::fs::write(&path, serde_json::to_string(&l).unwrap()).unwrap();
     let layout = path.to_str().unwrap();
     let p = run_json(&[
         "plan",

@@ -246,29 +246,22 @@ fn calibrate_cuda(args: &CalibrateArgs) -> Result<(), Failure> {
             p.display().to_string(),
         ),
         None => {
-            let g = gpu.as_ref();
-            let (l, guessed) = osdp_core::cluster::known::local_layout(
-                &name,
-                1,
-                g.and_then(|g| g.total_bytes).unwrap_or(0),
-                g.and_then(|g| g.compute_capability),
-            );
-            // Efficiencies are fractions of the peaks: measured against a stand-in's, a faster
-            // GPU would be capped at the stand-in's rate.
-            let why = if guessed {
-                Some("the known-GPU table does not name it, so its peak rates are not known")
-            } else if l.device.memory_gib.value <= 0.0 {
-                Some("NVML does not say how much memory it has")
-            } else {
-                None
-            };
-            if let Some(why) = why {
-                return Err(Failure::input(format!(
+            // GPU 0 alone, as the dashboard would lay it out (checked: NVML may leave a figure
+            // out). Efficiencies are fractions of the peaks: measured against a stand-in's, a
+            // faster GPU would be capped at the stand-in's rate, so a guess is refused.
+            let refuse = |why: &str| {
+                Failure::input(format!(
                     "calibrate --device cuda: no layout ships for {name} and {why}; write a \
                      one-GPU layout with its datasheet rates (efficiencies are measured as \
                      fractions of them: `osdp-tui layout local --json` prints one to edit) and \
                      pass it with --base LAYOUT.json"
-                )));
+                ))
+            };
+            let l = osdp_tui::cli::local_gpus_layout(gpu.as_slice()).map_err(|e| refuse(&e))?;
+            if osdp_core::cluster::known::rates_guessed(&l.device) {
+                return Err(refuse(
+                    "the known-GPU table does not name it, so its peak rates are not known",
+                ));
             }
             (l, format!("the known-GPU table's figures for {name}"))
         }

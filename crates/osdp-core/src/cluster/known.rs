@@ -567,21 +567,26 @@ pub fn row_of(device: &DeviceSpec) -> Option<&'static KnownGpu> {
 /// How a figure [`local_layout`] could only guess begins its source.
 const GUESS: &str = "guess: ";
 
-/// Whether a figure is one of those guesses (a GPU the table does not name).
-pub fn is_guess(f: &Figure) -> bool {
-    f.source.starts_with(GUESS)
+/// Whether a device's rates are [`local_layout`]'s guesses (a GPU the table does not name),
+/// as their sources say.
+pub fn rates_guessed(device: &DeviceSpec) -> bool {
+    let r = &device.dense_tflops;
+    [&r.bf16, &r.fp16, &r.tf32, &r.fp32]
+        .into_iter()
+        .flatten()
+        .any(|f| f.source.starts_with(GUESS))
 }
 
 /// A one-node layout for `count` local GPUs named `name` with `memory_bytes` each and the
-/// compute capability NVML reports, and whether its rates are a guess. A GPU the table does
-/// not name gets its architecture's stand-in rates (A100 ones where the capability is unknown
-/// too), marked as a guess in every source.
+/// compute capability NVML reports. A GPU the table does not name gets its architecture's
+/// stand-in rates (A100 ones where the capability is unknown too), marked as a guess in every
+/// source ([`rates_guessed`]).
 pub fn local_layout(
     name: &str,
     count: u32,
     memory_bytes: u64,
     compute_capability: Option<(u32, u32)>,
-) -> (Layout, bool) {
+) -> Layout {
     let known = lookup(name);
     let stand_in = compute_capability.and_then(architecture);
     let g = known.or(stand_in.map(|(_, row)| row)).unwrap_or(&A100_SXM);
@@ -608,7 +613,7 @@ pub fn local_layout(
     } else {
         "guessed rates (not in the known-GPU table)"
     };
-    let layout = Layout {
+    Layout {
         version: LAYOUT_FORMAT_VERSION,
         name: format!("local-{count}x-{}", name.to_lowercase().replace(' ', "-")),
         description: format!("{count} local {name} found through NVML, with {rates}"),
@@ -649,8 +654,7 @@ pub fn local_layout(
         // The host is not known from NVML: no offload until a layout says what it has.
         host: None,
         calibration: None,
-    };
-    (layout, known.is_none())
+    }
 }
 
 #[cfg(test)]
@@ -758,8 +762,8 @@ mod tests {
         for g in KNOWN_GPUS {
             let name = g.pattern;
             assert_eq!(lookup(name).map(|k| k.pattern), Some(g.pattern), "{name}");
-            let (l, guessed) = local_layout(name, 8, 80 << 30, None);
-            assert!(!guessed, "{name}");
+            let l = local_layout(name, 8, 80 << 30, None);
+            assert!(!rates_guessed(&l.device), "{name}");
             validate_layout(&l).unwrap();
             let src = &l.device.dense_tflops.fp16.as_ref().unwrap().source;
             assert!(!src.starts_with("guess"), "{name}: {src}");
@@ -805,7 +809,7 @@ mod tests {
         let pcie = lookup("NVIDIA A800-PCIE-40GB").unwrap();
         assert_eq!(pcie.link, LinkKind::Pcie);
         assert_eq!(pcie.efficiency.name, "Ampere");
-        let (l, _) = local_layout("NVIDIA A800-SXM4-80GB", 8, 80 << 30, None);
+        let l = local_layout("NVIDIA A800-SXM4-80GB", 8, 80 << 30, None);
         validate_layout(&l).unwrap();
         let src = &l.device.dense_tflops.bf16.as_ref().unwrap().source;
         assert!(!src.starts_with("guess") && src.contains("A800"), "{src}");
@@ -816,8 +820,8 @@ mod tests {
     /// part Hopper's; the figures say they are a guess and which row stands in.
     #[test]
     fn an_unknown_name_is_priced_by_its_compute_capability() {
-        let (turing, guessed) = local_layout("Quadro RTX 6000", 4, 24 << 30, Some((7, 5)));
-        assert!(guessed);
+        let turing = local_layout("Quadro RTX 6000", 4, 24 << 30, Some((7, 5)));
+        assert!(rates_guessed(&turing.device));
         validate_layout(&turing).unwrap();
         assert_eq!(turing.device.compute_capability.as_deref(), Some("7.5"));
         let row = row_of(&turing.device).expect("the Turing stand-in");
@@ -829,7 +833,7 @@ mod tests {
             "{src}"
         );
         // A name no row matches: the capability alone makes it a Hopper device.
-        let (hopper, _) = local_layout("Hopper Test Part", 1, 94 << 30, Some((9, 0)));
+        let hopper = local_layout("Hopper Test Part", 1, 94 << 30, Some((9, 0)));
         assert!(lookup("Hopper Test Part").is_none());
         assert_eq!(
             row_of(&hopper.device).map(|g| g.efficiency.name),
@@ -837,19 +841,19 @@ mod tests {
         );
         // No capability, or one without a listed architecture: the A100 guess, generic kernels.
         for cc in [None, Some((6, 0)), Some((12, 0))] {
-            let (l, _) = local_layout("Mystery GPU 9000", 1, 16 << 30, cc);
+            let l = local_layout("Mystery GPU 9000", 1, 16 << 30, cc);
             assert!(row_of(&l.device).is_none(), "{cc:?}");
             let src = &l.device.dense_tflops.fp16.as_ref().unwrap().source;
             assert!(src.contains("A100 figures"), "{src}");
         }
         // An unnamed Volta or GA100 part is taken for a PCIe card: no NVLink assumed.
         for cc in [(7, 0), (8, 0)] {
-            let (l, _) = local_layout("Unnamed Part", 2, 32 << 30, Some(cc));
+            let l = local_layout("Unnamed Part", 2, 32 << 30, Some(cc));
             assert_eq!(l.intra_node.kind, LinkKind::Pcie, "{cc:?}");
         }
         // A named GPU keeps its own row whatever the capability says.
-        let (mut l4, guessed) = local_layout("NVIDIA L4", 1, 24 << 30, Some((8, 9)));
-        assert!(!guessed);
+        let mut l4 = local_layout("NVIDIA L4", 1, 24 << 30, Some((8, 9)));
+        assert!(!rates_guessed(&l4.device));
         assert_eq!(row_of(&l4.device).map(|g| g.pattern), Some("NVIDIA L4"));
         // Every architecture's stand-in is a row of the table.
         for a in ARCHITECTURES {
@@ -863,13 +867,13 @@ mod tests {
 
     #[test]
     fn local_layouts_are_valid_and_say_when_they_guess() {
-        let (l, guessed) = local_layout("NVIDIA H200", 4, 150_754_820_096, Some((9, 0)));
-        assert!(!guessed);
+        let l = local_layout("NVIDIA H200", 4, 150_754_820_096, Some((9, 0)));
+        assert!(!rates_guessed(&l.device));
         validate_layout(&l).unwrap();
         assert_eq!(l.world_size(), 4);
         assert_eq!(l.memory_bytes(), 150_754_820_096 / 1024 * 1024);
-        let (g, guessed) = local_layout("Mystery GPU 9000", 2, 16 << 30, None);
-        assert!(guessed && g.description.contains("guessed rates"));
+        let g = local_layout("Mystery GPU 9000", 2, 16 << 30, None);
+        assert!(rates_guessed(&g.device) && g.description.contains("guessed rates"));
         validate_layout(&g).unwrap();
         assert!(g
             .device

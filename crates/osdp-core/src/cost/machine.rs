@@ -323,9 +323,9 @@ impl Machine {
             crate::model::DType::F32 => fp32,
         };
         // A validated layout has at least one rate; fall back through the others.
-        let (compute_dtype, rate) = wanted
+        let (compute_dtype, tflops) = wanted
             .iter()
-            .find_map(|(n, f)| f.as_ref().map(|f| (*n, f)))
+            .find_map(|(n, f)| f.as_ref().map(|f| (*n, f.value)))
             .or_else(|| {
                 [
                     ("tf32", &r.tf32),
@@ -334,11 +334,9 @@ impl Machine {
                     ("bf16", &r.bf16),
                 ]
                 .iter()
-                .find_map(|(n, f)| f.as_ref().map(|f| (*n, f)))
+                .find_map(|(n, f)| f.as_ref().map(|f| (*n, f.value)))
             })
-            .map_or(("fp32", None), |(n, f)| (n, Some(f)));
-        let tflops = rate.map_or(1.0, |f| f.value);
-        let rates_guessed = rate.is_some_and(crate::cluster::known::is_guess);
+            .unwrap_or(("fp32", 1.0));
         // A ring over several nodes runs one channel per NIC: its bus bandwidth is the
         // lesser of the NVLink (or PCIe) one and all of a node's NICs together, and only
         // the steps that cross nodes pay the network's latency.
@@ -362,7 +360,7 @@ impl Machine {
             ),
         };
         Machine {
-            rates_guessed,
+            rates_guessed: crate::cluster::known::rates_guessed(&layout.device),
             ranks: layout.world_size(),
             nodes: layout.nodes.max(1),
             flops_per_s: tflops * 1e12,
