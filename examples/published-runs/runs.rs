@@ -186,6 +186,11 @@ pub struct Stack {
     /// ([`osdp_core::cost::PARAM_PASS_BYTES`]) was fitted on.
     #[serde(default)]
     pub param_pass_bytes: Option<f64>,
+    /// Whether its fused attention is FlashAttention 1 (flash-attn 1.x), priced slower than
+    /// the FlashAttention-2 figures the efficiencies were fitted with
+    /// ([`osdp_core::cost::FLASH_ATTENTION_1_EXTRA_RATE`]).
+    #[serde(default)]
+    pub flash_attention_1: bool,
 }
 
 fn yes() -> bool {
@@ -625,6 +630,7 @@ pub fn price_run_tuned(
     m.regather_on_recompute = false;
     if let Some(stack) = &run.stack {
         m.fused_attention &= stack.fused_attention;
+        m.flash_attention_1 = stack.flash_attention_1;
         m.loss_fp32_logit_copies = stack.loss_fp32_logit_copies;
         m.block_collectives &= !stack.per_module_collectives;
         m.serial_gathers = stack.serial_gathers;

@@ -31,6 +31,7 @@ pub(super) fn machine(ranks: u32) -> Machine {
         nccl_tree: false,
         param_pass_bytes: 0.0,
         fused_attention: true,
+        flash_attention_1: false,
         fused_softmax: false,
         autocast: false,
         optimizer_bytes_per_param: super::OPTIMIZER_BYTES_PER_PARAM,

@@ -60,6 +60,17 @@ pub const DS_2021_GATHER_HOST_RANKS: u32 = 8;
 pub const LINEAR_BWD_FACTOR: f64 = 2.0;
 /// Fused attention backward recomputes the scores: about 2.5× its forward.
 pub const ATTENTION_BWD_FACTOR: f64 = 2.5;
+/// What FlashAttention 1 costs beyond FlashAttention-2, as the fraction of the 16-bit peak at
+/// which each causal attention FLOP's extra runs (forward and backward alike): a stack on
+/// flash-attn 1.x ([`Machine::flash_attention_1`]) spends `flops / (this × peak)` more than the
+/// fitted FlashAttention-2 figures. Fitted on the two 8k-context rows of the FlashAttention-2
+/// paper's Table 1 (arXiv:2307.08691, GPT3-1.3B and 2.7B on 8 × A100 80GB: 170 → 220 and
+/// 175 → 225 TFLOP/s from FlashAttention to FlashAttention-2, 16.9 and 30.8 µs a token over 2.8
+/// and 4.7 GFLOP of causal attention: 0.535 and 0.489 of the A100's 312 TFLOP/s); the 2.7B
+/// 2k-context row, held out, is within 3 % (7.4 µs priced, 7.5 published); the 1.3B
+/// 2k-context one is not (4.4 µs priced, 1.7 published). The paper's kernel benchmarks say the
+/// same: "FlashAttention-2 is around 2× faster than FlashAttention" (Section 4.1).
+pub const FLASH_ATTENTION_1_EXTRA_RATE: f64 = 0.511;
 /// Element-wise backward reads and writes about twice the forward's bytes.
 pub const ELEMENTWISE_BWD_FACTOR: f64 = 2.0;
 
@@ -148,6 +159,11 @@ pub struct Machine {
     /// ([`crate::cluster::known::FLASH_ATTENTION_SOURCE`]), where a causal attention is priced
     /// at its full FLOPs whatever the model description asks for.
     pub fused_attention: bool,
+    /// Where attention is fused, the executor's kernels are FlashAttention 1's (flash-attn
+    /// 1.x, as InternLM's 2023 stack ran), slower than the FlashAttention-2 figures the
+    /// efficiencies hold ([`FLASH_ATTENTION_1_EXTRA_RATE`]). Set for published runs that name
+    /// such a stack; false otherwise.
+    pub flash_attention_1: bool,
     /// Where attention is materialised: the executor scales, masks and takes the softmax of
     /// the scores in one kernel (Megatron-LM's `FusedScaleMaskSoftmax`) rather than one
     /// PyTorch op each ([`super::graph::materialised_attention_passes`]).
@@ -388,6 +404,7 @@ impl Machine {
             fused_attention: layout.device.kind == DeviceKind::Cpu
                 || crate::cluster::known::row_of(&layout.device)
                     .is_none_or(|g| g.efficiency.flash_attention),
+            flash_attention_1: false,
             fused_softmax: false,
             autocast: false,
             optimizer_bytes_per_param: OPTIMIZER_BYTES_PER_PARAM,
