@@ -191,6 +191,12 @@ pub struct Stack {
     /// ([`osdp_core::cost::FLASH_ATTENTION_1_EXTRA_RATE`]).
     #[serde(default)]
     pub flash_attention_1: bool,
+    /// Where its loss is a chain of PyTorch ops over the logits (Megatron-LM's vocab-parallel
+    /// cross entropy, Hugging Face's upcast and shifted copy before `CrossEntropyLoss`), the
+    /// bytes those ops move per logit element, forward and backward, as its code makes them
+    /// (the notes name the lines; [`Machine::loss_bytes_per_logit`]).
+    #[serde(default)]
+    pub loss_bytes_per_logit: Option<[f64; 2]>,
 }
 
 fn yes() -> bool {
@@ -664,6 +670,12 @@ pub fn price_run_tuned(
         }
         if stack.hf_trainer_optimizer {
             m.optimizer_bytes_per_param = HF_TRAINER_STEP_BYTES_PER_PARAM;
+        }
+        if let Some([fwd, bwd]) = stack.loss_bytes_per_logit {
+            if !(fwd.is_finite() && bwd.is_finite() && fwd >= 0.0 && bwd >= 0.0) {
+                return Err(format!("{}: loss_bytes_per_logit [{fwd}, {bwd}]", run.id));
+            }
+            m.loss_bytes_per_logit = Some((fwd, bwd));
         }
         if let Some(bytes) = stack.param_pass_bytes {
             if !(bytes.is_finite() && bytes >= 0.0) {

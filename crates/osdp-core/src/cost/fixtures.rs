@@ -38,6 +38,7 @@ pub(super) fn machine(ranks: u32) -> Machine {
         regather_on_recompute: true,
         persistence_threshold: 0,
         loss_fp32_logit_copies: 0,
+        loss_bytes_per_logit: None,
         serial_gathers: false,
         launch_s: 5e-6,
         overhead_bytes: 0,

@@ -186,6 +186,16 @@ impl OpBase {
                 let fwd = m.matmul_s(flops, width, 1).max(m.memory_s(moved));
                 (fwd, LINEAR_BWD_FACTOR * fwd)
             }
+            // A loss written as PyTorch ops: their passes over the logits.
+            OpKind::CrossEntropy if m.loss_bytes_per_logit.is_some() => {
+                let (fwd, bwd) = m.loss_bytes_per_logit.unwrap_or_default();
+                let logits = (input_bytes_per_sample / m.model_activation_bytes.max(1)) as f64 * b;
+                let e = m.efficiency.loss();
+                (
+                    m.memory_at_s(fwd * logits, e),
+                    m.memory_at_s(bwd * logits, e),
+                )
+            }
             kind => {
                 let e = &m.efficiency;
                 let efficiency = match kind {
@@ -886,6 +896,31 @@ mod tests {
         // Three fp32 copies of the logits (batch × seq × vocab), nothing else.
         let c = &model.config;
         assert_eq!(after - before, 3 * 4 * 4 * c.seq_len * c.vocab_size);
+    }
+
+    /// A loss written as PyTorch ops over fp32 logits (Megatron-LM's vocab-parallel cross
+    /// entropy on `output.float()`: 38 bytes a logit forward, 14 backward) costs those passes
+    /// over every logit, an order of magnitude above the fused kernel's price.
+    #[test]
+    fn a_loss_written_as_pytorch_ops_pays_its_passes_over_the_logits() {
+        let model = sample("gpt2");
+        let mut m = cluster(1, 8.0);
+        let i = model
+            .ops
+            .iter()
+            .position(|o| o.kind == OpKind::CrossEntropy)
+            .unwrap();
+        let fused = op_bases(&model, &m, 4)[i].clone();
+        m.loss_bytes_per_logit = Some((38.0, 14.0));
+        let ops = &op_bases(&model, &m, 4)[i];
+        let c = &model.config;
+        let logits = (4 * c.seq_len * c.vocab_size) as f64;
+        let e = m.efficiency.loss();
+        assert!((ops.fwd_s - m.memory_at_s(38.0 * logits, e)).abs() < 1e-12);
+        assert!((ops.bwd_s - m.memory_at_s(14.0 * logits, e)).abs() < 1e-12);
+        assert!(ops.fwd_s + ops.bwd_s > 5.0 * (fused.fwd_s + fused.bwd_s));
+        // What it keeps is the graph's (the stack's copies are `loss_fp32_logit_copies`).
+        assert_eq!(ops.working_bytes, fused.working_bytes);
     }
 
     /// Measured norm and loss efficiencies price those kinds, and only those; unmeasured, they

@@ -197,6 +197,14 @@ pub struct Machine {
     /// shifted (`logits[..., :-1, :].contiguous()`): 2. Set for published runs that name
     /// such a stack.
     pub loss_fp32_logit_copies: u32,
+    /// Where the executor's loss is a chain of PyTorch ops over the logits rather than one
+    /// fused log-softmax kernel, the bytes those ops read and write per logit element, forward
+    /// and backward (an upcast to fp32, a clone, max, subtract, exp, sum, divide: Megatron-LM's
+    /// `vocab_parallel_cross_entropy` on `output.float()` moves 38 and 14): the loss is priced
+    /// as those passes at the loss's memory efficiency. `None` for osdp-tui's trainer, whose
+    /// loss the graph prices as its fused kernel. Set for published runs whose loss code was
+    /// read.
+    pub loss_bytes_per_logit: Option<(f64, f64)>,
     /// Parameter all-gathers are issued tensor by tensor, each after a device-wide
     /// synchronisation, as DeepSpeed ZeRO-3 did before its PR #1188 (opened June 2021: "the async
     /// version is not async at all, because each all_gather calls torch.cuda.synchronize()"):
@@ -411,6 +419,7 @@ impl Machine {
             regather_on_recompute: true,
             persistence_threshold: 0,
             loss_fp32_logit_copies: 0,
+            loss_bytes_per_logit: None,
             serial_gathers: false,
             launch_s: match layout.device.kind {
                 DeviceKind::Gpu => 5e-6,
