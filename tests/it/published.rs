@@ -244,7 +244,7 @@ fn a_loss_written_as_pytorch_ops_is_priced_as_its_code_runs_it() {
 /// InternLM's 2023 stack runs flash-attn 1.0.5: priced with FlashAttention 1's extra
 /// (`stack.flash_attention_1`, from the FlashAttention-2 paper's Table 1), its rows where the
 /// all-reduce hides land within 12 % of the published ones at every scale from 1 node to 64,
-/// where FlashAttention-2's figures made each 5 % or more optimistic.
+/// where FlashAttention-2's figures priced each more than 5 % higher.
 #[test]
 fn a_stack_on_flash_attention_1_is_priced_with_its_slower_kernels() {
     let layouts = root().join("layouts");
