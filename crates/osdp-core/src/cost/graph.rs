@@ -616,6 +616,11 @@ mod tests {
         }
     }
 
+    /// Index of the model's first op of this kind.
+    fn first_op(model: &ModelSpec, kind: OpKind) -> usize {
+        model.ops.iter().position(|o| o.kind == kind).unwrap()
+    }
+
     #[test]
     fn a_blocks_ops_share_one_collective_latency_on_gpus() {
         let m = cluster(8, 8.0);
@@ -687,11 +692,7 @@ mod tests {
         full.config.causal = false;
         let m = cluster(1, 8.0);
         let attention = |model: &ModelSpec| {
-            let i = model
-                .ops
-                .iter()
-                .position(|o| o.kind == OpKind::Attention)
-                .unwrap();
+            let i = first_op(model, OpKind::Attention);
             let b = &op_bases(model, &m, 8)[i];
             (b.fwd_s - m.launch_s, b.bwd_s - m.launch_s)
         };
@@ -757,11 +758,7 @@ mod tests {
     #[test]
     fn without_flash_attention_kernels_the_scores_are_materialised() {
         let model = sample("gpt2");
-        let i = model
-            .ops
-            .iter()
-            .position(|o| o.kind == OpKind::Attention)
-            .unwrap();
+        let i = first_op(&model, OpKind::Attention);
         let fused = cluster(1, 8.0);
         let mut volta = fused.clone();
         volta.fused_attention = false;
@@ -864,11 +861,7 @@ mod tests {
             import(&fused, Kernels::Osdp),
             import(&fused, Kernels::Pytorch),
         );
-        let i = osdp
-            .ops
-            .iter()
-            .position(|o| o.kind == OpKind::Activation)
-            .unwrap();
+        let i = first_op(&osdp, OpKind::Activation);
         assert_eq!(
             op_bases(&osdp, &m, 4)[i].fwd_s,
             op_bases(&eager, &m, 4)[i].fwd_s
@@ -879,11 +872,7 @@ mod tests {
     fn a_stacks_fp32_logit_copies_are_held_at_the_loss() {
         let model = sample("gpt2");
         let mut m = cluster(1, 8.0);
-        let i = model
-            .ops
-            .iter()
-            .position(|o| o.kind == OpKind::CrossEntropy)
-            .unwrap();
+        let i = first_op(&model, OpKind::CrossEntropy);
         let before = op_bases(&model, &m, 4)[i].working_bytes;
         m.loss_fp32_logit_copies = 3;
         let after = op_bases(&model, &m, 4)[i].working_bytes;
@@ -899,11 +888,7 @@ mod tests {
     fn a_loss_written_as_pytorch_ops_pays_its_passes_over_the_logits() {
         let model = sample("gpt2");
         let mut m = cluster(1, 8.0);
-        let i = model
-            .ops
-            .iter()
-            .position(|o| o.kind == OpKind::CrossEntropy)
-            .unwrap();
+        let i = first_op(&model, OpKind::CrossEntropy);
         let fused = op_bases(&model, &m, 4)[i].clone();
         m.loss_bytes_per_logit = Some((38.0, 14.0));
         let ops = &op_bases(&model, &m, 4)[i];
