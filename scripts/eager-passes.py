@@ -19,13 +19,24 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 NO_TRAFFIC = {"aten.view", "aten._unsafe_view", "aten.t", "aten.transpose", "aten.expand",
               "aten.detach", "aten.slice", "aten.alias", "aten.unsqueeze", "aten.select",
-              "aten.as_strided", "aten.permute", "aten._reshape_alias", "aten.reshape"}
+              "aten.as_strided", "aten.permute", "aten._reshape_alias", "aten.reshape",
+              "aten.view_as_complex", "aten.view_as_real"}
+
+
+def real_numel(t):
+    """A tensor's elements counted as real numbers (a complex one holds two a slot)."""
+    return t.numel() * (2 if t.is_complex() else 1)
 
 
 class Bytes(TorchDispatchMode):
-    def __init__(self, numel):
+    """Sums the bytes of every ATen op's tensors of the watched size: `numel` elements, or
+    (`halves_and_doubles`) half or twice that, which rotary embeddings make (rotate_half's
+    halves, the complex form's pairs, a 2 x 2 rotation's products)."""
+
+    def __init__(self, numel, halves_and_doubles=False):
         super().__init__()
         self.numel, self.bytes, self.ops = numel, 0, []
+        self.sizes = {numel, numel // 2, 2 * numel} if halves_and_doubles else {numel}
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
@@ -33,21 +44,21 @@ class Bytes(TorchDispatchMode):
         if name in NO_TRAFFIC:
             return out
         ts = [a for a in torch.utils._pytree.tree_leaves((args, kwargs, out)) if isinstance(a, torch.Tensor)]
-        b = sum(t.element_size() * t.numel() for t in ts if t.numel() == self.numel)
+        b = sum(t.element_size() * t.numel() for t in ts if real_numel(t) in self.sizes)
         if b:
             self.bytes += b
             self.ops.append(name)
         return out
 
 
-def passes(fn, shape, dtype, elem=2):
+def passes(fn, shape, dtype, elem=2, halves_and_doubles=False):
     """(forward, backward) bytes per element of `shape` over `elem`: passes at `elem` bytes."""
     x = torch.randn(*shape, dtype=dtype, requires_grad=True)
     n = x.numel()
-    with Bytes(n) as f:
+    with Bytes(n, halves_and_doubles) as f:
         y = fn(x)
     g = torch.ones_like(y)
-    with Bytes(n) as b:
+    with Bytes(n, halves_and_doubles) as b:
         y.backward(g)
     return f.bytes / n / elem, b.bytes / n / elem, f.ops, b.ops
 
@@ -134,15 +145,39 @@ def llama_rms_norm():
 
 
 def llama_rotary(x):
-    """transformers' apply_rotary_pos_emb on queries (keys the same): `q * cos +
-    rotate_half(q) * sin`, rotate_half a negation and a concatenation of the two halves."""
+    """transformers' apply_rotary_pos_emb on queries (keys the same, counted per tensor: the
+    keys it rotates beside them here are one head, a size the count does not watch): `q * cos
+    + rotate_half(q) * sin`, rotate_half a negation and a concatenation of the two halves."""
     from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
     b, h, s, d = x.shape
     cos = torch.randn(b, s, d, dtype=x.dtype)
     sin = torch.randn(b, s, d, dtype=x.dtype)
-    q, _ = apply_rotary_pos_emb(x, x.detach(), cos, sin)
+    q, _ = apply_rotary_pos_emb(x, torch.randn(b, 1, s, d, dtype=x.dtype), cos, sin)
     return q
+
+
+def complex_rotary(x):
+    """Rotary embeddings in the complex form of Meta's Llama reference code, as torchtitan's
+    `apply_rotary_emb` (torchtitan/models/llama/model.py at 1ea476e, April 2024) applies them
+    to queries (keys the same): upcast to fp32, viewed as complex pairs, multiplied by the
+    complex frequencies, viewed back as real and cast back. `x` is (batch, seq, heads, dim)."""
+    b, s, h, d = x.shape
+    angles = torch.randn(s, d // 2)
+    freqs = torch.polar(torch.ones_like(angles), angles).view(1, s, 1, d // 2)
+    xc = torch.view_as_complex(x.float().reshape(b, s, h, d // 2, 2))
+    return torch.view_as_real(xc * freqs).flatten(3).type_as(x)
+
+
+def pair_matrix_rotary(x):
+    """Rotary embeddings as IBM's foundation-model-stack applies them
+    (`RotaryEmbedding.adjusted_qk` in fms/modules/positions.py at 6440fee, March 2024): the
+    fp32 pairs multiplied by a 2 x 2 rotation per pair (a product twice the tensor's size),
+    summed over the rotation's inner dimension, cast back. `x` is (batch, seq, heads, dim)."""
+    b, s, h, d = x.shape
+    rot = torch.randn(b, s, d // 2, 2, 2)
+    pairs = x.float().view(b, s, h, d // 2, 2)
+    return rot[:, :, None].mul(pairs.unsqueeze(-2)).sum(5).flatten(3).type_as(x)
 
 
 def figures():
@@ -154,10 +189,17 @@ def figures():
         ("EAGER_GELU_NEW_AUTOCAST_PASSES", gelu_new_autocast, (64, 256)),
         ("EAGER_GELU_FAST_PASSES", gelu_fast, (64, 256)),
         ("EAGER_RMS_NORM_PASSES", llama_rms_norm(), (64, 256)),
-        ("EAGER_ROTARY_PASSES", llama_rotary, (2, 4, 64, 32)),
         ("fused tanh GELU (for reference)", gelu_fused, (64, 256)),
     ]:
         fw, bw, _, _ = passes(fn, shape, half)
+        out[name] = [fw, bw]
+    # Six heads: no frequency table is then half, equal to or twice the rotated tensor.
+    for name, fn, shape in [
+        ("EAGER_ROTARY_PASSES", llama_rotary, (2, 6, 64, 32)),
+        ("EAGER_COMPLEX_ROTARY_PASSES", complex_rotary, (2, 64, 6, 32)),
+        ("EAGER_PAIR_MATRIX_ROTARY_PASSES", pair_matrix_rotary, (2, 64, 6, 32)),
+    ]:
+        fw, bw, _, _ = passes(fn, shape, half, halves_and_doubles=True)
         out[name] = [fw, bw]
     out["EAGER_ATTENTION_PASSES"] = list(attention_passes(False))
     out["EAGER_ATTENTION_AUTOCAST_PASSES"] = list(attention_passes(True))

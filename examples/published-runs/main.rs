@@ -338,6 +338,7 @@ fn peaks(llama: &PublishedRun, layouts: &Path) {
             sharding: Some("FULL_SHARD".into()),
             activation_checkpointing: "full".into(),
             recompute_every: None,
+            recompute_fraction: None,
             reduce_dtype: Some("fp32".into()),
             network_gb_per_s_per_node: None,
             band: None,

@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use osdp_core::cluster::{read_layout, Figure, Layout};
-use osdp_core::cost::{Machine, Strategy, Target, HF_TRAINER_STEP_BYTES_PER_PARAM};
+use osdp_core::cost::{EagerRotary, Machine, Strategy, Target, HF_TRAINER_STEP_BYTES_PER_PARAM};
 use osdp_core::model::hf::{import_str, ImportOptions};
 use osdp_core::model::{AttentionImpl, Kernels, ModelSpec};
 use osdp_core::plan::baseline::Baseline;
@@ -197,6 +197,12 @@ pub struct Stack {
     /// (the notes name the lines; [`Machine::loss_bytes_per_logit`]).
     #[serde(default)]
     pub loss_bytes_per_logit: Option<[f64; 2]>,
+    /// Where its code applies rotary embeddings as eager PyTorch ops, their form:
+    /// `rotate_half` (transformers), `complex` (Meta's Llama code, torchtitan) or
+    /// `pair_matrix` (foundation-model-stack); each priced as the passes its code makes
+    /// ([`osdp_core::cost::EagerRotary`], counted by `scripts/eager-passes.py`).
+    #[serde(default)]
+    pub rotary: Option<String>,
 }
 
 fn yes() -> bool {
@@ -251,6 +257,11 @@ pub struct PublishedRun {
     /// Selective checkpointing that recomputes every n-th block.
     #[serde(default)]
     pub recompute_every: Option<usize>,
+    /// Selective checkpointing that recomputes this fraction of the blocks, spread as
+    /// fms-fsdp's `apply_fsdp_checkpointing` spreads them (block `i`, counted from 1, where
+    /// `i × p` first reaches ½, 1½, 2½, …).
+    #[serde(default)]
+    pub recompute_fraction: Option<f64>,
     /// The dtype gradients were reduced in (`fp32`: FSDP's and llm-foundry's default).
     #[serde(default)]
     pub reduce_dtype: Option<String>,
@@ -344,11 +355,27 @@ impl PublishedRun {
     }
 
     /// Whether the run comes from the sources added for issue 36 (other frameworks, eras and
-    /// scales than the ones the constants were fitted near); reported on their own.
+    /// scales than the ones the constants were fitted near); reported on their own. Runs of
+    /// the first sources may record a stack too.
     pub fn new_source(&self) -> bool {
-        self.stack.is_some()
+        !FIRST_SOURCES.iter().any(|repo| {
+            self.source
+                .url
+                .starts_with(&format!("https://github.com/{repo}/"))
+        })
     }
 }
+
+/// The repositories the data file was first compiled from (its `about`), which the constants
+/// were fitted near.
+const FIRST_SOURCES: [&str; 6] = [
+    "mosaicml/llm-foundry",
+    "karpathy/llm.c",
+    "pytorch/torchtitan",
+    "foundation-model-stack/fms-fsdp",
+    "jzhang38/TinyLlama",
+    "allenai/OLMo-core",
+];
 
 /// FLOPs per token of arXiv:2104.04473's Eq. 3 (with activation recomputation):
 /// `96 l h² (1 + s/(6h) + V/(16 l h))`, the count behind that paper's TFLOP/s.
@@ -605,6 +632,29 @@ pub fn strategy_of(sharding: &str) -> Result<Strategy, String> {
     })
 }
 
+/// Which blocks a run recomputes (by index from 0), `None` where it recomputes none.
+#[allow(clippy::type_complexity)]
+fn recomputed_blocks(run: &PublishedRun) -> Result<Option<Box<dyn Fn(usize) -> bool>>, String> {
+    let ac = run.activation_checkpointing.as_str();
+    Ok(match (ac, run.recompute_every, run.recompute_fraction) {
+        ("full", None, None) => Some(Box::new(|_| true)),
+        ("none", None, None) => None,
+        ("selective", Some(n), None) if n > 0 => Some(Box::new(move |b| b % n == 0)),
+        // fms-fsdp's rule: block i (from 1) is wrapped where i·p reaches the next cut-off,
+        // ½, 1½, 2½, …, which is where ⌊i·p + ½⌋ first grows.
+        ("selective", None, Some(p)) if p > 0.0 && p <= 1.0 => Some(Box::new(move |b| {
+            let reached = |i: usize| (i as f64 * p + 0.5).floor();
+            reached(b + 1) > reached(b)
+        })),
+        _ => {
+            return Err(format!(
+                "{}: activation checkpointing {ac:?} (every {:?}, fraction {:?})",
+                run.id, run.recompute_every, run.recompute_fraction
+            ))
+        }
+    })
+}
+
 /// Price one run on the layouts under `layouts`, `adjust` changing the layout first (to fit
 /// efficiencies).
 pub fn price_run(
@@ -677,6 +727,13 @@ pub fn price_run_tuned(
             }
             m.loss_bytes_per_logit = Some((fwd, bwd));
         }
+        m.eager_rotary = match stack.rotary.as_deref() {
+            None => None,
+            Some("rotate_half") => Some(EagerRotary::RotateHalf),
+            Some("complex") => Some(EagerRotary::Complex),
+            Some("pair_matrix") => Some(EagerRotary::PairMatrix),
+            Some(other) => return Err(format!("{}: rotary {other:?}", run.id)),
+        };
         if let Some(bytes) = stack.param_pass_bytes {
             if !(bytes.is_finite() && bytes >= 0.0) {
                 return Err(format!("{}: param_pass_bytes {bytes}", run.id));
@@ -685,19 +742,16 @@ pub fn price_run_tuned(
         }
     }
     tune(&mut m);
-    let every = match (run.activation_checkpointing.as_str(), run.recompute_every) {
-        ("full", _) => 1,
-        ("none", _) => 0,
-        ("selective", Some(n)) if n > 0 => n,
-        (other, _) => return Err(format!("{}: activation checkpointing {other:?}", run.id)),
-    };
+    let recomputed = recomputed_blocks(run)?;
     let baseline = Baseline {
         strategy,
-        checkpointing: every > 0,
+        checkpointing: recomputed.is_some(),
     };
     let mut plan = baseline.plan(&model, run.micro_batch, run.grad_accum.unwrap_or(1).max(1));
-    for (b, on) in plan.recompute.iter_mut().enumerate() {
-        *on = every > 0 && b % every == 0;
+    if let Some(recomputed) = recomputed {
+        for (b, on) in plan.recompute.iter_mut().enumerate() {
+            *on = recomputed(b);
+        }
     }
     // A stack that can express fewer plans (FSDP2: no zero1, no splits) prices only those.
     for c in &plan.choices {

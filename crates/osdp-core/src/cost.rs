@@ -28,10 +28,10 @@ mod fixtures;
 
 pub use graph::{
     ends_block_params, input_bytes_per_sample, kernel_key, op_bases, op_work, owns_params,
-    parameter_uses, set_accumulation, OpBase, OpGraph, Owned, ParamTensor,
-    EAGER_ATTENTION_AUTOCAST_PASSES, EAGER_ATTENTION_PASSES, EAGER_GELU_FAST_PASSES,
-    EAGER_GELU_NEW_AUTOCAST_PASSES, EAGER_GELU_NEW_PASSES, EAGER_RMS_NORM_PASSES,
-    EAGER_ROTARY_PASSES,
+    parameter_uses, set_accumulation, EagerRotary, OpBase, OpGraph, Owned, ParamTensor,
+    EAGER_ATTENTION_AUTOCAST_PASSES, EAGER_ATTENTION_PASSES, EAGER_COMPLEX_ROTARY_PASSES,
+    EAGER_GELU_FAST_PASSES, EAGER_GELU_NEW_AUTOCAST_PASSES, EAGER_GELU_NEW_PASSES,
+    EAGER_PAIR_MATRIX_ROTARY_PASSES, EAGER_RMS_NORM_PASSES, EAGER_ROTARY_PASSES,
 };
 pub use machine::{
     gemm_aligned, padded_gemm_rows, padded_weight_rows, param_pass_bytes, Efficiencies, Machine,

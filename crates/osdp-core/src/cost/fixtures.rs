@@ -39,6 +39,7 @@ pub(super) fn machine(ranks: u32) -> Machine {
         persistence_threshold: 0,
         loss_fp32_logit_copies: 0,
         loss_bytes_per_logit: None,
+        eager_rotary: None,
         serial_gathers: false,
         launch_s: 5e-6,
         overhead_bytes: 0,

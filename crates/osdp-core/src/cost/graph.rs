@@ -438,9 +438,41 @@ pub const EAGER_GELU_FAST_PASSES: (f64, f64) = (21.0, 36.0);
 /// `LlamaRMSNorm` (Llama, Mistral, Qwen2 and their kin): upcast to fp32, square, mean,
 /// reciprocal root, multiply, cast back, scale by the weight.
 pub const EAGER_RMS_NORM_PASSES: (f64, f64) = (18.0, 48.0);
-/// `apply_rotary_pos_emb` on one tensor: `q * cos + rotate_half(q) * sin` (a negation, a
-/// concatenation, two products and a sum); made on the queries and again on the keys.
-pub const EAGER_ROTARY_PASSES: (f64, f64) = (16.0, 12.0);
+/// `apply_rotary_pos_emb` on one tensor: `q * cos + rotate_half(q) * sin` (a negation and a
+/// concatenation over the halves, two products and a sum); made on the queries and again on
+/// the keys, and priced per element of each.
+pub const EAGER_ROTARY_PASSES: (f64, f64) = (10.0, 14.0);
+/// Rotary embeddings in the complex form of Meta's Llama reference code, as torchtitan's
+/// `apply_rotary_emb` makes them: an upcast to fp32, one complex product with the frequencies,
+/// a cast back.
+pub const EAGER_COMPLEX_ROTARY_PASSES: (f64, f64) = (10.0, 10.0);
+/// Rotary embeddings as IBM's foundation-model-stack (`RotaryEmbedding.adjusted_qk`) makes
+/// them: an upcast to fp32, a product with a 2 × 2 rotation per pair twice the tensor's size, a
+/// sum over it, a cast back.
+pub const EAGER_PAIR_MATRIX_ROTARY_PASSES: (f64, f64) = (18.0, 24.0);
+
+/// How the executor's code applies rotary position embeddings to queries and keys, where it
+/// is not inside a fused kernel: each form is its own count of passes through memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EagerRotary {
+    /// transformers' `rotate_half` form ([`EAGER_ROTARY_PASSES`]).
+    RotateHalf,
+    /// The complex form of Meta's Llama code and torchtitan ([`EAGER_COMPLEX_ROTARY_PASSES`]).
+    Complex,
+    /// foundation-model-stack's 2 × 2 rotations ([`EAGER_PAIR_MATRIX_ROTARY_PASSES`]).
+    PairMatrix,
+}
+
+impl EagerRotary {
+    /// (forward, backward) passes per rotated element, in 2-byte units.
+    pub fn passes(self) -> (f64, f64) {
+        match self {
+            EagerRotary::RotateHalf => EAGER_ROTARY_PASSES,
+            EagerRotary::Complex => EAGER_COMPLEX_ROTARY_PASSES,
+            EagerRotary::PairMatrix => EAGER_PAIR_MATRIX_ROTARY_PASSES,
+        }
+    }
+}
 /// GPT-2's attention between its two GEMMs, theirs included: the first writes the scores,
 /// scaling, masking and softmax each read and write them, the second reads the probabilities
 /// (8); backward the second's input gradient is written and its weight gradient reads the
@@ -456,8 +488,21 @@ pub const EAGER_ATTENTION_AUTOCAST_PASSES: (f64, f64) = (16.0, 20.0);
 const PRICED_ELEMENTWISE_PASSES: (f64, f64) = (2.0, 2.0 * ELEMENTWISE_BWD_FACTOR);
 
 /// Under [`Kernels::Pytorch`], the passes an op's eager code makes beyond what the op's price
-/// counts: the elements per sample they run over and the (forward, backward) passes.
+/// counts: the elements per sample they run over and the (forward, backward) passes. Rotary
+/// embeddings follow [`Machine::eager_rotary`] whatever the kernels (transformers' form under
+/// [`Kernels::Pytorch`] where it names none).
 fn eager_passes(op: &OpSpec, config: &ModelConfig, m: &Machine) -> Option<(f64, f64, f64)> {
+    let rotary = m
+        .eager_rotary
+        .or((config.kernels == Kernels::Pytorch).then_some(EagerRotary::RotateHalf));
+    if op.kind == OpKind::Attention && config.positional == Positional::Rotary {
+        // Inside attention's price nothing stands for it: all of it.
+        return rotary.map(|form| {
+            let rotated = (config.heads + config.kv_heads) * config.head_dim * config.seq_len;
+            let (fwd, bwd) = form.passes();
+            (rotated as f64, fwd, bwd)
+        });
+    }
     if config.kernels != Kernels::Pytorch {
         return None;
     }
@@ -475,12 +520,6 @@ fn eager_passes(op: &OpSpec, config: &ModelConfig, m: &Machine) -> Option<(f64, 
             })
         }),
         OpKind::RmsNorm => Some(beyond(EAGER_RMS_NORM_PASSES)),
-        // Inside attention's price nothing stands for it: all of it.
-        OpKind::Attention if config.positional == Positional::Rotary => {
-            let rotated = (config.heads + config.kv_heads) * config.head_dim * config.seq_len;
-            let (fwd, bwd) = EAGER_ROTARY_PASSES;
-            Some((rotated as f64, fwd, bwd))
-        }
         _ => None,
     }
 }
@@ -866,6 +905,43 @@ mod tests {
             op_bases(&osdp, &m, 4)[i].fwd_s,
             op_bases(&eager, &m, 4)[i].fwd_s
         );
+    }
+
+    #[test]
+    fn each_rotary_form_pays_the_passes_its_code_makes_whatever_the_kernels() {
+        use crate::model::hf::{import_str, ImportOptions};
+        let llama = r#"{"architectures": ["LlamaForCausalLM"], "hidden_size": 256,
+            "intermediate_size": 688, "num_hidden_layers": 1, "num_attention_heads": 8,
+            "num_key_value_heads": 2, "vocab_size": 1000, "max_position_embeddings": 64}"#;
+        let model = import_str(
+            std::path::Path::new("config.json"),
+            llama,
+            &ImportOptions::default(),
+        )
+        .unwrap();
+        let i = first_op(&model, OpKind::Attention);
+        let base = cluster(1, 8.0);
+        // 8 query and 2 key heads of 32 over 64 positions, at micro-batch 4, in bf16.
+        let bytes = 64.0 * 10.0 * 32.0 * 4.0 * base.precision.activation_bytes as f64;
+        let fused = op_bases(&model, &base, 4)[i].clone();
+        let mut last = 0.0;
+        for form in [
+            EagerRotary::Complex,
+            EagerRotary::RotateHalf,
+            EagerRotary::PairMatrix,
+        ] {
+            let m = Machine {
+                eager_rotary: Some(form),
+                ..base.clone()
+            };
+            let b = &op_bases(&model, &m, 4)[i];
+            let (fwd, bwd) = form.passes();
+            assert!((b.fwd_s - fused.fwd_s - m.streamed_s(fwd * bytes)).abs() < 1e-12);
+            assert!((b.bwd_s - fused.bwd_s - m.streamed_s(bwd * bytes)).abs() < 1e-12);
+            // Complex, rotate_half and the 2 × 2 rotations cost more in that order.
+            assert!(b.fwd_s + b.bwd_s > last, "{form:?}");
+            last = b.fwd_s + b.bwd_s;
+        }
     }
 
     #[test]

@@ -208,6 +208,13 @@ pub struct Machine {
     /// loss the graph prices as its fused kernel. Set for published runs whose loss code was
     /// read.
     pub loss_bytes_per_logit: Option<(f64, f64)>,
+    /// Where the executor applies rotary embeddings as eager PyTorch ops, their form: each is
+    /// priced as the passes its code makes over the queries and keys
+    /// ([`super::graph::EagerRotary::passes`]). `None`: inside attention's fused price, or
+    /// transformers' form on a model imported with [`crate::model::Kernels::Pytorch`].
+    /// osdp-tui's trainer applies them in its attention op; set for published runs whose
+    /// stack's code was read.
+    pub eager_rotary: Option<super::graph::EagerRotary>,
     /// Parameter all-gathers are issued tensor by tensor, each after a device-wide
     /// synchronisation, as DeepSpeed ZeRO-3 did before its PR #1188 (opened June 2021: "the async
     /// version is not async at all, because each all_gather calls torch.cuda.synchronize()"):
@@ -423,6 +430,7 @@ impl Machine {
             persistence_threshold: 0,
             loss_fp32_logit_copies: 0,
             loss_bytes_per_logit: None,
+            eager_rotary: None,
             serial_gathers: false,
             launch_s: match layout.device.kind {
                 DeviceKind::Gpu => 5e-6,
