@@ -180,6 +180,18 @@ def pair_matrix_rotary(x):
     return rot[:, :, None].mul(pairs.unsqueeze(-2)).sum(5).flatten(3).type_as(x)
 
 
+def halves_rotary(x):
+    """Rotary embeddings on the two halves of the head in the input's dtype, as KempnerForge's
+    `apply_rope` (kempnerforge/model/position.py at 9f3f03a, 2026) makes them: `cat([x1 * cos -
+    x2 * sin, x2 * cos + x1 * sin])`, the tables cast to bf16 first. `x` is (batch, heads, seq,
+    dim)."""
+    b, h, s, d = x.shape
+    cos = torch.randn(s, d // 2).to(x.dtype).view(1, 1, s, d // 2)
+    sin = torch.randn(s, d // 2).to(x.dtype).view(1, 1, s, d // 2)
+    x1, x2 = x[..., : d // 2], x[..., d // 2 :]
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+
+
 def figures():
     """Every figure the cost model takes from this script, by the name of its constant."""
     half = torch.bfloat16
@@ -198,6 +210,7 @@ def figures():
         ("EAGER_ROTARY_PASSES", llama_rotary, (2, 6, 64, 32)),
         ("EAGER_COMPLEX_ROTARY_PASSES", complex_rotary, (2, 64, 6, 32)),
         ("EAGER_PAIR_MATRIX_ROTARY_PASSES", pair_matrix_rotary, (2, 64, 6, 32)),
+        ("EAGER_HALVES_ROTARY_PASSES", halves_rotary, (2, 6, 64, 32)),
     ]:
         fw, bw, _, _ = passes(fn, shape, half, halves_and_doubles=True)
         out[name] = [fw, bw]

@@ -199,10 +199,14 @@ pub struct Stack {
     pub loss_bytes_per_logit: Option<[f64; 2]>,
     /// Where its code applies rotary embeddings as eager PyTorch ops, their form:
     /// `rotate_half` (transformers), `complex` (Meta's Llama code, torchtitan) or
-    /// `pair_matrix` (foundation-model-stack); each priced as the passes its code makes
+    /// `pair_matrix` (foundation-model-stack) or `halves` (KempnerForge); each priced as the passes its code makes
     /// ([`osdp_core::cost::EagerRotary`], counted by `scripts/eager-passes.py`).
     #[serde(default)]
     pub rotary: Option<String>,
+    /// Whether its `scaled_dot_product_attention` ran cuDNN's kernels (PyTorch 2.11 on Hopper,
+    /// [`Machine::cudnn_attention`]); false for the stacks that predate that default.
+    #[serde(default)]
+    pub cudnn_attention: bool,
 }
 
 fn yes() -> bool {
@@ -684,9 +688,13 @@ pub fn price_run_tuned(
     // A run fetches again to recompute only where its stack says so (DeepSpeed ZeRO-3 of
     // 2021); FSDP keeps a unit gathered from its backward's gather through the recomputation.
     m.regather_on_recompute = false;
+    // cuDNN's attention is PyTorch's default on Hopper only since 2.11's bundled cuDNN: a
+    // published run's stack says so where it ran it.
+    m.cudnn_attention = false;
     if let Some(stack) = &run.stack {
         m.fused_attention &= stack.fused_attention;
         m.flash_attention_1 = stack.flash_attention_1;
+        m.cudnn_attention = stack.cudnn_attention && m.fused_attention;
         m.loss_fp32_logit_copies = stack.loss_fp32_logit_copies;
         m.block_collectives &= !stack.per_module_collectives;
         m.serial_gathers = stack.serial_gathers;
@@ -732,6 +740,7 @@ pub fn price_run_tuned(
             Some("rotate_half") => Some(EagerRotary::RotateHalf),
             Some("complex") => Some(EagerRotary::Complex),
             Some("pair_matrix") => Some(EagerRotary::PairMatrix),
+            Some("halves") => Some(EagerRotary::Halves),
             Some(other) => return Err(format!("{}: rotary {other:?}", run.id)),
         };
         if let Some(bytes) = stack.param_pass_bytes {

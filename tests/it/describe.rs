@@ -440,7 +440,9 @@ fn eager_pass_counts_are_what_the_script_counts() {
         EAGER_GELU_NEW_AUTOCAST_PASSES, EAGER_GELU_NEW_PASSES, EAGER_RMS_NORM_PASSES,
         EAGER_ROTARY_PASSES, HF_TRAINER_STEP_BYTES_PER_PARAM,
     };
-    use osdp_core::cost::{EAGER_COMPLEX_ROTARY_PASSES, EAGER_PAIR_MATRIX_ROTARY_PASSES};
+    use osdp_core::cost::{
+        EAGER_COMPLEX_ROTARY_PASSES, EAGER_HALVES_ROTARY_PASSES, EAGER_PAIR_MATRIX_ROTARY_PASSES,
+    };
     let Some(python) = test_python() else {
         return;
     };
@@ -463,6 +465,7 @@ fn eager_pass_counts_are_what_the_script_counts() {
             "EAGER_PAIR_MATRIX_ROTARY_PASSES",
             EAGER_PAIR_MATRIX_ROTARY_PASSES,
         ),
+        ("EAGER_HALVES_ROTARY_PASSES", EAGER_HALVES_ROTARY_PASSES),
         ("EAGER_ATTENTION_PASSES", EAGER_ATTENTION_PASSES),
         (
             "EAGER_ATTENTION_AUTOCAST_PASSES",

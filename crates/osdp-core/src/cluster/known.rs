@@ -53,6 +53,14 @@ pub struct Generation {
     /// masked half of a causal score matrix too: the cost model prices attention at its full
     /// FLOPs there.
     pub flash_attention: bool,
+    /// Whether PyTorch's `scaled_dot_product_attention` runs cuDNN's attention kernels here
+    /// rather than FlashAttention-2's: PyTorch 2.10 and later put cuDNN first on sm90 and sm100
+    /// once the cuDNN it loads is newer than 9.15 (`check_prefer_cudnn_attention` in
+    /// aten/src/ATen/native/transformers/cuda/sdp_utils.cpp; opt out with
+    /// `TORCH_CUDNN_SDPA_DEPRIORITIZED`), and torch 2.11's wheels bundle cuDNN 9.19. osdp-tui's
+    /// trainer links that torch, and a user's FSDP2 code on it runs the same kernels
+    /// ([`crate::cost::Machine::cudnn_attention`]).
+    pub cudnn_attention: bool,
 }
 
 /// FlashAttention-2 runs on Ampere, Ada and Hopper only: "FlashAttention-2 currently supports:
@@ -111,6 +119,7 @@ pub const HOPPER: Generation = Generation {
                  cutlass_75 kernels, 12.65 TFLOP in 106 ms, 119 TFLOP/s of 989",
     },
     flash_attention: true,
+    cudnn_attention: true,
 };
 
 /// Not measured on this generation: no penalty priced.
@@ -140,6 +149,7 @@ pub const AMPERE: Generation = Generation {
     memory: FITTED_MEMORY,
     unaligned_matmul: UNALIGNED_NOT_MEASURED,
     flash_attention: true,
+    cudnn_attention: false,
 };
 
 const GENERIC: &str = "generic estimate, not fitted to this GPU (calibrate measures it)";
@@ -171,6 +181,7 @@ pub const OTHER: Generation = Generation {
     },
     unaligned_matmul: UNALIGNED_NOT_MEASURED,
     flash_attention: true,
+    cudnn_attention: false,
 };
 
 /// Volta (V100) and Turing (TITAN RTX, T4): the generic fractions, the narrow-GEMM penalty
@@ -181,6 +192,7 @@ pub const VOLTA_TURING: Generation = Generation {
     name: "Volta/Turing",
     summary: "generic efficiencies with Ampere/Hopper's narrow-GEMM penalty, no FlashAttention-2 on Volta/Turing (Dao-AILab/flash-attention README)",
     flash_attention: false,
+    cudnn_attention: false,
     matmul_half_width: Sourced {
         value: FITTED_HALF_WIDTH.value,
         source: "assumed: the half width fitted on Ampere and Hopper (not fitted to a Volta or \

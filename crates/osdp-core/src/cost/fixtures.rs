@@ -32,6 +32,7 @@ pub(super) fn machine(ranks: u32) -> Machine {
         param_pass_bytes: 0.0,
         fused_attention: true,
         flash_attention_1: false,
+        cudnn_attention: false,
         fused_softmax: false,
         autocast: false,
         optimizer_bytes_per_param: super::OPTIMIZER_BYTES_PER_PARAM,

@@ -9,7 +9,8 @@ use crate::model::{
 
 use super::{
     cut_by_split, Choice, Machine, Target, Unit, ATTENTION_BWD_FACTOR, ELEMENTWISE_BWD_FACTOR,
-    FLASH_ATTENTION_1_EXTRA_RATE, LINEAR_BWD_FACTOR,
+    FLASH_ATTENTION_1_EXTRA_RATE, HOPPER_SDPA_CUDNN_RATES, HOPPER_SDPA_FLASH_RATES,
+    LINEAR_BWD_FACTOR,
 };
 
 /// Strategy-independent facts of one op at one micro-batch size.
@@ -144,11 +145,28 @@ impl OpBase {
                 } else {
                     0.0
                 };
-                (
-                    m.attention_s(done, m.efficiency.attention_forward) + v1,
-                    m.attention_s(ATTENTION_BWD_FACTOR * done, m.efficiency.attention_backward)
-                        + ATTENTION_BWD_FACTOR * v1,
-                )
+                let fwd = m.attention_s(done, m.efficiency.attention_forward) + v1;
+                let bwd = m
+                    .attention_s(ATTENTION_BWD_FACTOR * done, m.efficiency.attention_backward)
+                    + ATTENTION_BWD_FACTOR * v1;
+                if m.cudnn_attention {
+                    // cuDNN's kernels: the fitted figure less what FlashAttention-2's kernel
+                    // takes more than cuDNN's, never under cuDNN's kernel alone.
+                    let row = usize::from(!causal_fused);
+                    let ((ff, fb), (cf, cb)) =
+                        (HOPPER_SDPA_FLASH_RATES[row], HOPPER_SDPA_CUDNN_RATES[row]);
+                    let p = m.flops_per_s;
+                    let saved = |flops: f64, flash: f64, cudnn: f64| {
+                        flops / (p * flash) - flops / (p * cudnn)
+                    };
+                    let back = ATTENTION_BWD_FACTOR * done;
+                    (
+                        (fwd - saved(done, ff, cf)).max(done / (p * cf)),
+                        (bwd - saved(back, fb, cb)).max(back / (p * cb)),
+                    )
+                } else {
+                    (fwd, bwd)
+                }
             }
             OpKind::Attention if materialised => {
                 // Two batched GEMMs over the whole square, and the score tensor's passes through
@@ -450,6 +468,10 @@ pub const EAGER_COMPLEX_ROTARY_PASSES: (f64, f64) = (10.0, 10.0);
 /// them: an upcast to fp32, a product with a 2 × 2 rotation per pair twice the tensor's size, a
 /// sum over it, a cast back.
 pub const EAGER_PAIR_MATRIX_ROTARY_PASSES: (f64, f64) = (18.0, 24.0);
+/// Rotary embeddings on the head's two halves in the input's dtype, as KempnerForge's
+/// `apply_rope` makes them: four products, a difference and a sum over the halves, a
+/// concatenation.
+pub const EAGER_HALVES_ROTARY_PASSES: (f64, f64) = (9.0, 14.0);
 
 /// How the executor's code applies rotary position embeddings to queries and keys, where it
 /// is not inside a fused kernel: each form is its own count of passes through memory.
@@ -461,6 +483,8 @@ pub enum EagerRotary {
     Complex,
     /// foundation-model-stack's 2 × 2 rotations ([`EAGER_PAIR_MATRIX_ROTARY_PASSES`]).
     PairMatrix,
+    /// KempnerForge's rotation of the halves in bf16 ([`EAGER_HALVES_ROTARY_PASSES`]).
+    Halves,
 }
 
 impl EagerRotary {
@@ -470,6 +494,7 @@ impl EagerRotary {
             EagerRotary::RotateHalf => EAGER_ROTARY_PASSES,
             EagerRotary::Complex => EAGER_COMPLEX_ROTARY_PASSES,
             EagerRotary::PairMatrix => EAGER_PAIR_MATRIX_ROTARY_PASSES,
+            EagerRotary::Halves => EAGER_HALVES_ROTARY_PASSES,
         }
     }
 }
@@ -729,7 +754,12 @@ mod tests {
         let causal = sample("gpt2");
         let mut full = causal.clone();
         full.config.causal = false;
-        let m = cluster(1, 8.0);
+        // FlashAttention-2's kernels (cuDNN's, Hopper's default under torch 2.11, are priced
+        // from their own causal and full rates: the next test).
+        let m = Machine {
+            cudnn_attention: false,
+            ..cluster(1, 8.0)
+        };
         let attention = |model: &ModelSpec| {
             let i = first_op(model, OpKind::Attention);
             let b = &op_bases(model, &m, 8)[i];
@@ -741,6 +771,38 @@ mod tests {
         let e = m.efficiency;
         let want = ATTENTION_BWD_FACTOR * e.attention_forward / e.attention_backward;
         assert!((c.1 / c.0 - want).abs() < 1e-9);
+    }
+
+    /// On Hopper PyTorch 2.11 runs cuDNN's attention: each FLOP costs the fitted figure less
+    /// what FlashAttention-2's kernel takes more than cuDNN's at NVIDIA's published rates (about
+    /// a third less here), and never less than cuDNN's kernel alone. Ampere keeps
+    /// FlashAttention-2.
+    #[test]
+    fn cudnn_attention_on_hopper_saves_what_its_kernels_are_faster_by() {
+        let model = sample("gpt2");
+        let i = first_op(&model, OpKind::Attention);
+        let cudnn = cluster(1, 8.0);
+        assert!(cudnn.cudnn_attention, "the test cluster is an H100's");
+        let flash = Machine {
+            cudnn_attention: false,
+            ..cudnn.clone()
+        };
+        let (c, f) = (
+            &op_bases(&model, &cudnn, 8)[i],
+            &op_bases(&model, &flash, 8)[i],
+        );
+        let done = model.ops[i].fwd_flops_per_sample as f64 * 8.0 / 2.0;
+        let p = cudnn.flops_per_s;
+        let ((ff, fb), (cf, cb)) = (HOPPER_SDPA_FLASH_RATES[0], HOPPER_SDPA_CUDNN_RATES[0]);
+        let saved_fwd = done / p * (1.0 / ff - 1.0 / cf);
+        let saved_bwd = ATTENTION_BWD_FACTOR * done / p * (1.0 / fb - 1.0 / cb);
+        assert!((f.fwd_s - c.fwd_s - saved_fwd).abs() < 1e-12);
+        assert!((f.bwd_s - c.bwd_s - saved_bwd).abs() < 1e-12);
+        assert!(c.fwd_s + c.bwd_s < 0.75 * (f.fwd_s + f.bwd_s));
+        assert!(c.fwd_s >= done / (p * cf));
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../layouts");
+        let a100 = crate::cluster::read_layout(&root.join("a100-80gb-8x-nvlink.json")).unwrap();
+        assert!(!Machine::new(&a100, &model).cudnn_attention);
     }
 
     /// FlashAttention 1's extra, priced per token on an A100, against the FlashAttention-2
@@ -927,6 +989,7 @@ mod tests {
         let mut last = 0.0;
         for form in [
             EagerRotary::Complex,
+            EagerRotary::Halves,
             EagerRotary::RotateHalf,
             EagerRotary::PairMatrix,
         ] {
@@ -938,7 +1001,7 @@ mod tests {
             let (fwd, bwd) = form.passes();
             assert!((b.fwd_s - fused.fwd_s - m.streamed_s(fwd * bytes)).abs() < 1e-12);
             assert!((b.bwd_s - fused.bwd_s - m.streamed_s(bwd * bytes)).abs() < 1e-12);
-            // Complex, rotate_half and the 2 × 2 rotations cost more in that order.
+            // Complex, halves, rotate_half and the 2 × 2 rotations cost more in that order.
             assert!(b.fwd_s + b.bwd_s > last, "{form:?}");
             last = b.fwd_s + b.bwd_s;
         }

@@ -60,6 +60,27 @@ pub const DS_2021_GATHER_HOST_RANKS: u32 = 8;
 pub const LINEAR_BWD_FACTOR: f64 = 2.0;
 /// Fused attention backward recomputes the scores: about 2.5× its forward.
 pub const ATTENTION_BWD_FACTOR: f64 = 2.5;
+
+/// PyTorch's flash backend (FlashAttention-2) on Hopper, bf16, head dim 128, as fractions of
+/// the 989.4 TFLOP/s peak, (forward, backward), causal and not: NVIDIA's cudnn-frontend
+/// benchmark (benchmark/sdpa_benchmark/benchmark_results.csv at 7606332, its 4k rows: batch 4,
+/// 16 heads, clocks locked at 1,980 MHz) 296.52 and 245.18 TFLOP/s causal, 362.03 and 290.47
+/// not, counting a causal kernel's FLOPs as half and backward's as 2.5 times forward's, as the
+/// cost model does.
+pub const HOPPER_SDPA_FLASH_RATES: [(f64, f64); 2] = [
+    (296.52 / HOPPER_PEAK_TFLOPS, 245.18 / HOPPER_PEAK_TFLOPS),
+    (362.03 / HOPPER_PEAK_TFLOPS, 290.47 / HOPPER_PEAK_TFLOPS),
+];
+/// cuDNN's attention in the same rows of the same benchmark: 613.49 and 438.45 TFLOP/s causal,
+/// 704.41 and 535.06 not. cuDNN 9.19.1, the release torch 2.11 bundles, runs the Llama-3.1
+/// shape at 4k causal at 591 and 474 on an H200 (the same repository's
+/// results/h200_919_only_cudnn/llama3.1_20260227_034703.csv): the rate has not fallen since.
+pub const HOPPER_SDPA_CUDNN_RATES: [(f64, f64); 2] = [
+    (613.49 / HOPPER_PEAK_TFLOPS, 438.45 / HOPPER_PEAK_TFLOPS),
+    (704.41 / HOPPER_PEAK_TFLOPS, 535.06 / HOPPER_PEAK_TFLOPS),
+];
+/// The H100 and H200 SXM's dense 16-bit peak the rates above are fractions of.
+const HOPPER_PEAK_TFLOPS: f64 = 989.4;
 /// What FlashAttention 1 costs beyond FlashAttention-2, as the fraction of the 16-bit peak at
 /// which each causal attention FLOP's extra runs (forward and backward alike): a stack on
 /// flash-attn 1.x ([`Machine::flash_attention_1`]) spends `flops / (this × peak)` more than the
@@ -167,6 +188,13 @@ pub struct Machine {
     /// efficiencies hold ([`FLASH_ATTENTION_1_EXTRA_RATE`]). Set for published runs that name
     /// such a stack; false otherwise.
     pub flash_attention_1: bool,
+    /// Where attention is fused, the executor's kernels are cuDNN's (PyTorch 2.11 on Hopper:
+    /// [`crate::cluster::known::Generation::cudnn_attention`]), faster than the
+    /// FlashAttention-2 kernels the Hopper efficiencies were fitted with: each causal FLOP
+    /// costs what the two kernels' published rates differ by less
+    /// ([`HOPPER_SDPA_FLASH_RATES`], [`HOPPER_SDPA_CUDNN_RATES`]); the rest of the fitted
+    /// figure, the work around the kernel, stays. Off for published runs whose stack predates it.
+    pub cudnn_attention: bool,
     /// Where attention is materialised: the executor scales, masks and takes the softmax of
     /// the scores in one kernel (Megatron-LM's `FusedScaleMaskSoftmax`) rather than one
     /// PyTorch op each ([`super::graph::materialised_attention_passes`]).
@@ -423,6 +451,9 @@ impl Machine {
                 || crate::cluster::known::row_of(&layout.device)
                     .is_none_or(|g| g.efficiency.flash_attention),
             flash_attention_1: false,
+            cudnn_attention: layout.device.kind == DeviceKind::Gpu
+                && crate::cluster::known::row_of(&layout.device)
+                    .is_some_and(|g| g.efficiency.cudnn_attention),
             fused_softmax: false,
             autocast: false,
             optimizer_bytes_per_param: OPTIMIZER_BYTES_PER_PARAM,
