@@ -93,6 +93,58 @@ else:
 """
 
 
+SDPA_PROBE = r"""
+import json, torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
+import torch.nn.functional as F
+b, h, s, d = 4, 16, 4096, 128
+q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+           for _ in range(3))
+flops = 4 * b * s * s * h * d / 2  # causal: half the square, as the cost model counts
+def timed(backends):
+    ctx = sdpa_kernel(backends) if backends else torch.autocast("cuda", enabled=False)
+    with ctx:
+        for _ in range(3):
+            F.scaled_dot_product_attention(q, k, v, is_causal=True).sum().backward()
+        torch.cuda.synchronize()
+        e = [torch.cuda.Event(enable_timing=True) for _ in range(3)]
+        fwd = bwd = 0.0
+        for _ in range(10):
+            e[0].record(); o = F.scaled_dot_product_attention(q, k, v, is_causal=True); e[1].record()
+            o.backward(torch.ones_like(o)); e[2].record(); torch.cuda.synchronize()
+            fwd += e[0].elapsed_time(e[1]) / 10; bwd += e[1].elapsed_time(e[2]) / 10
+    return {"fwd_tflops": flops / fwd / 1e9, "bwd_tflops": 2.5 * flops / bwd / 1e9}
+out = {"cudnn_version": torch.backends.cudnn.version()}
+with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+    F.scaled_dot_product_attention(q, k, v, is_causal=True).sum().backward()
+    torch.cuda.synchronize()
+names = sorted({e.name for e in prof.events() if "sdpa" in e.name.lower() or "flash" in e.name.lower()
+                or "attention" in e.name.lower() or "fmha" in e.name.lower()})
+out["default_kernels"] = names[:8]
+out["default"] = timed(None)
+for name, be in [("flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)]:
+    try:
+        out[name] = timed([be])
+    except RuntimeError as err:
+        out[name] = {"error": str(err).splitlines()[0][:200]}
+print(json.dumps(out))
+"""
+
+
+def sdpa_probe(args, out, summary):
+    # Which kernels PyTorch's SDPA runs here by default, and each backend's causal bf16 rate at
+    # head dim 128 and 4k (the cost model prices Hopper with cuDNN's: HOPPER_SDPA_*_RATES).
+    res = subprocess.run([args.python, "-c", SDPA_PROBE], capture_output=True, text=True,
+                         timeout=120)
+    if res.returncode != 0:
+        raise StepFailed(f"SDPA probe: {res.stderr.strip()[-300:]}")
+    probe = json.loads(res.stdout.strip().splitlines()[-1])
+    (out / "sdpa.json").write_text(json.dumps(probe, indent=1) + "\n")
+    log(f"SDPA: {probe}")
+    summary["sdpa"] = probe
+    return probe
+
+
 def query_gpu(py):
     res = subprocess.run([py, "-c", GPU_QUERY], capture_output=True, text=True)
     try:
@@ -555,6 +607,12 @@ def write_report(out, summary, args):
         l = summary["layout_local"]
         lines += [f"Local layout: {l['model']}, compute capability {l['compute_capability']}, "
                   f"bf16 {l['bf16_tflops']} TFLOP/s ({l['rates']})", ""]
+    if summary.get("sdpa"):
+        p = summary["sdpa"]
+        rates = ", ".join(f"{k} {v['fwd_tflops']:.0f} / {v['bwd_tflops']:.0f}"
+                          for k, v in p.items() if isinstance(v, dict) and "fwd_tflops" in v)
+        lines += [f"SDPA (causal bf16, head dim 128, 4k; TFLOP/s forward / backward): {rates}; "
+                  f"cuDNN {p.get('cudnn_version')}, default kernels {p.get('default_kernels')}", ""]
     if summary.get("calibration"):
         lines.append("Calibrated: " + ", ".join(
             f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}"
@@ -652,6 +710,8 @@ def main():
     if not args.skip_calibrate:
         layouts["calibrated"] = attempt("calibrate", lambda: calibrate(args, out, summary), 30)
     attempt("layout-local", local_layout, 5)
+    if "error" not in gpu:
+        attempt("sdpa", lambda: sdpa_probe(args, out, summary), 20)
     attempt("smoke", lambda: smoke(args, out, summary), 30)
     if any(f["step"] == "smoke" for f in summary["failures"]):
         lines = write_report(out, summary, args)
