@@ -20,7 +20,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 NO_TRAFFIC = {"aten.view", "aten._unsafe_view", "aten.t", "aten.transpose", "aten.expand",
               "aten.detach", "aten.slice", "aten.alias", "aten.unsqueeze", "aten.select",
               "aten.as_strided", "aten.permute", "aten._reshape_alias", "aten.reshape",
-              "aten.view_as_complex", "aten.view_as_real"}
+              "aten.view_as_complex", "aten.view_as_real", "aten.squeeze"}
 
 
 def real_numel(t):
