@@ -202,7 +202,7 @@ pub struct Stack {
     /// `pair_matrix` (foundation-model-stack) or `halves` (KempnerForge); each priced as the passes its code makes
     /// ([`osdp_core::cost::EagerRotary`], counted by `scripts/eager-passes.py`).
     #[serde(default)]
-    pub rotary: Option<String>,
+    pub rotary: Option<EagerRotary>,
     /// Whether its `scaled_dot_product_attention` ran cuDNN's kernels (PyTorch 2.11 on Hopper,
     /// [`Machine::cudnn_attention`]); false for the stacks that predate that default.
     #[serde(default)]
@@ -636,27 +636,45 @@ pub fn strategy_of(sharding: &str) -> Result<Strategy, String> {
     })
 }
 
-/// Which blocks a run recomputes (by index from 0), `None` where it recomputes none.
-#[allow(clippy::type_complexity)]
-fn recomputed_blocks(run: &PublishedRun) -> Result<Option<Box<dyn Fn(usize) -> bool>>, String> {
-    let ac = run.activation_checkpointing.as_str();
-    Ok(match (ac, run.recompute_every, run.recompute_fraction) {
-        ("full", None, None) => Some(Box::new(|_| true)),
-        ("none", None, None) => None,
-        ("selective", Some(n), None) if n > 0 => Some(Box::new(move |b| b % n == 0)),
-        // fms-fsdp's rule: block i (from 1) is wrapped where i·p reaches the next cut-off,
-        // ½, 1½, 2½, …, which is where ⌊i·p + ½⌋ first grows.
-        ("selective", None, Some(p)) if p > 0.0 && p <= 1.0 => Some(Box::new(move |b| {
-            let reached = |i: usize| (i as f64 * p + 0.5).floor();
-            reached(b + 1) > reached(b)
-        })),
-        _ => {
-            return Err(format!(
-                "{}: activation checkpointing {ac:?} (every {:?}, fraction {:?})",
-                run.id, run.recompute_every, run.recompute_fraction
-            ))
+/// Which blocks a run recomputes.
+enum Recompute {
+    None,
+    /// Every n-th block from the first (n = 1: all of them).
+    Every(usize),
+    /// A fraction of the blocks, spread by fms-fsdp's rule.
+    Fraction(f64),
+}
+
+impl Recompute {
+    fn of(run: &PublishedRun) -> Result<Recompute, String> {
+        let ac = run.activation_checkpointing.as_str();
+        Ok(match (ac, run.recompute_every, run.recompute_fraction) {
+            ("full", None, None) => Recompute::Every(1),
+            ("none", None, None) => Recompute::None,
+            ("selective", Some(n), None) if n > 0 => Recompute::Every(n),
+            ("selective", None, Some(p)) if p > 0.0 && p <= 1.0 => Recompute::Fraction(p),
+            _ => {
+                return Err(format!(
+                    "{}: activation checkpointing {ac:?} (every {:?}, fraction {:?})",
+                    run.id, run.recompute_every, run.recompute_fraction
+                ))
+            }
+        })
+    }
+
+    /// Whether block `b` (from 0) is recomputed.
+    fn on(&self, b: usize) -> bool {
+        match *self {
+            Recompute::None => false,
+            Recompute::Every(n) => b % n == 0,
+            // fms-fsdp's rule: block i (from 1) is wrapped where i·p reaches the next cut-off,
+            // ½, 1½, 2½, …, which is where ⌊i·p + ½⌋ first grows.
+            Recompute::Fraction(p) => {
+                let reached = |i: usize| (i as f64 * p + 0.5).floor();
+                reached(b + 1) > reached(b)
+            }
         }
-    })
+    }
 }
 
 /// Price one run on the layouts under `layouts`, `adjust` changing the layout first (to fit
@@ -735,14 +753,7 @@ pub fn price_run_tuned(
             }
             m.loss_bytes_per_logit = Some((fwd, bwd));
         }
-        m.eager_rotary = match stack.rotary.as_deref() {
-            None => None,
-            Some("rotate_half") => Some(EagerRotary::RotateHalf),
-            Some("complex") => Some(EagerRotary::Complex),
-            Some("pair_matrix") => Some(EagerRotary::PairMatrix),
-            Some("halves") => Some(EagerRotary::Halves),
-            Some(other) => return Err(format!("{}: rotary {other:?}", run.id)),
-        };
+        m.eager_rotary = stack.rotary;
         if let Some(bytes) = stack.param_pass_bytes {
             if !(bytes.is_finite() && bytes >= 0.0) {
                 return Err(format!("{}: param_pass_bytes {bytes}", run.id));
@@ -751,16 +762,14 @@ pub fn price_run_tuned(
         }
     }
     tune(&mut m);
-    let recomputed = recomputed_blocks(run)?;
+    let recompute = Recompute::of(run)?;
     let baseline = Baseline {
         strategy,
-        checkpointing: recomputed.is_some(),
+        checkpointing: !matches!(recompute, Recompute::None),
     };
     let mut plan = baseline.plan(&model, run.micro_batch, run.grad_accum.unwrap_or(1).max(1));
-    if let Some(recomputed) = recomputed {
-        for (b, on) in plan.recompute.iter_mut().enumerate() {
-            *on = recomputed(b);
-        }
+    for (b, on) in plan.recompute.iter_mut().enumerate() {
+        *on = recompute.on(b);
     }
     // A stack that can express fewer plans (FSDP2: no zero1, no splits) prices only those.
     for c in &plan.choices {

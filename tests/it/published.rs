@@ -12,6 +12,7 @@ use runs::{
 };
 
 use crate::root;
+use osdp_core::cost::EagerRotary;
 
 fn runs() -> Vec<PublishedRun> {
     read_runs(&root().join("docs/published-runs.json"))
@@ -651,7 +652,7 @@ fn eager_and_compiled_code_are_priced_as_each_runs() {
             assert!(p.predicted_tokens_per_s_per_gpu > e.predicted_tokens_per_s_per_gpu);
         } else {
             let stack = r.stack.as_ref().unwrap();
-            assert!(stack.eager_modules && stack.rotary.as_deref() == Some("pair_matrix"));
+            assert!(stack.eager_modules && stack.rotary == Some(EagerRotary::PairMatrix));
             assert!((0.96..=1.06).contains(&p.ratio), "{}: {:.3}", r.id, p.ratio);
             assert!(fused(r) > 1.03 * p.ratio, "{}: {:.3}", r.id, fused(r));
         }
@@ -662,7 +663,7 @@ fn eager_and_compiled_code_are_priced_as_each_runs() {
         .collect();
     assert_eq!(titan.len(), 5);
     for r in titan {
-        assert_eq!(r.stack.as_ref().unwrap().rotary.as_deref(), Some("complex"));
+        assert_eq!(r.stack.as_ref().unwrap().rotary, Some(EagerRotary::Complex));
         let p = price_run(r, &layouts, &|_| {}).unwrap();
         assert!((0.95..=1.09).contains(&p.ratio), "{}: {:.3}", r.id, p.ratio);
     }

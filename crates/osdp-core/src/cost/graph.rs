@@ -474,8 +474,10 @@ pub const EAGER_PAIR_MATRIX_ROTARY_PASSES: (f64, f64) = (18.0, 20.0);
 pub const EAGER_HALVES_ROTARY_PASSES: (f64, f64) = (9.0, 14.0);
 
 /// How the executor's code applies rotary position embeddings to queries and keys, where it
-/// is not inside a fused kernel: each form is its own count of passes through memory.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// is not inside a fused kernel: each form is its own count of passes through memory. Named in
+/// data files in snake case (`rotate_half`, `complex`, `pair_matrix`, `halves`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum EagerRotary {
     /// transformers' `rotate_half` form ([`EAGER_ROTARY_PASSES`]).
     RotateHalf,
