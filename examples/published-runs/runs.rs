@@ -15,7 +15,9 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use osdp_core::cluster::{read_layout, Figure, Layout};
-use osdp_core::cost::{EagerRotary, Machine, Strategy, Target, HF_TRAINER_STEP_BYTES_PER_PARAM};
+use osdp_core::cost::{
+    EagerRotary, Machine, Strategy, Target, Zero1Groups, HF_TRAINER_STEP_BYTES_PER_PARAM,
+};
 use osdp_core::model::hf::{import_str, ImportOptions};
 use osdp_core::model::{AttentionImpl, Kernels, ModelSpec};
 use osdp_core::plan::baseline::Baseline;
@@ -207,6 +209,18 @@ pub struct Stack {
     /// [`Machine::cudnn_attention`]); false for the stacks that predate that default.
     #[serde(default)]
     pub cudnn_attention: bool,
+    /// Where it shards the optimizer state of its data-parallel (all-reduced) model over groups
+    /// of this many ranks, dealing them whole tensors, and broadcasts each rank's updated
+    /// tensors to its group after the step (InternLM's `HybridZeroOptimizer`: `zero1` = 8, a
+    /// node, or -1, every rank, written here as the run's GPU count;
+    /// [`Machine::zero1_groups`]).
+    #[serde(default)]
+    pub zero1_ranks: Option<u32>,
+    /// Bytes its optimizer step moves per updated parameter, where its code was read (the notes
+    /// name the lines; [`Machine::optimizer_bytes_per_param`]): absent, a fused AdamW's
+    /// ([`osdp_core::cost::OPTIMIZER_BYTES_PER_PARAM`]).
+    #[serde(default)]
+    pub optimizer_bytes_per_param: Option<u64>,
 }
 
 fn yes() -> bool {
@@ -754,6 +768,33 @@ pub fn price_run_tuned(
             m.loss_bytes_per_logit = Some((fwd, bwd));
         }
         m.eager_rotary = stack.rotary;
+        if let Some(g) = stack.zero1_ranks {
+            if strategy != Strategy::Dp || g < 2 || m.ranks % g != 0 {
+                return Err(format!(
+                    "{}: zero1_ranks {g} needs DDP's all-reduced gradients and a group size \
+                     above 1 that divides the {} ranks",
+                    run.id, m.ranks
+                ));
+            }
+            let sizes: Vec<u64> = model
+                .ops
+                .iter()
+                .flat_map(|op| &op.params)
+                .filter(|p| p.tied_to.is_none())
+                .map(|p| p.shape.iter().product::<i64>().max(0) as u64)
+                .collect();
+            m.zero1_groups = Some(Zero1Groups::dealt(&sizes, g));
+        }
+        match (stack.optimizer_bytes_per_param, stack.hf_trainer_optimizer) {
+            (Some(_), true) => {
+                return Err(format!(
+                    "{}: optimizer_bytes_per_param or hf_trainer_optimizer, not both",
+                    run.id
+                ))
+            }
+            (Some(bytes), false) => m.optimizer_bytes_per_param = bytes,
+            _ => {}
+        }
         if let Some(bytes) = stack.param_pass_bytes {
             if !(bytes.is_finite() && bytes >= 0.0) {
                 return Err(format!("{}: param_pass_bytes {bytes}", run.id));

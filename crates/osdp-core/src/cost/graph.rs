@@ -42,6 +42,9 @@ pub struct OpBase {
     /// The share of a collective's latency this op pays: 1 where each op communicates on its
     /// own; its fraction of its block's parameters where a block's ops communicate together.
     pub latency_share: f64,
+    /// The op's share of the model's parameters: what it pays of a collective issued once for
+    /// the whole model once ([`Machine::zero1_groups`]' broadcasts).
+    pub param_share: f64,
     /// The last op of its block that owns parameters ([`ends_block_params`]): when the block
     /// is recomputed, its backward follows its recomputation at once, so what the recomputation
     /// fetched (an unsplit weight) serves the backward too and nothing is fetched again.
@@ -272,6 +275,7 @@ impl OpBase {
             tensors: owned.tensors,
             accumulation: 1,
             latency_share: 1.0,
+            param_share: 1.0,
             ends_block_params: false,
         }
     }
@@ -435,6 +439,7 @@ impl OpGraph {
                     }
                 }
                 base.ends_block_params = ends;
+                base.param_share = base.params as f64 / self.total_params.max(1) as f64;
                 base
             })
             .collect()

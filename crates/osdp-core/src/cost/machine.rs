@@ -252,6 +252,10 @@ pub struct Machine {
     /// ([`Machine::serial_reduce_copies_s`]), which the next gather's synchronisation drains.
     /// False for FSDP and osdp-tui's trainer.
     pub serial_gathers: bool,
+    /// Where the optimizer state of replicated parameters is sharded over groups of ranks while
+    /// their gradients are all-reduced over every rank (InternLM's `HybridZeroOptimizer`):
+    /// how, [`Zero1Groups`]. `None`: every rank steps every replicated parameter (DDP).
+    pub zero1_groups: Option<Zero1Groups>,
     /// Fixed cost of launching one kernel, seconds.
     pub launch_s: f64,
     pub overhead_bytes: u64,
@@ -370,6 +374,54 @@ impl Efficiencies {
     }
 }
 
+/// Optimizer state sharded over groups of ranks while gradients are all-reduced over all of
+/// them, as InternLM's `HybridZeroOptimizer` runs it (`zero1` in its config: 8, a node, or -1,
+/// every rank): the parameters are dealt to the group's ranks whole, largest first, each to
+/// the least loaded rank; each rank steps what it was dealt, then every rank that holds
+/// parameters broadcasts them to its group, one broadcast after another, all waited before
+/// the next forward (`broadcast_params(overlap=False)`). Priced as those broadcasts
+/// ([`Machine::broadcast_s`]), hidden behind nothing, and the slowest rank's step.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Zero1Groups {
+    /// Ranks in a group (the broadcasts span them).
+    pub ranks: u32,
+    /// Broadcasts after a step: the group's ranks that hold parameters (fewer than `ranks`
+    /// where the model has fewer parameter tensors than a group has ranks).
+    pub broadcasts: u32,
+    /// The most any rank steps, as a share of the model's parameters (at least `1 / ranks`;
+    /// the largest tensor's share where one tensor outweighs a fair share).
+    pub slowest_share: f64,
+}
+
+impl Zero1Groups {
+    /// How InternLM deals tensors of `sizes` elements to a group of `ranks`: largest first,
+    /// each to the rank holding the fewest elements so far.
+    pub fn dealt(sizes: &[u64], ranks: u32) -> Zero1Groups {
+        let ranks = ranks.max(1);
+        let mut sorted: Vec<u64> = sizes.iter().copied().filter(|&n| n > 0).collect();
+        sorted.sort_unstable_by(|a, b| b.cmp(a));
+        let mut load = vec![0u64; ranks as usize];
+        for n in &sorted {
+            // The first of the least loaded ranks, as Python's `list.index(min(...))` picks.
+            let (i, _) = load
+                .iter()
+                .enumerate()
+                .min_by_key(|&(i, &l)| (l, i))
+                .expect("a group has a rank");
+            load[i] += n;
+        }
+        let total: u64 = sorted.iter().sum();
+        Zero1Groups {
+            ranks,
+            broadcasts: load.iter().filter(|&&l| l > 0).count() as u32,
+            slowest_share: load
+                .iter()
+                .max()
+                .map_or(0.0, |&m| m as f64 / total.max(1) as f64),
+        }
+    }
+}
+
 impl Machine {
     /// Resolve a layout's figures for a model computing in `model.config.dtype`.
     pub fn new(layout: &Layout, model: &ModelSpec) -> Machine {
@@ -464,6 +516,7 @@ impl Machine {
             loss_bytes_per_logit: None,
             eager_rotary: None,
             serial_gathers: false,
+            zero1_groups: None,
             launch_s: match layout.device.kind {
                 DeviceKind::Gpu => 5e-6,
                 DeviceKind::Cpu => 10e-6,
@@ -581,6 +634,31 @@ impl Machine {
 
     pub fn reduce_scatter_s(&self, bytes: f64) -> f64 {
         self.all_gather_s(bytes)
+    }
+
+    /// A broadcast of `bytes` from one rank to a group of `group` ranks (consecutive ranks, so
+    /// spread over as few nodes as they fit in), paying `latency_share` of its latency. NCCL
+    /// broadcasts along a ring: the buffer is pipelined over the `group − 1` hops of the chain,
+    /// every link carries all of it (bus bandwidth = algorithm bandwidth), and the hops that
+    /// cross nodes pay the network's latency.
+    pub fn broadcast_s(&self, bytes: f64, group: u32, latency_share: f64) -> f64 {
+        let group = group.min(self.ranks);
+        if group <= 1 {
+            return 0.0;
+        }
+        let per_node = self.ranks_per_node.max(1);
+        let nodes = group.div_ceil(per_node).min(self.nodes.max(1));
+        let (hops, crossings) = (f64::from(group - nodes), f64::from(nodes - 1));
+        let bytes_per_s = if nodes > 1 {
+            self.link_bytes_per_s
+        } else {
+            self.node_link_bytes_per_s
+        };
+        latency_share
+            * (self.collective_base_s
+                + hops * self.link_latency_s
+                + crossings * self.cross_node_latency_s)
+            + bytes / bytes_per_s
     }
 
     /// Whether hybrid sharding applies: the ranks span more than one node.
@@ -800,6 +878,33 @@ mod tests {
         // A weight's shape: its output rows, 2-D only.
         assert_eq!(padded_weight_rows(&[50_257, 1_600]), Some(50_304));
         assert_eq!(padded_weight_rows(&[50_257]), None);
+    }
+
+    #[test]
+    fn zero1_groups_deal_whole_tensors_largest_first_to_the_least_loaded_rank() {
+        // 10 → rank 0, 7 → 1, 5 → 1 (12), 3 → 0 (13), 1 → 1 (13): the slowest steps half.
+        let two = Zero1Groups::dealt(&[3, 10, 1, 7, 5], 2);
+        assert_eq!((two.ranks, two.broadcasts), (2, 2));
+        assert!((two.slowest_share - 13.0 / 26.0).abs() < 1e-12);
+        // More ranks than tensors: only the holders broadcast, and the largest tensor's rank is
+        // the slowest whatever the group's size (InternLM-7B's embedding at 1,024 ranks).
+        let many = Zero1Groups::dealt(&[423, 45, 45, 17, 0], 1024);
+        assert_eq!(many.broadcasts, 4);
+        assert!((many.slowest_share - 423.0 / 530.0).abs() < 1e-12);
+    }
+
+    #[test]
+    fn a_broadcast_sends_the_whole_buffer_down_the_ring_of_its_group() {
+        let mut m = machine(32);
+        (m.nodes, m.ranks_per_node) = (4, 8);
+        (m.cross_node_latency_s, m.node_link_bytes_per_s) = (50e-6, 200e9);
+        // Inside a node: 7 hops of 10 µs, 1 GB over the node's 200 GB/s.
+        assert!((m.broadcast_s(1e9, 8, 1.0) - (70e-6 + 5e-3)).abs() < 1e-12);
+        // All 32 ranks: 28 hops inside nodes, 3 across, 1 GB over the ring's 100 GB/s.
+        assert!((m.broadcast_s(1e9, 32, 1.0) - (280e-6 + 150e-6 + 10e-3)).abs() < 1e-12);
+        // A share of the latency, and nothing on one rank.
+        assert!((m.broadcast_s(0.0, 32, 0.5) - 215e-6).abs() < 1e-12);
+        assert_eq!(m.broadcast_s(1e9, 1, 1.0), 0.0);
     }
 
     #[test]

@@ -208,6 +208,7 @@ fn fsdp2_price(base: &OpBase, choice: Choice, m: &Machine) -> OpCost {
         step_bwd: sync,
         micro_serial: 0.0,
         micro_serial_reduce: 0.0,
+        step_serial: 0.0,
     };
     // Offloaded: the shard fetched before every all-gather, a sharded gradient sent once a
     // step (a replicated one is the optimizer step's copy); in line, like the trainer's copies.
@@ -323,6 +324,7 @@ fn collectives(base: &OpBase, choice: Choice, m: &Machine, replicated: u64) -> (
             0,
             Comm {
                 step_bwd: all_reduce((rb * p) as f64),
+                step_serial: zero1_broadcasts_s(base, m),
                 ..none
             },
         ),
@@ -475,10 +477,31 @@ fn split_s(base: &OpBase, choice: Choice, m: &Machine) -> f64 {
     }
 }
 
+/// Where the optimizer state of replicated parameters is sharded over groups of ranks
+/// ([`Machine::zero1_groups`]), the broadcasts that share the updated parameters after the step:
+/// the op's bytes once over the group's links, and its share of every broadcast's latency.
+fn zero1_broadcasts_s(base: &OpBase, m: &Machine) -> f64 {
+    match m.zero1_groups {
+        Some(z) if z.ranks > 1 && base.params > 0 => {
+            let bytes = (m.precision.param_bytes * base.params) as f64;
+            let latency = m.broadcast_s(0.0, z.ranks, base.param_share);
+            f64::from(z.broadcasts) * latency + m.broadcast_s(bytes, z.ranks, 0.0)
+        }
+        _ => 0.0,
+    }
+}
+
 /// The op's optimizer step on this rank, once a step.
 fn optimizer_s(base: &OpBase, choice: Choice, m: &Machine, held: &Held) -> f64 {
     let (pb, gb) = (m.precision.param_bytes, m.precision.grad_bytes);
-    let updated = held.updated;
+    // A replicated op whose optimizer state is sharded over groups of ranks: the step waits
+    // for the rank that steps the most.
+    let updated = match m.zero1_groups {
+        Some(z) if choice.strategy == Strategy::Dp && z.ranks > 1 => {
+            (held.updated as f64 * z.slowest_share).ceil() as u64
+        }
+        _ => held.updated,
+    };
     match &m.calibration {
         _ if updated == 0 => 0.0,
         // Once a step, after the last backward: this rank's gradients to the host, the
@@ -512,6 +535,9 @@ struct Comm {
     /// Per micro-batch, in the backward: the gradients' collectives such a stack runs between
     /// two synchronisations, hidden behind nothing either (a recomputation repeats none).
     micro_serial_reduce: f64,
+    /// Once a step, after the optimizer: collectives waited for before the next forward,
+    /// hidden behind nothing ([`Machine::zero1_groups`]' broadcasts).
+    step_serial: f64,
 }
 
 impl Comm {
@@ -520,6 +546,7 @@ impl Comm {
             * (self.micro_fwd + self.micro_bwd + self.micro_serial + self.micro_serial_reduce)
             + self.step_fwd
             + self.step_bwd
+            + self.step_serial
     }
 
     /// The forward's per-micro-batch gathers once more, over `accumulation` micro-batches, as a
@@ -548,6 +575,7 @@ impl Comm {
                 + hidden(comm.micro_fwd + comm.step_fwd, base.fwd_s)
                 + hidden(comm.micro_bwd + comm.step_bwd, base.bwd_s)
                 + a * (comm.micro_serial + comm.micro_serial_reduce)
+                + comm.step_serial
         } else {
             comm.total(a)
         }
@@ -1106,6 +1134,40 @@ mod tests {
         assert!((dp - 8e6 * 28.0 / 0.8e12).abs() < 1e-15);
         let z3 = price(&b, Choice::zero3(1, 1), &m).optimizer_s;
         assert!((z3 - dp / 8.0).abs() < 1e-15);
+    }
+
+    /// InternLM's hybrid ZeRO: a replicated op all-reduces its gradients as DDP does, steps only
+    /// the slowest rank's share, and pays its bytes once and its share of every broadcast's
+    /// latency after the step, hidden behind nothing.
+    #[test]
+    fn zero1_groups_step_a_share_and_broadcast_it_after_the_step() {
+        let mut m = machine(8);
+        let mut b = linear_base(8_000_000);
+        b.param_share = 0.25;
+        let dp = price(&b, Choice::DP, &m);
+        m.zero1_groups = Some(crate::cost::Zero1Groups {
+            ranks: 8,
+            broadcasts: 6,
+            slowest_share: 0.2,
+        });
+        let z = price(&b, Choice::DP, &m);
+        assert!((z.optimizer_s - 0.2 * dp.optimizer_s).abs() < 1e-15);
+        // 6 broadcasts × a quarter of 7 hops × 10 µs, and 16 MB once over 100 GB/s.
+        let broadcasts = 6.0 * 0.25 * 70e-6 + 16e6 / 100e9;
+        assert!((z.comm_s - dp.comm_s - broadcasts).abs() < 1e-12);
+        assert!((z.exposed_comm_s - dp.exposed_comm_s - broadcasts).abs() < 1e-12);
+        // Only replicated ops are stepped so; a sharded one is as before.
+        let z3 = Choice::zero3(1, 1);
+        m.zero1_groups = None;
+        let before = price(&b, z3, &m);
+        m.zero1_groups = Some(crate::cost::Zero1Groups {
+            ranks: 8,
+            broadcasts: 6,
+            slowest_share: 0.2,
+        });
+        let after = price(&b, z3, &m);
+        assert_eq!(before.optimizer_s, after.optimizer_s);
+        assert_eq!(before.comm_s, after.comm_s);
     }
 
     #[test]
