@@ -280,6 +280,10 @@ pub struct PublishedRun {
     /// `i × p` first reaches ½, 1½, 2½, …).
     #[serde(default)]
     pub recompute_fraction: Option<f64>,
+    /// Selective checkpointing op by op in every block: torchtitan's op-level policy, which
+    /// keeps attention's and every other matmul's output ([`Machine::selective_ops`]).
+    #[serde(default)]
+    pub selective_ops: bool,
     /// The dtype gradients were reduced in (`fp32`: FSDP's and llm-foundry's default).
     #[serde(default)]
     pub reduce_dtype: Option<String>,
@@ -662,8 +666,16 @@ enum Recompute {
 impl Recompute {
     fn of(run: &PublishedRun) -> Result<Recompute, String> {
         let ac = run.activation_checkpointing.as_str();
+        if run.selective_ops && ac != "selective" {
+            return Err(format!(
+                "{}: selective_ops needs activation checkpointing \"selective\", not {ac:?}",
+                run.id
+            ));
+        }
         Ok(match (ac, run.recompute_every, run.recompute_fraction) {
             ("full", None, None) => Recompute::Every(1),
+            // Op by op in every block (`Machine::selective_ops` says which ops run again).
+            ("selective", None, None) if run.selective_ops => Recompute::Every(1),
             ("none", None, None) => Recompute::None,
             ("selective", Some(n), None) if n > 0 => Recompute::Every(n),
             ("selective", None, Some(p)) if p > 0.0 && p <= 1.0 => Recompute::Fraction(p),
@@ -802,6 +814,7 @@ pub fn price_run_tuned(
             m.param_pass_bytes = bytes;
         }
     }
+    m.selective_ops = run.selective_ops;
     tune(&mut m);
     let recompute = Recompute::of(run)?;
     let baseline = Baseline {

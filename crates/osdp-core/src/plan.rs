@@ -381,6 +381,11 @@ pub(crate) fn evaluate_priced(
 ) -> Prediction {
     let (mut persistent, mut activations, mut max_transient, mut host) = (0u64, 0u64, 0u64, 0u64);
     let (mut compute, mut exposed, mut optimizer, mut recompute) = (0.0, 0.0, 0.0, 0.0);
+    let policy_saved = if m.selective_ops {
+        selectively_saved(model, blocks)
+    } else {
+        Vec::new()
+    };
     let mut ops = Vec::with_capacity(model.ops.len());
     // Per block, the weights its kept ops so far hold through the backward of the ops after
     // them (in the block's order, whatever ops outside it come between).
@@ -390,13 +395,21 @@ pub(crate) fn evaluate_priced(
         let block = blocks.of_op[i];
         let held_before = block.map_or(0, |b| held_by_block[b]);
         let recomputed = block.is_some_and(|b| plan.recompute.get(b).copied().unwrap_or(false));
-        let kept = if recomputed { 0 } else { base.saved_bytes };
+        // Under a selective policy a recomputed block keeps these ops' outputs and runs them
+        // only once.
+        let saved_by_policy = recomputed && policy_saved.get(i).copied().unwrap_or(false);
+        let kept = match (recomputed, saved_by_policy) {
+            (false, _) => base.saved_bytes,
+            (true, true) => base.output_bytes,
+            (true, false) => 0,
+        };
         // `kept_ops`' rule on the op's own facts: its price says whether its choice fetches
         // whole what it uses once (and a machine that fetches nothing again keeps nothing).
         let keeps_i = block.is_some_and(|b| plan.keeps(b))
             && blocks.reruns(i)
             && c.kept_recompute_comm_s.is_some();
         let extra_s = match c.kept_recompute_comm_s.filter(|_| keeps_i) {
+            _ if saved_by_policy => 0.0,
             Some(fetched) => base.recompute_s() + fetched,
             None if recomputed => c.recompute_s(base),
             None => 0.0,
@@ -450,6 +463,28 @@ pub(crate) fn evaluate_priced(
         step_overhead_s: m.step_overhead_s(),
         ops,
     }
+}
+
+/// Per op, whether torchtitan's op-level selective checkpointing saves its output
+/// ([`Machine::selective_ops`]): inside a block, every attention core (its `_save_list` holds
+/// SDPA's kernels) and the odd-numbered linears in forward order (it saves `aten.mm` outputs
+/// except every second one: `mm_count % 2 == 0` is recomputed). Ops outside blocks: false.
+pub fn selectively_saved(model: &ModelSpec, blocks: &Blocks) -> Vec<bool> {
+    let mut saved = vec![false; model.ops.len()];
+    for members in &blocks.ops {
+        let mut matmuls = 0;
+        for &i in members {
+            match model.ops[i].kind {
+                crate::model::OpKind::Attention => saved[i] = true,
+                crate::model::OpKind::Linear => {
+                    matmuls += 1;
+                    saved[i] = matmuls % 2 == 1;
+                }
+                _ => {}
+            }
+        }
+    }
+    saved
 }
 
 /// Micro-batches per rank and step when `global` samples run on `world` ranks in micro-batches
@@ -596,6 +631,45 @@ mod tests {
         let layout = read_layout(&root.join("layouts/a100-80gb-8x-nvlink.json")).unwrap();
         let m = Machine::new(&layout, &model);
         (model, m)
+    }
+
+    /// torchtitan's op-level selective checkpointing in a Llama block: q, v, gate and down (the
+    /// 1st, 3rd, 5th and 7th matmuls) and attention keep their outputs; k, o, up, the norms,
+    /// the activation and the adds run again. Priced, a step recomputes less than whole blocks
+    /// do and keeps more activations, and less than no recomputation keeps.
+    #[test]
+    fn selective_ops_keep_attention_and_every_other_matmul() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+        let model = read_model(&root.join("sample-models/llama-3-8b.json")).unwrap();
+        let blocks = Blocks::of(&model);
+        let saved = selectively_saved(&model, &blocks);
+        let kept: Vec<&str> = blocks.ops[0]
+            .iter()
+            .filter(|&&i| saved[i])
+            .map(|&i| model.ops[i].id.as_str())
+            .collect();
+        assert_eq!(
+            kept,
+            [
+                "layers0.self_attn.q_proj",
+                "layers0.self_attn.v_proj",
+                "layers0.self_attn.core",
+                "layers0.mlp.gate_proj",
+                "layers0.mlp.down_proj",
+            ]
+        );
+        let layout = read_layout(&root.join("layouts/h100-sxm-8x-nvlink.json")).unwrap();
+        let mut m = Machine::new(&layout, &model);
+        let mut plan = uniform_plan(&model, Strategy::Zero3, 1);
+        let none = evaluate(&model, &m, &plan);
+        plan.recompute.iter_mut().for_each(|r| *r = true);
+        let whole = evaluate(&model, &m, &plan);
+        m.selective_ops = true;
+        let ops = evaluate(&model, &m, &plan);
+        assert!(0.0 < ops.recompute_s && ops.recompute_s < 0.6 * whole.recompute_s);
+        assert!(whole.activation_bytes < ops.activation_bytes);
+        assert!(ops.activation_bytes < none.activation_bytes);
+        assert!(ops.step_time_s < whole.step_time_s);
     }
 
     #[test]

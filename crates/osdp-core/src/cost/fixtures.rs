@@ -37,6 +37,7 @@ pub(super) fn machine(ranks: u32) -> Machine {
         autocast: false,
         optimizer_bytes_per_param: super::OPTIMIZER_BYTES_PER_PARAM,
         regather_on_recompute: true,
+        selective_ops: false,
         persistence_threshold: 0,
         loss_fp32_logit_copies: 0,
         loss_bytes_per_logit: None,

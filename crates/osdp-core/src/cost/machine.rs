@@ -219,6 +219,14 @@ pub struct Machine {
     /// unsharded from its pre-backward gather through the recomputation, so the FSDP2 target and
     /// the published FSDP runs price none (docs/collectives.md).
     pub regather_on_recompute: bool,
+    /// A recomputed block keeps some of its ops' outputs and recomputes only the rest, as
+    /// torchtitan's op-level selective activation checkpointing does (its `_save_list` policy):
+    /// every attention's output and every other matmul's (the 1st, 3rd, … of the block's
+    /// linears in forward order) are saved for backward; the block's other ops — the even
+    /// matmuls, the norms, activations and adds — run again
+    /// ([`crate::plan::selectively_saved`]). False for the planner and the trainer, which
+    /// recompute whole blocks; set for published runs that ran that policy.
+    pub selective_ops: bool,
     /// Parameter tensors of fewer elements stay whole on every rank and are never gathered
     /// (DeepSpeed ZeRO-3's `stage3_param_persistence_threshold`, 1e5 by default: biases and
     /// norm weights); 0 for the trainer. Priced where gathers are serial
@@ -512,6 +520,7 @@ impl Machine {
             autocast: false,
             optimizer_bytes_per_param: OPTIMIZER_BYTES_PER_PARAM,
             regather_on_recompute: true,
+            selective_ops: false,
             persistence_threshold: 0,
             loss_fp32_logit_copies: 0,
             loss_bytes_per_logit: None,
