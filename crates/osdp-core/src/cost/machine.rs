@@ -143,8 +143,7 @@ pub struct Machine {
     pub link_bytes_per_s: f64,
     /// Per-step latency of a ring collective between ranks of one node, seconds.
     pub link_latency_s: f64,
-    /// Per-step latency of a ring over several nodes: every step of it, not only the
-    /// `nodes − 1` that cross ([`Machine::ring_hop_s`]).
+    /// Per-step latency of the ring steps that cross nodes (`nodes − 1` of a ring's steps).
     pub cross_node_latency_s: f64,
     /// Ranks in one node (hybrid sharding's shard group); `ranks` on one node.
     pub ranks_per_node: u32,
@@ -462,8 +461,8 @@ impl Machine {
             })
             .unwrap_or(("fp32", 1.0));
         // A ring over several nodes runs one channel per NIC: its bus bandwidth is the
-        // lesser of the NVLink (or PCIe) one and all of a node's NICs together, and its
-        // steps go at the network's pace (`Machine::ring_hop_s`).
+        // lesser of the NVLink (or PCIe) one and all of a node's NICs together, and only
+        // the steps that cross nodes pay the network's latency.
         let intra = &layout.intra_node;
         let per_node = layout.gpus_per_node.max(1);
         let (bw, cross_lat, replica_bw) = match &layout.inter_node {
@@ -634,24 +633,12 @@ impl Machine {
         if self.ranks <= 1 {
             return 0.0;
         }
-        latency_share * (self.collective_base_s + (n - 1.0) * self.ring_hop_s(self.nodes))
+        let nodes = f64::from(self.nodes.clamp(1, self.ranks));
+        latency_share
+            * (self.collective_base_s
+                + (n - nodes) * self.link_latency_s
+                + (nodes - 1.0) * self.cross_node_latency_s)
             + (n - 1.0) / n * bytes / self.link_bytes_per_s
-    }
-
-    /// Latency of one step of a ring over `nodes` nodes. Inside one node, the intra-node
-    /// link's. Over several, the network's for **every** step, not only the `nodes − 1` that
-    /// cross nodes as NCCL's tuning model counts them (`(nsteps − nInterSteps) · intraLat +
-    /// nInterSteps · interLat`): the published runs that expose a multi-node ring's latency —
-    /// InternLM's broadcasts over 128–1,024 ranks, DeepSpeed ZeRO-3's tensor-by-tensor
-    /// gathers over 384–2,240, llm-foundry's FSDP over 512 H100s — take that long
-    /// (docs/published-runs.md, item 19), and NCCL itself since 2.18 charges every step of an
-    /// inter-node ring at least a network overhead (`intraLat = max(intraLat, netOverhead)`).
-    pub(super) fn ring_hop_s(&self, nodes: u32) -> f64 {
-        if nodes > 1 {
-            self.cross_node_latency_s.max(self.link_latency_s)
-        } else {
-            self.link_latency_s
-        }
     }
 
     pub fn reduce_scatter_s(&self, bytes: f64) -> f64 {
@@ -661,8 +648,8 @@ impl Machine {
     /// A broadcast of `bytes` from one rank to a group of `group` ranks (consecutive ranks, so
     /// spread over as few nodes as they fit in), paying `latency_share` of its latency. NCCL
     /// broadcasts along a ring: the buffer is pipelined over the `group − 1` hops of the chain,
-    /// every link carries all of it (bus bandwidth = algorithm bandwidth), each hop at the
-    /// ring's step latency ([`Machine::ring_hop_s`]).
+    /// every link carries all of it (bus bandwidth = algorithm bandwidth), and the hops that
+    /// cross nodes pay the network's latency.
     pub fn broadcast_s(&self, bytes: f64, group: u32, latency_share: f64) -> f64 {
         let group = group.min(self.ranks);
         if group <= 1 {
@@ -670,12 +657,16 @@ impl Machine {
         }
         let per_node = self.ranks_per_node.max(1);
         let nodes = group.div_ceil(per_node).min(self.nodes.max(1));
+        let (hops, crossings) = (f64::from(group - nodes), f64::from(nodes - 1));
         let bytes_per_s = if nodes > 1 {
             self.link_bytes_per_s
         } else {
             self.node_link_bytes_per_s
         };
-        latency_share * (self.collective_base_s + f64::from(group - 1) * self.ring_hop_s(nodes))
+        latency_share
+            * (self.collective_base_s
+                + hops * self.link_latency_s
+                + crossings * self.cross_node_latency_s)
             + bytes / bytes_per_s
     }
 
@@ -918,10 +909,10 @@ mod tests {
         (m.cross_node_latency_s, m.node_link_bytes_per_s) = (50e-6, 200e9);
         // Inside a node: 7 hops of 10 µs, 1 GB over the node's 200 GB/s.
         assert!((m.broadcast_s(1e9, 8, 1.0) - (70e-6 + 5e-3)).abs() < 1e-12);
-        // All 32 ranks: 31 hops at the network's 50 µs, 1 GB over the ring's 100 GB/s.
-        assert!((m.broadcast_s(1e9, 32, 1.0) - (1.55e-3 + 10e-3)).abs() < 1e-12);
+        // All 32 ranks: 28 hops inside nodes, 3 across, 1 GB over the ring's 100 GB/s.
+        assert!((m.broadcast_s(1e9, 32, 1.0) - (280e-6 + 150e-6 + 10e-3)).abs() < 1e-12);
         // A share of the latency, and nothing on one rank.
-        assert!((m.broadcast_s(0.0, 32, 0.5) - 0.775e-3).abs() < 1e-12);
+        assert!((m.broadcast_s(0.0, 32, 0.5) - 215e-6).abs() < 1e-12);
         assert_eq!(m.broadcast_s(1e9, 1, 1.0), 0.0);
     }
 
@@ -935,7 +926,7 @@ mod tests {
     }
 
     #[test]
-    fn a_node_of_nics_keeps_the_ring_at_nvlink_speed_and_its_steps_at_the_networks_pace() {
+    fn a_node_of_nics_keeps_the_ring_at_nvlink_speed_and_only_crossings_pay_network_latency() {
         // 1 GB gathered: with eight 46 GB/s NICs a node sends 368 GB/s, about NVLink's 370,
         // so the bandwidth term hardly moves from 8 to 64 GPUs.
         let bw = |m: &Machine| m.all_gather_s(1e9) - m.all_gather_s(0.0);
@@ -944,10 +935,10 @@ mod tests {
         assert!((per_byte(&eight, 64.0) / per_byte(&one, 8.0) - 370.0 / 368.0).abs() < 1e-9);
         // One NIC per node: the ring crawls at 46 GB/s.
         assert!((per_byte(&cluster(8, 1.0), 64.0) - 1e9 / 46e9).abs() < 1e-12);
-        // Latency: NCCL's fixed 8.4 µs, then 64 ranks on 8 nodes = 63 steps, each at the
-        // network's 15 µs (not 56 at NVLink's 10 µs and 7 at 15: `Machine::ring_hop_s`).
+        // Latency: NCCL's fixed 8.4 µs, then 64 ranks on 8 nodes = 56 steps inside nodes at
+        // 10 µs and 7 across at 15 µs.
         let base = NCCL_BASE_LATENCY_S;
-        assert!((eight.all_gather_s(0.0) - (base + 63.0 * 15e-6)).abs() < 1e-12);
+        assert!((eight.all_gather_s(0.0) - (base + 56.0 * 10e-6 + 7.0 * 15e-6)).abs() < 1e-12);
         assert!((one.all_gather_s(0.0) - (base + 7.0 * 10e-6)).abs() < 1e-12);
     }
 
@@ -960,8 +951,8 @@ mod tests {
             steps * NCCL_TREE_HOP_LATENCY_S
                 + 2.0 * bytes / (NCCL_TREE_BANDWIDTH * m.link_bytes_per_s)
         };
-        // 128 nodes of 8: a 50 MB bucket. Ring: 8.4 µs + 1,023 steps at 15 µs, twice, ~31 ms;
-        // tree: 2 · (7 + 7) steps of 28 µs, ~0.8 ms, and a little more
+        // 128 nodes of 8: a 50 MB bucket. Ring: 8.4 µs + 896 steps at 10 µs + 127 at 15 µs,
+        // twice, ~22 ms; tree: 2 · (7 + 7) steps of 28 µs, ~0.8 ms, and a little more
         // bandwidth time.
         let many = cluster(128, 8.0);
         let t = tree(&many, 50e6, 28.0);
