@@ -295,6 +295,16 @@ impl Held {
                 held.replicated += u.numel;
             }
         }
+        // A replicated op whose optimizer state is sharded over groups of ranks
+        // ([`Machine::zero1_groups`]) keeps only its rank's share of that state: the most any
+        // rank holds, the slowest share.
+        if let Some(z) = m.zero1_groups.filter(|z| z.ranks > 1) {
+            if choice.strategy == Strategy::Dp && choice.offload == Offload::None {
+                let state = m.precision.optimizer_bytes * held.updated;
+                let kept = (state as f64 * z.slowest_share).ceil() as u64;
+                held.device -= state.saturating_sub(kept).min(held.device);
+            }
+        }
         held
     }
 }
@@ -1152,6 +1162,9 @@ mod tests {
         });
         let z = price(&b, Choice::DP, &m);
         assert!((z.optimizer_s - 0.2 * dp.optimizer_s).abs() < 1e-15);
+        // The optimizer state held is the slowest rank's share: 12 bytes a parameter × 0.2.
+        let state = 12 * 8_000_000;
+        assert_eq!(dp.persistent_bytes - z.persistent_bytes, state - state / 5);
         // 6 broadcasts × a quarter of 7 hops × 10 µs, and 16 MB once over 100 GB/s.
         let broadcasts = 6.0 * 0.25 * 70e-6 + 16e6 / 100e9;
         assert!((z.comm_s - dp.comm_s - broadcasts).abs() < 1e-12);
