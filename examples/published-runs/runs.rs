@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 
 use osdp_core::cluster::{read_layout, Figure, Layout};
 use osdp_core::cost::{
-    EagerRotary, Machine, Strategy, Target, Zero1Groups, HF_TRAINER_STEP_BYTES_PER_PARAM,
+    EagerRotary, Machine, Owned, Strategy, Target, Zero1Groups, HF_TRAINER_STEP_BYTES_PER_PARAM,
 };
 use osdp_core::model::hf::{import_str, ImportOptions};
 use osdp_core::model::{AttentionImpl, Kernels, ModelSpec};
@@ -788,12 +788,12 @@ pub fn price_run_tuned(
                     run.id, m.ranks
                 ));
             }
+            // Every parameter tensor the model owns (tied ones once), as the cost model holds it.
             let sizes: Vec<u64> = model
                 .ops
                 .iter()
-                .flat_map(|op| &op.params)
-                .filter(|p| p.tied_to.is_none())
-                .map(|p| p.shape.iter().product::<i64>().max(0) as u64)
+                .flat_map(|op| Owned::of(op, 1).tensors)
+                .map(|t| t.numel)
                 .collect();
             m.zero1_groups = Some(Zero1Groups::dealt(&sizes, g));
         }

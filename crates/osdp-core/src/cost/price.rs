@@ -296,13 +296,14 @@ impl Held {
             }
         }
         // A replicated op whose optimizer state is sharded over groups of ranks
-        // ([`Machine::zero1_groups`]) keeps only its rank's share of that state: the most any
-        // rank holds, the slowest share.
+        // ([`Machine::zero1_groups`]) updates, and keeps the state of, only the slowest rank's
+        // share: the step waits for the rank that steps the most.
         if let Some(z) = m.zero1_groups.filter(|z| z.ranks > 1) {
             if choice.strategy == Strategy::Dp && choice.offload == Offload::None {
-                let state = m.precision.optimizer_bytes * held.updated;
-                let kept = (state as f64 * z.slowest_share).ceil() as u64;
-                held.device -= state.saturating_sub(kept).min(held.device);
+                let share = (held.updated as f64 * z.slowest_share).ceil() as u64;
+                let dropped = m.precision.optimizer_bytes * held.updated.saturating_sub(share);
+                held.device = held.device.saturating_sub(dropped);
+                (held.updated, held.stepped) = (share, share);
             }
         }
         held
@@ -504,14 +505,7 @@ fn zero1_broadcasts_s(base: &OpBase, m: &Machine) -> f64 {
 /// The op's optimizer step on this rank, once a step.
 fn optimizer_s(base: &OpBase, choice: Choice, m: &Machine, held: &Held) -> f64 {
     let (pb, gb) = (m.precision.param_bytes, m.precision.grad_bytes);
-    // A replicated op whose optimizer state is sharded over groups of ranks: the step waits
-    // for the rank that steps the most.
-    let updated = match m.zero1_groups {
-        Some(z) if choice.strategy == Strategy::Dp && z.ranks > 1 => {
-            (held.updated as f64 * z.slowest_share).ceil() as u64
-        }
-        _ => held.updated,
-    };
+    let updated = held.updated;
     match &m.calibration {
         _ if updated == 0 => 0.0,
         // Once a step, after the last backward: this rank's gradients to the host, the
