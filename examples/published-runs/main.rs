@@ -70,7 +70,15 @@ fn main() {
     print_runs(&priced);
     println!();
     print_groups(&priced);
-    print_memory(&priced);
+    // Runs left out of the throughput check whose memory can still be priced.
+    let mut memory = priced;
+    for r in set.runs.iter().filter(|r| r.memory_priced_on.is_some()) {
+        match runs::price_memory(r, &layouts) {
+            Ok(p) => memory.push((r, p)),
+            Err(e) => eprintln!("{}: memory not priced: {e}", r.id),
+        }
+    }
+    print_memory(&memory);
 }
 
 /// The table of runs: each published throughput beside the predicted one.
@@ -174,15 +182,23 @@ fn print_memory(priced: &[(&PublishedRun, Priced)]) {
         .collect();
     if !with_memory.is_empty() {
         println!();
-        println!("| run | published memory (GiB) | predicted peak (GiB) | predicted / published |");
-        println!("|---|---:|---:|---:|");
+        println!("| run | role | published peak (GiB) | counted as | predicted (GiB) | predicted / published | plan's peak (GiB) |");
+        println!("|---|---|---:|---|---:|---:|---:|");
         for (r, p) in with_memory {
             let m = p.published_memory_gib.unwrap_or(f64::NAN);
+            let predicted = p.predicted_memory_gib.unwrap_or(f64::NAN);
             println!(
-                "| {} | {m:.1} | {:.1} | {:.2} |",
+                "| {} | {} | {m:.1} | {} | {predicted:.1} | {:.2} | {:.1} |",
                 r.id,
-                p.predicted_reserved_gib,
-                p.predicted_reserved_gib / m
+                match (p.role, &r.memory_priced_on) {
+                    (Role::Excluded, Some(gpu)) => format!("memory only, {gpu}'s rates"),
+                    (Role::Fit, _) => "fit".into(),
+                    (Role::HeldOut, _) => "held out".into(),
+                    (Role::Excluded, None) => "excluded".into(),
+                },
+                p.published_memory.unwrap_or("?"),
+                predicted / m,
+                p.predicted_peak_gib
             );
         }
     }
@@ -302,6 +318,15 @@ fn breakdown(r: &PublishedRun, layouts: &Path) {
         f.compute_s, f.recompute_s, f.exposed_comm_s, f.optimizer_s, f.step_overhead_s
     );
     println!("step {step:.4} s, ratio {:.2}", p.ratio);
+    let gib = |b: u64| b as f64 / f64::from(1u32 << 30);
+    println!(
+        "peak {:.2} GiB: persistent {:.2}, activations {:.2}, largest transient {:.2}, runtime overhead {:.2}",
+        gib(f.peak_memory_bytes),
+        gib(f.persistent_bytes),
+        gib(f.activation_bytes),
+        gib(f.max_transient_bytes),
+        gib(f.overhead_bytes)
+    );
 }
 
 /// DLRover/ATorch's Llama-2-7B FSDP table (README at commit 70df7d5): peak

@@ -301,6 +301,15 @@ pub struct PublishedRun {
     /// Why a run is excluded.
     #[serde(default)]
     pub excluded_because: Option<String>,
+    /// An excluded run whose throughput cannot be priced (its GPU's rates are unstated) but
+    /// whose published memory can: the GPU whose rates stand in, for its memory only (which
+    /// no rate changes). Its memory is checked like a priced run's; its throughput is not.
+    #[serde(default)]
+    pub memory_priced_on: Option<String>,
+    /// Predicted over published peak memory range this run must stay in, where it is not
+    /// [`MEMORY_BAND`] (the notes say why: a finding, not a pass).
+    #[serde(default)]
+    pub memory_band: Option<[f64; 2]>,
     /// Predicted/published range this run must stay in, where it differs from the default
     /// (the notes say why).
     #[serde(default)]
@@ -420,8 +429,17 @@ pub struct Priced {
     /// Predicted over published.
     pub ratio: f64,
     pub timing: Timing,
+    /// The published peak memory and what it counts: `reserved` (PyTorch's
+    /// `max_memory_reserved`) or `allocated` (`max_memory_allocated`).
     pub published_memory_gib: Option<f64>,
-    pub predicted_reserved_gib: f64,
+    pub published_memory: Option<&'static str>,
+    /// The predicted allocated peak ([`Prediction::allocated_bytes`]), where a peak is
+    /// published: a reserved peak is at least the allocated one, so a prediction that reaches
+    /// the published figure covers it either way, and one that falls short of a reserved peak
+    /// may or may not be short of the run's allocated one.
+    pub predicted_memory_gib: Option<f64>,
+    /// The plan's peak as the planner budgets it: the allocated bytes and the runtime's own.
+    pub predicted_peak_gib: f64,
     pub prediction: Prediction,
 }
 
@@ -713,6 +731,22 @@ pub fn price_run(
     price_run_tuned(run, layouts, adjust, &|_| {})
 }
 
+/// Price a run for its published memory: as [`price_run`], on the stand-in GPU's rates where
+/// its own are unstated ([`PublishedRun::memory_priced_on`]).
+pub fn price_memory(run: &PublishedRun, layouts: &Path) -> Result<Priced, String> {
+    match &run.memory_priced_on {
+        Some(gpu) => price_run(
+            &PublishedRun {
+                gpu: gpu.clone(),
+                ..run.clone()
+            },
+            layouts,
+            &|_| {},
+        ),
+        None => price_run(run, layouts, &|_| {}),
+    }
+}
+
 /// [`price_run`], `tune` changing the resolved machine too (to fit figures that are not the
 /// layout's).
 pub fn price_run_tuned(
@@ -833,6 +867,15 @@ pub fn price_run_tuned(
     }
     let p = evaluate(&model, &m, &plan);
     let predicted = p.tokens_per_s / f64::from(m.ranks);
+    let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+    let memory = match (
+        run.published.memory_reserved_gib,
+        run.published.memory_allocated_gib,
+    ) {
+        (Some(r), _) => Some((r, "reserved", gib(p.allocated_bytes()))),
+        (None, Some(a)) => Some((a, "allocated", gib(p.allocated_bytes()))),
+        (None, None) => None,
+    };
     Ok(Priced {
         id: run.id.clone(),
         group: run.group(),
@@ -842,14 +885,17 @@ pub fn price_run_tuned(
         published_tokens_per_s_per_gpu: published,
         predicted_tokens_per_s_per_gpu: predicted,
         ratio: predicted / published,
-        published_memory_gib: run
-            .published
-            .memory_reserved_gib
-            .or(run.published.memory_allocated_gib),
-        predicted_reserved_gib: p.peak_memory_bytes as f64 / (1u64 << 30) as f64,
+        published_memory_gib: memory.map(|(gib, _, _)| gib),
+        published_memory: memory.map(|(_, kind, _)| kind),
+        predicted_memory_gib: memory.map(|(_, _, predicted)| predicted),
+        predicted_peak_gib: gib(p.peak_memory_bytes),
         prediction: p,
     })
 }
+
+/// The predicted/published peak memory range a run must stay in unless it names its own:
+/// never below (an under-predicted peak is an out-of-memory crash), at most 1.5 times.
+pub const MEMORY_BAND: [f64; 2] = [1.0, 1.5];
 
 /// The predicted/published range a run must stay in unless it names its own.
 pub const DEFAULT_BAND: [f64; 2] = [0.8, 1.25];

@@ -145,6 +145,12 @@ pub struct Prediction {
 }
 
 impl Prediction {
+    /// Bytes live in tensors at the peak: the peak less the runtime's own (CUDA context,
+    /// NCCL's buffers), which PyTorch's `max_memory_allocated` does not count.
+    pub fn allocated_bytes(&self) -> u64 {
+        self.peak_memory_bytes.saturating_sub(self.overhead_bytes)
+    }
+
     /// `8` or, with accumulation, `8×4` (micro-batch × micro-batches per step).
     pub fn batch_label(&self) -> String {
         if self.accumulation > 1 {
