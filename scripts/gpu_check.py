@@ -131,6 +131,53 @@ print(json.dumps(out))
 """
 
 
+LOSS_PROBE = r"""
+import json, torch
+import torch.nn.functional as F
+# torchtitan's loss of December 2024 (train.py at 9dec370): cross_entropy on an fp32 copy of
+# the bf16 logits, the logits freed (`del pred`) before backward. Llama 3.1 8B's head at
+# 2 x 8,192 tokens: how many fp32 logit-sized tensors are live at the peak, beyond the inputs.
+tokens, d, vocab = 16384, 4096, 128256
+x = torch.randn(tokens, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+w = torch.randn(d, vocab, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+labels = torch.randint(0, vocab, (tokens,), device="cuda")
+torch.cuda.synchronize()
+base = torch.cuda.memory_allocated()
+torch.cuda.reset_peak_memory_stats()
+pred = x @ w
+loss = F.cross_entropy(pred.float(), labels)
+del pred
+loss.backward()
+torch.cuda.synchronize()
+unit = tokens * vocab * 4
+grads = x.grad.numel() * 2 + w.grad.numel() * 2
+print(json.dumps({
+    "fp32_logits_gib": unit / 2**30,
+    "peak_allocated_fp32_logits": (torch.cuda.max_memory_allocated() - base) / unit,
+    "peak_allocated_fp32_logits_less_grads": (torch.cuda.max_memory_allocated() - base - grads) / unit,
+    "peak_reserved_over_allocated": torch.cuda.max_memory_reserved() / torch.cuda.max_memory_allocated(),
+}))
+"""
+
+
+def loss_probe(args, out, summary):
+    # docs/published-runs.md item 21: the cost model prices torchtitan's loss as 3.5 fp32
+    # logit-sized tensors at its peak (the graph's log-probabilities and bf16 logits, and
+    # stack.loss_fp32_logit_copies 2); the code says 3. Each segment mode, as its own process.
+    probe = {}
+    for mode in ("expandable_segments:True", "expandable_segments:False"):
+        env = dict(os.environ, PYTORCH_CUDA_ALLOC_CONF=mode)
+        res = subprocess.run([args.python, "-c", LOSS_PROBE], capture_output=True, text=True,
+                             timeout=120, env=env)
+        if res.returncode != 0:
+            raise StepFailed(f"loss probe ({mode}): {res.stderr.strip()[-300:]}")
+        probe[mode] = json.loads(res.stdout.strip().splitlines()[-1])
+    (out / "loss.json").write_text(json.dumps(probe, indent=1) + "\n")
+    log(f"loss: {probe}")
+    summary["loss"] = probe
+    return probe
+
+
 def sdpa_probe(args, out, summary):
     # Which kernels PyTorch's SDPA runs here by default, and each backend's causal bf16 rate at
     # head dim 128 and 4k (the cost model prices Hopper with cuDNN's: HOPPER_SDPA_*_RATES).
@@ -613,6 +660,13 @@ def write_report(out, summary, args):
                           for k, v in p.items() if isinstance(v, dict) and "fwd_tflops" in v)
         lines += [f"SDPA (causal bf16, head dim 128, 4k; TFLOP/s forward / backward): {rates}; "
                   f"cuDNN {p.get('cudnn_version')}, default kernels {p.get('default_kernels')}", ""]
+    if summary.get("loss"):
+        lines += ["torchtitan's loss (fp32 logit-sized tensors live at its peak; reserved / "
+                  "allocated): " + "; ".join(
+                      f"{mode} {p['peak_allocated_fp32_logits']:.2f} "
+                      f"({p['peak_allocated_fp32_logits_less_grads']:.2f} less the inputs' "
+                      f"gradients), {p['peak_reserved_over_allocated']:.3f}"
+                      for mode, p in summary["loss"].items()), ""]
     if summary.get("calibration"):
         lines.append("Calibrated: " + ", ".join(
             f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}"
@@ -712,6 +766,7 @@ def main():
     attempt("layout-local", local_layout, 5)
     if "error" not in gpu:
         attempt("sdpa", lambda: sdpa_probe(args, out, summary), 20)
+        attempt("loss", lambda: loss_probe(args, out, summary), 20)
     attempt("smoke", lambda: smoke(args, out, summary), 30)
     if any(f["step"] == "smoke" for f in summary["failures"]):
         lines = write_report(out, summary, args)
