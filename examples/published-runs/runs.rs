@@ -182,6 +182,15 @@ pub struct Stack {
     /// (`set_requires_gradient_sync(False)` before it, in the run's code).
     #[serde(default)]
     pub fsdp2: bool,
+    /// FSDP2 with a unit per block and the rest in the root unit, which 2024's FSDP2 never
+    /// resharded after its forward ([`Machine::fsdp2_root_unsharded`]; torchtitan's
+    /// `apply_fsdp`).
+    #[serde(default)]
+    pub fsdp2_root_unit: bool,
+    /// The loop frees the logits before the backward (torchtitan's `del pred`;
+    /// [`Machine::loss_frees_logits`]).
+    #[serde(default)]
+    pub loss_frees_logits: bool,
     /// Bytes a parameter its micro-batches pass over outside the kernels, where its code says
     /// (read there, the notes name the lines): a model kept in 16 bits that only accumulates
     /// or unscales gradients passes far fewer than the FSDP runs the default
@@ -774,6 +783,8 @@ pub fn price_run_tuned(
         m.flash_attention_1 = stack.flash_attention_1;
         m.cudnn_attention = stack.cudnn_attention && m.fused_attention;
         m.loss_fp32_logit_copies = stack.loss_fp32_logit_copies;
+        m.loss_frees_logits = stack.loss_frees_logits;
+        m.fsdp2_root_unsharded = stack.fsdp2_root_unit;
         m.block_collectives &= !stack.per_module_collectives;
         m.serial_gathers = stack.serial_gathers;
         m.fused_softmax = stack.fused_softmax;

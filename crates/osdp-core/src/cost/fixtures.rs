@@ -39,6 +39,8 @@ pub(super) fn machine(ranks: u32) -> Machine {
         regather_on_recompute: true,
         selective_ops: false,
         persistence_threshold: 0,
+        fsdp2_root_unsharded: false,
+        loss_frees_logits: false,
         loss_fp32_logit_copies: 0,
         loss_bytes_per_logit: None,
         eager_rotary: None,
@@ -88,6 +90,7 @@ pub(super) fn linear_base(params: u64) -> OpBase {
         latency_share: 1.0,
         param_share: 1.0,
         ends_block_params: false,
+        outside_blocks: false,
         in_features: 0,
         unaligned_s: 0.0,
     }

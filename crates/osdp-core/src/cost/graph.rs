@@ -49,6 +49,9 @@ pub struct OpBase {
     /// is recomputed, its backward follows its recomputation at once, so what the recomputation
     /// fetched (an unsplit weight) serves the backward too and nothing is fetched again.
     pub ends_block_params: bool,
+    /// The op belongs to no block (embeddings, a final norm, the head): under FSDP2 with a unit
+    /// per block these are the root unit's ([`Machine::fsdp2_root_unsharded`]).
+    pub outside_blocks: bool,
     /// A linear's input features, which a split cuts into column slices (0 for other ops).
     pub in_features: u64,
     /// Forward and backward together at the machine's unaligned GEMM rate, where the whole
@@ -266,10 +269,18 @@ impl OpBase {
             fwd_s,
             bwd_s,
             saved_bytes: saved * batch,
-            working_bytes: (m
-                .activation_bytes(input_bytes_per_sample + op.output_bytes_per_sample)
-                + loss_copies)
-                * batch,
+            working_bytes: if op.kind == OpKind::CrossEntropy && m.loss_frees_logits {
+                // The logits and one fp32 copy in the forward, the copies alone at the
+                // backward's peak: whichever is more.
+                (m.activation_bytes(input_bytes_per_sample)
+                    + loss_copies / u64::from(m.loss_fp32_logit_copies.max(1)))
+                .max(loss_copies)
+                    * batch
+            } else {
+                (m.activation_bytes(input_bytes_per_sample + op.output_bytes_per_sample)
+                    + loss_copies)
+                    * batch
+            },
             output_bytes: m.activation_bytes(op.output_bytes_per_sample) * batch,
             work,
             tensors: owned.tensors,
@@ -277,6 +288,7 @@ impl OpBase {
             latency_share: 1.0,
             param_share: 1.0,
             ends_block_params: false,
+            outside_blocks: op.block.is_none(),
         }
     }
 
@@ -1024,7 +1036,20 @@ mod tests {
         let after = op_bases(&model, &m, 4)[i].working_bytes;
         // Three fp32 copies of the logits (batch × seq × vocab), nothing else.
         let c = &model.config;
-        assert_eq!(after - before, 3 * 4 * 4 * c.seq_len * c.vocab_size);
+        let fp32_logits = 4 * 4 * c.seq_len * c.vocab_size;
+        assert_eq!(after - before, 3 * fp32_logits);
+        // A loop that frees the logits before the backward (torchtitan's `del pred`) holds at
+        // the loss the larger of the logits beside one fp32 copy (forward) and its copies
+        // (backward): two fp32 copies outweigh 16-bit logits and one copy.
+        m.loss_fp32_logit_copies = 2;
+        m.loss_frees_logits = true;
+        assert_eq!(op_bases(&model, &m, 4)[i].working_bytes, 2 * fp32_logits);
+        m.loss_fp32_logit_copies = 1;
+        let logits = m.activation_bytes(4 * c.seq_len * c.vocab_size * c.dtype.bytes());
+        assert_eq!(
+            op_bases(&model, &m, 4)[i].working_bytes,
+            logits + fp32_logits
+        );
     }
 
     /// A loss written as PyTorch ops over fp32 logits (Megatron-LM's vocab-parallel cross

@@ -226,6 +226,18 @@ pub struct Machine {
     /// ([`crate::plan::selectively_saved`]). False for the planner and the trainer, which
     /// recompute whole blocks; set for published runs that ran that policy.
     pub selective_ops: bool,
+    /// FSDP2 as PyTorch shipped it in 2024 never resharded the root unit after its forward
+    /// (`FSDPState._lazy_init`: "For the root, do not reshard after forward since for training,
+    /// the parameters would be freed and all-gathered immediately"; since 2025 only where
+    /// `reshard_after_forward` is left to its automatic default): with a unit per block, the ops
+    /// outside the blocks are the root's, gathered once a micro-batch and held from the forward
+    /// through the backward. Set for published runs whose stack wraps so (torchtitan of 2024);
+    /// `osdp_torch.apply_plan` gives every planned module a unit of its own.
+    pub fsdp2_root_unsharded: bool,
+    /// Where the executor frees the logits before the backward (torchtitan's `del pred`), the
+    /// loss's input is not live at its backward's peak, only its fp32 copies
+    /// ([`Machine::loss_fp32_logit_copies`]) beside the log-probabilities.
+    pub loss_frees_logits: bool,
     /// Parameter tensors of fewer elements stay whole on every rank and are never gathered
     /// (DeepSpeed ZeRO-3's `stage3_param_persistence_threshold`, 1e5 by default: biases and
     /// norm weights); 0 for the trainer. Priced where gathers are serial
@@ -521,6 +533,8 @@ impl Machine {
             regather_on_recompute: true,
             selective_ops: false,
             persistence_threshold: 0,
+            fsdp2_root_unsharded: false,
+            loss_frees_logits: false,
             loss_fp32_logit_copies: 0,
             loss_bytes_per_logit: None,
             eager_rotary: None,

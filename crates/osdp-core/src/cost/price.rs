@@ -167,21 +167,22 @@ fn fsdp2_price(base: &OpBase, choice: Choice, m: &Machine) -> OpCost {
     };
     let held = Held::of(base, sharded, m);
     let gathered = pb * p;
-    let regathers = matches!(choice.strategy, Strategy::Zero3 | Strategy::Hsdp);
+    // The root unit of a 2024 FSDP2 is never resharded after its forward: gathered once a
+    // micro-batch and held, like zero2's copy (Machine::fsdp2_root_unsharded).
+    let root = m.fsdp2_root_unsharded && base.outside_blocks;
+    let regathers = matches!(choice.strategy, Strategy::Zero3 | Strategy::Hsdp) && !root;
     let (gathered_held, gathered_transient) = if regathers {
         (0, 2 * gathered)
     } else {
         (gathered, 0)
     };
-    // With accumulation every module holds its unsharded gradient from the first backward to
-    // its last one, and its sharded gradient only from then on (an optimizer step's
-    // `zero_grad` freed the last one): the two never coexist, so the sharded one, in the
-    // sharded parameter's fp32, is not held beside them.
-    let (accumulated, sharded_grad) = if base.accumulation > 1 {
-        (rb * p, FSDP2_SHARDED_GRAD_BYTES * held.grads)
-    } else {
-        (0, 0)
-    };
+    // The sharded gradient, in the sharded parameter's fp32, exists only from a module's
+    // reduce-scatter in the step's last backward to the optimizer step's `zero_grad` (which
+    // frees it: `set_to_none` by default), after the activations it would sit beside are
+    // gone; so it is not held at the peak. With accumulation every module also holds its
+    // unsharded gradient from the first backward to its last one.
+    let sharded_grad = FSDP2_SHARDED_GRAD_BYTES * held.grads;
+    let accumulated = if base.accumulation > 1 { rb * p } else { 0 };
     let grad = (rb * p) as f64;
     let (micro_fwd, micro_bwd, sync) = match choice.strategy {
         Strategy::Dp => (0.0, 0.0, m.all_reduce_shared_s(grad, share)),
@@ -198,7 +199,8 @@ fn fsdp2_price(base: &OpBase, choice: Choice, m: &Machine) -> OpCost {
         }
         _ => {
             let g = m.ring_s(gathered as f64, share);
-            (uses * g, uses * g, m.ring_s(grad, share))
+            let again = if root { 0.0 } else { uses * g };
+            (uses * g, again, m.ring_s(grad, share))
         }
     };
     let comm = Comm {
@@ -645,12 +647,18 @@ mod tests {
             Choice::plain(Strategy::Zero2),
             Choice::plain(Strategy::Zero3),
         );
-        // State: zero3's sharded 16 bytes per parameter under both; FSDP2's zero2 is zero3's
-        // plus the gathered copy, where the trainer keeps the whole compute copy instead.
+        // State: zero3's sharded 16 bytes per parameter for the trainer; FSDP2 holds 12 of
+        // them at the peak (its sharded fp32 gradient exists only from the last backward's
+        // reduce-scatter to `zero_grad`). FSDP2's zero2 is zero3's plus the gathered copy,
+        // where the trainer keeps the whole compute copy instead.
         let shard = 16 * p / 8;
+        let held_at_peak = shard - FSDP2_SHARDED_GRAD_BYTES * p / 8;
         assert_eq!(price(&base, z3, &osdp).persistent_bytes, shard);
-        assert_eq!(price(&base, z3, &fsdp2).persistent_bytes, shard);
-        assert_eq!(price(&base, z2, &fsdp2).persistent_bytes, shard + pb * p);
+        assert_eq!(price(&base, z3, &fsdp2).persistent_bytes, held_at_peak);
+        assert_eq!(
+            price(&base, z2, &fsdp2).persistent_bytes,
+            held_at_peak + pb * p
+        );
         assert_eq!(
             price(&base, z2, &osdp).persistent_bytes,
             pb * p + 14 * p / 8
@@ -673,23 +681,48 @@ mod tests {
         // FSDP2's zero3 gathers twice a micro-batch and reduces once a step.
         assert!((more(z3, &fsdp2) - 6.0 * gather).abs() < 1e-12);
         assert!((more(z3, &osdp) - 3.0 * (2.0 * gather + reduce)).abs() < 1e-12);
-        // ... and every module holds its unsharded gradient, in the reduce dtype, meanwhile,
-        // in place of its sharded fp32 one (whole under dp), which exists only after its last
-        // backward: never beside it.
-        for (c, sharded) in [(Choice::DP, p), (z2, p / 8), (z3, p / 8)] {
+        // ... and every module holds its unsharded gradient, in the reduce dtype, meanwhile;
+        // its sharded fp32 one (whole under dp) exists only after its last backward, with or
+        // without accumulation: never beside it.
+        for c in [Choice::DP, z2, z3] {
             let held = price(&acc, c, &fsdp2).persistent_bytes as i64
                 - price(&base, c, &fsdp2).persistent_bytes as i64;
-            assert_eq!(
-                held,
-                (rb * p) as i64 - (FSDP2_SHARDED_GRAD_BYTES * sharded) as i64,
-                "{}",
-                c.label()
-            );
+            assert_eq!(held, (rb * p) as i64, "{}", c.label());
             assert_eq!(
                 price(&acc, c, &osdp).persistent_bytes,
                 price(&base, c, &osdp).persistent_bytes
             );
         }
+    }
+
+    /// 2024's FSDP2 never reshards its root unit after the forward: where the root holds the
+    /// ops outside the blocks, such an op under zero3 gathers once a micro-batch and holds its
+    /// gathered copy through the step, as zero2 does; a block's op is unchanged.
+    #[test]
+    fn fsdp2s_root_unit_gathers_once_and_holds_its_copy() {
+        let mut fsdp2 = Machine {
+            target: Target::Fsdp2,
+            ..machine(8)
+        };
+        let p = 1u64 << 20;
+        let z3 = Choice::plain(Strategy::Zero3);
+        let root = OpBase {
+            outside_blocks: true,
+            ..linear_base(p)
+        };
+        let plain = price(&root, z3, &fsdp2);
+        fsdp2.fsdp2_root_unsharded = true;
+        let held = price(&root, z3, &fsdp2);
+        let gathered = 2 * p;
+        assert_eq!(held.persistent_bytes, plain.persistent_bytes + gathered);
+        assert_eq!(held.transient_bytes, plain.transient_bytes - 2 * gathered);
+        let gather = fsdp2.ring_s(gathered as f64, root.latency_share);
+        assert!((plain.comm_s - held.comm_s - gather).abs() < 1e-12);
+        let inside = OpBase {
+            outside_blocks: false,
+            ..root.clone()
+        };
+        assert_eq!(price(&inside, z3, &fsdp2), plain);
     }
 
     /// A stack that gathers tensor by tensor after a device synchronisation (DeepSpeed ZeRO-3 of
