@@ -167,6 +167,81 @@ print(json.dumps({
 """
 
 
+SAC_PROBE = r"""
+import json, functools, torch
+import torch.nn as nn
+import torch.nn.functional as F
+from collections import defaultdict
+from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_contexts, CheckpointPolicy
+dev = "cuda" if torch.cuda.is_available() else "cpu"
+# torchtitan's Llama 3 8B block (dim 4096, 32 heads, 8 KV heads, FFN 14,336) under its op-level
+# selective checkpointing (mm outputs but every second one, SDPA's), 8,192 tokens: the bytes
+# a block keeps from its forward to its backward, per token.
+dim, heads, kv, ffn, tokens, blocks = 4096, 32, 8, 14336, 8192, 4
+if dev == "cpu":
+    dim, heads, kv, ffn, tokens, blocks = 64, 4, 2, 224, 32, 2
+hd = dim // heads
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.wq, self.wk = nn.Linear(dim, dim, bias=False), nn.Linear(dim, kv * hd, bias=False)
+        self.wv, self.wo = nn.Linear(dim, kv * hd, bias=False), nn.Linear(dim, dim, bias=False)
+        self.w1, self.w2 = nn.Linear(dim, ffn, bias=False), nn.Linear(ffn, dim, bias=False)
+        self.w3 = nn.Linear(dim, ffn, bias=False)
+        self.n1, self.n2 = nn.RMSNorm(dim), nn.RMSNorm(dim)
+    def forward(self, x):
+        h = self.n1(x)
+        q = self.wq(h).view(1, tokens, heads, hd).transpose(1, 2)
+        k = self.wk(h).view(1, tokens, kv, hd).transpose(1, 2)
+        v = self.wv(h).view(1, tokens, kv, hd).transpose(1, 2)
+        k = k.repeat_interleave(heads // kv, 1)
+        v = v.repeat_interleave(heads // kv, 1)
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.wo(a.transpose(1, 2).reshape(1, tokens, dim))
+        h = self.n2(x)
+        return x + self.w2(F.silu(self.w1(h)) * self.w3(h))
+save = {torch.ops.aten.mm.default, torch.ops.aten._scaled_dot_product_flash_attention.default,
+        torch.ops.aten._scaled_dot_product_efficient_attention.default,
+        torch.ops.aten._scaled_dot_product_cudnn_attention.default}
+def context():
+    meta = defaultdict(int)
+    def policy(ctx, func, *args, **kwargs):
+        mode = "recompute" if ctx.is_recompute else "forward"
+        if func == torch.ops.aten.mm.default:
+            meta[f"{mode}_mm"] += 1
+        keep = func in save and not (func == torch.ops.aten.mm.default and meta[f"{mode}_mm"] % 2 == 0)
+        return CheckpointPolicy.MUST_SAVE if keep else CheckpointPolicy.PREFER_RECOMPUTE
+    return create_selective_checkpoint_contexts(policy)
+model = nn.ModuleList(Block() for _ in range(blocks)).to(dev, torch.bfloat16)
+x = torch.randn(1, tokens, dim, device=dev, dtype=torch.bfloat16, requires_grad=True)
+mem = (lambda: torch.cuda.memory_allocated()) if dev == "cuda" else (lambda: 0)
+held = []
+h = x
+before = mem()
+for b in model:
+    h = checkpoint(b, h, use_reentrant=False, context_fn=context)
+    held.append(mem() - before)
+h.float().sum().backward()
+per_block = (held[-1] - held[0]) / (blocks - 1)
+print(json.dumps({"kept_bytes_per_token_per_block": per_block / tokens,
+                  "priced_bytes_per_token_per_block": 2 * (dim + dim + kv * hd + ffn + dim + dim) + 4 * heads}))
+"""
+
+
+def sac_probe(args, out, summary):
+    # docs/published-runs.md item 21: what a Llama 3 8B block keeps under torchtitan's op-level
+    # selective checkpointing, per token, against the bytes the cost model prices it to hold.
+    res = subprocess.run([args.python, "-c", SAC_PROBE], capture_output=True, text=True,
+                         timeout=120)
+    if res.returncode != 0:
+        raise StepFailed(f"SAC probe: {res.stderr.strip()[-300:]}")
+    probe = json.loads(res.stdout.strip().splitlines()[-1])
+    (out / "sac.json").write_text(json.dumps(probe, indent=1) + "\n")
+    log(f"SAC: {probe}")
+    summary["sac"] = probe
+    return probe
+
+
 def loss_probe(args, out, summary):
     # docs/published-runs.md item 21: the cost model prices torchtitan's loss as 3 fp32
     # logit-sized tensors at its peak (the graph's log-probabilities and
@@ -675,6 +750,11 @@ def write_report(out, summary, args):
                       f"(whole step {p['step_peak_fp32_logits']:.2f}), "
                       f"{p['reserved_minus_allocated_gib']:.2f} GiB"
                       for mode, p in summary["loss"].items()), ""]
+    if summary.get("sac"):
+        p = summary["sac"]
+        lines += [f"Op-level selective checkpointing, Llama 3 8B block: keeps "
+                  f"{p['kept_bytes_per_token_per_block']:.0f} B a token, priced "
+                  f"{p['priced_bytes_per_token_per_block']} B", ""]
     if summary.get("calibration"):
         lines.append("Calibrated: " + ", ".join(
             f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}"
@@ -775,6 +855,7 @@ def main():
     if "error" not in gpu:
         attempt("sdpa", lambda: sdpa_probe(args, out, summary), 20)
         attempt("loss", lambda: loss_probe(args, out, summary), 20)
+        attempt("sac", lambda: sac_probe(args, out, summary), 20)
     attempt("smoke", lambda: smoke(args, out, summary), 30)
     if any(f["step"] == "smoke" for f in summary["failures"]):
         lines = write_report(out, summary, args)
