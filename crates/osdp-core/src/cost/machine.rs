@@ -236,7 +236,9 @@ pub struct Machine {
     pub fsdp2_root_unsharded: bool,
     /// Where the executor frees the logits before the backward (torchtitan's `del pred`), the
     /// loss's input is not live at its backward's peak, only its fp32 copies
-    /// ([`Machine::loss_fp32_logit_copies`]) beside the log-probabilities.
+    /// ([`Machine::loss_fp32_logit_copies`]) beside the log-probabilities: the loss holds the
+    /// larger of the logits with one copy (the forward) and its copies (the backward); with no
+    /// copies, the logits alone, as without this flag.
     pub loss_frees_logits: bool,
     /// Parameter tensors of fewer elements stay whole on every rank and are never gathered
     /// (DeepSpeed ZeRO-3's `stage3_param_persistence_threshold`, 1e5 by default: biases and

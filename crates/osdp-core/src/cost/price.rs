@@ -176,13 +176,19 @@ fn fsdp2_price(base: &OpBase, choice: Choice, m: &Machine) -> OpCost {
     } else {
         (gathered, 0)
     };
-    // The sharded gradient, in the sharded parameter's fp32, exists only from a module's
-    // reduce-scatter in the step's last backward to the optimizer step's `zero_grad` (which
-    // frees it: `set_to_none` by default), after the activations it would sit beside are
-    // gone; so it is not held at the peak. With accumulation every module also holds its
-    // unsharded gradient from the first backward to its last one.
-    let sharded_grad = FSDP2_SHARDED_GRAD_BYTES * held.grads;
-    let accumulated = if base.accumulation > 1 { rb * p } else { 0 };
+    // With accumulation every module holds its unsharded gradient from the first backward to
+    // its last one, and its sharded gradient only from then on (an optimizer step's
+    // `zero_grad` freed the last one): the two never coexist, so the sharded one, in the
+    // sharded parameter's fp32, is not held beside them. Without accumulation the sharded
+    // gradient is priced held, although `zero_grad` has freed it when the activations peak:
+    // the peak is one phase, and those bytes stand in for what the end of the backward (every
+    // unit's sharded gradient beside the last blocks' activations) and the optimizer step (a
+    // foreach AdamW's temporaries) hold, which are not priced as phases of their own.
+    let (accumulated, sharded_grad) = if base.accumulation > 1 {
+        (rb * p, FSDP2_SHARDED_GRAD_BYTES * held.grads)
+    } else {
+        (0, 0)
+    };
     let grad = (rb * p) as f64;
     let (micro_fwd, micro_bwd, sync) = match choice.strategy {
         Strategy::Dp => (0.0, 0.0, m.all_reduce_shared_s(grad, share)),
@@ -191,16 +197,18 @@ fn fsdp2_price(base: &OpBase, choice: Choice, m: &Machine) -> OpCost {
             let node = m.node_ring_s(gathered as f64, share);
             let per_node = m.ranks_per_node.clamp(1, m.ranks.max(1));
             let across = m.replica_all_reduce_s(grad / f64::from(per_node), share);
-            (
-                uses * node,
-                uses * node,
-                m.node_ring_s(grad, share) + across,
-            )
+            // The root unit gathers once a micro-batch, however often its ops run.
+            let (fwd, bwd) = if root {
+                (node, 0.0)
+            } else {
+                (uses * node, uses * node)
+            };
+            (fwd, bwd, m.node_ring_s(grad, share) + across)
         }
         _ => {
             let g = m.ring_s(gathered as f64, share);
-            let again = if root { 0.0 } else { uses * g };
-            (uses * g, again, m.ring_s(grad, share))
+            let (fwd, bwd) = if root { (g, 0.0) } else { (uses * g, uses * g) };
+            (fwd, bwd, m.ring_s(grad, share))
         }
     };
     let comm = Comm {
@@ -647,18 +655,12 @@ mod tests {
             Choice::plain(Strategy::Zero2),
             Choice::plain(Strategy::Zero3),
         );
-        // State: zero3's sharded 16 bytes per parameter for the trainer; FSDP2 holds 12 of
-        // them at the peak (its sharded fp32 gradient exists only from the last backward's
-        // reduce-scatter to `zero_grad`). FSDP2's zero2 is zero3's plus the gathered copy,
-        // where the trainer keeps the whole compute copy instead.
+        // State: zero3's sharded 16 bytes per parameter under both; FSDP2's zero2 is zero3's
+        // plus the gathered copy, where the trainer keeps the whole compute copy instead.
         let shard = 16 * p / 8;
-        let held_at_peak = shard - FSDP2_SHARDED_GRAD_BYTES * p / 8;
         assert_eq!(price(&base, z3, &osdp).persistent_bytes, shard);
-        assert_eq!(price(&base, z3, &fsdp2).persistent_bytes, held_at_peak);
-        assert_eq!(
-            price(&base, z2, &fsdp2).persistent_bytes,
-            held_at_peak + pb * p
-        );
+        assert_eq!(price(&base, z3, &fsdp2).persistent_bytes, shard);
+        assert_eq!(price(&base, z2, &fsdp2).persistent_bytes, shard + pb * p);
         assert_eq!(
             price(&base, z2, &osdp).persistent_bytes,
             pb * p + 14 * p / 8
@@ -681,13 +683,18 @@ mod tests {
         // FSDP2's zero3 gathers twice a micro-batch and reduces once a step.
         assert!((more(z3, &fsdp2) - 6.0 * gather).abs() < 1e-12);
         assert!((more(z3, &osdp) - 3.0 * (2.0 * gather + reduce)).abs() < 1e-12);
-        // ... and every module holds its unsharded gradient, in the reduce dtype, meanwhile;
-        // its sharded fp32 one (whole under dp) exists only after its last backward, with or
-        // without accumulation: never beside it.
-        for c in [Choice::DP, z2, z3] {
+        // ... and every module holds its unsharded gradient, in the reduce dtype, meanwhile,
+        // in place of its sharded fp32 one (whole under dp), which exists only after its last
+        // backward: never beside it.
+        for (c, sharded) in [(Choice::DP, p), (z2, p / 8), (z3, p / 8)] {
             let held = price(&acc, c, &fsdp2).persistent_bytes as i64
                 - price(&base, c, &fsdp2).persistent_bytes as i64;
-            assert_eq!(held, (rb * p) as i64, "{}", c.label());
+            assert_eq!(
+                held,
+                (rb * p) as i64 - (FSDP2_SHARDED_GRAD_BYTES * sharded) as i64,
+                "{}",
+                c.label()
+            );
             assert_eq!(
                 price(&acc, c, &osdp).persistent_bytes,
                 price(&base, c, &osdp).persistent_bytes
