@@ -234,18 +234,26 @@ print(json.dumps({"kept_bytes_per_token_per_block": per_block / tokens,
 """
 
 
+def python_probe(args, code, label, env=None):
+    # One probe script in its own process: the JSON object its last line prints.
+    res = subprocess.run([args.python, "-c", code], capture_output=True, text=True,
+                         timeout=120, env=env)
+    if res.returncode != 0:
+        raise StepFailed(f"{label}: {res.stderr.strip()[-300:]}")
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def keep_probe(out, summary, key, probe):
+    (out / f"{key}.json").write_text(json.dumps(probe, indent=1) + "\n")
+    log(f"{key}: {probe}")
+    summary[key] = probe
+    return probe
+
+
 def sac_probe(args, out, summary):
     # docs/published-runs.md item 21: what a Llama 3 8B block keeps under torchtitan's op-level
     # selective checkpointing, per token, against the bytes the cost model prices it to hold.
-    res = subprocess.run([args.python, "-c", SAC_PROBE], capture_output=True, text=True,
-                         timeout=120)
-    if res.returncode != 0:
-        raise StepFailed(f"SAC probe: {res.stderr.strip()[-300:]}")
-    probe = json.loads(res.stdout.strip().splitlines()[-1])
-    (out / "sac.json").write_text(json.dumps(probe, indent=1) + "\n")
-    log(f"SAC: {probe}")
-    summary["sac"] = probe
-    return probe
+    return keep_probe(out, summary, "sac", python_probe(args, SAC_PROBE, "SAC probe"))
 
 
 def loss_probe(args, out, summary):
@@ -253,32 +261,16 @@ def loss_probe(args, out, summary):
     # logit-sized tensors at its peak (the graph's log-probabilities and
     # stack.loss_fp32_logit_copies 2, the logits freed), as the code reads. Each segment mode,
     # as its own process; what the allocator keeps reserved beyond the peak, in GiB.
-    probe = {}
-    for mode in ("expandable_segments:True", "expandable_segments:False"):
-        env = dict(os.environ, PYTORCH_CUDA_ALLOC_CONF=mode)
-        res = subprocess.run([args.python, "-c", LOSS_PROBE], capture_output=True, text=True,
-                             timeout=120, env=env)
-        if res.returncode != 0:
-            raise StepFailed(f"loss probe ({mode}): {res.stderr.strip()[-300:]}")
-        probe[mode] = json.loads(res.stdout.strip().splitlines()[-1])
-    (out / "loss.json").write_text(json.dumps(probe, indent=1) + "\n")
-    log(f"loss: {probe}")
-    summary["loss"] = probe
-    return probe
+    probe = {mode: python_probe(args, LOSS_PROBE, f"loss probe ({mode})",
+                                env=dict(os.environ, PYTORCH_CUDA_ALLOC_CONF=mode))
+             for mode in ("expandable_segments:True", "expandable_segments:False")}
+    return keep_probe(out, summary, "loss", probe)
 
 
 def sdpa_probe(args, out, summary):
     # Which kernels PyTorch's SDPA runs here by default, and each backend's causal bf16 rate at
     # head dim 128 and 4k (the cost model prices Hopper with cuDNN's: HOPPER_SDPA_*_RATES).
-    res = subprocess.run([args.python, "-c", SDPA_PROBE], capture_output=True, text=True,
-                         timeout=120)
-    if res.returncode != 0:
-        raise StepFailed(f"SDPA probe: {res.stderr.strip()[-300:]}")
-    probe = json.loads(res.stdout.strip().splitlines()[-1])
-    (out / "sdpa.json").write_text(json.dumps(probe, indent=1) + "\n")
-    log(f"SDPA: {probe}")
-    summary["sdpa"] = probe
-    return probe
+    return keep_probe(out, summary, "sdpa", python_probe(args, SDPA_PROBE, "SDPA probe"))
 
 
 def query_gpu(py):

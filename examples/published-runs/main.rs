@@ -35,13 +35,7 @@ fn main() {
         // A run priced for its memory only is broken down on its stand-in's rates.
         match set.runs.iter().find(|r| r.id == id) {
             Some(r) if r.role != Role::Excluded => breakdown(r, &layouts),
-            Some(r) if r.memory_priced_on.is_some() => breakdown(
-                &PublishedRun {
-                    gpu: r.memory_priced_on.clone().unwrap_or_default(),
-                    ..r.clone()
-                },
-                &layouts,
-            ),
+            Some(r) if r.memory_priced_on.is_some() => breakdown(&r.for_memory(), &layouts),
             Some(_) => eprintln!("published-runs: {id} is excluded (the data file says why)"),
             None => eprintln!("published-runs: no run {id}"),
         }

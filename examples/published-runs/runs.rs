@@ -342,6 +342,18 @@ pub enum Timing {
 }
 
 impl PublishedRun {
+    /// The run as its memory is priced: on the stand-in GPU where it names one
+    /// ([`PublishedRun::memory_priced_on`]), else as it is.
+    pub fn for_memory(&self) -> PublishedRun {
+        PublishedRun {
+            gpu: self
+                .memory_priced_on
+                .clone()
+                .unwrap_or_else(|| self.gpu.clone()),
+            ..self.clone()
+        }
+    }
+
     pub fn gpus(&self) -> u32 {
         self.nodes.unwrap_or(1) * self.gpus_per_node.unwrap_or(1)
     }
@@ -743,17 +755,7 @@ pub fn price_run(
 /// Price a run for its published memory: as [`price_run`], on the stand-in GPU's rates where
 /// its own are unstated ([`PublishedRun::memory_priced_on`]).
 pub fn price_memory(run: &PublishedRun, layouts: &Path) -> Result<Priced, String> {
-    match &run.memory_priced_on {
-        Some(gpu) => price_run(
-            &PublishedRun {
-                gpu: gpu.clone(),
-                ..run.clone()
-            },
-            layouts,
-            &|_| {},
-        ),
-        None => price_run(run, layouts, &|_| {}),
-    }
+    price_run(&run.for_memory(), layouts, &|_| {})
 }
 
 /// [`price_run`], `tune` changing the resolved machine too (to fit figures that are not the
@@ -879,14 +881,11 @@ pub fn price_run_tuned(
     let p = evaluate(&model, &m, &plan);
     let predicted = p.tokens_per_s / f64::from(m.ranks);
     let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
-    let memory = match (
-        run.published.memory_reserved_gib,
-        run.published.memory_allocated_gib,
-    ) {
-        (Some(r), _) => Some((r, "reserved", gib(p.allocated_bytes()))),
-        (None, Some(a)) => Some((a, "allocated", gib(p.allocated_bytes()))),
-        (None, None) => None,
-    };
+    let memory = run
+        .published
+        .memory_reserved_gib
+        .map(|r| (r, "reserved"))
+        .or(run.published.memory_allocated_gib.map(|a| (a, "allocated")));
     Ok(Priced {
         id: run.id.clone(),
         group: run.group(),
@@ -896,9 +895,9 @@ pub fn price_run_tuned(
         published_tokens_per_s_per_gpu: published,
         predicted_tokens_per_s_per_gpu: predicted,
         ratio: predicted / published,
-        published_memory_gib: memory.map(|(gib, _, _)| gib),
-        published_memory: memory.map(|(_, kind, _)| kind),
-        predicted_memory_gib: memory.map(|(_, _, predicted)| predicted),
+        published_memory_gib: memory.map(|(published, _)| published),
+        published_memory: memory.map(|(_, kind)| kind),
+        predicted_memory_gib: memory.map(|_| gib(p.allocated_bytes())),
         predicted_peak_gib: gib(p.peak_memory_bytes),
         prediction: p,
     })

@@ -241,13 +241,14 @@ impl OpBase {
         // the loss's log-probabilities in their own dtypes whatever the precision.
         let fixed = saved::fixed_dtype_saved_bytes(op, config);
         let saved = m.activation_bytes(op.saved_bytes_per_sample - fixed) + fixed;
-        // Loss temporaries the executor adds in fp32 (Machine::loss_fp32_logit_copies).
-        let loss_copies = if op.kind == OpKind::CrossEntropy {
-            u64::from(m.loss_fp32_logit_copies) * 4 * input_bytes_per_sample
-                / m.model_activation_bytes.max(1)
+        // Loss temporaries the executor adds in fp32 (Machine::loss_fp32_logit_copies), each an
+        // fp32 copy of the logits.
+        let fp32_logits = if op.kind == OpKind::CrossEntropy {
+            4 * input_bytes_per_sample / m.model_activation_bytes.max(1)
         } else {
             0
         };
+        let loss_copies = u64::from(m.loss_fp32_logit_copies) * fp32_logits;
         let (in_features, unaligned_s) = match (op.kind, op.params.first()) {
             (OpKind::Linear, Some(w)) if w.shape.len() == 2 && measured.is_none() => {
                 let slow = m
@@ -272,10 +273,9 @@ impl OpBase {
             working_bytes: if op.kind == OpKind::CrossEntropy && m.loss_frees_logits {
                 // The logits and one fp32 copy in the forward, the copies alone at the
                 // backward's peak: whichever is more.
-                (m.activation_bytes(input_bytes_per_sample)
-                    + loss_copies / u64::from(m.loss_fp32_logit_copies.max(1)))
-                .max(loss_copies)
-                    * batch
+                let forward =
+                    m.activation_bytes(input_bytes_per_sample) + fp32_logits.min(loss_copies);
+                forward.max(loss_copies) * batch
             } else {
                 (m.activation_bytes(input_bytes_per_sample + op.output_bytes_per_sample)
                     + loss_copies)
