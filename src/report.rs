@@ -252,7 +252,7 @@ pub struct PlanReport {
 pub fn plan_report(req: &PlanCommand) -> Result<PlanReport, Failure> {
     let (spec, layout) = load(&req.model, &req.layout)?;
     let mut machine = Machine::new(&layout, &spec);
-    machine.target = req.target;
+    machine.set_target(req.target, &spec);
     set_host_budget(&mut machine, &layout, req.host_budget).map_err(Failure::input)?;
     let budgets =
         per_gpu_budgets(&layout, req.budget, &req.budget_per_gpu, None).map_err(Failure::input)?;
@@ -713,8 +713,16 @@ fn print_prediction(what: &str, p: &Prediction) {
         units::seconds(p.step_time_s),
         units::bytes(p.peak_memory_bytes)
     );
+    let side = if p.side_pool_bytes > 0 {
+        format!(
+            " + {} cached by the collectives' streams",
+            units::bytes(p.side_pool_bytes)
+        )
+    } else {
+        String::new()
+    };
     println!(
-        "  memory: {} states + {} activations + {} transient + {} runtime",
+        "  memory: {} states + {} activations + {} transient + {} runtime{side}",
         units::bytes(p.persistent_bytes),
         units::bytes(p.activation_bytes),
         units::bytes(p.max_transient_bytes),
@@ -780,7 +788,7 @@ pub fn evaluate(
     }
     let mut machine = machine_for(&spec, &layout, &plan, plan_path)?;
     // Priced as what the plan was made for runs it.
-    machine.target = target;
+    machine.set_target(target, &spec);
     let p = plan::evaluate(&spec, &machine, &plan);
     let budget = budget.unwrap_or_else(|| layout.memory_bytes());
     let fits = p.peak_memory_bytes <= budget;

@@ -324,11 +324,13 @@ fn breakdown(r: &PublishedRun, layouts: &Path) {
     println!("step {step:.4} s, ratio {:.2}", p.ratio);
     let gib = |b: u64| b as f64 / f64::from(1u32 << 30);
     println!(
-        "peak {:.2} GiB: persistent {:.2}, activations {:.2}, largest transient {:.2}, runtime overhead {:.2}",
+        "peak {:.2} GiB: persistent {:.2}, activations {:.2}, largest transient {:.2}, \
+         side streams' cache {:.2}, runtime overhead {:.2}",
         gib(f.peak_memory_bytes),
         gib(f.persistent_bytes),
         gib(f.activation_bytes),
         gib(f.max_transient_bytes),
+        gib(f.side_pool_bytes),
         gib(f.overhead_bytes)
     );
 }

@@ -187,6 +187,15 @@ pub struct Stack {
     /// `apply_fsdp`).
     #[serde(default)]
     pub fsdp2_root_unit: bool,
+    /// FSDP2 with one unit per block and a root unit of the rest (torchtitan's `apply_fsdp`),
+    /// not one per module that owns parameters: the size of what its side streams hold per
+    /// collective ([`Machine::fsdp2_block_units`]).
+    #[serde(default)]
+    pub fsdp2_block_units: bool,
+    /// FSDP2's last block is not resharded after its forward (torchtitan's `apply_fsdp`;
+    /// [`Machine::fsdp2_last_block_unsharded`]).
+    #[serde(default)]
+    pub fsdp2_last_block_unsharded: bool,
     /// The loop frees the logits before the backward (torchtitan's `del pred`;
     /// [`Machine::loss_frees_logits`]).
     #[serde(default)]
@@ -454,12 +463,11 @@ pub struct Priced {
     /// `max_memory_reserved`) or `allocated` (`max_memory_allocated`).
     pub published_memory_gib: Option<f64>,
     pub published_memory: Option<&'static str>,
-    /// The predicted allocated peak ([`Prediction::allocated_bytes`]), where a peak is
-    /// published: a reserved peak is at least the allocated one, so a prediction that reaches
-    /// the published figure covers it either way, and one that falls short of a reserved peak
-    /// may or may not be short of the run's allocated one.
+    /// The predicted peak of what was published, like for like: reserved
+    /// ([`Prediction::reserved_bytes`]: the tensors live at the peak and what the collectives'
+    /// streams keep cached) or allocated ([`Prediction::allocated_bytes`]).
     pub predicted_memory_gib: Option<f64>,
-    /// The plan's peak as the planner budgets it: the allocated bytes and the runtime's own.
+    /// The plan's peak as the planner budgets it: the reserved bytes and the runtime's own.
     pub predicted_peak_gib: f64,
     pub prediction: Prediction,
 }
@@ -787,6 +795,8 @@ pub fn price_run_tuned(
         m.loss_fp32_logit_copies = stack.loss_fp32_logit_copies;
         m.loss_frees_logits = stack.loss_frees_logits;
         m.fsdp2_root_unsharded = stack.fsdp2_root_unit;
+        m.fsdp2_block_units = stack.fsdp2_block_units;
+        m.fsdp2_last_block_unsharded = stack.fsdp2_last_block_unsharded;
         m.block_collectives &= !stack.per_module_collectives;
         m.serial_gathers = stack.serial_gathers;
         m.fused_softmax = stack.fused_softmax;
@@ -815,7 +825,7 @@ pub fn price_run_tuned(
         m.regather_on_recompute = stack.regathers_on_recompute;
         m.persistence_threshold = stack.param_persistence_threshold;
         if stack.fsdp2 {
-            m.target = Target::Fsdp2;
+            m.set_target(Target::Fsdp2, &model);
         }
         if stack.hf_trainer_optimizer {
             m.optimizer_bytes_per_param = HF_TRAINER_STEP_BYTES_PER_PARAM;
@@ -897,7 +907,13 @@ pub fn price_run_tuned(
         ratio: predicted / published,
         published_memory_gib: memory.map(|(published, _)| published),
         published_memory: memory.map(|(_, kind)| kind),
-        predicted_memory_gib: memory.map(|_| gib(p.allocated_bytes())),
+        predicted_memory_gib: memory.map(|(_, kind)| {
+            gib(if kind == "reserved" {
+                p.reserved_bytes()
+            } else {
+                p.allocated_bytes()
+            })
+        }),
         predicted_peak_gib: gib(p.peak_memory_bytes),
         prediction: p,
     })

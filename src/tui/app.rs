@@ -496,15 +496,14 @@ impl App {
 
     /// Price the choices of `op` in the plan on screen (closes the pane when there is none).
     fn show_detail(&mut self, op: usize) {
+        // Priced as the plan's target runs it, with what its collectives' streams reserve.
+        let mut machine = self.machine.clone();
+        machine.set_target(self.request.target, &self.model);
         self.detail = self.planned().map(|p| OpDetail {
             op,
             alternatives: osdp_core::plan::explain::alternatives(
                 &self.model,
-                // Priced as the plan's target runs it.
-                &osdp_core::cost::Machine {
-                    target: self.request.target,
-                    ..self.machine.clone()
-                },
+                &machine,
                 &p.plan,
                 op,
                 self.request.max_split,

@@ -819,10 +819,12 @@ fn split_bars(
             pr.max_transient_bytes as f64,
             units::bytes(pr.max_transient_bytes),
         ),
+        // The fixed part: the runtime's own and, under FSDP2, what its collectives' streams
+        // keep cached.
         (
             "runtime",
-            pr.overhead_bytes as f64,
-            units::bytes(pr.overhead_bytes),
+            (pr.overhead_bytes + pr.side_pool_bytes) as f64,
+            units::bytes(pr.overhead_bytes + pr.side_pool_bytes),
         ),
     ];
     let step = pr.step_time_s.max(f64::MIN_POSITIVE);

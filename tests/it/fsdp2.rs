@@ -118,7 +118,7 @@ proptest! {
             "host" => offload_machine(&model, u64::MAX / 4),
             name => machine(name, &model),
         };
-        m.target = Target::Fsdp2;
+        m.set_target(Target::Fsdp2, &model);
         let plans = all_fsdp2_plans(&model, &m, (batch, accumulation), 4);
         let (lo, hi) = plans.iter().fold((u64::MAX, 0), |(lo, hi), p| (lo.min(p.0), hi.max(p.0)));
         let budget = lo + ((hi - lo) as f64 * budget_frac) as u64;

@@ -13,11 +13,13 @@
 //! running an op is: [`Strategy`], [`Offload`], [`Choice`], the [`Unit`]s it holds parameters
 //! as, the [`choices`] offered), `machine` (a layout's rates: [`Machine`], [`Efficiencies`],
 //! kernel and collective times), `graph` (what the model says of each op: [`OpBase`],
-//! [`OpGraph`]) `price` (what an op costs under a choice: [`price()`], [`OpCost`]) and `target` (what
+//! [`OpGraph`]), `pools` (what the caching allocator reserves beside the compute stream's
+//! peak: FSDP2's side streams, [`side_pool_bytes`]), `price` (what an op costs under a choice: [`price()`], [`OpCost`]) and `target` (what
 //! runs the plan, [`Target`]: the choices it can express and how it runs them).
 
 mod graph;
 mod machine;
+mod pools;
 mod precision;
 mod price;
 mod strategy;
@@ -40,6 +42,10 @@ pub use machine::{
     ELEMENTWISE_BWD_FACTOR, FLASH_ATTENTION_1_EXTRA_RATE, HOPPER_SDPA_CUDNN_RATES,
     HOPPER_SDPA_FLASH_RATES, LINEAR_BWD_FACTOR, MATMUL_EFFICIENCY, MEMORY_EFFICIENCY,
     NCCL_BASE_LATENCY_S, PARAM_PASS_BYTES,
+};
+pub use pools::{
+    fsdp2_side_pools, fsdp2_units, side_pool_bytes, CachingPool, SidePools, SideUnit,
+    SHARDED_GRAD_BYTES,
 };
 pub use precision::{
     Precision, HF_TRAINER_STEP_BYTES_PER_PARAM, HOST_STATE_BYTES_PER_PARAM,

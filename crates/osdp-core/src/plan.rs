@@ -132,6 +132,13 @@ pub struct Prediction {
     pub activation_bytes: u64,
     pub max_transient_bytes: u64,
     pub overhead_bytes: u64,
+    /// What the caching allocator reserves beside the compute stream's peak for the target's
+    /// collectives (FSDP2's side streams, [`crate::cost::side_pool_bytes`]): part of the peak,
+    /// not of the tensors live at it.
+    pub side_pool_bytes: u64,
+    /// Of `persistent_bytes`, what is reserved with no live tensor at the peak
+    /// ([`crate::cost::OpCost::cached_bytes`]).
+    pub cached_bytes: u64,
     /// Host memory the plan's offloaded state takes on each rank (0 without offload).
     pub host_bytes: u64,
     pub compute_s: f64,
@@ -145,9 +152,16 @@ pub struct Prediction {
 }
 
 impl Prediction {
-    /// Bytes live in tensors at the peak: the peak less the runtime's own (CUDA context,
-    /// NCCL's buffers), which PyTorch's `max_memory_allocated` does not count.
+    /// Bytes live in tensors at the peak, PyTorch's `max_memory_allocated`: the peak less the
+    /// runtime's own (CUDA context, NCCL's buffers) and what other streams keep cached.
     pub fn allocated_bytes(&self) -> u64 {
+        self.reserved_bytes()
+            .saturating_sub(self.side_pool_bytes + self.cached_bytes)
+    }
+
+    /// Bytes the caching allocator holds at the peak, PyTorch's `max_memory_reserved`: the
+    /// peak less the runtime's own.
+    pub fn reserved_bytes(&self) -> u64 {
         self.peak_memory_bytes.saturating_sub(self.overhead_bytes)
     }
 
@@ -386,6 +400,7 @@ pub(crate) fn evaluate_priced(
     costs: &[OpCost],
 ) -> Prediction {
     let (mut persistent, mut activations, mut max_transient, mut host) = (0u64, 0u64, 0u64, 0u64);
+    let mut cached = 0u64;
     let (mut compute, mut exposed, mut optimizer, mut recompute) = (0.0, 0.0, 0.0, 0.0);
     let policy_saved = if m.selective_ops {
         selectively_saved(model, blocks)
@@ -421,6 +436,7 @@ pub(crate) fn evaluate_priced(
             None => 0.0,
         };
         persistent += c.persistent_bytes;
+        cached += c.cached_bytes;
         host += c.host_bytes;
         activations += kept;
         let rematerialised = if recomputed {
@@ -456,11 +472,13 @@ pub(crate) fn evaluate_priced(
         step_time_s: step,
         throughput_samples_per_s: samples / step,
         tokens_per_s: samples * model.config.seq_len as f64 / step,
-        peak_memory_bytes: m.overhead_bytes + persistent + activations + max_transient,
+        peak_memory_bytes: m.fixed_bytes() + persistent + activations + max_transient,
         persistent_bytes: persistent,
         activation_bytes: activations,
         max_transient_bytes: max_transient,
         overhead_bytes: m.overhead_bytes,
+        side_pool_bytes: m.side_pool_bytes,
+        cached_bytes: cached,
         host_bytes: host,
         compute_s: compute,
         exposed_comm_s: exposed,
@@ -747,7 +765,11 @@ mod tests {
         let p = evaluate(&model, &m, &uniform_plan(&model, Strategy::Dp, 2));
         assert_eq!(
             p.peak_memory_bytes,
-            p.overhead_bytes + p.persistent_bytes + p.activation_bytes + p.max_transient_bytes
+            p.overhead_bytes
+                + p.side_pool_bytes
+                + p.persistent_bytes
+                + p.activation_bytes
+                + p.max_transient_bytes
         );
         // DDP holds 16 bytes for every parameter.
         assert_eq!(p.persistent_bytes, 16 * model.param_count());

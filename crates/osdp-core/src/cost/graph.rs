@@ -52,6 +52,9 @@ pub struct OpBase {
     /// The op belongs to no block (embeddings, a final norm, the head): under FSDP2 with a unit
     /// per block these are the root unit's ([`Machine::fsdp2_root_unsharded`]).
     pub outside_blocks: bool,
+    /// The op belongs to the model's last block, which torchtitan's FSDP2 leaves unsharded
+    /// after its forward ([`Machine::fsdp2_last_block_unsharded`]).
+    pub in_last_block: bool,
     /// A linear's input features, which a split cuts into column slices (0 for other ops).
     pub in_features: u64,
     /// Forward and backward together at the machine's unaligned GEMM rate, where the whole
@@ -289,6 +292,7 @@ impl OpBase {
             param_share: 1.0,
             ends_block_params: false,
             outside_blocks: op.block.is_none(),
+            in_last_block: op.block.is_some_and(|b| u64::from(b) + 1 == config.layers),
         }
     }
 

@@ -234,6 +234,15 @@ pub struct Machine {
     /// through the backward. Set for published runs whose stack wraps so (torchtitan of 2024);
     /// `osdp_torch.apply_plan` gives every planned module a unit of its own.
     pub fsdp2_root_unsharded: bool,
+    /// FSDP2 wraps one unit per block and a root unit of the ops outside them (torchtitan),
+    /// rather than a unit per op that owns parameters (`osdp_torch.apply_plan`): what its side
+    /// streams hold per collective ([`super::pools::fsdp2_units`]).
+    pub fsdp2_block_units: bool,
+    /// FSDP2's last block is not resharded after its forward (torchtitan's `apply_fsdp`: "do
+    /// not reshard after forward for the last transformer block since FSDP would prefetch it
+    /// immediately"): its ops gather once a micro-batch and hold the gathered copy from the
+    /// forward through the backward, as the 2024 root does.
+    pub fsdp2_last_block_unsharded: bool,
     /// Where the executor frees the logits before the backward (torchtitan's `del pred`), the
     /// loss's input is not live at its backward's peak, only its fp32 copies
     /// ([`Machine::loss_fp32_logit_copies`]) beside the log-probabilities: the loss holds the
@@ -281,6 +290,10 @@ pub struct Machine {
     /// Fixed cost of launching one kernel, seconds.
     pub launch_s: f64,
     pub overhead_bytes: u64,
+    /// What the caching allocator reserves beside the compute stream's peak for the target's
+    /// collectives ([`super::side_pool_bytes`]): FSDP2's side streams; 0 for the trainer.
+    /// Set with the target ([`Machine::set_target`]).
+    pub side_pool_bytes: u64,
     /// Which dtype the compute rate is for (for messages).
     pub compute_dtype: &'static str,
     pub precision: Precision,
@@ -445,6 +458,20 @@ impl Zero1Groups {
 }
 
 impl Machine {
+    /// Run plans of `model` on `target`: its prices, and what its collectives' streams reserve
+    /// ([`Machine::side_pool_bytes`], priced from the machine as it is now: set the target
+    /// after the fields that describe the stack).
+    pub fn set_target(&mut self, target: Target, model: &ModelSpec) {
+        self.target = target;
+        self.side_pool_bytes = super::side_pool_bytes(model, self);
+    }
+
+    /// Bytes every plan's peak has whatever its choices: the runtime's own and the side
+    /// streams' reserve.
+    pub fn fixed_bytes(&self) -> u64 {
+        self.overhead_bytes.saturating_add(self.side_pool_bytes)
+    }
+
     /// Resolve a layout's figures for a model computing in `model.config.dtype`.
     pub fn new(layout: &Layout, model: &ModelSpec) -> Machine {
         let r = &layout.device.dense_tflops;
@@ -536,6 +563,8 @@ impl Machine {
             selective_ops: false,
             persistence_threshold: 0,
             fsdp2_root_unsharded: false,
+            fsdp2_block_units: false,
+            fsdp2_last_block_unsharded: false,
             loss_frees_logits: false,
             loss_fp32_logit_copies: 0,
             loss_bytes_per_logit: None,
@@ -547,6 +576,7 @@ impl Machine {
                 DeviceKind::Cpu => 10e-6,
             },
             overhead_bytes: layout.runtime_overhead_bytes(),
+            side_pool_bytes: 0,
             compute_dtype,
             precision,
             model_activation_bytes: model.config.dtype.bytes(),

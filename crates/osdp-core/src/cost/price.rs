@@ -7,6 +7,7 @@ use crate::cluster::Calibration;
 
 use super::{
     Choice, Holding, Machine, Offload, OpBase, ParamTensor, Strategy, Target, LINEAR_BWD_FACTOR,
+    SHARDED_GRAD_BYTES,
 };
 
 /// What one op costs under one choice.
@@ -14,6 +15,11 @@ use super::{
 pub struct OpCost {
     /// Parameters, gradients and optimizer states held on each rank all step long.
     pub persistent_bytes: u64,
+    /// Of `persistent_bytes`, what the caching allocator keeps reserved for the op at the peak
+    /// with no live tensor in it: FSDP2's sharded gradient under accumulation, which `zero_grad`
+    /// freed and the reduce-scatter stream keeps cached. Part of the plan's peak, not of what
+    /// PyTorch reports allocated.
+    pub cached_bytes: u64,
     /// Held only while the op runs: gathered weights, unsharded gradients, gradient buffers.
     pub transient_bytes: u64,
     /// Held all step in host memory (offloaded optimizer state and parameters).
@@ -75,6 +81,7 @@ pub fn price(base: &OpBase, choice: Choice, m: &Machine) -> OpCost {
     let kept_s = keeps.then(|| refetch_s(base, choice, m, (&held, &comm), true));
     OpCost {
         persistent_bytes: held.device,
+        cached_bytes: 0,
         transient_bytes: param_transient + fetched + base.working_bytes,
         host_bytes: held.host,
         compute_s: compute_s(base, choice, m, a),
@@ -167,25 +174,29 @@ fn fsdp2_price(base: &OpBase, choice: Choice, m: &Machine) -> OpCost {
     };
     let held = Held::of(base, sharded, m);
     let gathered = pb * p;
-    // The root unit of a 2024 FSDP2 is never resharded after its forward: gathered once a
-    // micro-batch and held, like zero2's copy (Machine::fsdp2_root_unsharded).
-    let root = m.fsdp2_root_unsharded && base.outside_blocks;
-    let regathers = matches!(choice.strategy, Strategy::Zero3 | Strategy::Hsdp) && !root;
+    // A unit not resharded after its forward — the root of a 2024 FSDP2, torchtitan's last
+    // block — is gathered once a micro-batch and held, like zero2's copy
+    // (Machine::fsdp2_root_unsharded, Machine::fsdp2_last_block_unsharded).
+    let kept = (m.fsdp2_root_unsharded && base.outside_blocks)
+        || (m.fsdp2_last_block_unsharded && base.in_last_block);
+    let regathers = matches!(choice.strategy, Strategy::Zero3 | Strategy::Hsdp) && !kept;
     let (gathered_held, gathered_transient) = if regathers {
         (0, 2 * gathered)
     } else {
         (gathered, 0)
     };
-    // With accumulation every module holds its unsharded gradient from the first backward to
-    // its last one, and its sharded gradient only from then on (an optimizer step's
-    // `zero_grad` freed the last one): the two never coexist, so the sharded one, in the
-    // sharded parameter's fp32, is not held beside them. Without accumulation the sharded
-    // gradient is priced held, although `zero_grad` has freed it when the activations peak:
-    // the peak is one phase, and those bytes stand in for what the end of the backward (every
-    // unit's sharded gradient beside the last blocks' activations) and the optimizer step (a
-    // foreach AdamW's temporaries) hold, which are not priced as phases of their own.
-    let (accumulated, sharded_grad) = if base.accumulation > 1 {
-        (rb * p, FSDP2_SHARDED_GRAD_BYTES * held.grads)
+    // With accumulation every module holds its unsharded gradient, in the reduce dtype, from
+    // the first backward to its last one. Its sharded gradient (fp32, a view of the
+    // reduce-scatter's output) is priced held too. Under accumulation `zero_grad` freed it
+    // before the first backward and the next exists only after the last, but the
+    // reduce-scatter stream keeps its memory cached ([`super::pools`], which prices the rest of
+    // that stream): reserved, not allocated. Without accumulation it is priced live, although
+    // `zero_grad` has freed it when the activations peak: the peak is one phase, and those
+    // bytes stand in for what the end of the backward (every unit's sharded gradient beside the
+    // last blocks' activations) and a foreach AdamW step's temporaries hold, which are not
+    // priced as phases of their own.
+    let (accumulated, cached) = if base.accumulation > 1 {
+        (rb * p, SHARDED_GRAD_BYTES * held.grads)
     } else {
         (0, 0)
     };
@@ -197,8 +208,8 @@ fn fsdp2_price(base: &OpBase, choice: Choice, m: &Machine) -> OpCost {
             let node = m.node_ring_s(gathered as f64, share);
             let per_node = m.ranks_per_node.clamp(1, m.ranks.max(1));
             let across = m.replica_all_reduce_s(grad / f64::from(per_node), share);
-            // The root unit gathers once a micro-batch, however often its ops run.
-            let (fwd, bwd) = if root {
+            // A kept unit gathers once a micro-batch, however often its ops run.
+            let (fwd, bwd) = if kept {
                 (node, 0.0)
             } else {
                 (uses * node, uses * node)
@@ -207,7 +218,7 @@ fn fsdp2_price(base: &OpBase, choice: Choice, m: &Machine) -> OpCost {
         }
         _ => {
             let g = m.ring_s(gathered as f64, share);
-            let (fwd, bwd) = if root { (g, 0.0) } else { (uses * g, uses * g) };
+            let (fwd, bwd) = if kept { (g, 0.0) } else { (uses * g, uses * g) };
             (fwd, bwd, m.ring_s(grad, share))
         }
     };
@@ -233,7 +244,8 @@ fn fsdp2_price(base: &OpBase, choice: Choice, m: &Machine) -> OpCost {
         (0, 0.0)
     };
     OpCost {
-        persistent_bytes: held.device - sharded_grad.min(held.device) + gathered_held + accumulated,
+        persistent_bytes: held.device + gathered_held + accumulated,
+        cached_bytes: cached.min(held.device),
         transient_bytes: gathered_transient + (gb + rb) * p + fetched + base.working_bytes,
         host_bytes: held.host,
         compute_s: compute_s(base, choice, m, a),
@@ -245,18 +257,6 @@ fn fsdp2_price(base: &OpBase, choice: Choice, m: &Machine) -> OpCost {
         kept_recompute_comm_s: None,
     }
 }
-
-/// Bytes an element of FSDP2's sharded gradient takes: the sharded parameter's dtype, fp32 (a
-/// mixed-precision policy casts only the gathered copy). Of the state the cost model prices at
-/// 16 bytes a parameter, 4 are this gradient under FSDP2 (the rest: the fp32 parameter and
-/// Adam's two moments).
-const FSDP2_SHARDED_GRAD_BYTES: u64 = 4;
-// The subtraction above takes FSDP2's split of the state (fp32 parameter 4 + gradient 4 + Adam
-// 8) out of the cost model's (compute copy + gradient + optimizer): both must total 16 bytes.
-const _: () = assert!(
-    crate::cost::Precision::MIXED_BF16.state_bytes_per_param() == 16
-        && crate::cost::Precision::FP32.state_bytes_per_param() == 16
-);
 
 /// What one rank holds of an op's parameters under a choice, summed over its units.
 #[derive(Debug, Clone, Copy, Default)]
@@ -684,14 +684,11 @@ mod tests {
         assert!((more(z3, &fsdp2) - 6.0 * gather).abs() < 1e-12);
         assert!((more(z3, &osdp) - 3.0 * (2.0 * gather + reduce)).abs() < 1e-12);
         // ... and every module holds its unsharded gradient, in the reduce dtype, meanwhile,
-        // in place of its sharded fp32 one (whole under dp), which exists only after its last
-        // backward: never beside it.
-        for (c, sharded) in [(Choice::DP, p), (z2, p / 8), (z3, p / 8)] {
-            let held = price(&acc, c, &fsdp2).persistent_bytes as i64
-                - price(&base, c, &fsdp2).persistent_bytes as i64;
+        // beside the memory of its sharded one, which the reduce-scatter stream keeps reserved.
+        for c in [Choice::DP, z2, z3] {
             assert_eq!(
-                held,
-                (rb * p) as i64 - (FSDP2_SHARDED_GRAD_BYTES * sharded) as i64,
+                price(&acc, c, &fsdp2).persistent_bytes - price(&base, c, &fsdp2).persistent_bytes,
+                rb * p,
                 "{}",
                 c.label()
             );
@@ -704,7 +701,8 @@ mod tests {
 
     /// 2024's FSDP2 never reshards its root unit after the forward: where the root holds the
     /// ops outside the blocks, such an op under zero3 gathers once a micro-batch and holds its
-    /// gathered copy through the step, as zero2 does; a block's op is unchanged.
+    /// gathered copy through the step, as zero2 does; so does an op of torchtitan's last
+    /// block; another block's op is unchanged.
     #[test]
     fn fsdp2s_root_unit_gathers_once_and_holds_its_copy() {
         let mut fsdp2 = Machine {
@@ -729,6 +727,15 @@ mod tests {
             outside_blocks: false,
             ..root.clone()
         };
+        assert_eq!(price(&inside, z3, &fsdp2), plain);
+        // torchtitan's last block, never resharded after its forward either, is held alike.
+        let last = OpBase {
+            in_last_block: true,
+            ..inside.clone()
+        };
+        assert_eq!(price(&last, z3, &fsdp2), plain);
+        fsdp2.fsdp2_last_block_unsharded = true;
+        assert_eq!(price(&last, z3, &fsdp2), held);
         assert_eq!(price(&inside, z3, &fsdp2), plain);
     }
 

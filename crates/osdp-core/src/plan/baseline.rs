@@ -113,7 +113,7 @@ impl BaselineTable {
         // make of a baseline's plan is kept beside it (`Planned::trainer_prediction`), for
         // `adopt`.
         let mut machine = machine.clone();
-        machine.target = options.target;
+        machine.set_target(options.target, model);
         let machine = &machine;
         // Micro-batches past `max_batch` are never priced (their figures would overflow).
         let most = super::max_batch(model);

@@ -102,6 +102,7 @@ pub fn alternatives(
                 && with.persistent_bytes
                     + with.activation_bytes
                     + with.overhead_bytes
+                    + with.side_pool_bytes
                     + now.max_transient_bytes
                     <= budget
             {

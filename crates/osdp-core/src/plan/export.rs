@@ -116,7 +116,7 @@ pub fn fsdp2_export(
         })?;
     }
     let mut m = m.clone();
-    m.target = Target::Fsdp2;
+    m.set_target(Target::Fsdp2, model);
     let (m, prediction) = (&m, super::evaluate(model, &m, plan));
     let (world, per_node) = (m.ranks.max(1), m.ranks_per_node.clamp(1, m.ranks.max(1)));
     let mut modules = Vec::new();

@@ -702,7 +702,7 @@ impl<'m> Planner<'m> {
     ) -> Planner<'m> {
         // Prices follow what runs the plan.
         let mut machine = machine;
-        machine.target = options.target;
+        machine.set_target(options.target, model);
         let blocks = Blocks::of(model);
         let pins: HashMap<usize, Choice> = options.pins.iter().copied().collect();
         let graph = cost::OpGraph::of(model);
@@ -905,13 +905,10 @@ impl<'m> Planner<'m> {
             }
             let table = planner.build(prep, cover);
             let samples = table.samples();
+            let fixed = planner.machine.fixed_bytes();
             witnesses.extend(table.caps.iter().flat_map(|(cap, f)| {
-                f.iter().map(move |p| {
-                    (
-                        planner.machine.overhead_bytes + p.mem + cap,
-                        samples / (p.time + step_overhead),
-                    )
-                })
+                f.iter()
+                    .map(move |p| (fixed + p.mem + cap, samples / (p.time + step_overhead)))
             }));
             witnesses.sort_by(|a, b| a.0.cmp(&b.0).then(b.1.total_cmp(&a.1)));
             witnesses.dedup_by(|later, kept| later.1 <= kept.1);
@@ -1150,7 +1147,7 @@ impl<'m> Planner<'m> {
         for (ti, table) in self.tables.iter().enumerate() {
             for (cap, f) in &table.caps {
                 let Some(usable) = budget_bytes
-                    .checked_sub(self.machine.overhead_bytes)
+                    .checked_sub(self.machine.fixed_bytes())
                     .and_then(|u| u.checked_sub(*cap))
                 else {
                     continue;
@@ -1168,7 +1165,7 @@ impl<'m> Planner<'m> {
             let min_budget_bytes = self
                 .tables
                 .iter()
-                .filter_map(|t| t.cheapest(self.machine.overhead_bytes))
+                .filter_map(|t| t.cheapest(self.machine.fixed_bytes()))
                 .min();
             return Err(NoFit {
                 min_budget_bytes,
@@ -1208,7 +1205,7 @@ impl<'m> Planner<'m> {
         for table in &self.tables {
             for (cap, f) in &table.caps {
                 for p in f {
-                    let peak = self.machine.overhead_bytes + p.mem + cap;
+                    let peak = self.machine.fixed_bytes() + p.mem + cap;
                     pts.push((
                         peak,
                         table.samples() * f64::from(self.machine.ranks)
@@ -1525,7 +1522,7 @@ impl<'m> Planner<'m> {
             .iter()
             .filter_map(|(cap, keys)| {
                 self.classes.iter().zip(keys).try_fold(
-                    self.machine.overhead_bytes.saturating_add(*cap),
+                    self.machine.fixed_bytes().saturating_add(*cap),
                     |acc, (class, key)| {
                         let rep = &class.instances[0];
                         let plain = least(rep, &key[..rep.len()], |o| o.held);
@@ -1632,7 +1629,7 @@ impl<'m> Planner<'m> {
             lines,
             fixed_bytes: self
                 .machine
-                .overhead_bytes
+                .fixed_bytes()
                 .saturating_add(prep.transient_floor),
         }
     }
@@ -1686,7 +1683,7 @@ impl<'m> Planner<'m> {
     /// Per step of `prep`, the most throughput (samples per second, with a margin for sums in
     /// another order) a plan under that cap could reach within `budget`; 0 where none fits.
     fn could_reach(&self, prep: &Prepared, budget: u64) -> Vec<f64> {
-        let room = budget.saturating_sub(self.machine.overhead_bytes);
+        let room = budget.saturating_sub(self.machine.fixed_bytes());
         let samples = (prep.batch * prep.accumulation) as f64;
         let step_overhead = self.machine.step_overhead_s();
         let lean = self.lean_options(&prep.opts, &prep.keep);
@@ -1940,7 +1937,7 @@ impl<'m> Planner<'m> {
             return;
         };
         let res = self.options.resolution_bytes;
-        let room = max_budget.saturating_sub(self.machine.overhead_bytes);
+        let room = max_budget.saturating_sub(self.machine.fixed_bytes());
         let samples = b.table.samples();
         let step_overhead = self.machine.step_overhead_s();
         // Held memory any plan under this cap may use within `max_budget`.

@@ -1,0 +1,458 @@
+//! Memory as PyTorch's CUDA caching allocator reserves it, beyond the tensors live at the
+//! peak: FSDP2 allocates its all-gather buffers on its all-gather copy-in stream and the
+//! reduce-scatter's output (the sharded gradients are views of it) on its reduce-scatter
+//! stream, and the allocator caches freed memory per stream: what those streams once held
+//! stays reserved, beside the compute stream's peak, for the rest of the run.
+//!
+//! [`CachingPool`] replays one stream's allocations under the allocator's rules (read from
+//! PyTorch's `CUDACachingAllocator.cpp`, default settings: no `max_split_size_mb`, no
+//! expandable segments, under which each stream grows one segment instead; the side streams'
+//! patterns here come out alike either way); [`fsdp2_side_pools`] replays FSDP2's two side
+//! streams over two training steps, in the order `torch.distributed.fsdp` allocates (read from
+//! `_fsdp_collectives.py` and `_fsdp_param_group.py` of late 2024: in the forward a unit's
+//! all-gather output is freed after the next unit's all-gather is issued, in the backward
+//! after its own copy-out; the reduce-scatter's output is kept as the sharded gradients until
+//! `zero_grad`, its input is the compute stream's).
+
+use crate::model::ModelSpec;
+
+use super::{owns_params, parameter_uses, Machine, Owned, Target};
+
+/// Requests round up to this (`kMinBlockSize`).
+const MIN_BLOCK: u64 = 512;
+/// Requests up to this come from the small pool (`kSmallSize`).
+const SMALL_SIZE: u64 = 1 << 20;
+/// A small pool's segment (`kSmallBuffer`).
+const SMALL_SEGMENT: u64 = 2 << 20;
+/// Requests under this (and over [`SMALL_SIZE`]) get a segment of [`MID_SEGMENT`]
+/// (`kMinLargeAlloc`).
+const MIN_LARGE_ALLOC: u64 = 10 << 20;
+/// `kLargeBuffer`.
+const MID_SEGMENT: u64 = 20 << 20;
+/// Larger requests get a segment of their own size rounded up to this (`kRoundLarge`).
+const ROUND_LARGE: u64 = 2 << 20;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Block {
+    offset: u64,
+    size: u64,
+    free: bool,
+}
+
+#[derive(Debug, Clone)]
+struct Segment {
+    small: bool,
+    blocks: Vec<Block>,
+}
+
+/// Handle to a live allocation: its segment and its offset there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Allocation {
+    segment: usize,
+    offset: u64,
+}
+
+/// One stream's share of the caching allocator: segments never returned (no `empty_cache`, no
+/// out-of-memory retry), blocks split and merged as the allocator does.
+#[derive(Debug, Clone, Default)]
+pub struct CachingPool {
+    segments: Vec<Segment>,
+    reserved: u64,
+    peak_reserved: u64,
+}
+
+impl CachingPool {
+    /// Bytes the pool holds from the device now.
+    pub fn reserved(&self) -> u64 {
+        self.reserved
+    }
+
+    /// The most it ever held.
+    pub fn peak_reserved(&self) -> u64 {
+        self.peak_reserved
+    }
+
+    /// Allocate `bytes` (none for 0): the smallest cached free block that fits, split where
+    /// the rest is worth keeping, or a new segment.
+    pub fn alloc(&mut self, bytes: u64) -> Option<Allocation> {
+        if bytes == 0 {
+            return None;
+        }
+        let size = bytes.div_ceil(MIN_BLOCK) * MIN_BLOCK;
+        let small = size <= SMALL_SIZE;
+        // Best fit: the smallest free block of the right pool, the lowest address on ties.
+        let fit = self
+            .segments
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| s.small == small)
+            .flat_map(|(si, s)| {
+                s.blocks
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, b)| b.free && b.size >= size)
+                    .map(move |(bi, b)| (b.size, si, b.offset, bi))
+            })
+            .min();
+        let (si, bi) = match fit {
+            Some((_, si, _, bi)) => (si, bi),
+            None => {
+                let segment = if small {
+                    SMALL_SEGMENT
+                } else if size < MIN_LARGE_ALLOC {
+                    MID_SEGMENT
+                } else {
+                    size.div_ceil(ROUND_LARGE) * ROUND_LARGE
+                };
+                self.segments.push(Segment {
+                    small,
+                    blocks: vec![Block {
+                        offset: 0,
+                        size: segment,
+                        free: true,
+                    }],
+                });
+                self.reserved += segment;
+                self.peak_reserved = self.peak_reserved.max(self.reserved);
+                (self.segments.len() - 1, 0)
+            }
+        };
+        let blocks = &mut self.segments[si].blocks;
+        let block = blocks[bi];
+        let rest = block.size - size;
+        // The allocator splits a small block when a minimal block remains, a large one only
+        // when more than a small request's worth does.
+        let split = if small {
+            rest >= MIN_BLOCK
+        } else {
+            rest > SMALL_SIZE
+        };
+        if split {
+            blocks[bi].size = size;
+            blocks.insert(
+                bi + 1,
+                Block {
+                    offset: block.offset + size,
+                    size: rest,
+                    free: true,
+                },
+            );
+        }
+        blocks[bi].free = false;
+        Some(Allocation {
+            segment: si,
+            offset: block.offset,
+        })
+    }
+
+    /// Free an allocation: its block rejoins its free neighbours; the segment stays cached.
+    pub fn free(&mut self, a: Option<Allocation>) {
+        let Some(a) = a else { return };
+        let blocks = &mut self.segments[a.segment].blocks;
+        let Some(i) = blocks.iter().position(|b| b.offset == a.offset && !b.free) else {
+            return;
+        };
+        blocks[i].free = true;
+        if i + 1 < blocks.len() && blocks[i + 1].free {
+            blocks[i].size += blocks[i + 1].size;
+            blocks.remove(i + 1);
+        }
+        if i > 0 && blocks[i - 1].free {
+            blocks[i - 1].size += blocks[i].size;
+            blocks.remove(i);
+        }
+    }
+}
+
+/// One FSDP2 unit (a `fully_shard`ed module) as its side streams see it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SideUnit {
+    /// Parameters it gathers and reduces.
+    pub numel: u64,
+    /// Whether its backward gathers it again (not a root FSDP2 kept unsharded).
+    pub regathers: bool,
+}
+
+/// What FSDP2's side streams reserve at most, in bytes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SidePools {
+    /// The all-gather copy-in stream: each unit's gathered buffer, in the parameter dtype.
+    pub all_gather: u64,
+    /// The reduce-scatter stream: each unit's sharded gradients, kept until `zero_grad`.
+    pub reduce_scatter: u64,
+    /// Of the reduce-scatter stream's bytes, the sharded gradients (fp32, one rank's share),
+    /// which the cost model prices as held state already.
+    pub sharded_grads: u64,
+}
+
+impl SidePools {
+    /// What the side streams add to the compute stream's peak: all they reserve but the
+    /// sharded gradients.
+    pub fn extra(&self) -> u64 {
+        (self.all_gather + self.reduce_scatter).saturating_sub(self.sharded_grads)
+    }
+}
+
+/// Replay FSDP2's side streams over two steps of `accumulation` micro-batches: `units` in
+/// forward order, gathered in parameter bytes `param_bytes`, reduced in `reduce_bytes` and
+/// sharded over `shards` ranks; the backward visits them in reverse, and reduces only after the
+/// last micro-batch (gradient sync off before it, as accumulation with FSDP2 runs).
+pub fn fsdp2_side_pools(
+    units: &[SideUnit],
+    param_bytes: u64,
+    reduce_bytes: u64,
+    shards: u64,
+    accumulation: u32,
+) -> SidePools {
+    let shards = shards.max(1);
+    let (mut gather, mut reduce) = (CachingPool::default(), CachingPool::default());
+    let mut sharded_grads = 0;
+    let mut kept: Vec<Option<Allocation>> = Vec::new();
+    // One unit's all-gather on the copy-in stream: the parameter-dtype copy of this rank's
+    // shards (the mixed-precision fast path's flat input), then the gathered output; the
+    // input is freed once copied in.
+    let gather_unit = |pool: &mut CachingPool, u: &SideUnit| {
+        let input = pool.alloc(u.numel.div_ceil(shards) * param_bytes);
+        let output = pool.alloc(u.numel * param_bytes);
+        pool.free(input);
+        output
+    };
+    for _step in 0..2 {
+        // `zero_grad(set_to_none=True)` frees last step's sharded gradients.
+        for g in kept.drain(..) {
+            reduce.free(g);
+        }
+        sharded_grads = 0;
+        for micro in 0..accumulation.max(1) {
+            // Forward: a unit's output is freed only after the next unit's all-gather is
+            // issued (`AllGatherState`, "defer free to allow for overlap of this copy-out with
+            // next all-gather"), so two are live at once.
+            let mut held = None;
+            for u in units {
+                let next = gather_unit(&mut gather, u);
+                gather.free(held);
+                held = next;
+            }
+            gather.free(held);
+            // Backward: each output is freed after its copy-out, before the next prefetch.
+            for u in units.iter().rev().filter(|u| u.regathers) {
+                let output = gather_unit(&mut gather, u);
+                gather.free(output);
+            }
+            if micro + 1 < accumulation.max(1) {
+                continue;
+            }
+            // The reduce-scatter's input (the unsharded gradient in the reduce dtype) is
+            // allocated on the compute stream since PyTorch #129721 (June 2024), where the
+            // cost model prices it as the op's transient; only the output, the sharded
+            // gradients' storage, is the reduce-scatter stream's.
+            for u in units.iter().rev() {
+                let sharded = u.numel.div_ceil(shards);
+                let output = reduce.alloc(sharded * reduce_bytes);
+                // A reduce dtype other than the sharded parameter's fp32 is cast back.
+                if reduce_bytes != SHARDED_GRAD_BYTES {
+                    kept.push(reduce.alloc(sharded * SHARDED_GRAD_BYTES));
+                    reduce.free(output);
+                } else {
+                    kept.push(output);
+                }
+                sharded_grads += sharded * SHARDED_GRAD_BYTES;
+            }
+        }
+    }
+    SidePools {
+        all_gather: gather.peak_reserved(),
+        reduce_scatter: reduce.peak_reserved(),
+        sharded_grads,
+    }
+}
+
+/// Bytes an element of FSDP2's sharded gradient takes: the sharded parameter's dtype, fp32 (a
+/// mixed-precision policy casts only the gathered copy). Of the state the cost model prices at
+/// 16 bytes a parameter, 4 are this gradient under FSDP2 (the rest: the fp32 parameter and
+/// Adam's two moments), which [`SidePools::extra`] takes out of the reduce-scatter stream's
+/// bytes.
+pub const SHARDED_GRAD_BYTES: u64 = 4;
+const _: () = assert!(
+    super::Precision::MIXED_BF16.state_bytes_per_param() == 16
+        && super::Precision::FP32.state_bytes_per_param() == 16
+);
+
+/// FSDP2's units for `model` on `m`, in forward order: one per block and a root of the rest
+/// where a stack wraps so ([`Machine::fsdp2_block_units`]; the root first, gathered before the
+/// first block, reduced after the last), else one per op that owns parameters (tied ones with
+/// their owner), as `osdp_torch.apply_plan` wraps.
+pub fn fsdp2_units(model: &ModelSpec, m: &Machine) -> Vec<SideUnit> {
+    let uses = parameter_uses(model);
+    let owned: Vec<u64> = model
+        .ops
+        .iter()
+        .zip(&uses)
+        .map(|(op, &u)| {
+            if owns_params(op) {
+                Owned::of(op, u).params
+            } else {
+                0
+            }
+        })
+        .collect();
+    if !m.fsdp2_block_units {
+        return owned
+            .into_iter()
+            .filter(|&n| n > 0)
+            .map(|numel| SideUnit {
+                numel,
+                regathers: true,
+            })
+            .collect();
+    }
+    let mut blocks = vec![0u64; model.config.layers as usize];
+    let mut root = 0;
+    for (op, n) in model.ops.iter().zip(owned) {
+        match op.block.and_then(|b| blocks.get_mut(b as usize)) {
+            Some(block) => *block += n,
+            None => root += n,
+        }
+    }
+    let root = SideUnit {
+        numel: root,
+        regathers: !m.fsdp2_root_unsharded,
+    };
+    // The root leads the forward, so the backward's reverse order reduces it last, as FSDP2's
+    // final callback does.
+    std::iter::once(root)
+        .chain(blocks.iter().enumerate().map(|(b, &numel)| SideUnit {
+            numel,
+            regathers: !(m.fsdp2_last_block_unsharded && b + 1 == blocks.len()),
+        }))
+        .filter(|u| u.numel > 0)
+        .collect()
+}
+
+/// What FSDP2's side streams reserve beyond the compute stream's peak, for `model` on `m`; 0
+/// unless FSDP2 runs the plan on devices whose collectives have streams of their own. Priced
+/// whatever each op's choice: every unit gathers in the forward and reduces once a step,
+/// whatever its strategy, and the sharded gradients are sized as zero3's (the finest shard);
+/// the micro-batches repeat the same gathers, so their count changes nothing here.
+pub fn side_pool_bytes(model: &ModelSpec, m: &Machine) -> u64 {
+    if m.target != Target::Fsdp2 || !m.overlap {
+        return 0;
+    }
+    let units = fsdp2_units(model, m);
+    fsdp2_side_pools(
+        &units,
+        m.precision.param_bytes,
+        m.reduce_bytes,
+        u64::from(m.ranks),
+        1,
+    )
+    .extra()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIB: u64 = 1 << 20;
+
+    /// The allocator's size classes: a small request takes a 2 MiB segment, a mid-sized one a
+    /// 20 MiB segment, a large one a segment of its own size rounded up to 2 MiB; a freed block
+    /// is reused by the next request it fits (split where enough is left) and rejoins its free
+    /// neighbours; nothing is ever given back.
+    #[test]
+    fn the_pool_caches_and_splits_as_pytorchs_allocator_does() {
+        let mut pool = CachingPool::default();
+        let small = pool.alloc(1000);
+        assert_eq!(pool.reserved(), 2 * MIB);
+        let mid = pool.alloc(3 * MIB);
+        assert_eq!(pool.reserved(), 22 * MIB);
+        // A second mid-sized request is carved from the same 20 MiB segment.
+        let mid2 = pool.alloc(5 * MIB);
+        assert_eq!(pool.reserved(), 22 * MIB);
+        let large = pool.alloc(100 * MIB + 1);
+        assert_eq!(pool.reserved(), 124 * MIB);
+        pool.free(large);
+        assert_eq!(pool.reserved(), 124 * MIB, "freed memory stays cached");
+        // Two 40 MiB requests fit the freed 102 MiB block one after the other.
+        let a = pool.alloc(40 * MIB);
+        let b = pool.alloc(40 * MIB);
+        assert_eq!(pool.reserved(), 124 * MIB);
+        // With both freed the block is whole again and takes a 100 MiB request.
+        pool.free(a);
+        pool.free(b);
+        let again = pool.alloc(100 * MIB);
+        assert_eq!(pool.reserved(), 124 * MIB);
+        // A request larger than any free block gets a segment of its own, however much is free.
+        pool.free(again);
+        pool.free(mid);
+        pool.free(mid2);
+        pool.free(small);
+        pool.alloc(110 * MIB);
+        assert_eq!(pool.reserved(), 234 * MIB);
+        assert_eq!(pool.peak_reserved(), 234 * MIB);
+        // Small requests never come from a large segment.
+        let before = pool.reserved();
+        pool.alloc(4096);
+        assert_eq!(pool.reserved(), before);
+        pool.alloc(MIB + 1);
+        assert_eq!(
+            pool.reserved(),
+            before,
+            "a 1 MiB request fits the cached mid segment"
+        );
+    }
+
+    /// torchtitan's wrapping of Llama 3.1 8B on 8 GPUs: the root unit (embedding, final norm,
+    /// head) is gathered first and reduced last. In the forward its gathered buffer is still
+    /// live when block 0's is allocated, so the all-gather stream keeps both (and the root's
+    /// flat copy-in buffer); the reduce-scatter stream keeps the sharded gradients and little
+    /// else: about 2.7 GiB reserved beyond the sharded gradients, whatever the micro-batches.
+    #[test]
+    fn fsdp2s_side_streams_keep_the_root_units_buffers_reserved() {
+        let root = SideUnit {
+            numel: 2 * 128_256 * 4096 + 4096,
+            regathers: false,
+        };
+        let block = SideUnit {
+            numel: 218_112_000,
+            regathers: true,
+        };
+        let units: Vec<SideUnit> = std::iter::once(root)
+            .chain(std::iter::repeat_n(block, 32))
+            .collect();
+        let pools = fsdp2_side_pools(&units, 2, 4, 8, 1);
+        let round = |b: u64| b.div_ceil(2 * MIB) * 2 * MIB;
+        assert_eq!(
+            pools.all_gather,
+            round(2 * root.numel.div_ceil(8)) + round(2 * root.numel) + round(2 * block.numel)
+        );
+        assert_eq!(
+            pools.reduce_scatter,
+            32 * round(4 * block.numel / 8) + round(4 * root.numel.div_ceil(8))
+        );
+        assert_eq!(
+            pools.sharded_grads,
+            4 * (32 * block.numel.div_ceil(8) + root.numel.div_ceil(8))
+        );
+        let gib = pools.extra() as f64 / (1u64 << 30) as f64;
+        assert!((2.6..2.7).contains(&gib), "{gib}");
+        assert_eq!(fsdp2_side_pools(&units, 2, 4, 8, 4), pools);
+        // One op a unit: the largest op's gathered buffer and its copy-in, the smaller op's
+        // carved from what the copy-in's segment caches.
+        let per_op = [
+            SideUnit {
+                numel: 128_256 * 4096,
+                regathers: true,
+            },
+            SideUnit {
+                numel: 4096 * 4096,
+                regathers: true,
+            },
+        ];
+        let pools = fsdp2_side_pools(&per_op, 2, 4, 8, 1);
+        assert_eq!(
+            pools.all_gather,
+            round(2 * per_op[0].numel.div_ceil(8)) + round(2 * per_op[0].numel)
+        );
+    }
+}
