@@ -401,7 +401,12 @@ fn fsdp2_holds_what_the_fsdp2_target_predicts() {
             export["predicted"]["peak_memory_bytes"].as_u64().unwrap()
         );
         assert_eq!(accumulation_of(&export) > 1, cached > 0, "{evaluated}");
-        let predicted = figure("peak_memory_bytes") - overhead - cached;
+        let predicted = export["predicted"]["allocated_bytes"].as_u64().unwrap();
+        assert_eq!(predicted, figure("peak_memory_bytes") - overhead - cached);
+        assert_eq!(
+            export["predicted"]["reserved_bytes"].as_u64().unwrap(),
+            figure("peak_memory_bytes") - overhead
+        );
         let ratio = predicted as f64 / held as f64;
         eprintln!("global batch {global}: predicted {predicted} B, FSDP2 held {held} B ({ratio:.3}): {measured}");
         assert!(

@@ -212,7 +212,11 @@ pub fn fsdp2_side_pools(
     // shards (the mixed-precision fast path's flat input), then the gathered output; the
     // input is freed once copied in.
     let gather_unit = |pool: &mut CachingPool, u: &SideUnit| {
-        let input = pool.alloc(u.numel.div_ceil(shards) * param_bytes);
+        // Only where the gathered dtype is not the sharded parameter's fp32: otherwise the
+        // shards are copied in as they are.
+        let input = (param_bytes != SHARDED_GRAD_BYTES)
+            .then(|| pool.alloc(u.numel.div_ceil(shards) * param_bytes))
+            .flatten();
         let output = pool.alloc(u.numel * param_bytes);
         pool.free(input);
         output
@@ -296,13 +300,19 @@ pub fn fsdp2_units(model: &ModelSpec, m: &Machine) -> Vec<SideUnit> {
             }
         })
         .collect();
+    let last = model.config.layers.checked_sub(1);
     if !m.fsdp2_block_units {
-        return owned
-            .into_iter()
-            .filter(|&n| n > 0)
-            .map(|numel| SideUnit {
+        // A module kept unsharded after its forward (as `fsdp2_price` keeps it) does not
+        // gather again in the backward.
+        return model
+            .ops
+            .iter()
+            .zip(owned)
+            .filter(|&(_, n)| n > 0)
+            .map(|(op, numel)| SideUnit {
                 numel,
-                regathers: true,
+                regathers: !((m.fsdp2_root_unsharded && op.block.is_none())
+                    || (m.fsdp2_last_block_unsharded && op.block.map(u64::from) == last)),
             })
             .collect();
     }
@@ -437,6 +447,11 @@ mod tests {
         let gib = pools.extra() as f64 / (1u64 << 30) as f64;
         assert!((2.6..2.7).contains(&gib), "{gib}");
         assert_eq!(fsdp2_side_pools(&units, 2, 4, 8, 4), pools);
+        // Gathered in fp32, the shards are copied in as they are: no flat copy-in buffer.
+        assert_eq!(
+            fsdp2_side_pools(&units, 4, 4, 8, 1).all_gather,
+            round(4 * root.numel) + round(4 * block.numel)
+        );
         // One op a unit: the largest op's gathered buffer and its copy-in, the smaller op's
         // carved from what the copy-in's segment caches.
         let per_op = [

@@ -63,7 +63,16 @@ pub struct Fsdp2Precision {
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Fsdp2Predicted {
+    /// The plan's peak as the planner budgets it: what the caching allocator reserves and the
+    /// runtime's own (CUDA context, NCCL): what `nvidia-smi` would show.
     pub peak_memory_bytes: u64,
+    /// What to set beside `torch.cuda.max_memory_reserved()`: the peak less the runtime's own.
+    #[serde(default)]
+    pub reserved_bytes: u64,
+    /// What to set beside `torch.cuda.max_memory_allocated()`: the tensors live at the peak,
+    /// without what FSDP2's side streams and `zero_grad`'s freed gradients leave cached.
+    #[serde(default)]
+    pub allocated_bytes: u64,
     pub step_time_s: f64,
     pub throughput_samples_per_s: f64,
     /// Bytes of the parameters each rank holds between steps, as FSDP2 holds them: the fp32
@@ -191,6 +200,8 @@ pub fn fsdp2_export(
         global_batch: prediction.global_batch,
         predicted: Fsdp2Predicted {
             peak_memory_bytes: prediction.peak_memory_bytes,
+            reserved_bytes: prediction.reserved_bytes(),
+            allocated_bytes: prediction.allocated_bytes(),
             step_time_s: prediction.step_time_s,
             throughput_samples_per_s: prediction.throughput_samples_per_s,
             param_bytes_per_rank: modules.iter().map(|m| m.param_bytes_per_rank).sum(),
