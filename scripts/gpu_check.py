@@ -261,6 +261,8 @@ def loss_probe(args, out, summary):
     # logit-sized tensors at its peak (the graph's log-probabilities and
     # stack.loss_fp32_logit_copies 2, the logits freed), as the code reads. Each segment mode,
     # as its own process; what the allocator keeps reserved beyond the peak, in GiB.
+    # Item 22 predicts that excess: the bf16 logits' segment, left cached and empty (about
+    # 3.9 GiB, pools::loss_hole_bytes), in both modes.
     probe = {mode: python_probe(args, LOSS_PROBE, f"loss probe ({mode})",
                                 env=dict(os.environ, PYTORCH_CUDA_ALLOC_CONF=mode))
              for mode in ("expandable_segments:True", "expandable_segments:False")}

@@ -136,8 +136,8 @@ pub struct Prediction {
     /// collectives (FSDP2's side streams, [`crate::cost::side_pool_bytes`]): part of the peak,
     /// not of the tensors live at it.
     pub side_pool_bytes: u64,
-    /// Of `persistent_bytes`, what is reserved with no live tensor at the peak
-    /// ([`crate::cost::OpCost::cached_bytes`]).
+    /// Of `persistent_bytes` and `max_transient_bytes`, what is reserved with no live tensor at
+    /// the peak ([`crate::cost::OpCost::cached_bytes`], [`crate::cost::OpBase::cached_working_bytes`]).
     pub cached_bytes: u64,
     /// Host memory the plan's offloaded state takes on each rank (0 without offload).
     pub host_bytes: u64,
@@ -401,6 +401,8 @@ pub(crate) fn evaluate_priced(
 ) -> Prediction {
     let (mut persistent, mut activations, mut max_transient, mut host) = (0u64, 0u64, 0u64, 0u64);
     let mut cached = 0u64;
+    // Of the largest transient, what the allocator holds free (OpBase::cached_working_bytes).
+    let mut transient_cached = 0u64;
     let (mut compute, mut exposed, mut optimizer, mut recompute) = (0.0, 0.0, 0.0, 0.0);
     let policy_saved = if m.selective_ops {
         selectively_saved(model, blocks)
@@ -447,7 +449,10 @@ pub(crate) fn evaluate_priced(
         if let Some(b) = block.filter(|_| keeps_i) {
             held_by_block[b] += kept_weight_bytes(base, m);
         }
-        max_transient = max_transient.max(c.transient_bytes + rematerialised);
+        if c.transient_bytes + rematerialised > max_transient {
+            max_transient = c.transient_bytes + rematerialised;
+            transient_cached = base.cached_working_bytes;
+        }
         compute += c.compute_s;
         exposed += c.exposed_comm_s;
         optimizer += c.optimizer_s;
@@ -478,7 +483,7 @@ pub(crate) fn evaluate_priced(
         max_transient_bytes: max_transient,
         overhead_bytes: m.overhead_bytes,
         side_pool_bytes: m.side_pool_bytes,
-        cached_bytes: cached,
+        cached_bytes: cached + transient_cached,
         host_bytes: host,
         compute_s: compute,
         exposed_comm_s: exposed,

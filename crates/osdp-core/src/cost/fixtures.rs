@@ -94,6 +94,7 @@ pub(super) fn linear_base(params: u64) -> OpBase {
         param_share: 1.0,
         ends_block_params: false,
         outside_blocks: false,
+        cached_working_bytes: 0,
         in_last_block: false,
         in_features: 0,
         unaligned_s: 0.0,

@@ -28,6 +28,9 @@ pub struct OpBase {
     pub saved_bytes: u64,
     /// Gradient buffers while the op runs backward: its output's and its inputs' gradients.
     pub working_bytes: u64,
+    /// Of `working_bytes`, what the caching allocator holds free while they peak (the loss's
+    /// hole, [`super::pools::loss_hole_bytes`]): reserved, not allocated.
+    pub cached_working_bytes: u64,
     /// Output at this micro-batch (what a recomputed block keeps of its input).
     pub output_bytes: u64,
     /// Work at this micro-batch, the calibration curves' axis: FLOPs for linears and attention,
@@ -252,6 +255,15 @@ impl OpBase {
             0
         };
         let loss_copies = u64::from(m.loss_fp32_logit_copies) * fp32_logits;
+        let loss_hole = if op.kind == OpKind::CrossEntropy && m.loss_frees_logits {
+            super::pools::loss_hole_bytes(
+                m.activation_bytes(input_bytes_per_sample) * batch,
+                fp32_logits * batch,
+                m.loss_fp32_logit_copies,
+            )
+        } else {
+            0
+        };
         let (in_features, unaligned_s) = match (op.kind, op.params.first()) {
             (OpKind::Linear, Some(w)) if w.shape.len() == 2 && measured.is_none() => {
                 let slow = m
@@ -275,15 +287,17 @@ impl OpBase {
             saved_bytes: saved * batch,
             working_bytes: if op.kind == OpKind::CrossEntropy && m.loss_frees_logits {
                 // The logits and one fp32 copy in the forward, the copies alone at the
-                // backward's peak: whichever is more.
+                // backward's peak: whichever is more; and the logits' segment the allocator
+                // keeps free beside the backward's.
                 let forward =
                     m.activation_bytes(input_bytes_per_sample) + fp32_logits.min(loss_copies);
-                forward.max(loss_copies) * batch
+                forward.max(loss_copies) * batch + loss_hole
             } else {
                 (m.activation_bytes(input_bytes_per_sample + op.output_bytes_per_sample)
                     + loss_copies)
                     * batch
             },
+            cached_working_bytes: loss_hole,
             output_bytes: m.activation_bytes(op.output_bytes_per_sample) * batch,
             work,
             tensors: owned.tensors,
@@ -1044,15 +1058,26 @@ mod tests {
         assert_eq!(after - before, 3 * fp32_logits);
         // A loop that frees the logits before the backward (torchtitan's `del pred`) holds at
         // the loss the larger of the logits beside one fp32 copy (forward) and its copies
-        // (backward): two fp32 copies outweigh 16-bit logits and one copy.
+        // (backward): two fp32 copies outweigh 16-bit logits and one copy, and beside them the
+        // allocator keeps the logits' segment free (cached, not allocated).
         m.loss_fp32_logit_copies = 2;
         m.loss_frees_logits = true;
-        assert_eq!(op_bases(&model, &m, 4)[i].working_bytes, 2 * fp32_logits);
-        m.loss_fp32_logit_copies = 1;
         let logits = m.activation_bytes(4 * c.seq_len * c.vocab_size * c.dtype.bytes());
+        let b = &op_bases(&model, &m, 4)[i];
+        assert_eq!(b.cached_working_bytes, logits.div_ceil(2 << 20) * (2 << 20));
+        assert_eq!(b.working_bytes, 2 * fp32_logits + b.cached_working_bytes);
+        // With one copy the forward is the peak, and nothing but the segments' rounding is
+        // free beside it.
+        m.loss_fp32_logit_copies = 1;
+        let b = &op_bases(&model, &m, 4)[i];
         assert_eq!(
-            op_bases(&model, &m, 4)[i].working_bytes,
-            logits + fp32_logits
+            b.working_bytes,
+            logits + fp32_logits + b.cached_working_bytes
+        );
+        assert!(
+            b.cached_working_bytes < 3 * (2 << 20),
+            "{}",
+            b.cached_working_bytes
         );
     }
 

@@ -59,6 +59,7 @@ pub struct CachingPool {
     segments: Vec<Segment>,
     reserved: u64,
     peak_reserved: u64,
+    allocated: u64,
 }
 
 impl CachingPool {
@@ -70,6 +71,11 @@ impl CachingPool {
     /// The most it ever held.
     pub fn peak_reserved(&self) -> u64 {
         self.peak_reserved
+    }
+
+    /// Bytes in live blocks now (requests rounded as the allocator rounds them).
+    pub fn allocated(&self) -> u64 {
+        self.allocated
     }
 
     /// Allocate `bytes` (none for 0): the smallest cached free block that fits, split where
@@ -139,6 +145,7 @@ impl CachingPool {
             );
         }
         blocks[bi].free = false;
+        self.allocated += blocks[bi].size;
         Some(Allocation {
             segment: si,
             offset: block.offset,
@@ -153,6 +160,7 @@ impl CachingPool {
             return;
         };
         blocks[i].free = true;
+        self.allocated -= blocks[i].size;
         if i + 1 < blocks.len() && blocks[i + 1].free {
             blocks[i].size += blocks[i + 1].size;
             blocks.remove(i + 1);
@@ -269,6 +277,47 @@ pub fn fsdp2_side_pools(
         reduce_scatter: reduce.peak_reserved(),
         sharded_grads,
     }
+}
+
+/// What the caching allocator holds free beside the loss's peak where the executor upcasts the
+/// logits and frees them before the backward (torchtitan: `cross_entropy(pred.float(), ...)`,
+/// then `del pred`): replayed over two steps, the bf16 logits (`logits` bytes), their fp32
+/// copy and the fp32 log-probabilities are allocated in the forward and the first two freed;
+/// the backward's `copies` fp32 gradients then need segments of their own, while the logits'
+/// segment stays cached and empty, too small for any of them. Under expandable segments (which
+/// torchtitan's launchers set) the hole is the same or larger: the freed logits and upcast
+/// merge into one block, with whatever was freed just below them, that a gradient splits. In a
+/// steady state under fixed segments, other tensors of the step (AdamW's moments, created at
+/// the first step, push activations into free blocks) may occupy part of the logits' segment,
+/// and the hole may be smaller or, past the logits' size, larger: a review's simulation, not
+/// measured.
+pub fn loss_hole_bytes(logits: u64, fp32_logits: u64, copies: u32) -> u64 {
+    let mut pool = CachingPool::default();
+    // At the loss's live peak (the latest, on ties), what the pool holds free.
+    let (mut peak, mut hole) = (0, 0);
+    let mut note = |pool: &CachingPool| {
+        if pool.allocated() >= peak {
+            peak = pool.allocated();
+            hole = pool.reserved() - pool.allocated();
+        }
+    };
+    for _step in 0..2 {
+        let pred = pool.alloc(logits);
+        let upcast = pool.alloc(fp32_logits);
+        let log_probs = pool.alloc(fp32_logits);
+        note(&pool);
+        pool.free(upcast);
+        pool.free(pred);
+        let grads: Vec<_> = (0..copies).map(|_| pool.alloc(fp32_logits)).collect();
+        note(&pool);
+        pool.free(log_probs);
+        let grad = pool.alloc(logits);
+        for g in grads {
+            pool.free(g);
+        }
+        pool.free(grad);
+    }
+    hole
 }
 
 /// Bytes an element of FSDP2's sharded gradient takes: the sharded parameter's dtype, fp32 (a
@@ -410,6 +459,17 @@ mod tests {
             before,
             "a 1 MiB request fits the cached mid segment"
         );
+    }
+
+    /// torchtitan's loss at 2 × 8,192 tokens of a 128,256-word vocabulary: with the backward's
+    /// two fp32 gradients the peak leaves the bf16 logits' segment free; with one, the
+    /// forward (logits, upcast and log-probabilities) is the peak and nothing is free.
+    #[test]
+    fn the_loss_leaves_the_logits_segment_free_at_its_peak() {
+        let logits = 2 * 16_384 * 128_256;
+        let round = |b: u64| b.div_ceil(2 * MIB) * 2 * MIB;
+        assert_eq!(loss_hole_bytes(logits, 2 * logits, 2), round(logits));
+        assert_eq!(loss_hole_bytes(logits, 2 * logits, 1), 0);
     }
 
     /// torchtitan's wrapping of Llama 3.1 8B on 8 GPUs: the root unit (embedding, final norm,
