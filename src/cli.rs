@@ -345,7 +345,8 @@ struct PlanArgs {
     explain: Vec<String>,
     /// What will run the plan: `osdp` (osdp-tui's trainer: every choice) or `fsdp2` (PyTorch
     /// FSDP2 through `osdp_torch.apply_plan`: dp, zero2, zero3, hsdp per module, no operator
-    /// splitting, offload only as +offload-param; `export --to fsdp2` writes it out).
+    /// splitting, offload only as +offload-param; its peak counts what FSDP2's all-gather and
+    /// reduce-scatter streams keep cached; `export --to fsdp2` writes it out).
     #[arg(long, default_value = "osdp", value_parser = parse_target, value_name = "osdp|fsdp2")]
     target: osdp_core::plan::Target,
     /// Print JSON.
