@@ -14,6 +14,8 @@
 //! after its own copy-out; the reduce-scatter's output is kept as the sharded gradients until
 //! `zero_grad`, its input is the compute stream's).
 
+use std::collections::BTreeSet;
+
 use crate::model::ModelSpec;
 
 use super::{owns_params, parameter_uses, Machine, Owned, Target};
@@ -57,6 +59,8 @@ pub struct Allocation {
 #[derive(Debug, Clone, Default)]
 pub struct CachingPool {
     segments: Vec<Segment>,
+    /// Every free block, as the best fit searches them: (small pool, size, segment, offset).
+    free: BTreeSet<(bool, u64, usize, u64)>,
     reserved: u64,
     peak_reserved: u64,
     allocated: u64,
@@ -88,20 +92,16 @@ impl CachingPool {
         let small = size <= SMALL_SIZE;
         // Best fit: the smallest free block of the right pool, the lowest address on ties.
         let fit = self
-            .segments
-            .iter()
-            .enumerate()
-            .filter(|(_, s)| s.small == small)
-            .flat_map(|(si, s)| {
-                s.blocks
-                    .iter()
-                    .enumerate()
-                    .filter(|(_, b)| b.free && b.size >= size)
-                    .map(move |(bi, b)| (b.size, si, b.offset, bi))
-            })
-            .min();
-        let (si, bi) = match fit {
-            Some((_, si, _, bi)) => (si, bi),
+            .free
+            .range((small, size, 0, 0)..)
+            .next()
+            .copied()
+            .filter(|&(pool, ..)| pool == small);
+        let (si, offset) = match fit {
+            Some(key @ (_, _, si, offset)) => {
+                self.free.remove(&key);
+                (si, offset)
+            }
             None => {
                 let segment = if small {
                     SMALL_SEGMENT
@@ -124,6 +124,7 @@ impl CachingPool {
             }
         };
         let blocks = &mut self.segments[si].blocks;
+        let bi = blocks.partition_point(|b| b.offset < offset);
         let block = blocks[bi];
         let rest = block.size - size;
         // The allocator splits a small block when a minimal block remains, a large one only
@@ -138,37 +139,47 @@ impl CachingPool {
             blocks.insert(
                 bi + 1,
                 Block {
-                    offset: block.offset + size,
+                    offset: offset + size,
                     size: rest,
                     free: true,
                 },
             );
+            self.free.insert((small, rest, si, offset + size));
         }
         blocks[bi].free = false;
         self.allocated += blocks[bi].size;
         Some(Allocation {
             segment: si,
-            offset: block.offset,
+            offset,
         })
     }
 
     /// Free an allocation: its block rejoins its free neighbours; the segment stays cached.
     pub fn free(&mut self, a: Option<Allocation>) {
         let Some(a) = a else { return };
-        let blocks = &mut self.segments[a.segment].blocks;
-        let Some(i) = blocks.iter().position(|b| b.offset == a.offset && !b.free) else {
+        let segment = &mut self.segments[a.segment];
+        let (small, blocks) = (segment.small, &mut segment.blocks);
+        let i = blocks.partition_point(|b| b.offset < a.offset);
+        if blocks.get(i).is_none_or(|b| b.offset != a.offset || b.free) {
             return;
-        };
+        }
         blocks[i].free = true;
         self.allocated -= blocks[i].size;
+        let key = |b: &Block| (small, b.size, a.segment, b.offset);
         if i + 1 < blocks.len() && blocks[i + 1].free {
+            self.free.remove(&key(&blocks[i + 1]));
             blocks[i].size += blocks[i + 1].size;
             blocks.remove(i + 1);
         }
-        if i > 0 && blocks[i - 1].free {
+        let i = if i > 0 && blocks[i - 1].free {
+            self.free.remove(&key(&blocks[i - 1]));
             blocks[i - 1].size += blocks[i].size;
             blocks.remove(i);
-        }
+            i - 1
+        } else {
+            i
+        };
+        self.free.insert(key(&blocks[i]));
     }
 }
 
