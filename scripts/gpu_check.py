@@ -168,12 +168,15 @@ print(json.dumps({
 
 
 SAC_PROBE = r"""
-import json, functools, torch
+import json, functools, os, torch
 import torch.nn as nn
 import torch.nn.functional as F
 from collections import defaultdict
 from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_contexts, CheckpointPolicy
 dev = "cuda" if torch.cuda.is_available() else "cpu"
+# SAC_COMPILE=1: each checkpointed block compiled, as torchtitan compiles its blocks (its
+# published compiled peaks are 5 GiB under the eager ones; docs/published-runs.md item 22).
+compiled = os.environ.get("SAC_COMPILE") == "1"
 # torchtitan's Llama 3 8B block (dim 4096, 32 heads, 8 KV heads, FFN 14,336) under its op-level
 # selective checkpointing (mm outputs but every second one, SDPA's), 8,192 tokens: the bytes
 # a block keeps from its forward to its backward, per token.
@@ -215,17 +218,38 @@ def context():
 model = nn.ModuleList(Block() for _ in range(blocks)).to(dev, torch.bfloat16)
 x = torch.randn(1, tokens, dim, device=dev, dtype=torch.bfloat16, requires_grad=True)
 mem = (lambda: torch.cuda.memory_allocated()) if dev == "cuda" else (lambda: 0)
-held = []
+reserved = (lambda: torch.cuda.memory_reserved()) if dev == "cuda" else (lambda: 0)
+def run(b, h):
+    return checkpoint(b, h, use_reentrant=False, context_fn=context)
+# One compiled function for every block (modules are inlined, so it is compiled once).
+step = torch.compile(run) if compiled else run
+steps = [functools.partial(step, b) for b in model]
+if compiled:  # compile outside the measurement: one throwaway pass
+    h = x
+    for s in steps:
+        h = s(h)
+    h.float().sum().backward()
+    x.grad = None
+    for p in model.parameters():
+        p.grad = None
+    if dev == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+held, held_reserved = [], []
 h = x
-before = mem()
-for b in model:
-    h = checkpoint(b, h, use_reentrant=False, context_fn=context)
+before, before_reserved = mem(), reserved()
+for s in steps:
+    h = s(h)
     held.append(mem() - before)
+    held_reserved.append(reserved() - before_reserved)
 h.float().sum().backward()
 per_block = (held[-1] - held[0]) / (blocks - 1)
 # The cost model's figure: the block's input and the kept outputs in bf16 (wq, wv, w1, w2,
 # attention); attention's fp32 log-sum-exp (4 bytes a head) is not priced.
-print(json.dumps({"kept_bytes_per_token_per_block": per_block / tokens,
+print(json.dumps({"compiled": compiled,
+                  "kept_bytes_per_token_per_block": per_block / tokens,
+                  "reserved_growth_bytes_per_token_per_block":
+                      (held_reserved[-1] - held_reserved[0]) / (blocks - 1) / tokens,
                   "priced_bytes_per_token_per_block": 2 * (dim + dim + kv * hd + ffn + dim + dim),
                   "log_sum_exp_bytes_per_token": 4 * heads,
                   "sdpa_backends_enabled": {"flash": torch.backends.cuda.flash_sdp_enabled(),
@@ -234,10 +258,10 @@ print(json.dumps({"kept_bytes_per_token_per_block": per_block / tokens,
 """
 
 
-def python_probe(args, code, label, env=None):
+def python_probe(args, code, label, env=None, timeout=120):
     # One probe script in its own process: the JSON object its last line prints.
     res = subprocess.run([args.python, "-c", code], capture_output=True, text=True,
-                         timeout=120, env=env)
+                         timeout=timeout, env=env)
     if res.returncode != 0:
         raise StepFailed(f"{label}: {res.stderr.strip()[-300:]}")
     return json.loads(res.stdout.strip().splitlines()[-1])
@@ -252,8 +276,16 @@ def keep_probe(out, summary, key, probe):
 
 def sac_probe(args, out, summary):
     # docs/published-runs.md item 21: what a Llama 3 8B block keeps under torchtitan's op-level
-    # selective checkpointing, per token, against the bytes the cost model prices it to hold.
-    return keep_probe(out, summary, "sac", python_probe(args, SAC_PROBE, "SAC probe"))
+    # selective checkpointing, per token, against the bytes the cost model prices it to hold;
+    # eager and with each block compiled (item 22: the compiled peaks are 5 GiB lower).
+    probe = {"eager": python_probe(args, SAC_PROBE, "SAC probe (eager)",
+                                   env=dict(os.environ, SAC_COMPILE="0"))}
+    try:  # compile may fail where eager runs: keep the eager figures either way
+        probe["compiled"] = python_probe(args, SAC_PROBE, "SAC probe (compiled)",
+                                         env=dict(os.environ, SAC_COMPILE="1"), timeout=300)
+    except (StepFailed, subprocess.TimeoutExpired) as err:
+        probe["compiled"] = {"error": str(err)[-300:]}
+    return keep_probe(out, summary, "sac", probe)
 
 
 def loss_probe(args, out, summary):
@@ -751,10 +783,13 @@ def write_report(out, summary, args):
                       f"{p['reserved_minus_allocated_gib']:.2f} GiB"
                       for mode, p in summary["loss"].items()), ""]
     if summary.get("sac"):
-        p = summary["sac"]
-        lines += [f"Op-level selective checkpointing, Llama 3 8B block: keeps "
-                  f"{p['kept_bytes_per_token_per_block']:.0f} B a token, priced "
-                  f"{p['priced_bytes_per_token_per_block']} B", ""]
+        kept = "; ".join(
+            f"{mode} {p['kept_bytes_per_token_per_block']:.0f} B a token (reserved grows "
+            f"{p['reserved_growth_bytes_per_token_per_block']:.0f}), priced "
+            f"{p['priced_bytes_per_token_per_block']} B" if "error" not in p
+            else f"{mode} failed: {p['error']}"
+            for mode, p in summary["sac"].items())
+        lines += [f"Op-level selective checkpointing, Llama 3 8B block: {kept}", ""]
     if summary.get("calibration"):
         lines.append("Calibrated: " + ", ".join(
             f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}"
@@ -855,7 +890,7 @@ def main():
     if "error" not in gpu:
         attempt("sdpa", lambda: sdpa_probe(args, out, summary), 20)
         attempt("loss", lambda: loss_probe(args, out, summary), 20)
-        attempt("sac", lambda: sac_probe(args, out, summary), 20)
+        attempt("sac", lambda: sac_probe(args, out, summary), 90)
     attempt("smoke", lambda: smoke(args, out, summary), 30)
     if any(f["step"] == "smoke" for f in summary["failures"]):
         lines = write_report(out, summary, args)
