@@ -106,6 +106,11 @@ pub struct ParamTensor {
     pub cut: bool,
 }
 
+/// Whether `op` belongs to the last of a model's `layers` blocks.
+pub(crate) fn in_last_block(op: &OpSpec, layers: u64) -> bool {
+    op.block.is_some_and(|b| u64::from(b) + 1 == layers)
+}
+
 impl OpBase {
     /// The units `choice` holds the op's parameters as ([`Choice::units`]).
     pub fn units(&self, choice: Choice) -> impl Iterator<Item = Unit> + '_ {
@@ -306,7 +311,7 @@ impl OpBase {
             param_share: 1.0,
             ends_block_params: false,
             outside_blocks: op.block.is_none(),
-            in_last_block: op.block.is_some_and(|b| u64::from(b) + 1 == config.layers),
+            in_last_block: in_last_block(op, config.layers),
         }
     }
 

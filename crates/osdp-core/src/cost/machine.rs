@@ -466,6 +466,15 @@ impl Machine {
         self.side_pool_bytes = super::side_pool_bytes(model, self);
     }
 
+    /// Whether FSDP2 keeps an op's unit gathered from its forward through its backward (not
+    /// resharded after the forward): the root's ops where the root is never resharded
+    /// ([`Machine::fsdp2_root_unsharded`]), the last block's where torchtitan leaves it so
+    /// ([`Machine::fsdp2_last_block_unsharded`]). Such a unit gathers once a micro-batch.
+    pub fn fsdp2_keeps_gathered(&self, outside_blocks: bool, in_last_block: bool) -> bool {
+        (self.fsdp2_root_unsharded && outside_blocks)
+            || (self.fsdp2_last_block_unsharded && in_last_block)
+    }
+
     /// Bytes every plan's peak has whatever its choices: the runtime's own and the side
     /// streams' reserve.
     pub fn fixed_bytes(&self) -> u64 {

@@ -18,7 +18,10 @@ use std::collections::BTreeSet;
 
 use crate::model::ModelSpec;
 
-use super::{owns_params, parameter_uses, Machine, Owned, Target};
+use crate::model::OpSpec;
+
+use super::graph::in_last_block;
+use super::{owns_params, Machine, Target};
 
 /// Requests round up to this (`kMinBlockSize`).
 const MIN_BLOCK: u64 = 512;
@@ -212,20 +215,22 @@ impl SidePools {
     }
 }
 
-/// Replay FSDP2's side streams over two steps of `accumulation` micro-batches: `units` in
-/// forward order, gathered in parameter bytes `param_bytes`, reduced in `reduce_bytes` and
-/// sharded over `shards` ranks; the backward visits them in reverse, and reduces only after the
-/// last micro-batch (gradient sync off before it, as accumulation with FSDP2 runs).
+/// Replay FSDP2's side streams over two steps: `units` in forward order, gathered in parameter
+/// bytes `param_bytes`, reduced in `reduce_bytes` and sharded over `shards` ranks; the backward
+/// visits them in reverse. Accumulated micro-batches repeat the same gathers and reduce once a
+/// step, so they change nothing here: one micro-batch a step stands for any number.
 pub fn fsdp2_side_pools(
     units: &[SideUnit],
     param_bytes: u64,
     reduce_bytes: u64,
     shards: u64,
-    accumulation: u32,
 ) -> SidePools {
     let shards = shards.max(1);
     let (mut gather, mut reduce) = (CachingPool::default(), CachingPool::default());
-    let mut sharded_grads = 0;
+    let sharded_grads = units
+        .iter()
+        .map(|u| u.numel.div_ceil(shards) * SHARDED_GRAD_BYTES)
+        .sum();
     let mut kept: Vec<Option<Allocation>> = Vec::new();
     // One unit's all-gather on the copy-in stream: the parameter-dtype copy of this rank's
     // shards (the mixed-precision fast path's flat input), then the gathered output; the
@@ -245,41 +250,34 @@ pub fn fsdp2_side_pools(
         for g in kept.drain(..) {
             reduce.free(g);
         }
-        sharded_grads = 0;
-        for micro in 0..accumulation.max(1) {
-            // Forward: a unit's output is freed only after the next unit's all-gather is
-            // issued (`AllGatherState`, "defer free to allow for overlap of this copy-out with
-            // next all-gather"), so two are live at once.
-            let mut held = None;
-            for u in units {
-                let next = gather_unit(&mut gather, u);
-                gather.free(held);
-                held = next;
-            }
+        // Forward: a unit's output is freed only after the next unit's all-gather is
+        // issued (`AllGatherState`, "defer free to allow for overlap of this copy-out with
+        // next all-gather"), so two are live at once.
+        let mut held = None;
+        for u in units {
+            let next = gather_unit(&mut gather, u);
             gather.free(held);
-            // Backward: each output is freed after its copy-out, before the next prefetch.
-            for u in units.iter().rev().filter(|u| u.regathers) {
-                let output = gather_unit(&mut gather, u);
-                gather.free(output);
-            }
-            if micro + 1 < accumulation.max(1) {
-                continue;
-            }
-            // The reduce-scatter's input (the unsharded gradient in the reduce dtype) is
-            // allocated on the compute stream since PyTorch #129721 (June 2024), where the
-            // cost model prices it as the op's transient; only the output, the sharded
-            // gradients' storage, is the reduce-scatter stream's.
-            for u in units.iter().rev() {
-                let sharded = u.numel.div_ceil(shards);
-                let output = reduce.alloc(sharded * reduce_bytes);
-                // A reduce dtype other than the sharded parameter's fp32 is cast back.
-                if reduce_bytes != SHARDED_GRAD_BYTES {
-                    kept.push(reduce.alloc(sharded * SHARDED_GRAD_BYTES));
-                    reduce.free(output);
-                } else {
-                    kept.push(output);
-                }
-                sharded_grads += sharded * SHARDED_GRAD_BYTES;
+            held = next;
+        }
+        gather.free(held);
+        // Backward: each output is freed after its copy-out, before the next prefetch.
+        for u in units.iter().rev().filter(|u| u.regathers) {
+            let output = gather_unit(&mut gather, u);
+            gather.free(output);
+        }
+        // The reduce-scatter's input (the unsharded gradient in the reduce dtype) is
+        // allocated on the compute stream since PyTorch #129721 (June 2024), where the
+        // cost model prices it as the op's transient; only the output, the sharded
+        // gradients' storage, is the reduce-scatter stream's.
+        for u in units.iter().rev() {
+            let sharded = u.numel.div_ceil(shards);
+            let output = reduce.alloc(sharded * reduce_bytes);
+            // A reduce dtype other than the sharded parameter's fp32 is cast back.
+            if reduce_bytes != SHARDED_GRAD_BYTES {
+                kept.push(reduce.alloc(sharded * SHARDED_GRAD_BYTES));
+                reduce.free(output);
+            } else {
+                kept.push(output);
             }
         }
     }
@@ -347,56 +345,43 @@ const _: () = assert!(
 /// first block, reduced after the last), else one per op that owns parameters (tied ones with
 /// their owner), as `osdp_torch.apply_plan` wraps.
 pub fn fsdp2_units(model: &ModelSpec, m: &Machine) -> Vec<SideUnit> {
-    let uses = parameter_uses(model);
-    let owned: Vec<u64> = model
-        .ops
-        .iter()
-        .zip(&uses)
-        .map(|(op, &u)| {
-            if owns_params(op) {
-                Owned::of(op, u).params
-            } else {
-                0
-            }
-        })
-        .collect();
-    let last = model.config.layers.checked_sub(1);
+    let layers = model.config.layers;
+    let kept = |op: &OpSpec| m.fsdp2_keeps_gathered(op.block.is_none(), in_last_block(op, layers));
+    let owned = |op: &OpSpec| {
+        if owns_params(op) {
+            ModelSpec::op_param_count(op)
+        } else {
+            0
+        }
+    };
     if !m.fsdp2_block_units {
-        // A module kept unsharded after its forward (as `fsdp2_price` keeps it) does not
-        // gather again in the backward.
         return model
             .ops
             .iter()
-            .zip(owned)
-            .filter(|&(_, n)| n > 0)
-            .map(|(op, numel)| SideUnit {
-                numel,
-                regathers: !((m.fsdp2_root_unsharded && op.block.is_none())
-                    || (m.fsdp2_last_block_unsharded && op.block.map(u64::from) == last)),
+            .filter(|op| owned(op) > 0)
+            .map(|op| SideUnit {
+                numel: owned(op),
+                regathers: !kept(op),
             })
             .collect();
     }
-    let mut blocks = vec![0u64; model.config.layers as usize];
-    let mut root = 0;
-    for (op, n) in model.ops.iter().zip(owned) {
-        match op.block.and_then(|b| blocks.get_mut(b as usize)) {
-            Some(block) => *block += n,
-            None => root += n,
-        }
+    // The root (the ops outside the blocks) leads the forward, so the backward's reverse order
+    // reduces it last, as FSDP2's final callback does; a unit regathers unless its ops are
+    // kept gathered.
+    let mut units = vec![
+        SideUnit {
+            numel: 0,
+            regathers: true
+        };
+        layers as usize + 1
+    ];
+    for op in &model.ops {
+        let u = &mut units[op.block.map_or(0, |b| b as usize + 1).min(layers as usize)];
+        u.numel += owned(op);
+        u.regathers &= !kept(op) || owned(op) == 0;
     }
-    let root = SideUnit {
-        numel: root,
-        regathers: !m.fsdp2_root_unsharded,
-    };
-    // The root leads the forward, so the backward's reverse order reduces it last, as FSDP2's
-    // final callback does.
-    std::iter::once(root)
-        .chain(blocks.iter().enumerate().map(|(b, &numel)| SideUnit {
-            numel,
-            regathers: !(m.fsdp2_last_block_unsharded && b + 1 == blocks.len()),
-        }))
-        .filter(|u| u.numel > 0)
-        .collect()
+    units.retain(|u| u.numel > 0);
+    units
 }
 
 /// What FSDP2's side streams reserve beyond the compute stream's peak, for `model` on `m`; 0
@@ -414,7 +399,6 @@ pub fn side_pool_bytes(model: &ModelSpec, m: &Machine) -> u64 {
         m.precision.param_bytes,
         m.reduce_bytes,
         u64::from(m.ranks),
-        1,
     )
     .extra()
 }
@@ -487,7 +471,7 @@ mod tests {
     /// head) is gathered first and reduced last. In the forward its gathered buffer is still
     /// live when block 0's is allocated, so the all-gather stream keeps both (and the root's
     /// flat copy-in buffer); the reduce-scatter stream keeps the sharded gradients and little
-    /// else: about 2.7 GiB reserved beyond the sharded gradients, whatever the micro-batches.
+    /// else: about 2.7 GiB reserved beyond the sharded gradients.
     #[test]
     fn fsdp2s_side_streams_keep_the_root_units_buffers_reserved() {
         let root = SideUnit {
@@ -501,7 +485,7 @@ mod tests {
         let units: Vec<SideUnit> = std::iter::once(root)
             .chain(std::iter::repeat_n(block, 32))
             .collect();
-        let pools = fsdp2_side_pools(&units, 2, 4, 8, 1);
+        let pools = fsdp2_side_pools(&units, 2, 4, 8);
         let round = |b: u64| b.div_ceil(2 * MIB) * 2 * MIB;
         assert_eq!(
             pools.all_gather,
@@ -517,10 +501,9 @@ mod tests {
         );
         let gib = pools.extra() as f64 / (1u64 << 30) as f64;
         assert!((2.6..2.7).contains(&gib), "{gib}");
-        assert_eq!(fsdp2_side_pools(&units, 2, 4, 8, 4), pools);
         // Gathered in fp32, the shards are copied in as they are: no flat copy-in buffer.
         assert_eq!(
-            fsdp2_side_pools(&units, 4, 4, 8, 1).all_gather,
+            fsdp2_side_pools(&units, 4, 4, 8).all_gather,
             round(4 * root.numel) + round(4 * block.numel)
         );
         // One op a unit: the largest op's gathered buffer and its copy-in, the smaller op's
@@ -535,7 +518,7 @@ mod tests {
                 regathers: true,
             },
         ];
-        let pools = fsdp2_side_pools(&per_op, 2, 4, 8, 1);
+        let pools = fsdp2_side_pools(&per_op, 2, 4, 8);
         assert_eq!(
             pools.all_gather,
             round(2 * per_op[0].numel.div_ceil(8)) + round(2 * per_op[0].numel)

@@ -175,10 +175,8 @@ fn fsdp2_price(base: &OpBase, choice: Choice, m: &Machine) -> OpCost {
     let held = Held::of(base, sharded, m);
     let gathered = pb * p;
     // A unit not resharded after its forward — the root of a 2024 FSDP2, torchtitan's last
-    // block — is gathered once a micro-batch and held, like zero2's copy
-    // (Machine::fsdp2_root_unsharded, Machine::fsdp2_last_block_unsharded).
-    let kept = (m.fsdp2_root_unsharded && base.outside_blocks)
-        || (m.fsdp2_last_block_unsharded && base.in_last_block);
+    // block — is gathered once a micro-batch and held, like zero2's copy.
+    let kept = m.fsdp2_keeps_gathered(base.outside_blocks, base.in_last_block);
     let regathers = matches!(choice.strategy, Strategy::Zero3 | Strategy::Hsdp) && !kept;
     let (gathered_held, gathered_transient) = if regathers {
         (0, 2 * gathered)
